@@ -1,0 +1,68 @@
+"""The HTTP API and dashboard: `create_app(settings)` wires the store and the routers; nothing happens at
+import time. One router per resource lives in `advisor/routers/`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+
+from twin.db import engine_from_settings, migrate
+from twin.settings import Settings
+
+# Each module exposes `router` (an APIRouter); optional `startup(app)` / `shutdown(app)` run in the lifespan.
+ROUTER_MODULES: tuple[str, ...] = (
+    "advisor.routers.health",
+    "advisor.routers.jobs",
+    "advisor.routers.cluster",
+)
+
+Hook = Callable[[FastAPI], Any]
+
+
+def create_app(settings: Settings, engine: Engine | None = None, *, run_migrations: bool = True) -> FastAPI:
+    engine = engine or engine_from_settings(settings)
+    if run_migrations:
+        migrate(engine)
+    modules = [importlib.import_module(name) for name in ROUTER_MODULES]
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for module in modules:
+            if hasattr(module, "startup"):
+                module.startup(app)
+        try:
+            yield
+        finally:
+            for module in reversed(modules):
+                if hasattr(module, "shutdown"):
+                    module.shutdown(app)
+
+    app = FastAPI(
+        title="finetwin",
+        version="0.1.0",
+        description="Digital twin of a GPU cluster running LLM fine-tuning jobs: state, forecasts, advice.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    for module in modules:
+        app.include_router(module.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # A bad request says what is wrong, field by field, with a 422.
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()
+        ]
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
+        return JSONResponse(status_code=422, content={"detail": detail, "errors": errors})
+
+    return app

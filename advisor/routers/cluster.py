@@ -1,0 +1,70 @@
+"""The cluster right now: nodes, GPUs by type, running and queued jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel
+from sqlmodel import Session, func, select
+
+from advisor.deps import get_session
+from twin.store import Job, Node
+
+router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
+
+
+class NodeOut(BaseModel):
+    node_id: str
+    gpu_model: str
+    gpu_count: int
+    status: str
+    updated_at: datetime
+
+
+class GpuPool(BaseModel):
+    gpu_model: str
+    nodes_up: int
+    gpus_up: int
+    gpus_busy: int
+
+
+class ClusterOut(BaseModel):
+    nodes: list[NodeOut]
+    pools: list[GpuPool]
+    jobs_by_state: dict[str, int]
+    running: int
+    queued: int
+
+
+@router.get("", response_model=ClusterOut, summary="Nodes, GPU pools and job counts")
+def cluster(session: Session = Depends(get_session)) -> ClusterOut:
+    nodes = list(session.exec(select(Node).order_by(Node.node_id)))
+    by_state = dict(session.exec(select(Job.state, func.count()).group_by(Job.state)).all())
+    busy = dict(
+        session.exec(
+            select(Job.gpu_model, func.coalesce(func.sum(Job.number_gpus), 0))
+            .where(Job.state == "running")
+            .group_by(Job.gpu_model)
+        ).all()
+    )
+    pools: dict[str, GpuPool] = {}
+    for node in nodes:
+        pool = pools.setdefault(
+            node.gpu_model, GpuPool(gpu_model=node.gpu_model, nodes_up=0, gpus_up=0, gpus_busy=0)
+        )
+        if node.status == "up":
+            pool.nodes_up += 1
+            pool.gpus_up += node.gpu_count
+    for gpu, count in busy.items():
+        if gpu is not None:
+            pools.setdefault(gpu, GpuPool(gpu_model=gpu, nodes_up=0, gpus_up=0, gpus_busy=0)).gpus_busy = int(
+                count
+            )
+    return ClusterOut(
+        nodes=[NodeOut.model_validate(n, from_attributes=True) for n in nodes],
+        pools=sorted(pools.values(), key=lambda p: p.gpu_model),
+        jobs_by_state={str(k): int(v) for k, v in by_state.items()},
+        running=int(by_state.get("running", 0)),
+        queued=int(by_state.get("submitted", 0)),
+    )

@@ -1,0 +1,86 @@
+"""Jobs as the store knows them from telemetry."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query
+from pydantic import BaseModel, ConfigDict
+from sqlmodel import Session, col, func, select
+
+from advisor.deps import get_session
+from twin.store import Job
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobState = Literal["unknown", "submitted", "running", "rejected", "completed", "failed"]
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    job_id: str
+    cluster_id: str
+    state: str
+    outcome: str | None
+    model_name: str | None
+    method: str | None
+    gpu_model: str | None
+    number_gpus: int | None
+    number_nodes: int | None
+    batch_size: int | None
+    tokens_per_sample: int | None
+    enable_roce: bool | None
+    fast_moe: int | None
+    fast_kernels: bool | None
+    time_limit_s: float | None
+    tenant: str | None
+    dataset_tokens: float | None
+    submitted_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    node_ids: list[str] | None
+    rule: str | None
+    failure_reason: str | None
+    failed_after_s: float | None
+    tokens_processed: float | None
+    last_tokens_per_second: float | None
+
+
+class JobPage(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    jobs: list[JobOut]
+
+
+@router.get("", response_model=JobPage, summary="List jobs, newest first")
+def list_jobs(
+    state: JobState | None = Query(default=None, description="only jobs in this state"),
+    gpu_model: str | None = Query(default=None, max_length=100),
+    limit: int = Query(default=100, ge=1, le=1000),
+    offset: int = Query(default=0, ge=0),
+    session: Session = Depends(get_session),
+) -> JobPage:
+    query = select(Job)
+    count = select(func.count()).select_from(Job)
+    if state is not None:
+        query = query.where(Job.state == state)
+        count = count.where(Job.state == state)
+    if gpu_model is not None:
+        query = query.where(Job.gpu_model == gpu_model)
+        count = count.where(Job.gpu_model == gpu_model)
+    query = query.order_by(col(Job.submitted_at).desc(), col(Job.job_id)).offset(offset).limit(limit)
+    jobs = [JobOut.model_validate(j) for j in session.exec(query)]
+    return JobPage(total=session.exec(count).one(), limit=limit, offset=offset, jobs=jobs)
+
+
+@router.get(
+    "/{job_id}", response_model=JobOut, summary="One job", responses={404: {"description": "no such job"}}
+)
+def get_job(job_id: str, session: Session = Depends(get_session)) -> JobOut:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    return JobOut.model_validate(job)

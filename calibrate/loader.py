@@ -1,0 +1,263 @@
+"""Reads LLMFineTuningBench CSVs in their published schema and derives each row's outcome as the paper does.
+
+The published file has quirks (integers written as floats, `fast_kernels` as a quoted Python list, mangled
+tuning versions, empty measured columns on rows that did not run); this module absorbs them once, so
+everything downstream sees clean, typed columns. A malformed file raises `BenchmarkFormatError` naming the
+file, the line and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from twin.domain import METHODS, RULE_ORDER, Outcome, broken_rule, canonical_gpu_name
+
+# Every column of the published file, in its order.
+BENCHMARK_COLUMNS: tuple[str, ...] = (
+    "identifier", "experiment_id", "method", "model_name", "number_nodes", "gpu_model", "number_gpus",
+    "tokens_per_sample", "batch_size", "enable_roce", "fast_moe", "fast_kernels", "fms_hf_tuning_version",
+    "gpu_memory_utilization_avg", "gpu_memory_utilization_min", "gpu_memory_utilization_peak",
+    "gpu_memory_utilization_max", "gpu_compute_utilization_min", "cpu_memory_utilization",
+    "gpu_compute_utilization_avg", "gpu_compute_utilization_max", "is_valid", "train_tokens_per_second",
+    "cpu_compute_utilization", "train_samples_per_second", "model_load_time", "train_runtime",
+    "lh_created_at", "train_steps_per_second", "gpu_power_watts_avg", "gpu_power_percent_max",
+    "gpu_power_watts_min", "torch_dtype", "gpu_power_watts_max", "gpu_power_percent_avg",
+    "dataset_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second_per_gpu",
+)  # fmt: skip
+
+# What a configuration is: enough to predict a run, nothing measured.
+CONFIG_COLUMNS: tuple[str, ...] = (
+    "identifier", "experiment_id", "method", "model_name", "number_nodes", "gpu_model", "number_gpus",
+    "tokens_per_sample", "batch_size", "enable_roce", "fast_moe", "fast_kernels", "fms_hf_tuning_version",
+    "torch_dtype",
+)  # fmt: skip
+
+POSITIVE_INT_COLUMNS = ("number_nodes", "number_gpus", "tokens_per_sample", "batch_size")
+NON_NEGATIVE_INT_COLUMNS = ("fast_moe",)
+FLAG_COLUMNS = ("enable_roce",)
+MEASURED_COLUMNS: tuple[str, ...] = tuple(
+    c for c in BENCHMARK_COLUMNS if c not in CONFIG_COLUMNS and c not in ("is_valid", "lh_created_at")
+)
+# A valid run without these is not a run we can learn from.
+REQUIRED_WHEN_VALID = ("dataset_tokens_per_second", "train_runtime")
+
+_TIME_LIMIT = re.compile(r"stop_after_seconds\.(\d+(?:\.\d+)?)")
+_IDENTIFIER_SPLIT = re.compile(r"-(?=[a-z_]+\.)")
+
+BUNDLED_BENCHMARK = "llmftbench_sample.csv"
+
+
+class BenchmarkFormatError(ValueError):
+    """A benchmark or configuration CSV that cannot be read; says where."""
+
+    def __init__(self, path: str | Path, line: int | None, column: str | None, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.column = column
+        self.message = message
+        where = self.path + (f", line {line}" if line is not None else "")
+        what = f"column {column!r}: " if column else ""
+        super().__init__(f"{where}: {what}{message}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    path: str
+    raw: pd.DataFrame  # every cell as written, as str
+    lines: np.ndarray  # the file line of each row (header is line 1)
+
+
+def bundled_benchmark_path() -> Path:
+    """The real sample of LLMFineTuningBench shipped with finetwin (Apache-2.0, IBM Research)."""
+    return Path(str(resources.files("calibrate") / "data" / BUNDLED_BENCHMARK))
+
+
+def load_benchmark(path: str | Path) -> pd.DataFrame:
+    """All 38 columns, typed, plus the derived columns `outcome`, `rule`, `fast_kernels` (bool),
+    `time_limit_s` (NaN when uncapped) and `line` (the row's line in the file)."""
+    frame = _read(path, BENCHMARK_COLUMNS)
+    table = _typed_config(frame)
+    is_valid = _numbers(frame, "is_valid")
+    bad = ~np.isin(is_valid, (0.0, 1.0))
+    _raise_first(frame, bad, "is_valid", "must be 0 or 1")
+    table["is_valid"] = is_valid.astype(int)
+    for column in MEASURED_COLUMNS:
+        if column in ("fms_hf_tuning_version", "torch_dtype"):
+            continue
+        table[column] = _numbers(frame, column, allow_empty=True)
+    table["lh_created_at"] = frame.raw["lh_created_at"].to_numpy()
+    valid = table["is_valid"].to_numpy() == 1
+    for column in REQUIRED_WHEN_VALID:
+        missing = valid & table[column].isna().to_numpy()
+        _raise_first(frame, missing, column, "empty on a valid run (is_valid 1)")
+    rules = table["rule"].to_numpy()
+    broke = pd.notna(rules)
+    _raise_first(frame, valid & broke, "is_valid", "a valid run cannot break an admission rule")
+    table["outcome"] = np.where(
+        valid, Outcome.VALID.value, np.where(broke, Outcome.REJECTED.value, Outcome.RUNTIME.value)
+    )
+    return table
+
+
+def load_configs(path: str | Path) -> pd.DataFrame:
+    """Only the configuration columns are required (others are carried along untouched, as str)."""
+    frame = _read(path, CONFIG_COLUMNS)
+    table = _typed_config(frame)
+    for column in frame.raw.columns:
+        if column not in table.columns:
+            table[column] = frame.raw[column].to_numpy()
+    return table
+
+
+def _read(path: str | Path, required: Iterable[str]) -> _Frame:
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise BenchmarkFormatError(path, None, None, f"cannot open: {exc.strerror or exc}") from exc
+    with handle:
+        reader = csv.reader(handle)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise BenchmarkFormatError(path, 1, None, "empty file, expected a header row") from None
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise BenchmarkFormatError(path, 1, None, f"not a CSV header: {exc}") from None
+        header = [h.strip() for h in header]
+        for column in required:
+            if column not in header:
+                raise BenchmarkFormatError(path, 1, column, "missing from the header")
+        duplicated = {h for h in header if header.count(h) > 1}
+        if duplicated:
+            raise BenchmarkFormatError(path, 1, sorted(duplicated)[0], "appears twice in the header")
+        rows: list[list[str]] = []
+        lines: list[int] = []
+        try:
+            for row in reader:
+                line = reader.line_num
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if len(row) != len(header):
+                    raise BenchmarkFormatError(
+                        path, line, None, f"has {len(row)} fields, the header has {len(header)}"
+                    )
+                rows.append(row)
+                lines.append(line)
+        except csv.Error as exc:
+            raise BenchmarkFormatError(path, reader.line_num, None, f"not valid CSV: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise BenchmarkFormatError(path, reader.line_num + 1, None, f"not UTF-8 text: {exc}") from None
+    raw = pd.DataFrame(rows, columns=header, dtype=object)
+    return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64))
+
+
+def _typed_config(frame: _Frame) -> pd.DataFrame:
+    raw = frame.raw
+    table = pd.DataFrame(index=raw.index)
+    for column in ("identifier", "experiment_id", "model_name", "gpu_model"):
+        values = raw[column].str.strip()
+        _raise_first(frame, (values == "").to_numpy(), column, "is empty")
+        table[column] = values.to_numpy()
+    table["gpu_model"] = [canonical_gpu_name(g) for g in table["gpu_model"]]
+    method = raw["method"].str.strip().str.lower()
+    _raise_first(frame, ~method.isin(METHODS).to_numpy(), "method", f"must be one of {', '.join(METHODS)}")
+    table["method"] = method.to_numpy()
+    for column in POSITIVE_INT_COLUMNS + NON_NEGATIVE_INT_COLUMNS + FLAG_COLUMNS:
+        values = _numbers(frame, column)
+        not_int = values != np.round(values)
+        _raise_first(frame, not_int, column, "must be a whole number")
+        if column in POSITIVE_INT_COLUMNS:
+            _raise_first(frame, values < 1, column, "must be at least 1")
+        elif column in FLAG_COLUMNS:
+            _raise_first(frame, ~np.isin(values, (0.0, 1.0)), column, "must be 0 or 1")
+        else:
+            _raise_first(frame, values < 0, column, "must not be negative")
+        table[column] = values.astype(np.int64)
+    table["enable_roce"] = table["enable_roce"].astype(bool)
+    table["fast_kernels"] = _fast_kernels(frame)
+    table["fms_hf_tuning_version"] = raw["fms_hf_tuning_version"].str.strip().to_numpy()
+    table["torch_dtype"] = raw["torch_dtype"].str.strip().replace("", "bfloat16").to_numpy()
+    table["time_limit_s"] = [time_limit_seconds(e) for e in table["experiment_id"]]
+    table["rule"] = [
+        (rule.value if rule is not None else None)
+        for rule in map(
+            broken_rule,
+            table["number_gpus"], table["batch_size"], table["fast_moe"], table["number_nodes"],
+        )
+    ]  # fmt: skip
+    table["line"] = frame.lines
+    return table
+
+
+def _numbers(frame: _Frame, column: str, *, allow_empty: bool = False) -> np.ndarray:
+    text = frame.raw[column].str.strip()
+    empty = (text == "").to_numpy()
+    if not allow_empty:
+        _raise_first(frame, empty, column, "is empty, expected a number")
+    values = pd.to_numeric(text.where(~empty, None), errors="coerce").to_numpy(dtype=float)
+    unparsable = np.isnan(values) & ~empty & ~text.str.lower().isin(["nan"]).to_numpy()
+    if unparsable.any():
+        first = int(np.argmax(unparsable))
+        raise BenchmarkFormatError(
+            frame.path, int(frame.lines[first]), column, f"{frame.raw[column].iloc[first]!r} is not a number"
+        )
+    infinite = np.isinf(values)
+    _raise_first(frame, infinite, column, "must be finite")
+    return values
+
+
+def _fast_kernels(frame: _Frame) -> np.ndarray:
+    text = frame.raw["fast_kernels"].str.strip()
+    lowered = text.str.lower()
+    on = lowered.str.contains("true") | lowered.isin(["1", "1.0", "yes", "on"])
+    off = lowered.isin(["", "0", "0.0", "false", "no", "off", "none", "nan"]) | (
+        lowered.str.startswith("[") & ~lowered.str.contains("true")
+    )
+    _raise_first(
+        frame,
+        (~on & ~off).to_numpy(),
+        "fast_kernels",
+        "expected empty or a list such as ['True', 'True', 'True']",
+    )
+    return on.to_numpy()
+
+
+def _raise_first(frame: _Frame, bad: np.ndarray, column: str, message: str) -> None:
+    if bad.any():
+        first = int(np.argmax(bad))
+        value = frame.raw[column].iloc[first] if column in frame.raw.columns else ""
+        raise BenchmarkFormatError(frame.path, int(frame.lines[first]), column, f"{value!r} {message}")
+
+
+def time_limit_seconds(experiment_id: str) -> float:
+    """The `stop_after_seconds` cap of a protocol, NaN when it runs without a time limit."""
+    found = _TIME_LIMIT.search(experiment_id)
+    return float(found.group(1)) if found else float("nan")
+
+
+def identifier_settings(identifier: str) -> dict[str, str]:
+    """The `key.value` pairs of an identifier, including settings that have no column of their own."""
+    settings: dict[str, str] = {}
+    for part in _IDENTIFIER_SPLIT.split(identifier):
+        key, _, value = part.partition(".")
+        if key:
+            settings[key] = value
+    return settings
+
+
+def outcome_counts(table: pd.DataFrame) -> dict[str, int]:
+    counts = table["outcome"].value_counts()
+    return {o.value: int(counts.get(o.value, 0)) for o in Outcome}
+
+
+def rule_counts(table: pd.DataFrame) -> dict[str, int]:
+    counts = table["rule"].where(table["outcome"] == Outcome.REJECTED.value).value_counts()
+    return {r.value: int(counts.get(r.value, 0)) for r in RULE_ORDER}

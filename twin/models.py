@@ -1,0 +1,43 @@
+"""What the twin needs from calibrated models, as small protocols.
+
+`calibrate` implements them with fitted estimators; the twin never imports scikit-learn or the registry.
+Every method is vectorized over a sequence of configurations because the simulator asks in bulk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from twin.domain import JobConfig
+
+
+@runtime_checkable
+class PerformanceModel(Protocol):
+    def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Whole-job `dataset_tokens_per_second`, shape (n, 3): the p10, p50 and p90 of each config."""
+        ...
+
+
+@runtime_checkable
+class FailureModel(Protocol):
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Probability that each config runs without failing at runtime (`p_valid`), shape (n,).
+
+        The actuator's admission rules are not part of it: callers check `twin.domain.config_rule` first.
+        """
+        ...
+
+
+@runtime_checkable
+class PowerModel(Protocol):
+    def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Average power per GPU in watts while the job runs, shape (n,)."""
+        ...
+
+
+@runtime_checkable
+class JobModels(PerformanceModel, FailureModel, PowerModel, Protocol):
+    """Everything the twin and the advisor ask of the calibrated models."""

@@ -1,0 +1,123 @@
+"""The SQL store's tables (SQLModel). The schema itself is created and upgraded by the Alembic
+migrations in `twin/migrations`; these classes are how the code reads and writes it.
+
+Measured columns carry the benchmark's own names so an observed run is a benchmark row.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import JSON, Column, DateTime, Index, Text
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(**kwargs: object) -> object:
+    return Field(sa_column=Column(DateTime(timezone=True), **kwargs))  # type: ignore[arg-type]
+
+
+class TelemetryEvent(SQLModel, table=True):
+    """Every event ever applied, once: the unique `event_id` is what makes redelivery harmless."""
+
+    __tablename__ = "telemetry_events"
+    __table_args__ = (Index("ix_telemetry_events_job_id", "job_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    event_id: str = Field(max_length=36, unique=True, nullable=False)
+    type: str = Field(max_length=32)
+    ts: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    cluster_id: str = Field(max_length=200)
+    job_id: str | None = Field(default=None, max_length=200)
+    payload: dict = Field(sa_column=Column(JSON, nullable=False))
+    received_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+
+
+# Job states and how far along each is; a late event never moves a job backwards.
+JOB_STATE_RANK = {"unknown": 0, "submitted": 1, "running": 2, "rejected": 3, "completed": 3, "failed": 3}
+TERMINAL_STATES = frozenset({"rejected", "completed", "failed"})
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_state", "state"),)
+
+    job_id: str = Field(primary_key=True, max_length=200)
+    cluster_id: str = Field(default="default", max_length=200)
+    state: str = Field(default="unknown", max_length=16)
+    outcome: str | None = Field(default=None, max_length=16)  # valid | rejected | runtime, once ended
+    # Configuration (from job.submitted; None until it arrives, which can be after the job ended).
+    model_name: str | None = Field(default=None, max_length=200)
+    method: str | None = Field(default=None, max_length=16)
+    gpu_model: str | None = Field(default=None, max_length=100)
+    number_gpus: int | None = None
+    number_nodes: int | None = None
+    batch_size: int | None = None
+    tokens_per_sample: int | None = None
+    enable_roce: bool | None = None
+    fast_moe: int | None = None
+    fast_kernels: bool | None = None
+    time_limit_s: float | None = None
+    tenant: str | None = Field(default=None, max_length=200)
+    dataset_tokens: float | None = None
+    experiment_id: str | None = Field(default=None, sa_column=Column(Text))
+    identifier: str | None = Field(default=None, sa_column=Column(Text))
+    fms_hf_tuning_version: str | None = Field(default=None, max_length=50)
+    torch_dtype: str | None = Field(default=None, max_length=50)
+    # Life cycle.
+    submitted_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    started_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    ended_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    node_ids: list[str] | None = Field(default=None, sa_column=Column(JSON))
+    rule: str | None = Field(default=None, max_length=64)
+    failure_reason: str | None = Field(default=None, max_length=16)
+    failed_after_s: float | None = None
+    tokens_processed: float | None = None
+    last_tokens_per_second: float | None = None
+    last_gpu_memory_peak_pct: float | None = None
+    last_power_watts: float | None = None
+    updated_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+
+
+class ObservedRun(SQLModel, table=True):
+    """What a finished job measured: the measured columns of a benchmark row (config lives on `jobs`)."""
+
+    __tablename__ = "observed_runs"
+
+    job_id: str = Field(primary_key=True, foreign_key="jobs.job_id", max_length=200)
+    is_valid: int
+    observed_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    train_runtime: float | None = None
+    dataset_tokens_per_second: float | None = None
+    train_tokens_per_second: float | None = None
+    train_samples_per_second: float | None = None
+    train_steps_per_second: float | None = None
+    model_load_time: float | None = None
+    gpu_memory_utilization_avg: float | None = None
+    gpu_memory_utilization_min: float | None = None
+    gpu_memory_utilization_max: float | None = None
+    gpu_memory_utilization_peak: float | None = None
+    gpu_compute_utilization_avg: float | None = None
+    gpu_compute_utilization_min: float | None = None
+    gpu_compute_utilization_max: float | None = None
+    cpu_compute_utilization: float | None = None
+    cpu_memory_utilization: float | None = None
+    gpu_power_watts_avg: float | None = None
+    gpu_power_watts_min: float | None = None
+    gpu_power_watts_max: float | None = None
+    gpu_power_percent_avg: float | None = None
+    gpu_power_percent_max: float | None = None
+
+
+class Node(SQLModel, table=True):
+    __tablename__ = "nodes"
+
+    node_id: str = Field(primary_key=True, max_length=200)
+    cluster_id: str = Field(default="default", max_length=200)
+    gpu_model: str = Field(max_length=100)
+    gpu_count: int
+    status: str = Field(max_length=8)  # up | down | drain
+    updated_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
