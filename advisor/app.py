@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -34,12 +35,19 @@ def create_app(settings: Settings, engine: Engine | None = None, *, run_migratio
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # One scheduler for the periodic work of every router (refits, standing forecast, recommendations);
+        # routers add their jobs in `startup` and it starts once all are in.
+        app.state.scheduler = BackgroundScheduler(timezone="UTC")
         for module in modules:
             if hasattr(module, "startup"):
                 module.startup(app)
+        if settings.scheduler_enabled:
+            app.state.scheduler.start()
         try:
             yield
         finally:
+            if app.state.scheduler.running:
+                app.state.scheduler.shutdown(wait=False)
             for module in reversed(modules):
                 if hasattr(module, "shutdown"):
                     module.shutdown(app)

@@ -12,8 +12,16 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from twin.settings import Settings
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ingest.apply import BatchHook
+    from twin.models import JobModels
 
 # Each module has `register(subparsers) -> None`; a subcommand sets `handler(args, settings) -> int`.
 COMMAND_MODULES = (
@@ -28,6 +36,35 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 class CommandError(Exception):
     """A user error a command reports on stderr with exit status 2, without a traceback."""
+
+
+# --- Cross-package wiring. The composition root is the one place in `twin` allowed to reach into the other
+# packages; commands in `twin` and `ingest` get their collaborators from these functions.
+
+
+def load_job_models(settings: Settings, models_dir: Path | None = None) -> JobModels | None:
+    """The calibrated models in use (from the registry), or None when none has been fitted yet."""
+    from calibrate.registry import load_models_in_use
+
+    return load_models_in_use(models_dir or settings.resolved_models_dir())
+
+
+def load_benchmark_table(path: Path) -> pd.DataFrame:
+    """A benchmark CSV, validated and typed (raises calibrate.loader.BenchmarkFormatError)."""
+    from calibrate.loader import load_benchmark
+
+    return load_benchmark(path)
+
+
+def ingest_batch_hooks(settings: Settings) -> list[BatchHook]:
+    """What ingest runs inside each batch's transaction after applying it (stored predictions, live error)."""
+    try:
+        from calibrate.live import prediction_hook
+    except ModuleNotFoundError as exc:  # transitional until calibrate.live lands
+        if exc.name != "calibrate.live":
+            raise
+        return []
+    return [prediction_hook(settings)]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     # API.
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    # Periodic work in the API process (refits, standing forecast, recommendations); off in most tests.
+    scheduler_enabled: bool = True
 
     # Declared SLOs file (YAML); unset = built-in defaults.
     slo_file: Path | None = None
