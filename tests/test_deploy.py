@@ -1,0 +1,64 @@
+"""deploy/ without a Docker engine: what can be checked is that the files parse and say things that exist."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from twin.cli import build_parser
+from twin.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+
+
+def _finetwin_commands() -> list[list[str]]:
+    commands = []
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for service in compose["services"].values():
+        if str(service.get("image", "")).startswith("finetwin"):
+            commands.append(service["command"])
+    for document in yaml.safe_load_all((DEPLOY / "k8s" / "finetwin.yaml").read_text()):
+        if document["kind"] == "Deployment":
+            for container in document["spec"]["template"]["spec"]["containers"]:
+                commands.append(container["args"])
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, flags=re.M)
+    assert cmd, "the Dockerfile has a default CMD"
+    commands.append(yaml.safe_load(cmd.group(1)))
+    return commands
+
+
+def test_compose_has_kafka_kraft_postgres_ingest_and_api() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"kafka", "postgres", "ingest", "api"} <= set(services)
+    assert "controller" in services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"]  # KRaft, no ZooKeeper
+    assert services["ingest"]["command"][0] == "ingest"
+
+
+@pytest.mark.parametrize("command", _finetwin_commands(), ids=shlex.join)
+def test_every_service_runs_a_finetwin_command_that_exists(command: list[str]) -> None:
+    args = build_parser().parse_args(command)  # SystemExit (a failure) if the subcommand or a flag is unknown
+    assert callable(args.handler)
+
+
+def test_service_environment_names_real_settings() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    known = {f"FINETWIN_{name.upper()}" for name in Settings.model_fields}
+    for service in compose["services"].values():
+        for name in service.get("environment", {}) if isinstance(service.get("environment"), dict) else []:
+            if name.startswith("FINETWIN_"):
+                assert name in known, name
+
+
+def test_dockerfile_copies_paths_that_exist() -> None:
+    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            sources = line.split()[1:-1]
+            for source in sources:
+                assert (REPO / source).exists(), source
