@@ -1,0 +1,80 @@
+"""Hand-made LLMFineTuningBench files: every row has all 38 columns of the published schema, written the way
+the published file writes them (integers as floats, empty measured columns on runs that did not happen)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from calibrate.loader import BENCHMARK_COLUMNS
+
+SXM = "NVIDIA-A100-SXM4-80GB"
+PCIE = "NVIDIA-A100-80GB-PCIe"
+UNCAPPED = "SFTTrainer.finetune_full_benchmark-v1.0.0-fms_hf_tuning_version.2.4.0"
+CAPPED = "SFTTrainer.finetune_full_benchmark-v1.0.0-fms_hf_tuning_version.2.7.1-stop_after_seconds.600.0"
+FAST_KERNELS_ON = "['True', 'True', 'True']"
+
+
+def row(
+    *,
+    tps: float | None = None,
+    model: str = "llama3.1-8b",
+    method: str = "full",
+    gpu: str = SXM,
+    gpus: int = 1,
+    nodes: int = 1,
+    batch: int = 8,
+    tokens: int = 512,
+    roce: int = 0,
+    fast_moe: int = 0,
+    fast_kernels: bool = False,
+    experiment: str = UNCAPPED,
+    version: str = "2.4.0",
+    peak: float = 50.0,
+    identifier_extra: str = "",
+) -> dict[str, str]:
+    """One benchmark row; `tps` (dataset tokens/s) given = a valid run, None = a run that did not happen."""
+    identifier = (
+        f"model_name.{model}-number_gpus.{gpus}.0-model_max_length.{tokens}.0-batch_size.{batch}.0"
+        f"-gpu_model.{gpu}"
+    )
+    if nodes > 1:
+        identifier += f"-number_nodes.{nodes}.0-enable_roce.{roce}.0"
+    identifier += identifier_extra
+    values: dict[str, Any] = dict.fromkeys(BENCHMARK_COLUMNS, "")
+    values.update(
+        identifier=identifier,
+        experiment_id=experiment + (f"-fast_kernels.{FAST_KERNELS_ON}" if fast_kernels else ""),
+        method=method,
+        model_name=model,
+        number_nodes=f"{nodes}.0",
+        gpu_model=gpu,
+        number_gpus=f"{gpus}.0",
+        tokens_per_sample=f"{tokens}.0",
+        batch_size=f"{batch}.0",
+        enable_roce=f"{roce}.0",
+        fast_moe=f"{fast_moe}.0",
+        fast_kernels=FAST_KERNELS_ON if fast_kernels else "",
+        fms_hf_tuning_version=version,
+        is_valid="1.0" if tps is not None else "0.0",
+        lh_created_at="2026-04-15 11:29:43.917375+00:00",
+        torch_dtype="bfloat16",
+    )
+    if tps is not None:
+        values.update(
+            dataset_tokens_per_second=repr(float(tps)),
+            dataset_tokens_per_second_per_gpu=repr(float(tps) / gpus),
+            train_runtime="100.0",
+            gpu_memory_utilization_peak=repr(float(peak)),
+            gpu_memory_utilization_max=repr(float(peak)),
+        )
+    return values
+
+
+def write_bench(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=BENCHMARK_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
