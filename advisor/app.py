@@ -9,11 +9,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 
+from advisor.auth import V1_PREFIX, authorize
 from twin.db import engine_from_settings, migrate
 from twin.settings import Settings
 
@@ -22,9 +23,20 @@ ROUTER_MODULES: tuple[str, ...] = (
     "advisor.routers.health",
     "advisor.routers.jobs",
     "advisor.routers.cluster",
+    "advisor.routers.forecast",
+    "advisor.routers.models",
+    "advisor.routers.advise",
+    "advisor.routers.slos",
+    "advisor.routers.recommendations",
+    "advisor.routers.audit",
+    "advisor.routers.dashboard",
 )
 
 Hook = Callable[[FastAPI], Any]
+
+
+def serves_v1(router: APIRouter) -> bool:
+    return any(getattr(route, "path", "").startswith(V1_PREFIX) for route in router.routes)
 
 
 def create_app(settings: Settings, engine: Engine | None = None, *, run_migrations: bool = True) -> FastAPI:
@@ -61,7 +73,11 @@ def create_app(settings: Settings, engine: Engine | None = None, *, run_migratio
     app.state.settings = settings
     app.state.engine = engine
     for module in modules:
-        app.include_router(module.router)
+        if serves_v1(module.router):
+            # Every /v1 route needs a key (reads any role, writes operator+); see advisor.auth.
+            app.include_router(module.router, dependencies=[Depends(authorize)])
+        else:
+            app.include_router(module.router)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -170,3 +170,30 @@ def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):  # ty
 def tcp_listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def api_headers(engine: Engine, role: str = "approver", name: str = "test") -> dict[str, str]:
+    """`X-API-Key` headers with a fresh key of `role` on this store (every /v1 endpoint needs a key)."""
+    from advisor.auth import Role
+    from advisor.keys import create_api_key
+
+    return {"X-API-Key": create_api_key(engine, Role(role), name=name, actor="test")}
+
+
+@pytest.fixture(scope="session")
+def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: Path) -> Path:
+    """A model registry with one version (v0001, in use) fitted once per session on the real sample.
+
+    Shared: copy it (`registry_copy`) before promoting, rolling back or tampering with anything.
+    """
+    from calibrate.refit import calibrate_version
+
+    models_dir = tmp_path_factory.mktemp("calibrated") / "models"
+    calibrate_version(models_dir, benchmarks=[sample_csv], reason="test session")
+    return models_dir
+
+
+@pytest.fixture
+def registry_copy(calibrated_models_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the session's fitted registry, free to change."""
+    return Path(shutil.copytree(calibrated_models_dir, tmp_path / "models"))

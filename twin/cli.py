@@ -19,6 +19,8 @@ from twin.settings import Settings
 
 if TYPE_CHECKING:
     import pandas as pd
+    from fastapi import FastAPI
+    from sqlalchemy import Engine
 
     from ingest.apply import BatchHook
     from twin.models import JobModels
@@ -29,6 +31,7 @@ COMMAND_MODULES = (
     "calibrate.commands",
     "twin.commands",
     "advisor.commands",
+    "calibrate.report.commands",
 )
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -56,6 +59,19 @@ def load_benchmark_table(path: Path) -> pd.DataFrame:
     return load_benchmark(path)
 
 
+def fit_benchmark_models(path: Path, seed: int = 0) -> JobModels:
+    """Models calibrated on one benchmark file, in memory and not registered (backtests on that file).
+    Raises ModuleNotFoundError while calibrate.fit is not there, BenchmarkFormatError for a bad file."""
+    from datetime import UTC, datetime
+
+    from calibrate.dataset import WeightPolicy, assemble, load_benchmarks
+    from calibrate.fit import fit_models
+
+    tables, described = load_benchmarks([path])
+    data = assemble(tables, None, now=datetime.now(UTC), policy=WeightPolicy(), described=described)
+    return fit_models(data.table, data.weights, seed=seed)
+
+
 def ingest_batch_hooks(settings: Settings) -> list[BatchHook]:
     """What ingest runs inside each batch's transaction after applying it (stored predictions, live error)."""
     try:
@@ -65,6 +81,42 @@ def ingest_batch_hooks(settings: Settings) -> list[BatchHook]:
             raise
         return []
     return [prediction_hook(settings)]
+
+
+def bundled_benchmark_path() -> Path:
+    """The real LLMFineTuningBench sample shipped with finetwin (the default benchmark to replay)."""
+    from calibrate.loader import bundled_benchmark_path as bundled
+
+    return bundled()
+
+
+def build_api_app(
+    settings: Settings,
+    engine: Engine | None = None,
+    *,
+    run_migrations: bool = True,
+    kafka_bootstrap: str | None = None,
+) -> FastAPI:
+    """The HTTP API and dashboard (`finetwin up` serves it next to ingest, on the same store).
+
+    `kafka_bootstrap`: the broker `up` started (when FINETWIN_KAFKA_BOOTSTRAP is unset), so the API's outbox
+    relay publishes approved actions to it. On a store without any API key, creates an approver key and
+    prints it once on stderr: the user of `finetwin up` needs one to use the dashboard and the API.
+    """
+    from advisor.app import create_app
+    from advisor.keys import ensure_first_key
+
+    if kafka_bootstrap and not settings.kafka_bootstrap:
+        settings = settings.model_copy(update={"kafka_bootstrap": kafka_bootstrap})
+    app = create_app(settings, engine, run_migrations=run_migrations)
+    key = ensure_first_key(app.state.engine)
+    if key is not None:
+        print(
+            f"first API key (role approver; shown once, keep it; more with `finetwin keys create`):\n  {key}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return app
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,6 +35,20 @@ class Settings(BaseSettings):
     # Calibrated models.
     models_dir: Path | None = None
 
+    # Calibration online: refits, drift of the live error, and how much observed runs count.
+    refit_interval_minutes: float = 60.0  # scheduled refit in the API process
+    refit_benchmarks: list[Path] = Field(default_factory=list)  # empty = the in-use version's, else bundled
+    refit_observed: bool = True  # scheduled and drift refits add the runs observed through telemetry
+    drift_window: int = 50  # the rolling live error is over the last N finished jobs of the model in use
+    drift_min_jobs: int = 20  # fewer finished jobs than this say nothing about drift
+    drift_mdape_threshold: float = 0.25  # rolling throughput MdAPE (fraction) that triggers a refit
+    drift_failure_error_threshold: float = 0.15  # rolling share of wrongly predicted outcomes
+    drift_check_seconds: float = 60.0  # the API re-reads the live error this often (ingest may be elsewhere)
+    drift_cooldown_minutes: float = 30.0  # a drift triggers at most one refit per cooldown
+    observed_weight: float = 5.0  # a fresh observed run counts this many benchmark rows ...
+    observed_half_life_days: float = 30.0  # ... and its extra weight halves every this many days
+    promote_tolerance: float = 0.002  # metric differences this small are noise, not "worse"
+
     # API.
     api_host: str = "127.0.0.1"
     api_port: int = 8080
@@ -43,6 +57,26 @@ class Settings(BaseSettings):
 
     # Declared SLOs file (YAML); unset = built-in defaults.
     slo_file: Path | None = None
+
+    # Twin: forecasts from the live state, and the standing forecast the API refreshes and stores.
+    forecast_refresh_minutes: float = 5.0  # the standing forecast is recomputed this often
+    forecast_horizon_hours: float = 24.0
+    forecast_interval_minutes: float = 60.0  # width of one step of the forecast's series
+    forecast_runs: int = 32  # seeded runs per ensemble
+    forecast_seed: int = 0
+    forecast_lookback_days: float = 7.0  # arrivals and job mix are learned from this much history
+    forecast_policy: str = "fifo"  # the cluster's scheduling policy: fifo | backfill | spf
+    forecast_admission: str = "off"  # the cluster's admission control: off | reject | repair
+    forecast_workers: int | None = None  # processes for an ensemble; unset = decided by its size
+
+    # Advisor: API keys, recommendations and the actions outbox.
+    auth_cache_seconds: float = 5.0  # a verified key is trusted this long (revocation takes up to this)
+    recommendation_ttl_hours: float = 24.0  # a pending recommendation expires after this long
+    steering_interval_minutes: float = 30.0  # scheduled cluster steering (what-ifs against the SLOs)
+    steering_horizon_hours: float = 24.0  # how far each what-if forecast looks ahead
+    steering_replications: int = 8  # seeded runs per what-if (paired between baseline and action)
+    relay_poll_seconds: float = 2.0  # the outbox relay also looks for unsent messages this often
+    advice_cache_size: int = 2048  # advice answers remembered per model version (same config, same answer)
 
     # Fail instead of skipping when a test service is missing (CI).
     require_services: bool = Field(default=False)

@@ -60,7 +60,7 @@ def list_jobs(
     state: JobState | None = Query(default=None, description="only jobs in this state"),
     gpu_model: str | None = Query(default=None, max_length=100),
     limit: int = Query(default=100, ge=1, le=1000),
-    offset: int = Query(default=0, ge=0),
+    offset: int = Query(default=0, ge=0, le=1_000_000_000),
     session: Session = Depends(get_session),
 ) -> JobPage:
     query = select(Job)

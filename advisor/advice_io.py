@@ -1,0 +1,282 @@
+"""The boundary of job advice: the request (one configuration, from an API body or a JSON/YAML file), the
+answer's shape, and its text rendering for `finetwin advise`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from twin.domain import GPU_TYPES, JobConfig, gpu_type
+
+MAX_FILE_BYTES = 1_000_000
+
+
+class ConfigFileError(ValueError):
+    """A configuration file that cannot be read; the message names the file and the problem."""
+
+
+class AdviceRequest(BaseModel):
+    """One fine-tuning job configuration in the benchmark's terms, plus the work it has to do."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_name: str = Field(min_length=1, max_length=200, examples=["llama3-8b"])
+    method: Literal["full", "lora", "gptq-lora"]
+    gpu_model: str = Field(min_length=1, max_length=100, examples=["NVIDIA-A100-SXM4-80GB"])
+    number_gpus: int = Field(ge=1, le=4096)
+    number_nodes: int = Field(default=1, ge=1, le=512)
+    batch_size: int = Field(ge=1, le=1_000_000)
+    tokens_per_sample: int = Field(ge=1, le=1_000_000)
+    enable_roce: bool = False
+    fast_moe: int = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
+    fast_kernels: bool = False
+    time_limit_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    dataset_tokens: float | None = Field(
+        default=None, gt=0, le=1e15, allow_inf_nan=False, description="the job's work, in tokens"
+    )
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        try:
+            return gpu_type(value).name
+        except KeyError:
+            known = ", ".join(f"{g.name} ({g.short})" for g in GPU_TYPES.values())
+            raise ValueError(f"unknown GPU model {value!r}; known: {known}") from None
+
+    @field_validator("model_name")
+    @classmethod
+    def _strip(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("the model name is empty")
+        return value
+
+    def to_job(self) -> tuple[JobConfig, float | None]:
+        config = JobConfig(
+            model_name=self.model_name,
+            method=self.method,
+            gpu_model=self.gpu_model,
+            number_gpus=self.number_gpus,
+            number_nodes=self.number_nodes,
+            batch_size=self.batch_size,
+            tokens_per_sample=self.tokens_per_sample,
+            enable_roce=self.enable_roce,
+            fast_moe=self.fast_moe,
+            fast_kernels=self.fast_kernels,
+            time_limit_s=self.time_limit_s,
+        )
+        return config, self.dataset_tokens
+
+
+# --- the answer ---------------------------------------------------------------------------------------------
+
+
+class Evidence(BaseModel):
+    finding: str = Field(description="which finding of the paper, e.g. F3")
+    where: str = Field(description="section / figure of the paper")
+    statement: str
+    paper: dict[str, Any] = Field(description="the published numbers, by paper_figures.json key")
+    predicted: dict[str, Any] = Field(default_factory=dict, description="what the calibrated models predict")
+
+
+class Band(BaseModel):
+    p10: float
+    p50: float
+    p90: float
+
+
+class ConfigOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_name: str
+    method: str
+    gpu_model: str
+    number_gpus: int
+    number_nodes: int
+    batch_size: int
+    tokens_per_sample: int
+    enable_roce: bool
+    fast_moe: int
+    fast_kernels: bool
+    time_limit_s: float | None
+
+    @classmethod
+    def of(cls, config: JobConfig) -> ConfigOut:
+        return cls(
+            model_name=config.model_name, method=config.method, gpu_model=config.gpu_model,
+            number_gpus=config.number_gpus, number_nodes=config.number_nodes, batch_size=config.batch_size,
+            tokens_per_sample=config.tokens_per_sample, enable_roce=config.enable_roce,
+            fast_moe=config.fast_moe, fast_kernels=config.fast_kernels, time_limit_s=config.time_limit_s,
+        )  # fmt: skip
+
+
+class Prediction(BaseModel):
+    p_valid: float | None = Field(description="probability it runs without failing at runtime")
+    tokens_per_second: Band | None
+    run_time_s: Band | None = Field(default=None, description="for the job's work: p10 = fastest")
+    gpu_hours: float | None = None
+    energy_kwh: float | None = None
+
+
+class Verdict(BaseModel):
+    status: Literal["valid", "rejected", "likely_oom"]
+    rule: str | None = Field(default=None, description="the admission rule it breaks (status rejected)")
+    p_valid: float | None
+    p_oom: float | None = Field(description="probability it fails at runtime (out of memory)")
+    message: str
+    prediction: Prediction | None = None
+    evidence: list[Evidence] = Field(default_factory=list)
+
+
+class ChangeOut(BaseModel):
+    field: str
+    old: Any
+    new: Any
+    why: str
+
+
+class Repair(BaseModel):
+    config: ConfigOut
+    changes: list[ChangeOut]
+    prediction: Prediction | None
+    evidence: list[Evidence]
+
+
+class Option(BaseModel):
+    config: ConfigOut
+    workers: int = Field(description="nodes")
+    gpus_per_worker: int
+    prediction: Prediction
+    why: str
+    evidence: list[Evidence]
+
+
+class Placement(BaseModel):
+    number_nodes: int
+    gpus_per_node: int
+    single_node: bool
+    message: str
+    evidence: list[Evidence]
+
+
+class OptimizationAdvice(BaseModel):
+    name: Literal["fast_kernels", "fast_moe", "enable_roce"]
+    recommended: bool
+    setting: Any = Field(description="the value to use")
+    predicted_speedup: float | None = Field(description="model: p50 tokens/s with it / without it")
+    message: str
+    evidence: list[Evidence]
+
+
+class Work(BaseModel):
+    dataset_tokens: float
+    assumed: bool = Field(description="true when the request gave no dataset_tokens")
+
+
+class AdviceOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_version: str | None
+    config: ConfigOut
+    work: Work
+    verdict: Verdict
+    repair: Repair | None
+    fewest_gpus: Option | None
+    best_throughput: Option | None
+    best_cost: Option | None
+    placement: Placement
+    optimizations: list[OptimizationAdvice]
+    notes: list[str]
+
+
+# --- files and text ------------------------------------------------------------------------------------
+
+
+def read_config_file(path: Path) -> Any:
+    """A JSON or YAML document with one configuration (YAML is a superset of JSON; '-' reads stdin)."""
+    import yaml
+
+    try:
+        if str(path) == "-":
+            text = sys.stdin.read(MAX_FILE_BYTES + 1)
+        else:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise ConfigFileError(
+                    f"{path}: larger than {MAX_FILE_BYTES} bytes; one configuration expected"
+                )
+            text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(f"{path}: not UTF-8 text: {exc}") from exc
+    try:
+        document = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigFileError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigFileError(f"{path}: expected one configuration (a mapping of field: value)")
+    return document
+
+
+def _band(prediction: Prediction | None) -> str:
+    if prediction is None or prediction.tokens_per_second is None:
+        return "no prediction"
+    tps = prediction.tokens_per_second
+    text = f"{tps.p50:,.0f} tokens/s (p10-p90 {tps.p10:,.0f}-{tps.p90:,.0f})"
+    if prediction.run_time_s is not None:
+        text += f", {prediction.run_time_s.p50 / 3600:.2f} h"
+    if prediction.gpu_hours is not None:
+        text += f", {prediction.gpu_hours:,.1f} GPU-h"
+    if prediction.energy_kwh is not None:
+        text += f", {prediction.energy_kwh:,.1f} kWh"
+    if prediction.p_valid is not None:
+        text += f", p(runs) {prediction.p_valid:.2f}"
+    return text
+
+
+def _config_line(config: ConfigOut) -> str:
+    return (
+        f"{config.number_gpus} GPU(s) on {config.number_nodes} node(s), batch {config.batch_size}, "
+        f"fast kernels {'on' if config.fast_kernels else 'off'}, "
+        f"RoCE {'on' if config.enable_roce else 'off'}, "
+        f"fast MoE {config.fast_moe or 'off'}"
+    )
+
+
+def render_text(answer: AdviceOut) -> str:
+    """A short human-readable answer; `--json` gives everything, evidence included."""
+    c = answer.config
+    lines = [
+        f"{c.model_name} ({c.method}) on {c.gpu_model}: {_config_line(c)}",
+        f"work: {answer.work.dataset_tokens:,.0f} tokens{' (assumed)' if answer.work.assumed else ''}; "
+        f"models: {answer.model_version or 'none'}",
+        f"verdict: {answer.verdict.status} - {answer.verdict.message}",
+    ]
+    if answer.verdict.prediction is not None:
+        lines.append(f"  as asked: {_band(answer.verdict.prediction)}")
+    if answer.repair is not None:
+        changes = "; ".join(f"{ch.field} {ch.old} -> {ch.new}" for ch in answer.repair.changes)
+        lines.append(f"repair: {changes}: {_band(answer.repair.prediction)}")
+    for label, option in (
+        ("fewest GPUs", answer.fewest_gpus),
+        ("best throughput", answer.best_throughput),
+        ("best cost", answer.best_cost),
+    ):
+        if option is None:
+            lines.append(f"{label}: none found that is likely to run")
+        else:
+            lines.append(f"{label}: {_config_line(option.config)}: {_band(option.prediction)}")
+    lines.append(f"placement: {answer.placement.message}")
+    for opt in answer.optimizations:
+        lines.append(f"{opt.name}: {'yes' if opt.recommended else 'no'} ({opt.setting}) - {opt.message}")
+    lines.extend(f"note: {note}" for note in answer.notes)
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""API keys and roles.
+
+A key is `ft_<key id>_<secret>`: the key id is public (it names the key in the audit log), the secret is
+32 random bytes. Only the SHA-256 of the whole key is stored; a presented key is looked up by its id and
+compared in constant time. SHA-256 (not a slow password hash) is enough because the secret has 256 bits
+of entropy: nobody can brute-force it from the hash.
+
+Roles are ordered: viewer < operator < approver. Every `/v1` endpoint needs a key: reads any role, writes
+operator or more, approve and reject approver. `authorize` is attached centrally by `create_app` to every
+router that serves `/v1`, so a router added later is covered without doing anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fastapi import HTTPException, Request, Security
+from fastapi.security import APIKeyHeader
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from advisor.tables import ApiKey
+from twin.store import utcnow
+
+API_KEY_HEADER = "X-API-Key"
+V1_PREFIX = "/v1"
+KEY_PREFIX = "ft"
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# A route that only computes (no state changes) may declare this in its `openapi_extra` so that a viewer
+# may POST to it, e.g. `POST /v1/advise`.
+ACCESS_EXTENSION = "x-finetwin-access"
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    APPROVER = "approver"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    def allows(self, needed: Role) -> bool:
+        return self.rank >= needed.rank
+
+
+_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the key's public id, its name and role."""
+
+    key_id: str
+    name: str
+    role: Role
+
+    @property
+    def actor(self) -> str:
+        """How the audit log names this caller."""
+        return f"key:{self.key_id} ({self.name})"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def parse_key_id(key: str) -> str | None:
+    parts = key.split("_", 2)  # the secret itself may contain "_"
+    if len(parts) != 3 or parts[0] != KEY_PREFIX or not parts[1] or not parts[2]:
+        return None
+    return parts[1]
+
+
+def create_key(session: Session, role: Role, name: str) -> tuple[ApiKey, str]:
+    """A new key of `role`; returns the stored row and the key itself (shown once, never stored)."""
+    key_id = uuid.uuid4().hex[:12]
+    key = f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
+    row = ApiKey(key_id=key_id, name=name, role=role.value, key_hash=hash_key(key), created_at=utcnow())
+    session.add(row)
+    return row, key
+
+
+def revoke_key(session: Session, key_id: str) -> bool:
+    row = session.get(ApiKey, key_id)
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = utcnow()
+    session.add(row)
+    return True
+
+
+def verify_key(session: Session, key: str) -> Principal | None:
+    """The principal for a presented key, or None if it is unknown, revoked or wrong."""
+    key_id = parse_key_id(key)
+    if key_id is None:
+        return None
+    row = session.get(ApiKey, key_id)
+    if row is None or row.revoked_at is not None:
+        return None
+    if not hmac.compare_digest(hash_key(key), row.key_hash):
+        return None
+    return Principal(key_id=row.key_id, name=row.name, role=Role(row.role))
+
+
+def any_key_exists(session: Session) -> bool:
+    return session.exec(select(ApiKey.key_id).where(ApiKey.revoked_at.is_(None)).limit(1)).first() is not None  # type: ignore[union-attr]
+
+
+class KeyCache:
+    """Verified keys for a few seconds, so a burst of requests costs one database lookup per key.
+
+    Keyed by the key's hash, never the key. A revoked key stops working within `ttl_s`.
+    """
+
+    def __init__(self, engine: Engine, ttl_s: float) -> None:
+        self.engine = engine
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, Principal | None]] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, key: str) -> Principal | None:
+        digest = hash_key(key)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._entries.get(digest)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        with Session(self.engine) as session:
+            principal = verify_key(session, key)
+        with self._lock:
+            if len(self._entries) > 10_000:  # unknown keys must not grow it without bound
+                self._entries.clear()
+            self._entries[digest] = (now, principal)
+        return principal
+
+
+_header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="finetwin keys create")
+
+
+def _key_cache(request: Request) -> KeyCache:
+    cache = getattr(request.app.state, "key_cache", None)
+    if cache is None:
+        settings = request.app.state.settings
+        cache = KeyCache(request.app.state.engine, ttl_s=settings.auth_cache_seconds)
+        request.app.state.key_cache = cache
+    return cache
+
+
+def _authenticate(request: Request, key: str | None) -> Principal:
+    cached = getattr(request.state, "principal", None)
+    if cached is not None:
+        return cached
+    if not key:
+        raise HTTPException(
+            status_code=401,
+            detail=f"missing API key: send it in the {API_KEY_HEADER} header",
+            headers={"WWW-Authenticate": API_KEY_HEADER},
+        )
+    principal = _key_cache(request).lookup(key)
+    if principal is None:
+        raise HTTPException(
+            status_code=401, detail="invalid or revoked API key", headers={"WWW-Authenticate": API_KEY_HEADER}
+        )
+    request.state.principal = principal
+    return principal
+
+
+def current_principal(request: Request, key: str | None = Security(_header)) -> Principal:
+    """The caller behind `X-API-Key`: 401 when the key is missing or not valid."""
+    return _authenticate(request, key)
+
+
+def needed_role(request: Request) -> Role:
+    """Reads need a viewer, writes an operator, unless the route declares otherwise."""
+    route = request.scope.get("route")
+    declared = (getattr(route, "openapi_extra", None) or {}).get(ACCESS_EXTENSION)
+    if declared is not None:
+        return Role(declared)
+    return Role.VIEWER if request.method in READ_METHODS else Role.OPERATOR
+
+
+def forbid(principal: Principal, needed: Role) -> None:
+    if not principal.role.allows(needed):
+        raise HTTPException(
+            status_code=403, detail=f"this needs the {needed.value} role; the key has {principal.role.value}"
+        )
+
+
+def authorize(request: Request, key: str | None = Security(_header)) -> Principal | None:
+    """The central check on every `/v1` route: a valid key (401), and a role fit for the route (403).
+
+    Attached to whole routers; a route of such a router outside `/v1` (none today) stays open.
+    """
+    route = request.scope.get("route")
+    if not getattr(route, "path", "/v1").startswith(V1_PREFIX):
+        return None
+    principal = _authenticate(request, key)
+    forbid(principal, needed_role(request))
+    return principal
+
+
+def require_role(role: Role):  # type: ignore[no-untyped-def]
+    """A dependency for a route that needs more than its method implies (approve, reject)."""
+
+    def dependency(request: Request, key: str | None = Security(_header)) -> Principal:
+        principal = _authenticate(request, key)
+        forbid(principal, role)
+        return principal
+
+    return dependency
+
+
+def access(role: Role) -> dict[str, str]:
+    """`openapi_extra` for a route whose access differs from its method's default."""
+    return {ACCESS_EXTENSION: role.value}

@@ -1,0 +1,324 @@
+"""The transactional outbox for `finetwin.actions`, and the relay that publishes it.
+
+Writing: `enqueue` adds an outbox row in the caller's transaction, so the state change (an approval)
+and the message announcing it are committed together or not at all.
+
+Publishing: the relay reads unsent rows and sends each with its row id in the `finetwin-message-id`
+header (key = recommendation id). It marks a row sent only after the broker acknowledged it. Delivery is
+therefore at least once, and the message id is the dedupe key. The relay removes the one duplicate a
+crash could cause on its own: before sending a row it sends for the first time it commits
+`attempts += 1`; a row with attempts > 0 that is still unsent is "in doubt" (the process died, or the
+ack was lost, between send and mark), and before resending it the relay reads the topic from the
+earliest offset and marks the in-doubt rows it finds there as sent instead of sending them again. So
+after any crash the topic holds each approved action exactly once, by message id.
+
+Why "read to the end" is sound on Tansu, whose reported end offsets lag: for a batch of several records
+Tansu reports the last batch's base offset + 1, a lower bound of the true end; consuming up to it fetches
+that whole last batch, so every record that existed when we asked is read. The relay itself produces one
+record per request (linger 0, one in flight, retries 0: a failed send is in doubt, never retried blindly),
+where the two agree.
+
+One relay per database: it holds a lock while it works (a PostgreSQL advisory lock, or a file lock next
+to a SQLite database), which the operating system or the server releases if the process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import Connection, Engine, text, update
+from sqlmodel import Session, col, select
+
+from advisor.tables import OutboxMessage
+from twin.store import utcnow
+
+log = logging.getLogger(__name__)
+
+MESSAGE_ID_HEADER = "finetwin-message-id"
+CONTENT_TYPE_HEADER = "content-type"
+_ADVISORY_LOCK_KEY = 0x66_74_6F_62  # "ftob": the relay's PostgreSQL advisory lock
+
+
+def enqueue(
+    session: Session, *, topic: str, key: str, payload: dict[str, Any], now: datetime | None = None
+) -> OutboxMessage:
+    """Queue a message in the caller's transaction; the relay publishes it after the commit."""
+    message_id = str(uuid.uuid4())
+    row = OutboxMessage(
+        id=message_id,
+        topic=topic,
+        key=key,
+        payload={"message_id": message_id, **payload},
+        created_at=now or utcnow(),
+    )
+    session.add(row)
+    return row
+
+
+@dataclass(frozen=True)
+class Published:
+    partition: int
+    offset: int
+
+
+class TopicNotReadable(RuntimeError):
+    """The topic could not be read to its end in time: in-doubt rows stay unsent until the next round."""
+
+
+def _serialize(row: OutboxMessage) -> bytes:
+    return json.dumps(row.payload, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+class OutboxRelay:
+    """Publishes unsent outbox rows; safe to kill at any instant (see the module docstring)."""
+
+    def __init__(
+        self, engine: Engine, bootstrap: str, *, send_timeout_s: float = 15.0, scan_timeout_s: float = 30.0
+    ) -> None:
+        self.engine = engine
+        self.bootstrap = bootstrap
+        self.send_timeout_s = send_timeout_s
+        self.scan_timeout_s = scan_timeout_s
+        self._producer: Any = None
+
+    # --- Kafka ---------------------------------------------------------------------------------------------
+
+    def producer(self) -> Any:
+        if self._producer is None:
+            from kafka import KafkaProducer
+
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.bootstrap,
+                client_id="finetwin-outbox-relay",
+                acks="all",
+                retries=0,  # a failed send is "in doubt": reconciled against the topic, never resent blindly
+                linger_ms=0,
+                max_in_flight_requests_per_connection=1,
+            )
+        return self._producer
+
+    def send(self, row: OutboxMessage) -> Published:
+        """Send one row and wait for the broker's ack."""
+        future = self.producer().send(
+            row.topic,
+            key=row.key.encode("utf-8"),
+            value=_serialize(row),
+            headers=[(MESSAGE_ID_HEADER, row.id.encode("utf-8")), (CONTENT_TYPE_HEADER, b"application/json")],
+        )
+        metadata = future.get(timeout=self.send_timeout_s)
+        return Published(partition=metadata.partition, offset=metadata.offset)
+
+    def find_on_topic(self, topic: str, message_ids: set[str]) -> dict[str, Published]:
+        """Which of `message_ids` the topic holds, reading every partition from the earliest offset."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        found: dict[str, Published] = {}
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            client_id="finetwin-outbox-relay-scan",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        try:
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                return found
+            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            ends = consumer.end_offsets(tps)
+            starts = consumer.beginning_offsets(tps)
+            remaining = {tp: ends[tp] for tp in tps if ends[tp] > starts[tp]}
+            consumer.seek_to_beginning(*tps)
+            deadline = time.monotonic() + self.scan_timeout_s
+            while remaining and len(found) < len(message_ids):
+                if time.monotonic() > deadline:
+                    raise TopicNotReadable(f"{topic} not read to its end in {self.scan_timeout_s:.0f} s")
+                for tp, records in consumer.poll(timeout_ms=500).items():
+                    for record in records:
+                        headers = dict(record.headers or [])
+                        message_id = headers.get(MESSAGE_ID_HEADER, b"").decode("utf-8", "replace")
+                        if message_id in message_ids:
+                            found[message_id] = Published(partition=tp.partition, offset=record.offset)
+                for tp in list(remaining):
+                    if consumer.position(tp) >= remaining[tp]:
+                        del remaining[tp]
+            return found
+        finally:
+            consumer.close()
+
+    # --- the round -----------------------------------------------------------------------------------------
+
+    def publish_pending(self, limit: int = 100) -> int:
+        """Publish unsent rows, oldest first; returns how many were published (or found already published)."""
+        with Session(self.engine) as session:
+            rows = list(
+                session.exec(
+                    select(OutboxMessage)
+                    .where(col(OutboxMessage.sent_at).is_(None))
+                    .order_by(col(OutboxMessage.created_at), col(OutboxMessage.id))
+                    .limit(limit)
+                )
+            )
+        if not rows:
+            return 0
+        done = 0
+        in_doubt: dict[str, set[str]] = {}
+        for row in rows:
+            if row.attempts > 0:
+                in_doubt.setdefault(row.topic, set()).add(row.id)
+        already: dict[str, Published] = {}
+        for topic, ids in in_doubt.items():
+            already.update(self.find_on_topic(topic, ids))
+        for row in rows:
+            if row.id in already:
+                log.info("outbox %s was already on %s; marking it sent without resending", row.id, row.topic)
+                self._mark_sent(row.id, already[row.id])
+                done += 1
+                continue
+            self._count_attempt(row.id)
+            try:
+                published = self.send(row)
+            except Exception as exc:  # noqa: BLE001 - any send failure leaves the row in doubt, to reconcile
+                self._record_error(row.id, f"{type(exc).__name__}: {exc}")
+                log.warning("outbox %s not confirmed by the broker (%s); will reconcile", row.id, exc)
+                self.close_producer()
+                break
+            self._mark_sent(row.id, published)
+            done += 1
+        return done
+
+    def _count_attempt(self, message_id: str) -> None:
+        with Session(self.engine) as session:
+            session.execute(
+                update(OutboxMessage)
+                .where(col(OutboxMessage.id) == message_id)
+                .values(attempts=OutboxMessage.attempts + 1)
+            )
+            session.commit()
+
+    def _mark_sent(self, message_id: str, published: Published) -> None:
+        with Session(self.engine) as session:
+            session.execute(
+                update(OutboxMessage)
+                .where(col(OutboxMessage.id) == message_id, col(OutboxMessage.sent_at).is_(None))
+                .values(sent_at=utcnow(), partition=published.partition, offset=published.offset)
+            )
+            session.commit()
+
+    def _record_error(self, message_id: str, error: str) -> None:
+        with Session(self.engine) as session:
+            session.execute(
+                update(OutboxMessage)
+                .where(col(OutboxMessage.id) == message_id)
+                .values(last_error=error[:2000])
+            )
+            session.commit()
+
+    def close_producer(self) -> None:
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                self._producer.close(timeout=5)
+            self._producer = None
+
+    def close(self) -> None:
+        self.close_producer()
+
+
+# --- one relay per database ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def relay_lock(engine: Engine) -> Iterator[bool]:
+    """Hold the relay's lock for the block; yields False (and holds nothing) when another relay has it."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as connection:
+            query = text("SELECT pg_try_advisory_lock(:k)")
+            held = bool(connection.execute(query, {"k": _ADVISORY_LOCK_KEY}).scalar())
+            try:
+                yield held
+            finally:
+                if held:
+                    _pg_unlock(connection)
+        return
+    path = _sqlite_lock_path(engine)
+    if path is None:  # an in-memory database lives in one process: nothing to share
+        yield True
+        return
+    with open(path, "a+") as handle:
+        held = _try_flock(handle)
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pg_unlock(connection: Connection) -> None:
+    with contextlib.suppress(Exception):
+        connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _ADVISORY_LOCK_KEY})
+        connection.commit()
+
+
+def _sqlite_lock_path(engine: Engine) -> Path | None:
+    database = engine.url.database
+    if not database or database == ":memory:":
+        return None
+    return Path(database).with_name(Path(database).name + ".relay.lock")
+
+
+def _try_flock(handle: IO[str]) -> bool:
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+class RelayThread:
+    """Runs the relay in the API process: woken after each approval, and every `poll_s` for leftovers."""
+
+    def __init__(self, relay: OutboxRelay, poll_s: float) -> None:
+        self.relay = relay
+        self.poll_s = poll_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="outbox-relay", daemon=True)
+
+    def start(self) -> RelayThread:
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=timeout_s)
+        self.relay.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=self.poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                with relay_lock(self.relay.engine) as held:
+                    if held:
+                        self.relay.publish_pending()
+            except Exception:  # noqa: BLE001 - a broker or database hiccup must not end the relay
+                log.exception("outbox relay round failed; retrying in %.0f s", self.poll_s)
+                self.relay.close_producer()

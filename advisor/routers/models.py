@@ -1,0 +1,277 @@
+"""Calibrated models over HTTP: predictions for configurations, the registry's versions, and the live error.
+
+`startup` puts the hourly refit and the drift check on the app's scheduler (see `calibrate.refit`).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlalchemy import Engine
+
+from advisor.auth import Role, access
+from advisor.deps import get_engine, get_settings
+from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
+from calibrate.frames import configs_frame
+from calibrate.refit import RefitScheduler
+from calibrate.registry import InUseModels, ModelRegistry, RegistryError
+from twin.settings import Settings
+
+router = APIRouter(tags=["models"])
+
+MAX_BATCH = 10_000
+NO_MODEL = 409  # a client error the caller can resolve (calibrate a model), never a 5xx
+
+
+class ConfigIn(BaseModel):
+    """One fine-tuning configuration in the benchmark's terms (the configuration columns of a row)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_name: str = Field(min_length=1, max_length=200, examples=["llama3-8b"])
+    method: Literal["full", "lora", "gptq-lora"]
+    gpu_model: str = Field(min_length=1, max_length=100, examples=["NVIDIA-A100-SXM4-80GB"])
+    number_gpus: int = Field(ge=1, le=4096)
+    number_nodes: int = Field(ge=1, le=512)
+    batch_size: int = Field(ge=1, le=1_000_000)
+    tokens_per_sample: int = Field(ge=1, le=10_000_000)
+    enable_roce: bool = False
+    fast_moe: int = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
+    fast_kernels: bool = False
+    time_limit_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    experiment_id: str | None = Field(default=None, max_length=2000)
+    identifier: str | None = Field(default=None, max_length=2000)
+    fms_hf_tuning_version: str | None = Field(default=None, max_length=50)
+    torch_dtype: str | None = Field(default=None, max_length=50)
+
+
+class PredictRequest(BaseModel):
+    """`{"configs": [...]}`; a single configuration object or a bare list of them is accepted too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    configs: list[ConfigIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_or_many(cls, data: Any) -> Any:
+        if isinstance(data, list):
+            return {"configs": data}
+        if isinstance(data, dict) and "configs" not in data:
+            return {"configs": [data]}
+        return data
+
+
+class PredictionOut(BaseModel):
+    outcome: Literal["valid", "rejected", "runtime"]
+    rule: str | None
+    p_valid: float
+    tokens_per_second_p10: float | None
+    tokens_per_second_p50: float | None
+    tokens_per_second_p90: float | None
+    note: str | None
+
+
+class PredictResponse(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_version: str
+    predictions: list[PredictionOut]
+
+
+class ModelVersionOut(BaseModel):
+    version: str
+    in_use: bool
+    created_at: str | None = None
+    reason: str | None = None
+    rows: int | None = None
+    rows_by_source: dict[str, int] = {}
+    heldout_metrics: dict[str, float | None] = {}
+    promoted_at_fit: bool | None = None
+    compared_with: str | None = None
+    comparison_basis: str | None = None
+    fit_seconds: float | None = None
+    error: str | None = None  # metadata that cannot be read
+
+
+class ModelsOut(BaseModel):
+    in_use: str | None
+    versions: list[ModelVersionOut]
+    history: list[dict[str, Any]]
+
+
+class LiveErrorPointOut(BaseModel):
+    job_id: str
+    ended_at: datetime
+    model_version: str
+    predicted_outcome: str
+    actual_outcome: str
+    ape: float | None
+    rolling_jobs: int
+    rolling_mdape: float | None
+    rolling_failure_error: float | None
+
+
+class LiveErrorNow(BaseModel):
+    model_version: str
+    jobs: int
+    throughput_jobs: int
+    mdape: float | None
+    band_coverage: float | None
+    failure_error: float | None
+    drifting: bool
+    reasons: list[str]
+
+
+class LiveErrorOut(BaseModel):
+    window: int
+    min_jobs: int
+    mdape_threshold: float
+    failure_error_threshold: float
+    in_use: str | None
+    current: LiveErrorNow | None  # the version in use, over its own last `window` finished jobs
+    points: list[LiveErrorPointOut]
+
+
+def models_in_use(request: Request) -> InUseModels:
+    cache = getattr(request.app.state, "models_in_use", None)
+    if cache is None:
+        cache = InUseModels(request.app.state.settings.resolved_models_dir())
+        request.app.state.models_in_use = cache
+    return cache
+
+
+@router.post(
+    "/v1/predict",
+    response_model=PredictResponse,
+    summary="Predict outcome, p_valid and throughput band for one configuration or a batch",
+    responses={409: {"description": "no calibrated model is in use (or it failed verification)"}},
+    openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
+)
+def predict(body: PredictRequest, cache: InUseModels = Depends(models_in_use)) -> PredictResponse:
+    try:
+        loaded = cache.get()
+    except RegistryError as exc:
+        raise HTTPException(
+            status_code=NO_MODEL, detail=f"the model in use cannot be loaded: {exc}"
+        ) from None
+    if loaded is None:
+        raise HTTPException(
+            status_code=NO_MODEL,
+            detail="no calibrated model is in use; run `finetwin calibrate --bench FILE` first",
+        )
+    version, models = loaded
+    predicted = models.predict_frame(configs_frame(c.model_dump() for c in body.configs))
+    return PredictResponse(
+        model_version=version,
+        predictions=[
+            PredictionOut(
+                outcome=p.outcome,
+                rule=p.rule if isinstance(p.rule, str) and p.rule else None,
+                p_valid=float(p.p_valid),
+                tokens_per_second_p10=_finite(p.tokens_per_second_p10),
+                tokens_per_second_p50=_finite(p.tokens_per_second_p50),
+                tokens_per_second_p90=_finite(p.tokens_per_second_p90),
+                note=p.note if isinstance(p.note, str) and p.note else None,
+            )
+            for p in predicted.itertuples(index=False)
+        ],
+    )
+
+
+@router.get("/v1/models", response_model=ModelsOut, summary="Model versions, the one in use, and the history")
+def list_models(settings: Settings = Depends(get_settings)) -> ModelsOut:
+    registry = ModelRegistry(settings.resolved_models_dir())
+    try:
+        in_use = registry.in_use()
+        history = registry.history()
+    except (RegistryError, ValueError) as exc:
+        raise HTTPException(
+            status_code=NO_MODEL, detail=f"the model registry cannot be read: {exc}"
+        ) from None
+    return ModelsOut(
+        in_use=in_use,
+        versions=[_version(registry, v, v == in_use) for v in registry.versions()],
+        history=history,
+    )
+
+
+@router.get(
+    "/v1/models/live-error",
+    response_model=LiveErrorOut,
+    summary="Rolling live error (throughput MdAPE, outcome error) of the predictions, job by job",
+)
+def live_error(
+    window: int | None = Query(default=None, ge=1, le=10_000, description="jobs per rolling window"),
+    limit: int = Query(default=500, ge=1, le=10_000, description="most recent finished jobs to return"),
+    model_version: str | None = Query(default=None, max_length=64, description="only this version's jobs"),
+    settings: Settings = Depends(get_settings),
+    engine: Engine = Depends(get_engine),
+) -> LiveErrorOut:
+    policy = DriftPolicy.from_settings(settings)
+    window = window or policy.window
+    try:
+        in_use = ModelRegistry(settings.resolved_models_dir()).in_use()
+    except RegistryError:
+        in_use = None
+    with engine.connect() as connection:
+        points = live_error_series(connection, window=window, limit=limit, model_version=model_version)
+        current = None
+        if in_use is not None:
+            summary = summarize(connection, in_use, window)
+            report = drift(summary, policy)
+            current = LiveErrorNow(
+                model_version=in_use, jobs=summary.jobs, throughput_jobs=summary.throughput_jobs,
+                mdape=summary.mdape, band_coverage=summary.band_coverage, failure_error=summary.failure_error,
+                drifting=report is not None, reasons=report.reasons if report else [],
+            )  # fmt: skip
+    return LiveErrorOut(
+        window=window,
+        min_jobs=policy.min_jobs,
+        mdape_threshold=policy.mdape_threshold,
+        failure_error_threshold=policy.failure_error_threshold,
+        in_use=in_use,
+        current=current,
+        points=[LiveErrorPointOut(**vars(p)) for p in points],
+    )
+
+
+def startup(app: FastAPI) -> None:
+    """The hourly refit and the drift check, on the app's one scheduler."""
+    refits = RefitScheduler(app.state.settings, app.state.engine, app.state.scheduler)
+    refits.install()
+    app.state.refits = refits
+
+
+def _version(registry: ModelRegistry, version: str, in_use: bool) -> ModelVersionOut:
+    try:
+        metadata = registry.metadata(version)
+    except RegistryError as exc:
+        return ModelVersionOut(version=version, in_use=in_use, error=str(exc))
+    data = metadata.get("data", {})
+    comparison = metadata.get("comparison") or {}
+    return ModelVersionOut(
+        version=version,
+        in_use=in_use,
+        created_at=metadata.get("created_at"),
+        reason=metadata.get("reason"),
+        rows=data.get("n_rows"),
+        rows_by_source=data.get("rows_by_source", {}),
+        heldout_metrics={k: _finite(v) for k, v in metadata.get("heldout_metrics", {}).items()},
+        promoted_at_fit=metadata.get("promoted"),
+        compared_with=comparison.get("against"),
+        comparison_basis=comparison.get("basis"),
+        fit_seconds=metadata.get("fit_seconds"),
+    )
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

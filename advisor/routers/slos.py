@@ -1,0 +1,47 @@
+"""The SLOs the advisor steers toward: read them, or declare a new set (operator)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from pydantic import BaseModel
+
+from advisor.auth import Principal, Role, require_role
+from advisor.slos import SlosInForce, current_slos, declare_slos
+from twin.slo import Slo, SloFormatError, SloSet
+
+router = APIRouter(prefix="/v1/slos", tags=["slos"])
+
+
+class SlosOut(BaseModel):
+    slos: list[Slo]
+    source: str
+    updated_at: datetime | None
+    updated_by: str | None
+
+
+def _out(found: SlosInForce) -> SlosOut:
+    return SlosOut(
+        slos=found.slos.slos, source=found.source, updated_at=found.updated_at, updated_by=found.updated_by
+    )
+
+
+@router.get("", response_model=SlosOut, summary="The SLOs in force and where they come from")
+def get_slos(request: Request) -> SlosOut:
+    try:
+        return _out(current_slos(request.app.state.engine, request.app.state.settings))
+    except SloFormatError as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+
+
+@router.put("", response_model=SlosOut, summary="Declare the SLOs (replaces the set in force; operator)")
+def put_slos(
+    body: SloSet, request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))
+) -> SlosOut:
+    return _out(declare_slos(request.app.state.engine, body, actor=principal.actor))
+
+
+def startup(app: FastAPI) -> None:
+    """A broken SLO file is a configuration error: say so when the API starts, not at the first request."""
+    current_slos(app.state.engine, app.state.settings)

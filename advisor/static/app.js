@@ -1,0 +1,239 @@
+// finetwin dashboard: reads the /v1 API with the key the user entered (kept in this browser's
+// localStorage); approving or rejecting asks for an approver key each time and does not keep it.
+"use strict";
+
+const KEY_STORAGE = "finetwin.apiKey";
+const REFRESH_MS = 15000;
+const charts = {};
+window.finetwinCharts = charts; // for tests and the curious: the Chart.js instances
+
+function storedKey() { return localStorage.getItem(KEY_STORAGE) || ""; }
+
+function setStatus(text, isError) {
+  const el = document.getElementById("status");
+  el.textContent = text;
+  el.className = isError ? "error" : "";
+}
+
+async function api(path, options = {}, key = storedKey()) {
+  const headers = Object.assign({ "X-API-Key": key }, options.body ? { "Content-Type": "application/json" } : {});
+  const response = await fetch(path, Object.assign({}, options, { headers }));
+  const body = response.headers.get("content-type")?.includes("json") ? await response.json() : null;
+  if (!response.ok) {
+    const error = new Error((body && body.detail) || `${response.status} ${response.statusText}`);
+    error.status = response.status;
+    throw error;
+  }
+  return body;
+}
+
+function cell(row, text, className) {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined ? "" : String(text);
+  if (className) td.className = className;
+  row.appendChild(td);
+  return td;
+}
+
+function fillTable(id, rows, columns) {
+  const body = document.querySelector(`#${id} tbody`);
+  body.replaceChildren();
+  for (const item of rows) {
+    const tr = document.createElement("tr");
+    for (const column of columns) column(tr, item);
+    body.appendChild(tr);
+  }
+}
+
+const fmt = (x, digits = 2) => (x === null || x === undefined || Number.isNaN(x) ? "-" : Number(x).toFixed(digits));
+const when = (ts) => (ts ? new Date(ts).toLocaleString() : "");
+
+// --- cluster -----------------------------------------------------------------------------------------------
+
+async function loadCluster() {
+  const cluster = await api("/v1/cluster");
+  const summary = document.getElementById("cluster-summary");
+  summary.replaceChildren();
+  const gpusUp = cluster.pools.reduce((a, p) => a + p.gpus_up, 0);
+  const gpusBusy = cluster.pools.reduce((a, p) => a + p.gpus_busy, 0);
+  for (const [label, value] of [["nodes", cluster.nodes.length], ["GPUs up", gpusUp], ["GPUs busy", gpusBusy],
+                                 ["running", cluster.running], ["queued", cluster.queued]]) {
+    const span = document.createElement("span");
+    const b = document.createElement("b");
+    b.textContent = value;
+    span.append(b, ` ${label}`);
+    summary.appendChild(span);
+  }
+  fillTable("nodes", cluster.nodes, [
+    (tr, n) => cell(tr, n.node_id), (tr, n) => cell(tr, n.gpu_model), (tr, n) => cell(tr, n.gpu_count),
+    (tr, n) => cell(tr, n.status),
+  ]);
+  const [running, queued] = await Promise.all([
+    api("/v1/jobs?state=running&limit=50"), api("/v1/jobs?state=submitted&limit=50"),
+  ]);
+  fillTable("jobs", running.jobs.concat(queued.jobs), [
+    (tr, j) => cell(tr, j.job_id), (tr, j) => cell(tr, j.state), (tr, j) => cell(tr, j.model_name),
+    (tr, j) => cell(tr, j.number_gpus), (tr, j) => cell(tr, j.batch_size), (tr, j) => cell(tr, when(j.submitted_at)),
+  ]);
+}
+
+// --- charts ------------------------------------------------------------------------------------------------
+
+function bandChart(name, canvasId, labels, spread, scale, y = {}) {
+  const s = (values) => (values || []).map((v) => (v === null ? null : v * scale));
+  const data = {
+    labels,
+    datasets: [
+      { label: "p90", data: s(spread.p90), borderWidth: 0, pointRadius: 0, fill: "+1",
+        backgroundColor: "rgba(31, 119, 180, 0.18)" },
+      { label: "p10", data: s(spread.p10), borderWidth: 0, pointRadius: 0, fill: false },
+      { label: "mean", data: s(spread.mean), borderColor: "rgb(31, 119, 180)", pointRadius: 0, fill: false },
+    ],
+  };
+  draw(name, canvasId, "line", data, { plugins: { legend: { display: false } }, scales: { y } });
+}
+
+function draw(name, canvasId, type, data, options) {
+  const base = { animation: false, responsive: true, maintainAspectRatio: false };
+  if (charts[name]) {
+    charts[name].data = data;
+    charts[name].update();
+    return;
+  }
+  charts[name] = new Chart(document.getElementById(canvasId), { type, data, options: Object.assign(base, options) });
+}
+
+async function loadForecast() {
+  const f = await api("/v1/forecast");
+  const hours = (f.series.t_s || []).map((t) => `+${(t / 3600).toFixed(0)}h`);
+  document.getElementById("forecast-meta").textContent =
+    `${f.runs} runs, ${f.models}, ${f.known_jobs ? f.known_jobs.total : 0} known jobs`;
+  bandChart("utilization", "chart-utilization", hours, f.series.utilization, 100, { min: 0, max: 100 });
+  bandChart("queue", "chart-queue", hours, f.series.queue_length, 1, { min: 0 });
+  const slos = f.slos || [];
+  draw("slo", "chart-slo", "bar", {
+    labels: slos.map((s) => s.name),
+    datasets: [
+      { label: "mean attainment %", data: slos.map((s) => (s.attainment.mean ?? 0) * 100),
+        backgroundColor: "rgba(26, 127, 55, 0.6)" },
+      { label: "p10-p90", data: slos.map((s) => [(s.attainment.p10 ?? 0) * 100, (s.attainment.p90 ?? 0) * 100]),
+        backgroundColor: "rgba(26, 127, 55, 0.2)" },
+    ],
+  }, { scales: { y: { min: 0, max: 100 } } });
+}
+
+async function loadLiveError() {
+  const live = await api("/v1/models/live-error?limit=200");
+  const points = live.points.filter((p) => p.rolling_mdape !== null);
+  draw("error", "chart-error", "line", {
+    labels: points.map((p) => new Date(p.ended_at).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
+    datasets: [
+      { label: "rolling MdAPE %", data: points.map((p) => p.rolling_mdape * 100), borderColor: "rgb(207, 34, 46)",
+        pointRadius: 0 },
+      { label: "threshold %", data: points.map(() => live.mdape_threshold * 100), borderColor: "rgb(110, 119, 129)",
+        borderDash: [4, 4], pointRadius: 0 },
+    ],
+  }, { scales: { x: { ticks: { maxTicksLimit: 8 } }, y: { min: 0 } } });
+}
+
+// --- recommendations and audit -----------------------------------------------------------------------------
+
+function effectText(effect) {
+  if (!effect || effect.mean === undefined) return "";
+  const ci = effect.ci95 ? ` (${fmt(effect.ci95[0] * 100, 1)} to ${fmt(effect.ci95[1] * 100, 1)})` : "";
+  return `${effect.mean >= 0 ? "+" : ""}${fmt(effect.mean * 100, 1)} pts attainment${ci}`;
+}
+
+async function decide(id, verb) {
+  let comment = null;
+  if (verb === "reject") {
+    comment = window.prompt("Why reject it? (required)");
+    if (!comment) return;
+  }
+  const key = window.prompt(`Approver API key to ${verb} this recommendation`);
+  if (!key) return;
+  if (verb === "approve") comment = window.prompt("Comment (optional)") || null;
+  try {
+    await api(`/v1/recommendations/${encodeURIComponent(id)}/${verb}`,
+      { method: "POST", body: JSON.stringify(comment ? { comment } : {}) }, key);
+    setStatus(`${verb}d`, false);
+  } catch (error) {
+    setStatus(`${verb} failed: ${error.message}`, true);
+  }
+  await Promise.allSettled([loadRecommendations(), loadAudit()]);
+}
+
+async function loadRecommendations() {
+  const page = await api("/v1/recommendations?limit=50");
+  fillTable("recs", page.recommendations, [
+    (tr, r) => cell(tr, r.title),
+    (tr, r) => cell(tr, effectText(r.effect)),
+    (tr, r) => cell(tr, fmt(r.cost, 0)),
+    (tr, r) => {
+      const td = cell(tr, r.state + (r.published ? " (sent)" : ""), `state-${r.state}`);
+      td.dataset.recommendation = r.id;
+    },
+    (tr, r) => {
+      const td = cell(tr, "");
+      if (r.state !== "pending") return;
+      for (const verb of ["approve", "reject"]) {
+        const button = document.createElement("button");
+        button.textContent = verb;
+        button.dataset.action = verb;
+        button.dataset.recommendation = r.id;
+        button.addEventListener("click", () => decide(r.id, verb));
+        td.appendChild(button);
+      }
+    },
+  ]);
+}
+
+async function loadAudit() {
+  const page = await api("/v1/audit?limit=50");
+  fillTable("audit-log", page.entries, [
+    (tr, e) => cell(tr, when(e.ts)), (tr, e) => cell(tr, e.actor), (tr, e) => cell(tr, e.subject),
+    (tr, e) => cell(tr, e.from_state), (tr, e) => cell(tr, e.to_state), (tr, e) => cell(tr, e.reason),
+  ]);
+}
+
+async function loadReport() {
+  const latest = await api("/v1/reports/latest");
+  const p = document.getElementById("report-link");
+  if (!latest.available) return;
+  p.replaceChildren();
+  const a = document.createElement("a");
+  a.href = latest.url;
+  a.textContent = `Latest report (${latest.generated_at || "undated"})`;
+  p.appendChild(a);
+}
+
+// --- wiring ------------------------------------------------------------------------------------------------
+
+async function loadAll() {
+  if (!storedKey()) {
+    setStatus("enter an API key to see the cluster", true);
+    return;
+  }
+  const parts = { cluster: loadCluster, forecast: loadForecast, "model error": loadLiveError,
+                  recommendations: loadRecommendations, audit: loadAudit, report: loadReport };
+  const results = await Promise.allSettled(Object.values(parts).map((load) => load()));
+  const failed = Object.keys(parts).filter((_, i) => results[i].status === "rejected");
+  if (failed.length) {
+    const first = results.find((r) => r.status === "rejected").reason;
+    setStatus(`could not load ${failed.join(", ")}: ${first.message}`, true);
+  } else {
+    setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
+  }
+  document.body.dataset.loaded = String(Date.now());
+}
+
+document.getElementById("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("key-input");
+  if (input.value) localStorage.setItem(KEY_STORAGE, input.value.trim());
+  input.value = "";
+  loadAll();
+});
+
+loadAll();
+setInterval(loadAll, REFRESH_MS);

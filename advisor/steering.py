@@ -1,0 +1,307 @@
+"""Cluster steering toward the SLOs: generate candidate actions, evaluate each with a twin what-if
+against ONE shared baseline (paired seeds: run i of every scenario shares run i's arrivals and per-job
+draws with the baseline), and record those that improve SLO attainment as recommendations, ranked by
+effect per cost.
+
+Candidates (Table 3 of the paper, as actions on the cluster):
+- provisioning: add one node of each GPU type; remove one where there are several;
+- admission control: repair rule-breaking configurations instead of rejecting them (F1-F2);
+- scheduling policy: each other policy the twin knows;
+- optimization choice: make Fast Kernels / RoCE / Fast MoE the default (F5-F6);
+- right-sizing: cap the batch per GPU, or the sequence length, on one GPU type (F1, F3).
+
+Effect: the paired difference, run by run, of the mean attainment over the declared SLOs (scenario minus
+baseline): its mean, p10-p90 and 95 % confidence interval. Recorded when the interval is above zero.
+Cost: GPU-hours per day the action adds (nodes); actions that add no hardware count a nominal floor, so
+"effect per cost" ranks free improvements first and still orders them by effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from advisor import workflow
+from advisor.slos import current_slos
+from advisor.tables import Recommendation
+from twin.db import session_scope
+from twin.domain import GPUS_PER_NODE, JobConfig, gpu_type
+from twin.forecast import ForecastOptions, TwinInputs, make_spec
+from twin.settings import Settings
+from twin.slo import SloSet
+
+log = logging.getLogger(__name__)
+
+COST_FLOOR_GPU_HOURS_PER_DAY = 1.0
+BATCH_PER_GPU_CAPS = (8, 32)
+SEQUENCE_CAP = 4096
+MAX_CANDIDATES = 24
+
+
+class SteeringUnavailable(RuntimeError):
+    """Steering cannot run now (no calibrated models, no cluster in the store, bad SLO file...)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str
+    target: str
+    title: str
+    action: dict[str, Any]
+    cost: float  # GPU-hours per day added (negative: saved)
+    changes: dict[str, Any] = field(default_factory=dict)  # twin.whatif.ScenarioChanges fields
+    transform: Any = None  # (JobConfig) -> JobConfig applied to every configuration, or None
+
+
+@dataclass
+class SteeringResult:
+    evaluated: int
+    recommendations: list[Recommendation]
+    notes: list[str]
+
+
+def _cap_batch(gpu_model: str, per_gpu: int):  # type: ignore[no-untyped-def]
+    def transform(config: JobConfig) -> JobConfig:
+        if config.gpu_model != gpu_model or config.batch_size <= per_gpu * config.number_gpus:
+            return config
+        return config.with_changes(batch_size=per_gpu * config.number_gpus)
+
+    return transform
+
+
+def _cap_sequence(gpu_model: str, tokens: int):  # type: ignore[no-untyped-def]
+    def transform(config: JobConfig) -> JobConfig:
+        if config.gpu_model != gpu_model or config.tokens_per_sample <= tokens:
+            return config
+        return config.with_changes(tokens_per_sample=tokens)
+
+    return transform
+
+
+def candidates(inputs: TwinInputs, options: ForecastOptions) -> list[Candidate]:
+    from twin.policies import Policy
+    from twin.tuning import Admission, Optimization
+
+    out: list[Candidate] = []
+    by_type = inputs.cluster.gpus_by_model()
+    nodes_by_type: dict[str, int] = {}
+    for node in inputs.cluster.nodes:
+        nodes_by_type[node.gpu_model] = nodes_by_type.get(node.gpu_model, 0) + 1
+    day_gpu_hours = GPUS_PER_NODE * 24.0
+    for gpu, count in sorted(nodes_by_type.items()):
+        short = _short(gpu)
+        out.append(
+            Candidate("add_nodes", f"nodes:{gpu}", f"add 1 {short} node", {"gpu_model": gpu, "add_nodes": 1},
+                      day_gpu_hours, changes={"nodes": [{"gpu_model": gpu, "add": 1}]})
+        )  # fmt: skip
+        if count > 1:
+            out.append(
+                Candidate("remove_nodes", f"nodes:{gpu}", f"remove 1 {short} node",
+                          {"gpu_model": gpu, "remove_nodes": 1}, -day_gpu_hours,
+                          changes={"nodes": [{"gpu_model": gpu, "remove": 1}]})
+            )  # fmt: skip
+    if options.plan.admission != Admission.REPAIR:
+        out.append(
+            Candidate("admission_repair", "admission", "switch admission control to repair",
+                      {"admission": "repair"}, 0.0, changes={"admission": "repair"})
+        )  # fmt: skip
+    for policy in Policy:
+        if policy != options.policy:
+            out.append(
+                Candidate("policy", "policy", f"schedule with {policy.value}", {"policy": policy.value}, 0.0,
+                          changes={"policy": policy.value})
+            )  # fmt: skip
+    for optimization in Optimization:
+        if optimization not in options.plan.optimizations:
+            out.append(
+                Candidate("optimization_default", f"optimization:{optimization.value}",
+                          f"make {optimization.value.replace('_', ' ')} the default",
+                          {"optimization": optimization.value, "default": True}, 0.0,
+                          changes={"optimizations": [optimization.value]})
+            )  # fmt: skip
+    configs = list(inputs.workload.catalog) + (list(inputs.arrivals.mix.catalog) if inputs.arrivals else [])
+    for gpu in sorted(by_type):
+        short = _short(gpu)
+        for cap in BATCH_PER_GPU_CAPS:
+            if any(c.gpu_model == gpu and c.batch_size > cap * c.number_gpus for c in configs):
+                out.append(
+                    Candidate("cap_batch", f"cap_batch:{gpu}", f"cap the batch at {cap} per GPU on {short}",
+                              {"gpu_model": gpu, "max_batch_per_gpu": cap}, 0.0,
+                              transform=_cap_batch(gpu, cap))
+                )  # fmt: skip
+        if any(c.gpu_model == gpu and c.tokens_per_sample > SEQUENCE_CAP for c in configs):
+            out.append(
+                Candidate("cap_sequence", f"cap_sequence:{gpu}",
+                          f"cap the sequence length at {SEQUENCE_CAP} tokens on {short}",
+                          {"gpu_model": gpu, "max_tokens_per_sample": SEQUENCE_CAP}, 0.0,
+                          transform=_cap_sequence(gpu, SEQUENCE_CAP))
+            )  # fmt: skip
+    return out[:MAX_CANDIDATES]
+
+
+def _short(gpu: str) -> str:
+    try:
+        return gpu_type(gpu).short
+    except KeyError:
+        return gpu
+
+
+def _transformed(inputs: TwinInputs, transform: Any) -> TwinInputs:
+    workload = replace(inputs.workload, catalog=[transform(c) for c in inputs.workload.catalog])
+    arrivals = inputs.arrivals
+    if arrivals is not None:
+        arrivals = replace(
+            arrivals, mix=replace(arrivals.mix, catalog=[transform(c) for c in arrivals.mix.catalog])
+        )
+    return replace(inputs, workload=workload, arrivals=arrivals)
+
+
+def mean_attainment(outputs: list[Any]) -> list[float]:
+    """Per run, the mean attainment over the SLOs that have data in that run."""
+    out = []
+    for o in outputs:
+        values = [s["attainment"] for s in o.slos if not math.isnan(s["attainment"])]
+        out.append(float(np.mean(values)) if values else math.nan)
+    return out
+
+
+def evaluate(
+    inputs: TwinInputs, models: Any, options: ForecastOptions, slos: SloSet, found: list[Candidate]
+) -> list[tuple[Candidate, dict[str, Any]]]:
+    """Each candidate's paired effect on mean SLO attainment, against one baseline ensemble."""
+    from twin.ensemble import run_ensemble
+    from twin.whatif import ScenarioChanges, apply_changes, compare, paired_difference
+
+    baseline = run_ensemble(make_spec(inputs, models, options, slos), options.runs, options.workers)
+    base_attainment = mean_attainment(baseline)
+    results = []
+    for candidate in found:
+        scenario_inputs = _transformed(inputs, candidate.transform) if candidate.transform else inputs
+        changes = ScenarioChanges.model_validate(candidate.changes)
+        scenario_inputs, scenario_options = apply_changes(scenario_inputs, options, changes)
+        scenario = run_ensemble(
+            make_spec(scenario_inputs, models, scenario_options, slos), options.runs, options.workers
+        )
+        effect = paired_difference(base_attainment, mean_attainment(scenario))
+        per_slo = compare(baseline, scenario, slos)["slos"]
+        results.append((candidate, {"effect": effect, "per_slo": per_slo}))
+    return results
+
+
+def proposals(evaluated: list[tuple[Candidate, dict[str, Any]]], runs: int) -> list[workflow.Proposal]:
+    """Those whose 95 % interval of the attainment change lies above zero, best effect per cost first."""
+    out = []
+    for candidate, result in evaluated:
+        effect = result["effect"]
+        ci = effect.get("ci95")
+        if effect.get("mean") is None or ci is None or ci[0] <= 0:
+            continue
+        cost_for_rank = max(candidate.cost, COST_FLOOR_GPU_HOURS_PER_DAY)
+        out.append(
+            workflow.Proposal(
+                kind=candidate.kind,
+                target=candidate.target,
+                title=candidate.title,
+                action=candidate.action,
+                effect={
+                    "metric": "mean SLO attainment (scenario - baseline, paired runs)",
+                    "mean": effect["mean"],
+                    "p10": effect["p10"],
+                    "p90": effect["p90"],
+                    "ci95": ci,
+                    "runs": runs,
+                    "per_slo": [
+                        {
+                            "name": s["name"],
+                            "attainment": s["attainment"],
+                            "probability_met": s["probability_met"],
+                        }
+                        for s in result["per_slo"]
+                    ],
+                    "cost_gpu_hours_per_day": candidate.cost,
+                },
+                cost=candidate.cost,
+                score=effect["mean"] / cost_for_rank,
+            )
+        )
+    # One per target (two batch caps on one GPU type would supersede each other): the best of each.
+    best: dict[str, workflow.Proposal] = {}
+    for proposal in sorted(out, key=lambda p: p.score, reverse=True):
+        best.setdefault(proposal.target, proposal)
+    return list(best.values())
+
+
+def run_steering(app: Any, *, actor: str, source: str) -> SteeringResult:
+    """Load the live state and the models, evaluate the candidates, record the helpful ones."""
+    from twin.live import NoClusterError, load_live_inputs
+    from twin.slo import SloFormatError
+
+    settings: Settings = app.state.settings
+    engine = app.state.engine
+    began = time.perf_counter()
+    try:
+        slos = current_slos(engine, settings).slos
+    except SloFormatError as exc:
+        raise SteeringUnavailable(str(exc)) from None
+    if not slos.slos:
+        raise SteeringUnavailable("no SLOs declared: PUT /v1/slos or set FINETWIN_SLO_FILE")
+    models = _models(app)
+    try:
+        inputs = load_live_inputs(
+            engine, cluster_id=settings.cluster_id, lookback=timedelta(days=settings.forecast_lookback_days)
+        )
+    except NoClusterError as exc:
+        raise SteeringUnavailable(str(exc)) from None
+    options = baseline_options(settings)
+    found = candidates(inputs, options)
+    evaluated = evaluate(inputs, models, options, slos, found)
+    chosen = proposals(evaluated, options.runs)
+    with session_scope(engine) as session:
+        recorded = workflow.propose(
+            session,
+            chosen,
+            actor=actor,
+            source=source,
+            ttl=timedelta(hours=settings.recommendation_ttl_hours),
+        )
+    notes = list(inputs.notes) + [f"{len(found)} candidates in {time.perf_counter() - began:.1f} s"]
+    return SteeringResult(evaluated=len(found), recommendations=recorded, notes=notes)
+
+
+def baseline_options(settings: Settings) -> ForecastOptions:
+    """The cluster as it is run today (its policy and admission control), over the steering horizon."""
+    from twin.plan import PlanOptions
+    from twin.policies import Policy
+    from twin.tuning import Admission
+
+    return ForecastOptions(
+        horizon_s=settings.steering_horizon_hours * 3600.0,
+        interval_s=settings.forecast_interval_minutes * 60.0,
+        runs=settings.steering_replications,
+        seed=settings.forecast_seed,
+        policy=Policy(settings.forecast_policy),
+        plan=PlanOptions(admission=Admission(settings.forecast_admission)),
+        workers=1,  # many small ensembles: worker processes would cost more than they save
+    )
+
+
+def _models(app: Any) -> Any:
+    from calibrate.registry import InUseModels, RegistryError
+
+    cache = getattr(app.state, "models_in_use", None)
+    if cache is None:
+        cache = InUseModels(app.state.settings.resolved_models_dir())
+        app.state.models_in_use = cache
+    try:
+        loaded = cache.get()
+    except RegistryError as exc:
+        raise SteeringUnavailable(f"the model in use cannot be loaded: {exc}") from None
+    if loaded is None:
+        raise SteeringUnavailable("no calibrated model is in use; run `finetwin calibrate` first")
+    return loaded[1]

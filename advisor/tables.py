@@ -1,0 +1,105 @@
+"""The advisor's tables: API keys, declared SLOs, recommendations, the append-only audit log and the
+outbox of actions waiting to be published on Kafka.
+
+The schema is created by migration 0004 (`twin/migrations/versions/0004_advisor.py`); these classes are
+how the code reads and writes it. Timestamps are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, Column, DateTime, Index, Text
+from sqlmodel import Field, SQLModel
+
+
+def _ts(nullable: bool) -> object:
+    return Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=nullable))  # type: ignore[arg-type]
+
+
+class ApiKey(SQLModel, table=True):
+    """An API key: only the SHA-256 of the secret is stored; `key_id` is the public part of the key."""
+
+    __tablename__ = "api_keys"
+
+    key_id: str = Field(primary_key=True, max_length=32)
+    name: str = Field(max_length=200)
+    role: str = Field(max_length=16)  # viewer | operator | approver
+    key_hash: str = Field(max_length=64)  # hex SHA-256 of the whole key
+    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    revoked_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+
+
+class SloDocument(SQLModel, table=True):
+    """Each `PUT /v1/slos` adds a version; the newest one is in force (older ones stay as history)."""
+
+    __tablename__ = "slo_sets"
+
+    id: int | None = Field(default=None, primary_key=True)
+    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    created_by: str = Field(max_length=200)
+    document: dict = Field(sa_column=Column(JSON, nullable=False))
+
+
+class Recommendation(SQLModel, table=True):
+    """A proposed action with its predicted effect; a person decides what happens to it."""
+
+    __tablename__ = "recommendations"
+    __table_args__ = (
+        Index("ix_recommendations_state", "state"),
+        Index("ix_recommendations_target", "target"),
+    )
+
+    id: str = Field(primary_key=True, max_length=36)
+    kind: str = Field(max_length=32)  # add_nodes | remove_nodes | admission_repair | policy | ...
+    target: str = Field(max_length=200)  # what it acts on; a newer one for the same target supersedes
+    title: str = Field(sa_column=Column(Text, nullable=False))
+    action: dict = Field(sa_column=Column(JSON, nullable=False))  # the parameters the cluster applies
+    effect: dict = Field(sa_column=Column(JSON, nullable=False))  # predicted effect with its interval
+    cost: float  # GPU-hours per day it adds (>= a small floor so effect / cost stays finite)
+    score: float  # effect per cost: the ranking key
+    state: str = Field(max_length=16)  # pending | approved | rejected | expired | superseded
+    source: str = Field(max_length=32)  # schedule | on-demand
+    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    expires_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    decided_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    decided_by: str | None = Field(default=None, max_length=200)
+    comment: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    superseded_by: str | None = Field(default=None, max_length=36)
+
+
+class AuditEntry(SQLModel, table=True):
+    """One decision or state change. Append-only: database triggers refuse UPDATE and DELETE."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_subject", "subject"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    ts: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    actor: str = Field(max_length=200)  # "key:<key id> (<name>)" or "system"
+    subject: str = Field(max_length=200)  # "recommendation:<id>", "slos", "api_key:<id>"
+    from_state: str | None = Field(default=None, max_length=16)
+    to_state: str | None = Field(default=None, max_length=16)
+    reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class OutboxMessage(SQLModel, table=True):
+    """A message to publish, written in the same transaction as the state change it announces.
+
+    `id` travels as the `finetwin-message-id` header: the dedupe key for consumers and for the relay's
+    own recovery after a crash. `attempts` > 0 and `sent_at` unset means "maybe on the topic already".
+    """
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_sent_at", "sent_at"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    topic: str = Field(max_length=200)
+    key: str = Field(max_length=200)
+    payload: dict = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    attempts: int = 0
+    sent_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    partition: int | None = None
+    offset: int | None = None
+    last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))

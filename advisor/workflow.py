@@ -1,0 +1,246 @@
+"""The life of a recommendation: pending until a person acts.
+
+    pending ──approve──► approved   (+ an outbox message, in the same transaction)
+            ──reject───► rejected   (a comment is required)
+            ──TTL──────► expired
+            ──newer────► superseded (a newer recommendation for the same target)
+
+Every transition is written to the audit log in the transaction that makes it. Transitions are
+conditional updates (`... WHERE state = 'pending'`), so two approvers racing cannot both win and a
+recommendation that expired a moment ago cannot be approved.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from advisor import audit_log
+from advisor.outbox import enqueue
+from advisor.tables import Recommendation
+from twin.store import utcnow
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+
+
+class TransitionError(Exception):
+    """A decision that cannot be made: `status` is the HTTP status that says why (404, 409, 422)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate action worth recommending, with what the twin predicts it does."""
+
+    kind: str
+    target: str
+    title: str
+    action: dict[str, Any]
+    effect: dict[str, Any] = field(default_factory=dict)
+    cost: float = 1.0
+    score: float = 0.0
+
+
+def subject(recommendation_id: str) -> str:
+    return f"recommendation:{recommendation_id}"
+
+
+def as_utc(ts: datetime) -> datetime:
+    """SQLite hands timestamps back without their zone; they were written in UTC."""
+    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+
+
+def propose(
+    session: Session,
+    proposals: list[Proposal],
+    *,
+    actor: str,
+    source: str,
+    ttl: timedelta,
+    now: datetime | None = None,
+) -> list[Recommendation]:
+    """Record new pending recommendations; each supersedes the pending ones for its target."""
+    now = now or utcnow()
+    created: list[Recommendation] = []
+    for proposal in proposals:
+        rec = Recommendation(
+            id=str(uuid.uuid4()),
+            kind=proposal.kind,
+            target=proposal.target,
+            title=proposal.title,
+            action=proposal.action,
+            effect=proposal.effect,
+            cost=proposal.cost,
+            score=proposal.score,
+            state=State.PENDING.value,
+            source=source,
+            created_at=now,
+            expires_at=now + ttl,
+        )
+        older = session.exec(
+            select(Recommendation.id).where(
+                Recommendation.target == proposal.target, Recommendation.state == State.PENDING.value
+            )
+        ).all()
+        for old_id in older:
+            if _transition(session, old_id, State.SUPERSEDED, now=now, superseded_by=rec.id):
+                audit_log.record(
+                    session,
+                    actor=actor,
+                    subject=subject(old_id),
+                    from_state=State.PENDING.value,
+                    to_state=State.SUPERSEDED.value,
+                    reason=f"superseded by {rec.id}",
+                    ts=now,
+                )
+        session.add(rec)
+        audit_log.record(
+            session,
+            actor=actor,
+            subject=subject(rec.id),
+            from_state=None,
+            to_state=State.PENDING.value,
+            reason=f"{source}: {proposal.title}",
+            ts=now,
+        )
+        created.append(rec)
+    session.flush()
+    return created
+
+
+def approve(
+    session: Session,
+    recommendation_id: str,
+    *,
+    actor: str,
+    comment: str | None,
+    actions_topic: str,
+    now: datetime | None = None,
+) -> Recommendation:
+    """Approve a pending recommendation and queue its action for `actions_topic`, in one transaction."""
+    now = now or utcnow()
+    rec = _decide(session, recommendation_id, State.APPROVED, actor=actor, comment=comment, now=now)
+    enqueue(
+        session,
+        topic=actions_topic,
+        key=rec.id,
+        payload={
+            "recommendation_id": rec.id,
+            "kind": rec.kind,
+            "target": rec.target,
+            "title": rec.title,
+            "action": rec.action,
+            "effect": rec.effect,
+            "approved_by": actor,
+            "approved_at": now.isoformat(),
+            "comment": comment,
+        },
+        now=now,
+    )
+    return rec
+
+
+def reject(
+    session: Session, recommendation_id: str, *, actor: str, comment: str, now: datetime | None = None
+) -> Recommendation:
+    if not comment or not comment.strip():
+        raise TransitionError(422, "a rejection needs a comment saying why")
+    return _decide(session, recommendation_id, State.REJECTED, actor=actor, comment=comment.strip(), now=now)
+
+
+def expire_due(session: Session, *, now: datetime | None = None) -> list[str]:
+    """Expire every pending recommendation past its TTL; returns their ids."""
+    now = now or utcnow()
+    due = session.exec(
+        select(Recommendation.id).where(
+            Recommendation.state == State.PENDING.value, col(Recommendation.expires_at) <= now
+        )
+    ).all()
+    expired = []
+    for rec_id in due:
+        if _transition(session, rec_id, State.EXPIRED, now=now):
+            audit_log.record(
+                session,
+                actor=audit_log.SYSTEM_ACTOR,
+                subject=subject(rec_id),
+                from_state=State.PENDING.value,
+                to_state=State.EXPIRED.value,
+                reason="not decided within its time to live",
+                ts=now,
+            )
+            expired.append(rec_id)
+    return expired
+
+
+def _decide(
+    session: Session,
+    recommendation_id: str,
+    to: State,
+    *,
+    actor: str,
+    comment: str | None,
+    now: datetime | None,
+) -> Recommendation:
+    now = now or utcnow()
+    rec = session.get(Recommendation, recommendation_id)
+    if rec is None:
+        raise TransitionError(404, f"no recommendation {recommendation_id!r}")
+    if rec.state == State.PENDING.value and as_utc(rec.expires_at) <= now:
+        raise TransitionError(409, f"recommendation {recommendation_id} expired at {rec.expires_at}")
+    changed = _transition(session, recommendation_id, to, now=now, actor=actor, comment=comment)
+    if not changed:
+        session.refresh(rec)
+        raise TransitionError(409, f"recommendation {recommendation_id} is {rec.state}, not pending")
+    audit_log.record(
+        session,
+        actor=actor,
+        subject=subject(recommendation_id),
+        from_state=State.PENDING.value,
+        to_state=to.value,
+        reason=comment,
+        ts=now,
+    )
+    session.refresh(rec)
+    return rec
+
+
+def _transition(
+    session: Session,
+    recommendation_id: str,
+    to: State,
+    *,
+    now: datetime,
+    actor: str | None = None,
+    comment: str | None = None,
+    superseded_by: str | None = None,
+) -> bool:
+    """Move one recommendation out of `pending`; False when it was no longer pending."""
+    values: dict[str, Any] = {"state": to.value, "decided_at": now}
+    if actor is not None:
+        values["decided_by"] = actor
+    if comment is not None:
+        values["comment"] = comment
+    if superseded_by is not None:
+        values["superseded_by"] = superseded_by
+    result = session.execute(
+        update(Recommendation)
+        .where(col(Recommendation.id) == recommendation_id, col(Recommendation.state) == State.PENDING.value)
+        .values(**values)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]

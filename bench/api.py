@@ -1,0 +1,171 @@
+"""Job advice latency over HTTP: `POST /v1/advise` for one configuration, 50 concurrent clients.
+
+    .venv/bin/python bench/api.py [--clients 50] [--seconds 10] [--models-dir DIR]
+
+Runs `finetwin api` (uvicorn) in a subprocess on a fresh store with the calibrated models in use (fitted
+on the bundled benchmark sample unless --models-dir points at a registry), and loads it from this process
+with httpx + asyncio: each client sends its next request as soon as its previous answer arrives (closed
+loop). Scenarios:
+
+- one client, a different configuration each time: what one answer costs the server (no cache);
+- 50 clients, the same configuration: the target (answers are cached per model version);
+- 50 clients, a different configuration each time: the worst case (every answer computed).
+
+Prints p50 / p99 latency, the 25 ms p99 target and the ratio p99 / target, and throughput. Both processes
+share the machine's cores, so the clients' own CPU time is inside the latencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_P99_MS = 25.0
+FINETWIN = str(Path(sys.executable).with_name("finetwin"))
+
+BASE = {
+    "model_name": "llama3-8b", "method": "lora", "gpu_model": "NVIDIA-A100-SXM4-80GB", "number_gpus": 4,
+    "number_nodes": 1, "batch_size": 16, "tokens_per_sample": 2048, "fast_kernels": True,
+    "dataset_tokens": 5e8,
+}  # fmt: skip
+MODELS = ("llama3-8b", "granite-3-8b", "mistral-7b-v0.1", "llama3.1-70b", "mixtral-8x7b-instruct-v0.1")
+GPUS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe", "L40S", "NVIDIA-H100-PCIe")
+
+
+def distinct_configs(n: int, seed: int = 0) -> list[dict[str, object]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        out.append(
+            BASE | {
+                "model_name": rng.choice(MODELS), "method": rng.choice(("full", "lora")),
+                "gpu_model": rng.choice(GPUS), "number_gpus": rng.choice((1, 2, 4, 8)),
+                "batch_size": rng.choice((4, 8, 16, 32, 64, 128)),
+                "tokens_per_sample": rng.choice((1024, 2048, 4096)),
+                "dataset_tokens": 1e8 + i,  # never the same twice: no cache hit
+            }
+        )  # fmt: skip
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def load(url: str, key: str, clients: int, seconds: float, bodies) -> tuple[list[float], int]:  # type: ignore[no-untyped-def]
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(
+        base_url=url, headers={"X-API-Key": key}, limits=limits, timeout=30
+    ) as client:
+        stop = time.perf_counter() + seconds
+
+        async def one_client() -> None:
+            nonlocal errors
+            while time.perf_counter() < stop:
+                body = next(bodies)
+                began = time.perf_counter()
+                response = await client.post("/v1/advise", json=body)
+                latencies.append((time.perf_counter() - began) * 1000.0)
+                if response.status_code != 200:
+                    errors += 1
+
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+    return latencies, errors
+
+
+def prepare_models(models_dir: Path | None, work: Path) -> Path:
+    if models_dir is not None:
+        return models_dir
+    from calibrate.loader import bundled_benchmark_path
+    from calibrate.refit import calibrate_version
+
+    target = work / "models"
+    began = time.perf_counter()
+    result = calibrate_version(target, benchmarks=[bundled_benchmark_path()], reason="bench")
+    print(
+        f"fitted {result.version} on the bundled sample in {time.perf_counter() - began:.1f} s",
+        file=sys.stderr,
+    )
+    return target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--models-dir", type=Path, default=None)
+    args = parser.parse_args()
+
+    from ingest.broker import free_port, port_open
+
+    with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
+        work = Path(tmp)
+        env = {
+            **os.environ, "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
+            "FINETWIN_MODELS_DIR": str(prepare_models(args.models_dir, work)),
+            "FINETWIN_SCHEDULER_ENABLED": "false", "FINETWIN_KAFKA_BOOTSTRAP": "",
+        }  # fmt: skip
+        key = subprocess.run(
+            [FINETWIN, "keys", "create", "--role", "viewer", "--name", "bench"],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        port = free_port()
+        server = subprocess.Popen(
+            [FINETWIN, "api", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not port_open(port):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the API did not start")
+                time.sleep(0.1)  # waiting for another process's port: nothing to await
+            url = f"http://127.0.0.1:{port}"
+            check = httpx.post(url + "/v1/advise", json=BASE, headers={"X-API-Key": key}, timeout=60)
+            if check.status_code != 200:
+                raise SystemExit(f"advise failed: {check.status_code} {check.text[:300]}")
+            asyncio.run(load(url, key, 4, 2.0, itertools.repeat(BASE)))  # warm up connections and caches
+
+            scenarios = [
+                ("1 client, distinct configs (uncached)", 1, iter(distinct_configs(100_000, seed=1))),
+                (f"{args.clients} clients, one config", args.clients, itertools.repeat(BASE)),
+                (f"{args.clients} clients, distinct configs (uncached)", args.clients,
+                 iter(distinct_configs(100_000, seed=2))),
+            ]  # fmt: skip
+            rows = []
+            for name, clients, bodies in scenarios:
+                latencies, errors = asyncio.run(load(url, key, clients, args.seconds, bodies))
+                p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
+                rows.append((name, len(latencies) / args.seconds, p50, p99, p99 / TARGET_P99_MS, errors))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+    print(
+        f"{'scenario':<46}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'target p99':>12}{'ratio':>8}{'errors':>8}"
+    )
+    for name, rate, p50, p99, ratio, errors in rows:
+        print(f"{name:<46}{rate:>8.0f}{p50:>9.1f}{p99:>9.1f}{TARGET_P99_MS:>10.0f}ms{ratio:>8.2f}{errors:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Calibration and prediction speed: `finetwin calibrate` on 30,920 rows (the size of the full benchmark: the
+bundled real sample resampled with replacement) against the 30 s budget of issue 3, and predicting the
+3,983 rows of the sample against a plain gradient-boosting model on names and sizes (the accuracy baseline).
+
+    .venv/bin/python bench/calibrate_speed.py [--rows 30920] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
+from calibrate.predict import predict_csv  # noqa: E402
+from calibrate.refit import calibrate_version  # noqa: E402
+from calibrate.registry import ModelRegistry  # noqa: E402
+
+CALIBRATE_BUDGET_S = 30.0
+
+
+def resampled_csv(rows: int, path: Path, seed: int = 0) -> Path:
+    raw = pd.read_csv(bundled_benchmark_path(), dtype=str, keep_default_na=False)
+    picked = np.random.default_rng(seed).integers(0, len(raw), size=rows)
+    raw.iloc[picked].to_csv(path, index=False)
+    return path
+
+
+def plain_baseline(table: pd.DataFrame) -> tuple[float, float]:
+    """Fit and predict seconds of gradient boosting on names and sizes (the issue's baseline model)."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    valid = table[table["outcome"] == "valid"]
+    columns = [
+        "model_name",
+        "method",
+        "gpu_model",
+        "number_gpus",
+        "number_nodes",
+        "batch_size",
+        "tokens_per_sample",
+    ]
+
+    def features(frame: pd.DataFrame) -> pd.DataFrame:
+        out = frame[columns].copy()
+        for name in ("model_name", "method", "gpu_model"):
+            out[name] = out[name].astype("category")
+        return out
+
+    started = time.perf_counter()
+    model = HistGradientBoostingRegressor(categorical_features="from_dtype", random_state=0)
+    model.fit(features(valid), np.log(valid["dataset_tokens_per_second"]))
+    fitted = time.perf_counter()
+    model.predict(features(table))
+    return fitted - started, time.perf_counter() - fitted
+
+
+def best_of(repeat: int, run) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=30_920)
+    parser.add_argument("--repeat", type=int, default=3, help="prediction timings: best of this many")
+    args = parser.parse_args()
+    sample = bundled_benchmark_path()
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        big = resampled_csv(args.rows, work / "resampled.csv")
+        started = time.perf_counter()
+        result = calibrate_version(work / "models", benchmarks=[big], reason="bench")
+        calibrate_s = time.perf_counter() - started
+
+        registry = ModelRegistry(work / "models")
+        load_s = best_of(args.repeat, lambda: registry.load_in_use())
+        _, models = registry.load_in_use()  # type: ignore[misc]
+        table = load_benchmark(sample)
+        predict_s = best_of(args.repeat, lambda: models.predict_frame(table))
+        cli_s = best_of(args.repeat, lambda: predict_csv(models, sample, work / "pred.csv"))
+        baseline_fit_s, baseline_predict_s = plain_baseline(table)
+
+    rows = [
+        (
+            f"finetwin calibrate, {args.rows:,} rows (2 fits + save)",
+            calibrate_s,
+            CALIBRATE_BUDGET_S,
+            "budget",
+        ),
+        (f"  of which the final fit on {args.rows:,} rows", result.fit_seconds, CALIBRATE_BUDGET_S, "budget"),
+        (f"predict_frame, {len(table):,} rows", predict_s, baseline_predict_s, "plain GBM predict"),
+        (f"predict CSV -> CSV, {len(table):,} rows", cli_s, baseline_predict_s, "plain GBM predict"),
+        ("load the version in use (verify + skops)", load_s, None, ""),
+        (f"plain GBM fit, {len(table):,} rows", baseline_fit_s, None, ""),
+    ]
+    print(f"{'figure':<52} {'seconds':>9} {'baseline':>9} {'ratio':>7}  baseline is")
+    for name, seconds, baseline, what in rows:
+        ratio = f"{seconds / baseline:>7.2f}" if baseline else f"{'':>7}"
+        base = f"{baseline:>9.3f}" if baseline else f"{'':>9}"
+        print(f"{name:<52} {seconds:>9.3f} {base} {ratio}  {what}")
+    print(f"\nheld-out on the resampled rows (duplicates leak, not an accuracy figure): {result.message}")
+
+
+if __name__ == "__main__":
+    main()

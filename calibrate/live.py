@@ -1,0 +1,260 @@
+"""Live predictions and live error, inside the ingest worker's transaction.
+
+At `job.submitted` the model in use predicts the job and the prediction is stored (`job_predictions`); when
+the job ends (`job.completed`, `job.failed` for lack of memory, `job.rejected`) the prediction is compared
+with what happened (`live_errors`). After a batch that added live errors, the rolling error of the model in
+use is checked and `on_drift` is called when it is past a threshold (the API's refit scheduler listens).
+
+Events are duck-typed on `type`, `job_id`, `ts` and `payload`: calibrate does not import ingest at runtime.
+A job whose `job.submitted` arrives after it ended still gets its live error, from the store's record of how
+it ended. Nothing here may stop ingest: a model that cannot be loaded is logged and the batch goes on
+without predictions (database errors still roll the batch back, as they must).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, insert, select
+
+from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
+from calibrate.frames import configs_frame
+from calibrate.registry import InUseModels, RegistryError
+from calibrate.tables import JobPrediction, LiveError, ModelVersionRecord
+from twin.domain import Outcome
+from twin.settings import Settings
+from twin.store import Job, ObservedRun, utcnow
+
+if TYPE_CHECKING:
+    from ingest.events import Event
+
+log = logging.getLogger(__name__)
+
+SUBMITTED = "job.submitted"
+ENDED = ("job.completed", "job.failed", "job.rejected")
+_MEMORY_FAILURE = "oom"
+
+DriftCallback = Callable[[DriftReport], None]
+
+
+def prediction_hook(
+    settings: Settings, *, models_dir: Path | None = None, on_drift: DriftCallback | None = None
+) -> LivePredictions:
+    """The ingest batch hook: `hook(connection, events)`."""
+    return LivePredictions(
+        InUseModels(models_dir or settings.resolved_models_dir()),
+        DriftPolicy.from_settings(settings),
+        on_drift,
+    )
+
+
+class LivePredictions:
+    def __init__(
+        self, models: InUseModels, policy: DriftPolicy, on_drift: DriftCallback | None = None
+    ) -> None:
+        self.models = models
+        self.policy = policy
+        self.on_drift = on_drift
+        self._recorded_versions: set[str] = set()
+
+    def __call__(self, connection: Connection, events: Sequence[Event]) -> None:
+        submitted = _last_per_job(e for e in events if e.type == SUBMITTED)
+        ended = _last_per_job(e for e in events if e.type in ENDED)
+        if not submitted and not ended:
+            return
+        if submitted:
+            self._store_predictions(connection, submitted)
+        added = self._record_ended(connection, ended)
+        added += self._record_ended_before_submitted(connection, [j for j in submitted if j not in ended])
+        if added and self.on_drift is not None:
+            self._check_drift(connection)
+
+    # --- predictions at submission
+
+    def _store_predictions(self, connection: Connection, submitted: dict[str, Any]) -> None:
+        known = set(
+            connection.execute(
+                select(JobPrediction.job_id).where(JobPrediction.job_id.in_(list(submitted)))  # type: ignore[attr-defined]
+            ).scalars()
+        )
+        jobs = [job_id for job_id in submitted if job_id not in known]
+        if not jobs:
+            return
+        try:
+            loaded = self.models.get()
+        except RegistryError as exc:
+            log.error("no live predictions: the model in use cannot be loaded: %s", exc)
+            return
+        if loaded is None:
+            return
+        version, models = loaded
+        try:
+            predicted = models.predict_frame(configs_frame(_payload(submitted[job_id]) for job_id in jobs))
+        except Exception:  # a model that fails on some input must not stall ingest on this batch forever
+            log.exception("no live predictions for %d jobs: the model %s failed on them", len(jobs), version)
+            return
+        now = utcnow()
+        rows = [
+            {
+                "job_id": job_id,
+                "model_version": version,
+                "predicted_at": now,
+                "outcome": str(p.outcome),
+                "rule": p.rule if isinstance(p.rule, str) and p.rule else None,
+                "p_valid": float(p.p_valid),
+                "tokens_per_second_p10": _finite(p.tokens_per_second_p10),
+                "tokens_per_second_p50": _finite(p.tokens_per_second_p50),
+                "tokens_per_second_p90": _finite(p.tokens_per_second_p90),
+                "note": p.note if isinstance(p.note, str) and p.note else None,
+            }
+            for job_id, p in zip(jobs, predicted.itertuples(index=False), strict=True)
+        ]
+        connection.execute(insert(JobPrediction.__table__), rows)  # type: ignore[attr-defined]
+        self._record_version(connection, version)
+
+    def _record_version(self, connection: Connection, version: str) -> None:
+        """The store learns of every version that made a prediction (a CLI fit has no database)."""
+        if version in self._recorded_versions:
+            return
+        exists = connection.execute(
+            select(ModelVersionRecord.version).where(ModelVersionRecord.version == version)
+        ).first()
+        if exists is None:
+            try:
+                metadata = self.models.registry.metadata(version)
+            except RegistryError as exc:
+                log.error("version %s is not recorded in the store: %s", version, exc)
+                return
+            connection.execute(insert(ModelVersionRecord.__table__), [version_record(metadata)])  # type: ignore[attr-defined]
+        self._recorded_versions.add(version)
+
+    # --- live error at the end
+
+    def _record_ended(self, connection: Connection, ended: dict[str, Any]) -> int:
+        added = 0
+        for job_id, event in ended.items():
+            payload = _payload(event)
+            if event.type == "job.completed":
+                actual, measured = Outcome.VALID, payload.get("dataset_tokens_per_second")
+            elif event.type == "job.rejected":
+                actual, measured = Outcome.REJECTED, None
+            elif payload.get("reason") == _MEMORY_FAILURE:
+                actual, measured = Outcome.RUNTIME, None
+            else:
+                continue  # failed for another reason: not what the failure model predicts
+            added += self._record_error(connection, job_id, actual, measured, event.ts)
+        return added
+
+    def _record_ended_before_submitted(self, connection: Connection, job_ids: list[str]) -> int:
+        if not job_ids:
+            return 0
+        query = (
+            select(
+                Job.job_id, Job.state, Job.failure_reason, Job.ended_at, ObservedRun.dataset_tokens_per_second
+            )
+            .join(ObservedRun, ObservedRun.job_id == Job.job_id, isouter=True)  # type: ignore[arg-type]
+            .where(Job.job_id.in_(job_ids))  # type: ignore[attr-defined]
+            .where(Job.state.in_(("completed", "failed", "rejected")))  # type: ignore[attr-defined]
+        )
+        added = 0
+        for row in connection.execute(query).all():
+            if row.state == "completed":
+                actual = Outcome.VALID
+            elif row.state == "rejected":
+                actual = Outcome.REJECTED
+            elif row.failure_reason == _MEMORY_FAILURE:
+                actual = Outcome.RUNTIME
+            else:
+                continue
+            added += self._record_error(
+                connection, row.job_id, actual, row.dataset_tokens_per_second, row.ended_at or utcnow()
+            )
+        return added
+
+    def _record_error(
+        self, connection: Connection, job_id: str, actual: Outcome, measured: float | None, ended_at: datetime
+    ) -> int:
+        prediction = connection.execute(select(JobPrediction).where(JobPrediction.job_id == job_id)).first()
+        if prediction is None:
+            return 0  # predicted later, when its job.submitted arrives
+        if connection.execute(select(LiveError.id).where(LiveError.job_id == job_id)).first() is not None:
+            return 0
+        p50 = prediction.tokens_per_second_p50
+        measured = float(measured) if measured else None
+        ape = abs(p50 - measured) / measured if (measured and p50 is not None) else None
+        in_band = None
+        if (
+            measured
+            and prediction.tokens_per_second_p10 is not None
+            and prediction.tokens_per_second_p90 is not None
+        ):
+            in_band = bool(prediction.tokens_per_second_p10 <= measured <= prediction.tokens_per_second_p90)
+        ran = 1.0 if actual == Outcome.VALID else 0.0
+        row = {
+            "job_id": job_id,
+            "model_version": prediction.model_version,
+            "ended_at": ended_at,
+            "predicted_outcome": prediction.outcome,
+            "actual_outcome": actual.value,
+            "outcome_error": int(prediction.outcome != actual.value),
+            "p_valid": prediction.p_valid,
+            "failure_brier": (prediction.p_valid - ran) ** 2,
+            "measured_tokens_per_second": measured,
+            "predicted_tokens_per_second": p50,
+            "ape": ape,
+            "in_band": in_band,
+        }
+        connection.execute(insert(LiveError.__table__), [row])  # type: ignore[attr-defined]
+        return 1
+
+    def _check_drift(self, connection: Connection) -> None:
+        version = self.models.registry.in_use()
+        if version is None:
+            return
+        report = drift(summarize(connection, version, self.policy.window), self.policy)
+        if report is not None:
+            log.warning("%s", report)
+            self.on_drift(report)  # type: ignore[misc]
+
+
+def version_record(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A `model_versions` row from a version's metadata."""
+    data = metadata.get("data", {})
+    created = metadata.get("created_at")
+    return {
+        "version": metadata["version"],
+        "created_at": datetime.fromisoformat(created) if created else utcnow(),
+        "recorded_at": utcnow(),
+        "data_fingerprint": data.get("fingerprint", ""),
+        "n_rows": int(data.get("n_rows", 0)),
+        "rows_by_source": data.get("rows_by_source", {}),
+        "metrics": metadata.get("heldout_metrics", {}),
+        "promoted": bool(metadata.get("promoted", False)),
+        "reason": metadata.get("reason"),
+    }
+
+
+def _last_per_job(events: Any) -> dict[str, Any]:
+    by_job: dict[str, Any] = {}
+    for event in events:
+        if event.job_id:
+            by_job[event.job_id] = event
+    return by_job
+
+
+def _payload(event: Any) -> dict[str, Any]:
+    payload = event.payload
+    return payload.model_dump() if hasattr(payload, "model_dump") else dict(payload)
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

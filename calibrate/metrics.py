@@ -1,0 +1,71 @@
+"""Accuracy metrics of the calibrated models, shared by `holdout_metrics`, the benches and the tests.
+
+Errors are fractions (0.06 = 6 %). Throughput metrics are computed on valid runs only; the failure metrics on
+rows that pass the admission rules (valid vs failed at runtime), as the paper separates the two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def absolute_percentage_errors(actual: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    actual = np.asarray(actual, dtype=float)
+    predicted = np.asarray(predicted, dtype=float)
+    if actual.shape != predicted.shape:
+        raise ValueError(f"shapes differ: {actual.shape} vs {predicted.shape}")
+    if np.any(actual <= 0):
+        raise ValueError("actual throughput must be positive")
+    return np.abs(predicted - actual) / actual
+
+
+def mdape(actual: np.ndarray, predicted: np.ndarray) -> float:
+    """Median absolute percentage error, as a fraction."""
+    errors = absolute_percentage_errors(actual, predicted)
+    return float(np.median(errors)) if errors.size else float("nan")
+
+
+def mape(actual: np.ndarray, predicted: np.ndarray) -> float:
+    """Mean absolute percentage error, as a fraction."""
+    errors = absolute_percentage_errors(actual, predicted)
+    return float(np.mean(errors)) if errors.size else float("nan")
+
+
+def band_coverage(actual: np.ndarray, low: np.ndarray, high: np.ndarray) -> float:
+    """Share of actual values inside [low, high]."""
+    actual = np.asarray(actual, dtype=float)
+    if actual.size == 0:
+        return float("nan")
+    return float(np.mean((actual >= np.asarray(low)) & (actual <= np.asarray(high))))
+
+
+def balanced_accuracy(actual: np.ndarray, predicted: np.ndarray) -> float:
+    """Mean of the recalls of the two classes; with one class present, that class's recall."""
+    actual = np.asarray(actual, dtype=bool)
+    predicted = np.asarray(predicted, dtype=bool)
+    recalls = [float(np.mean(predicted[actual == c] == c)) for c in (True, False) if np.any(actual == c)]
+    return float(np.mean(recalls)) if recalls else float("nan")
+
+
+def brier_score(actual: np.ndarray, probability: np.ndarray) -> float:
+    """Mean squared error of a probability against the 0/1 outcome (lower is better)."""
+    actual = np.asarray(actual, dtype=float)
+    if actual.size == 0:
+        return float("nan")
+    return float(np.mean((np.asarray(probability, dtype=float) - actual) ** 2))
+
+
+def exact_share(expected: np.ndarray, predicted: np.ndarray) -> float:
+    """Share of rows whose predicted label equals the expected one (None equals None)."""
+    expected = np.asarray(expected, dtype=object)
+    predicted = np.asarray(predicted, dtype=object)
+    if expected.size == 0:
+        return float("nan")
+    same = [
+        (e is None and p is None) or e == p for e, p in zip(_none(expected), _none(predicted), strict=True)
+    ]
+    return float(np.mean(same))
+
+
+def _none(values: np.ndarray) -> list[object]:
+    return [None if (v is None or (isinstance(v, float) and np.isnan(v))) else v for v in values]

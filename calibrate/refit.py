@@ -1,0 +1,339 @@
+"""Fitting a new model version, and refitting it online: on a schedule and when the live error drifts.
+
+`calibrate_version` is the one way a version is made (the `finetwin calibrate` command, the schedule and the
+drift trigger all call it): load the benchmarks and the observed runs, compare fairly with the version in use
+(`calibrate.promotion`), fit on every row, save the version, promote it only if it is not worse.
+
+`RefitScheduler` puts the hourly refit and the drift check on the API's APScheduler. A drift reported by the
+live hook (`on_drift`) or found by the periodic check adds a one-off refit job that runs now; the two paths
+exist because the ingest worker may run in another process than the API.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Engine, insert, select
+
+from calibrate.dataset import TrainingData, WeightPolicy, assemble, file_sha256, load_benchmarks
+from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
+from calibrate.loader import bundled_benchmark_path
+from calibrate.observed import observed_table
+from calibrate.promotion import Comparison, Incumbent, compare
+from calibrate.registry import ModelRegistry, RegistryError
+from calibrate.tables import ModelVersionRecord
+from twin.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LIBRARIES = ("numpy", "pandas", "scikit-learn", "scipy", "skops", "finetwin")
+REFIT_JOB_ID = "calibrate.refit"
+REFIT_NOW_JOB_ID = "calibrate.refit-now"
+DRIFT_CHECK_JOB_ID = "calibrate.drift-check"
+
+
+@dataclass
+class RefitResult:
+    version: str | None  # None when nothing was fitted (nothing new to learn from)
+    promoted: bool
+    in_use: str | None
+    comparison: Comparison | None
+    fit_seconds: float
+    rows: int
+    message: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why a scheduled refit failed
+
+
+def calibrate_version(
+    models_dir: Path,
+    *,
+    benchmarks: Sequence[Path],
+    engine: Engine | None = None,
+    observed: bool = False,
+    weights: WeightPolicy | None = None,
+    tolerance: float = 0.002,
+    reason: str = "manual",
+    seed: int = 0,
+    skip_if_unchanged: bool = False,
+    now: datetime | None = None,
+) -> RefitResult:
+    """Fit both models on the benchmarks (and the observed runs) and write a new version.
+
+    Raises `calibrate.loader.BenchmarkFormatError` for a bad benchmark file and `ValueError` when there is
+    nothing to fit on.
+    """
+    from calibrate.fit import fit_models
+
+    started = time.perf_counter()
+    now = now or datetime.now(UTC)
+    weights = weights or WeightPolicy()
+    registry = ModelRegistry(models_dir)
+    if observed and engine is None:
+        raise ValueError("observed runs need the store (an engine)")
+    tables, described = load_benchmarks(benchmarks)
+    observed_rows = observed_table(engine) if observed and engine is not None else None
+    data = assemble(tables, observed_rows, now=now, policy=weights, described=described)
+    if not len(data):
+        raise ValueError("no rows to fit on: give a benchmark file or observe some runs first")
+
+    in_use = registry.in_use()
+    if skip_if_unchanged and in_use is not None and _same_data(registry, in_use, data):
+        return RefitResult(
+            None, False, in_use, None, time.perf_counter() - started, len(data),
+            f"nothing new since {in_use} (same {len(data)} rows); no refit",
+        )  # fmt: skip
+
+    union, candidate_rows, incumbent = _with_incumbent_rows(registry, in_use, data, engine, weights, now)
+    comparison = compare(union, candidate_rows, incumbent, fit=fit_models, seed=seed, tolerance=tolerance)
+    models = fit_models(data.table, data.weights, seed=seed)
+    fit_seconds = time.perf_counter() - started
+    metadata = _metadata(data, models, comparison, weights, reason, seed, fit_seconds, now)
+    version = registry.save(models, metadata, data.row_hashes)
+    promoted = comparison.not_worse
+    if promoted:
+        registry.promote(version, reason=f"{reason}: not worse than {comparison.against or 'nothing'}")
+    if engine is not None:
+        record_version(engine, registry.metadata(version), promoted=promoted)
+    message = (
+        f"{version}: {len(data)} rows, fitted in {fit_seconds:.1f} s; "
+        + (f"in use (not worse than {comparison.against})" if promoted and comparison.against else "")
+        + ("in use (the first version)" if promoted and not comparison.against else "")
+        + ("" if promoted else f"NOT promoted, worse than {comparison.against} in use: {_worse(comparison)}")
+    )
+    log.info("%s", message)
+    return RefitResult(
+        version, promoted, registry.in_use(), comparison, fit_seconds, len(data), message, metadata
+    )
+
+
+def _with_incumbent_rows(
+    registry: ModelRegistry,
+    in_use: str | None,
+    data: TrainingData,
+    engine: Engine | None,
+    weights: WeightPolicy,
+    now: datetime,
+) -> tuple[TrainingData, np.ndarray, Incumbent | None]:
+    """The union of the candidate's rows and the in-use version's (from its benchmark files, if still
+    there and unchanged, and the observed runs), with a mask of the candidate's rows."""
+    if in_use is None:
+        return data, np.ones(len(data), dtype=bool), None
+    try:
+        metadata = registry.metadata(in_use)
+        incumbent = Incumbent(in_use, registry.training_rows(in_use), metadata.get("heldout_metrics", {}))
+    except RegistryError as exc:
+        # A version in use that fails verification cannot be compared with: the new one must not replace
+        # it silently (recorded metrics of nothing), so it is compared with "cannot be measured".
+        log.error("the version in use cannot be read for comparison: %s", exc)
+        return data, np.ones(len(data), dtype=bool), Incumbent(in_use, frozenset(), {})
+    have = {d["sha256"] for d in data.benchmarks}
+    extra = [
+        path
+        for d in metadata.get("data", {}).get("benchmarks", [])
+        if d.get("sha256") not in have and _unchanged(path := Path(str(d["path"])), str(d.get("sha256")))
+    ]
+    observed_by_incumbent = metadata.get("data", {}).get("rows_by_source", {}).get("observed", 0)
+    has_observed = bool((data.table["source"] == "observed").any())
+    extra_observed = observed_by_incumbent and not has_observed and engine is not None
+    if not extra and not extra_observed:
+        return data, np.ones(len(data), dtype=bool), incumbent
+    tables, _ = load_benchmarks(extra)
+    more = assemble(tables, observed_table(engine) if extra_observed else None, now=now, policy=weights)
+    keep = np.isin(more.row_hashes, list(incumbent.row_hashes))
+    more = more.subset(keep)
+    union = TrainingData(
+        pd.concat([data.table, more.table], ignore_index=True, sort=False),
+        np.concatenate([data.weights, more.weights]),
+        np.concatenate([data.row_hashes, more.row_hashes]),
+        data.benchmarks,
+    )
+    candidate_rows = np.concatenate([np.ones(len(data), bool), np.zeros(len(more), bool)])
+    return union, candidate_rows, incumbent
+
+
+def _unchanged(path: Path, sha256: str) -> bool:
+    return path.is_file() and file_sha256(path) == sha256
+
+
+def _same_data(registry: ModelRegistry, version: str, data: TrainingData) -> bool:
+    try:
+        metadata = registry.metadata(version)
+    except RegistryError:
+        return False
+    same_rows = metadata.get("data", {}).get("fingerprint") == data.fingerprint
+    return same_rows and metadata.get("libraries") == library_versions()
+
+
+def _worse(comparison: Comparison) -> str:
+    return "; ".join(r for r in comparison.reasons if "WORSE" in r or "cannot" in r)
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _metadata(
+    data: TrainingData,
+    models: Any,
+    comparison: Comparison,
+    weights: WeightPolicy,
+    reason: str,
+    seed: int,
+    fit_seconds: float,
+    now: datetime,
+) -> dict[str, Any]:
+    table = data.table
+    return {
+        "created_at": now.isoformat(timespec="seconds"),
+        "reason": reason,
+        "seed": seed,
+        "data": {
+            "fingerprint": data.fingerprint,
+            "n_rows": len(data),
+            "rows_by_source": data.rows_by_source,
+            "outcomes": {str(k): int(v) for k, v in table["outcome"].value_counts().items()},
+            "benchmarks": data.benchmarks,
+        },
+        "weights": {
+            "benchmark_row": 1.0,
+            "observed_weight": weights.observed_weight,
+            "observed_half_life_days": weights.half_life_days,
+        },
+        "features": list(getattr(models, "feature_names", [])),
+        "libraries": library_versions(),
+        "heldout_metrics": comparison.candidate,
+        "comparison": comparison.to_json(),
+        "promoted": comparison.not_worse,
+        "fit_seconds": round(fit_seconds, 3),
+    }
+
+
+def record_version(engine: Engine, metadata: dict[str, Any], *, promoted: bool) -> None:
+    from calibrate.live import version_record
+
+    row = version_record({**metadata, "promoted": promoted})
+    with engine.begin() as connection:
+        exists = connection.execute(
+            select(ModelVersionRecord.version).where(ModelVersionRecord.version == row["version"])
+        ).first()
+        if exists is None:
+            connection.execute(insert(ModelVersionRecord.__table__), [row])  # type: ignore[attr-defined]
+
+
+def refit_benchmarks(settings: Settings, registry: ModelRegistry) -> list[Path]:
+    """What a scheduled refit learns from: the configured files, else the in-use version's (when they are
+    still there), else the bundled real sample."""
+    if settings.refit_benchmarks:
+        return list(settings.refit_benchmarks)
+    in_use = registry.in_use()
+    if in_use is not None:
+        described = registry.metadata(in_use).get("data", {}).get("benchmarks", [])
+        paths = [Path(str(d["path"])) for d in described if Path(str(d["path"])).is_file()]
+        if paths:
+            return paths
+    return [bundled_benchmark_path()]
+
+
+class RefitScheduler:
+    """The online refits of one process: hourly, and at once when the live error drifts."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        scheduler: Any,  # apscheduler BaseScheduler
+        *,
+        models_dir: Path | None = None,
+        on_done: Callable[[RefitResult], None] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.scheduler = scheduler
+        self.models_dir = models_dir or settings.resolved_models_dir()
+        self.registry = ModelRegistry(self.models_dir)
+        self.policy = DriftPolicy.from_settings(settings)
+        self.on_done = on_done
+        self.clock = clock
+        self._running = threading.Lock()
+        self._last_drift_trigger: datetime | None = None
+        self.last_result: RefitResult | None = None
+
+    def install(self) -> None:
+        """The hourly refit and the periodic drift check (for drift found by an ingest worker elsewhere)."""
+        self.scheduler.add_job(
+            self.refit, "interval", minutes=self.settings.refit_interval_minutes, id=REFIT_JOB_ID,
+            kwargs={"reason": "schedule"}, replace_existing=True, coalesce=True, max_instances=1,
+        )  # fmt: skip
+        self.scheduler.add_job(
+            self.check_drift, "interval", seconds=self.settings.drift_check_seconds, id=DRIFT_CHECK_JOB_ID,
+            replace_existing=True, coalesce=True, max_instances=1,
+        )  # fmt: skip
+
+    def on_drift(self, report: DriftReport) -> bool:
+        """Refit now (at most once per cooldown); returns whether a refit was scheduled."""
+        now = self.clock()
+        cooldown = timedelta(minutes=self.settings.drift_cooldown_minutes)
+        if self._last_drift_trigger is not None and now - self._last_drift_trigger < cooldown:
+            return False
+        self._last_drift_trigger = now
+        self.scheduler.add_job(
+            self.refit, next_run_time=now, id=REFIT_NOW_JOB_ID, kwargs={"reason": f"drift: {report}"},
+            replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=None,
+        )  # fmt: skip
+        return True
+
+    def check_drift(self) -> bool:
+        version = self.registry.in_use()
+        if version is None:
+            return False
+        with self.engine.connect() as connection:
+            report = drift(summarize(connection, version, self.policy.window), self.policy)
+        return self.on_drift(report) if report is not None else False
+
+    def refit(self, reason: str = "schedule") -> RefitResult | None:
+        if not self._running.acquire(blocking=False):
+            log.info("a refit is already running; skipping the one for %s", reason)
+            return None
+        try:
+            result = calibrate_version(
+                self.models_dir,
+                benchmarks=refit_benchmarks(self.settings, self.registry),
+                engine=self.engine,
+                observed=self.settings.refit_observed,
+                weights=WeightPolicy(self.settings.observed_weight, self.settings.observed_half_life_days),
+                tolerance=self.settings.promote_tolerance,
+                reason=reason,
+                # The hourly refit has nothing to do when no run was observed since; a drift with the same
+                # data would fit the same model again.
+                skip_if_unchanged=True,
+            )
+        except Exception as exc:  # the scheduler's thread must survive a failed refit; say why it failed
+            log.exception("refit (%s) failed", reason)
+            result = RefitResult(
+                None, False, None, None, 0.0, 0, f"refit ({reason}) failed: {exc}", error=str(exc)
+            )
+        finally:
+            self._running.release()
+        self.last_result = result
+        if self.on_done is not None:
+            self.on_done(result)
+        return result

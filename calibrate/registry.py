@@ -1,0 +1,406 @@
+"""The versioned model registry: one directory per fit, an "in use" pointer, and a history for rollback.
+
+    DIR/versions/v0001/estimators/<name>.skops   fitted estimators (skops: no code runs on load)
+                      /params.json                what `CalibratedModels.from_parts` needs besides them
+                      /metadata.json              data fingerprint, rows per source, features, libraries,
+                                                  held-out metrics, the comparison with the version in use
+                      /training_rows.txt          a fingerprint per training row (to rebuild them fairly)
+                      /MANIFEST.json              the sha256 of every file above
+    DIR/IN_USE.json     the version in use, its manifest's sha256 and the stack of earlier ones (rollback)
+    DIR/history.jsonl   every promotion and rollback, appended
+
+Loading verifies the manifest against the pointer, every artifact against the manifest, and every type in
+the skops files against `TRUSTED_TYPES`; anything else is refused with `RegistryError`. The manifest guards
+against corrupted or tampered artifacts, not against someone able to rewrite the pointer, the manifest and
+the files together (that needs signing keys this project does not manage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from calibrate.fit import CalibratedModels
+
+VERSION_PATTERN = re.compile(r"^v(\d{4,})$")
+VERSIONS = "versions"
+POINTER = "IN_USE.json"
+HISTORY = "history.jsonl"
+LOCK = ".lock"
+MANIFEST = "MANIFEST.json"
+PARAMS = "params.json"
+METADATA = "metadata.json"
+TRAINING_ROWS = "training_rows.txt"
+ESTIMATORS = "estimators"
+ESTIMATOR_SUFFIX = ".skops"
+_ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+# The only types (beyond skops' own defaults: builtins, numpy, scikit-learn estimators) a saved estimator may
+# contain. Everything here is a plain data holder of scikit-learn or numpy; a file that asks for anything
+# else was not written by finetwin and is refused rather than loaded.
+TRUSTED_TYPES: frozenset[str] = frozenset(
+    {
+        "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
+        "sklearn.ensemble._hist_gradient_boosting.binning._BinMapper",
+        "sklearn._loss.loss.HalfSquaredError",
+        "sklearn._loss.loss.AbsoluteError",
+        "sklearn._loss.loss.PinballLoss",
+        "sklearn._loss.loss.HalfBinomialLoss",
+        "sklearn._loss.loss.HalfMultinomialLoss",
+        "sklearn._loss.link.IdentityLink",
+        "sklearn._loss.link.LogitLink",
+        "sklearn._loss.link.MultinomialLogit",
+        "sklearn._loss.link.Interval",
+        "sklearn.utils._bunch.Bunch",
+        "numpy.dtype",
+        "builtins.slice",
+        "collections.OrderedDict",
+    }
+)
+
+
+class RegistryError(Exception):
+    """A registry operation that cannot be done; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version: str
+    path: Path
+    metadata: dict[str, Any]
+    in_use: bool
+
+
+def utcnow_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ModelRegistry:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    # --- reading
+
+    def versions(self) -> list[str]:
+        folder = self.root / VERSIONS
+        if not folder.is_dir():
+            return []
+        found = [p.name for p in folder.iterdir() if p.is_dir() and VERSION_PATTERN.match(p.name)]
+        return sorted(found, key=lambda v: int(VERSION_PATTERN.match(v).group(1)))  # type: ignore[union-attr]
+
+    def path(self, version: str) -> Path:
+        if not VERSION_PATTERN.match(version):
+            raise RegistryError(f"{version!r} is not a version name (expected v0001, v0002, ...)")
+        path = self.root / VERSIONS / version
+        if not path.is_dir():
+            known = ", ".join(self.versions()) or "none"
+            raise RegistryError(f"no version {version} in {self.root} (versions: {known})")
+        return path
+
+    def metadata(self, version: str) -> dict[str, Any]:
+        return _read_json(self.path(version) / METADATA)
+
+    def pointer(self) -> dict[str, Any] | None:
+        path = self.root / POINTER
+        if not path.exists():
+            return None
+        pointer = _read_json(path)
+        if not isinstance(pointer.get("version"), str) or not isinstance(pointer.get("stack"), list):
+            raise RegistryError(f"{path} is not a valid in-use pointer; restore it or promote a version")
+        return pointer
+
+    def in_use(self) -> str | None:
+        pointer = self.pointer()
+        return pointer["version"] if pointer else None
+
+    def list_versions(self) -> list[VersionInfo]:
+        current = self.in_use()
+        return [VersionInfo(v, self.path(v), self.metadata(v), v == current) for v in self.versions()]
+
+    def history(self) -> list[dict[str, Any]]:
+        path = self.root / HISTORY
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def training_rows(self, version: str) -> frozenset[str]:
+        path = self.path(version) / TRAINING_ROWS
+        self._verify_file(version, path)
+        return frozenset(line for line in path.read_text().splitlines() if line)
+
+    # --- verifying and loading
+
+    def verify(self, version: str, expected_manifest_sha256: str | None = None) -> dict[str, str]:
+        """The manifest's file hashes, after checking every artifact against them; raises if anything is
+        missing, extra or changed."""
+        path = self.path(version)
+        manifest_path = path / MANIFEST
+        if not manifest_path.exists():
+            raise RegistryError(f"version {version}: {MANIFEST} is missing; refusing to load it")
+        if expected_manifest_sha256 is not None and sha256_file(manifest_path) != expected_manifest_sha256:
+            raise RegistryError(
+                f"version {version}: {MANIFEST} does not match the hash recorded when it was put in use "
+                f"(tampered or corrupted); refusing to load it"
+            )
+        files = _read_json(manifest_path).get("files")
+        if not isinstance(files, dict) or not files:
+            raise RegistryError(f"version {version}: {MANIFEST} lists no files; refusing to load it")
+        on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {MANIFEST}
+        for extra in sorted(on_disk - set(files)):
+            raise RegistryError(
+                f"version {version}: {extra} is not in its manifest (added after the fit); "
+                "refusing to load it"
+            )
+        for name, digest in files.items():
+            artifact = path / name
+            if not artifact.is_file():
+                raise RegistryError(f"version {version}: artifact {name} is missing; refusing to load it")
+            if sha256_file(artifact) != digest:
+                raise RegistryError(
+                    f"version {version}: artifact {name} does not match its sha256 in the manifest "
+                    f"(tampered or corrupted); refusing to load it"
+                )
+        return files
+
+    def _verify_file(self, version: str, path: Path) -> None:
+        files = _read_json(self.path(version) / MANIFEST).get("files", {})
+        name = path.relative_to(self.path(version)).as_posix()
+        if name not in files or sha256_file(path) != files[name]:
+            raise RegistryError(f"version {version}: {name} does not match its manifest; refusing to use it")
+
+    def load(self, version: str, expected_manifest_sha256: str | None = None) -> CalibratedModels:
+        import skops.io as sio
+
+        from calibrate.fit import CalibratedModels
+
+        files = self.verify(version, expected_manifest_sha256)
+        path = self.path(version)
+        estimators: dict[str, Any] = {}
+        for name in sorted(files):
+            if not (name.startswith(ESTIMATORS + "/") and name.endswith(ESTIMATOR_SUFFIX)):
+                continue
+            artifact = path / name
+            untrusted = sio.get_untrusted_types(file=artifact)
+            refused = sorted(set(untrusted) - TRUSTED_TYPES)
+            if refused:
+                raise RegistryError(
+                    f"version {version}: {name} contains types finetwin does not trust "
+                    f"({', '.join(refused)}); refusing to load it"
+                )
+            estimators[Path(name).name[: -len(ESTIMATOR_SUFFIX)]] = sio.load(artifact, trusted=untrusted)
+        params = _read_json(path / PARAMS)
+        try:
+            return CalibratedModels.from_parts(estimators, params)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RegistryError(f"version {version}: its parts do not make a model ({exc})") from exc
+
+    def load_in_use(self) -> tuple[str, CalibratedModels] | None:
+        pointer = self.pointer()
+        if pointer is None:
+            return None
+        return pointer["version"], self.load(pointer["version"], pointer.get("manifest_sha256"))
+
+    # --- writing
+
+    def save(self, models: CalibratedModels, metadata: dict[str, Any], row_hashes: Sequence[str]) -> str:
+        """A new version directory with the models' parts, metadata and manifest; returns its name."""
+        import skops.io as sio
+
+        estimators, params = models.to_parts()
+        (self.root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        staging = self.root / VERSIONS / f".tmp-{uuid.uuid4().hex}"
+        try:
+            (staging / ESTIMATORS).mkdir(parents=True)
+            for name, estimator in estimators.items():
+                if not _ESTIMATOR_NAME.match(name):
+                    raise RegistryError(f"estimator name {name!r} cannot be a file name")
+                sio.dump(estimator, staging / ESTIMATORS / f"{name}{ESTIMATOR_SUFFIX}")
+            _write_json(staging / PARAMS, params)
+            (staging / TRAINING_ROWS).write_text("".join(f"{h}\n" for h in sorted(row_hashes)))
+            with self._locked():
+                version = self._next_version()
+                _write_json(staging / METADATA, {**metadata, "version": version})
+                files = {
+                    p.relative_to(staging).as_posix(): sha256_file(p)
+                    for p in sorted(staging.rglob("*"))
+                    if p.is_file()
+                }
+                _write_json(staging / MANIFEST, {"algorithm": "sha256", "files": files})
+                os.rename(staging, self.root / VERSIONS / version)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return version
+
+    def promote(self, version: str, *, reason: str) -> None:
+        """Put `version` in use (it is verified first); the one it replaces can be rolled back to."""
+        path = self.path(version)
+        self.verify(version)
+        manifest_sha256 = sha256_file(path / MANIFEST)
+        with self._locked():
+            pointer = self.pointer()
+            stack = list(pointer["stack"]) if pointer else []
+            previous = pointer["version"] if pointer else None
+            if previous == version:
+                return
+            stack.append({"version": version, "manifest_sha256": manifest_sha256})
+            self._set_pointer(stack)
+            self._append_history("promote", version, previous, reason)
+
+    def rollback(self, *, reason: str = "rollback") -> str:
+        """Back to the version that was in use before the current one; returns it."""
+        with self._locked():
+            pointer = self.pointer()
+            if pointer is None:
+                raise RegistryError("no version is in use; nothing to roll back")
+            stack = list(pointer["stack"])
+            if len(stack) < 2:
+                raise RegistryError(
+                    f"{pointer['version']} is the first version put in use; nothing to roll back to"
+                )
+            current = stack.pop()
+            target = stack[-1]
+            self.verify(target["version"], target.get("manifest_sha256"))
+            self._set_pointer(stack)
+            self._append_history("rollback", target["version"], current["version"], reason)
+            return target["version"]
+
+    def _set_pointer(self, stack: list[dict[str, Any]]) -> None:
+        top = stack[-1]
+        _write_json(
+            self.root / POINTER,
+            {
+                "version": top["version"],
+                "manifest_sha256": top["manifest_sha256"],
+                "changed_at": utcnow_iso(),
+                "stack": stack,
+            },
+        )
+
+    def _append_history(self, action: str, version: str, previous: str | None, reason: str) -> None:
+        entry = {
+            "at": utcnow_iso(),
+            "action": action,
+            "version": version,
+            "previous": previous,
+            "reason": reason,
+        }
+        with (self.root / HISTORY).open("a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def _next_version(self) -> str:
+        existing = self.versions()
+        number = int(VERSION_PATTERN.match(existing[-1]).group(1)) + 1 if existing else 1  # type: ignore[union-attr]
+        return f"v{number:04d}"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One writer at a time across processes (the API's scheduler and a CLI may refit together)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / LOCK).open("a") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+class InUseModels:
+    """The models in use, loaded once and reloaded when the pointer changes (a promotion or a rollback
+    by any process); cheap to call per batch or per request: one small file read when nothing changed."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.registry = ModelRegistry(root)
+        self._lock = threading.Lock()
+        self._key: tuple[str, str | None] | None = None
+        self._models: CalibratedModels | None = None
+
+    def get(self) -> tuple[str, CalibratedModels] | None:
+        pointer = self.registry.pointer()
+        if pointer is None:
+            return None
+        key = (pointer["version"], pointer.get("manifest_sha256"))
+        with self._lock:
+            if key != self._key or self._models is None:
+                self._models = self.registry.load(*key)
+                self._key = key
+            return key[0], self._models
+
+
+def load_models_in_use(models_dir: str | Path) -> CalibratedModels | None:
+    """The calibrated models in use, or None when no version has been put in use (raises RegistryError
+    when the version in use fails verification)."""
+    loaded = ModelRegistry(models_dir).load_in_use()
+    return loaded[1] if loaded else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RegistryError(f"{path} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"{path} cannot be read as JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise RegistryError(f"{path} is not a JSON object")
+    return document
+
+
+def _write_json(path: Path, document: Any) -> None:
+    """Atomically (a reader sees the old file or the new one, never half of it)."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    with temporary.open("w") as handle:
+        json.dump(_finite(document), handle, indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinity as null: metrics that could not be measured stay valid JSON for every reader."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return _finite(value.item())
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -1,0 +1,64 @@
+"""Held-out splits of a benchmark table, the two kinds the accuracy targets are stated on.
+
+- random: a random share of the rows (15 %), like rows drawn from the rest of the benchmark;
+- block: contiguous blocks of the file. The published file is sorted by configuration, so a block is a
+  configuration region (a protocol, a model, a GPU type) that the training rows never saw.
+
+Splits are positions (for `DataFrame.iloc`) in file order, deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+RANDOM = "random"
+BLOCK = "block"
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    kind: str  # RANDOM or BLOCK
+    fold: int  # the seed of a random split, the block's number of a block split
+    train: np.ndarray  # positions of the training rows
+    test: np.ndarray  # positions of the held-out rows
+
+
+def file_order(table: pd.DataFrame) -> np.ndarray:
+    """Positions of the rows in the order of the file (the loader's `line`), else as given."""
+    if "line" in table.columns:
+        return np.argsort(table["line"].to_numpy(), kind="stable")
+    return np.arange(len(table))
+
+
+def random_holdout(table: pd.DataFrame, *, fraction: float = 0.15, seed: int = 0) -> Split:
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+    n = len(table)
+    n_test = max(1, int(round(n * fraction)))
+    order = np.random.default_rng(seed).permutation(n)
+    return Split(RANDOM, seed, np.sort(order[n_test:]), np.sort(order[:n_test]))
+
+
+def random_holdouts(
+    table: pd.DataFrame, *, fraction: float = 0.15, seeds: Iterable[int] = range(5)
+) -> list[Split]:
+    return [random_holdout(table, fraction=fraction, seed=seed) for seed in seeds]
+
+
+def block_folds(table: pd.DataFrame, *, n_blocks: int = 10) -> list[Split]:
+    """`n_blocks` contiguous, equal-sized blocks of the file; each is held out once."""
+    n = len(table)
+    if not 2 <= n_blocks <= n:
+        raise ValueError(f"n_blocks must be between 2 and the number of rows ({n}), got {n_blocks}")
+    order = file_order(table)
+    bounds = np.linspace(0, n, n_blocks + 1).round().astype(int)
+    splits = []
+    for fold, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        test = order[start:stop]
+        train = np.concatenate([order[:start], order[stop:]])
+        splits.append(Split(BLOCK, fold, np.sort(train), np.sort(test)))
+    return splits

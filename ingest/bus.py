@@ -1,0 +1,325 @@
+"""The message bus as ingest and replay see it: topics, a producer, a consumer in a group.
+
+`KafkaBus` is kafka-python against a real broker (Tansu locally, any Kafka in production). `InProcessBus`
+keeps the same small interface in memory; `finetwin up` uses it, with a warning, only when no Tansu binary
+exists for the platform.
+
+Tansu notes that shape the consumer settings: a group join takes about half of `session_timeout_ms`, so it
+is kept short (6 s, heartbeat 1 s); end offsets (`latest`, lag) are wrong on Tansu, so consumers start from
+`earliest` and rely on committed offsets only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from twin.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Large enough for a dead-letter record that carries a rejected 1 MB message (text or base64) with its reason.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+class DeliveryFailed(RuntimeError):
+    """The broker did not acknowledge messages sent since the last flush."""
+
+
+class CommitRejected(RuntimeError):
+    """The group rebalanced: these partitions are no longer this consumer's to commit."""
+
+
+class BusProducer(Protocol):
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None: ...
+
+    def flush(self) -> None:
+        """Block until everything sent so far is acknowledged; raise `DeliveryFailed` if anything was not."""
+
+    def close(self) -> None: ...
+
+
+class BusConsumer(Protocol):
+    def poll(self, max_records: int, timeout_ms: int) -> list[Message]: ...
+
+    def partitions(self) -> int:
+        """How many partitions this consumer is assigned right now."""
+
+    def commit(self, messages: Sequence[Message]) -> None:
+        """Commit the offsets just after these messages (each partition's highest offset + 1)."""
+
+    def close(self) -> None: ...
+
+
+class Bus(Protocol):
+    def ensure_topic(self, name: str, partitions: int) -> None: ...
+
+    def producer(self) -> BusProducer: ...
+
+    def consumer(self, topic: str, group: str) -> BusConsumer: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerTuning:
+    session_timeout_ms: int = 6000
+    heartbeat_interval_ms: int = 1000
+    # Big fetches: kafka-python's defaults (1 MB per partition) cap a consumer at a fraction of what the
+    # broker can serve; these let one poll return a whole batch.
+    max_partition_fetch_bytes: int = 8 * 1024 * 1024
+    fetch_max_bytes: int = 64 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConsumerTuning:
+        return cls(
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        )
+
+
+def offsets_after(messages: Sequence[Message]) -> dict[tuple[str, int], int]:
+    """Per (topic, partition), the offset to commit after these messages: the highest one + 1."""
+    after: dict[tuple[str, int], int] = {}
+    for message in messages:
+        tp = (message.topic, message.partition)
+        after[tp] = max(after.get(tp, 0), message.offset + 1)
+    return after
+
+
+# --- Kafka ------------------------------------------------------------------------------------------------
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> bool:
+    """Create a topic with `partitions` partitions (replication 1 is enough for the embedded broker; a
+    production cluster applies its own default); returns False when it already existed."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="finetwin-admin")
+    try:
+        admin.create_topics({name: {"num_partitions": partitions}}, wait_for_metadata=True)
+        return True
+    except TopicAlreadyExistsError:
+        return False
+    finally:
+        admin.close()
+
+
+def make_producer(bootstrap: str, **overrides: Any) -> Any:
+    """A KafkaProducer tuned for throughput without giving up durability: every replica acknowledges
+    (acks=all, idempotent), records are batched for a few milliseconds."""
+    from kafka import KafkaProducer
+
+    config: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "client_id": "finetwin-producer",
+        "acks": "all",
+        "linger_ms": 10,
+        "batch_size": 256 * 1024,
+        "max_request_size": MAX_REQUEST_BYTES,
+        "metrics_enabled": False,  # kafka-python's client metrics cost CPU on every record
+    }
+    return KafkaProducer(**(config | overrides))
+
+
+def make_consumer(
+    bootstrap: str, topic: str | None, group: str | None, tuning: ConsumerTuning = ConsumerTuning(),
+    **overrides: Any,
+) -> Any:  # fmt: skip
+    """A KafkaConsumer in `group` (subscribed to `topic` when given) that never commits on its own: offsets
+    are committed by the caller, after the database transaction."""
+    from kafka import KafkaConsumer
+
+    config: dict[str, Any] = {
+        "bootstrap_servers": bootstrap,
+        "client_id": "finetwin-consumer",
+        "group_id": group,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "session_timeout_ms": tuning.session_timeout_ms,
+        "heartbeat_interval_ms": tuning.heartbeat_interval_ms,
+        "max_partition_fetch_bytes": tuning.max_partition_fetch_bytes,
+        "fetch_max_bytes": tuning.fetch_max_bytes,
+        "metrics_enabled": False,
+    }
+    config |= overrides
+    return KafkaConsumer(topic, **config) if topic else KafkaConsumer(**config)
+
+
+class KafkaBusProducer:
+    def __init__(self, bootstrap: str) -> None:
+        self._producer = make_producer(bootstrap)
+        self._failures: list[BaseException] = []
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self._producer.send(topic, value=value, key=key).add_errback(self._failures.append)
+
+    def flush(self) -> None:
+        self._producer.flush()
+        if self._failures:
+            first, count = self._failures[0], len(self._failures)
+            self._failures.clear()
+            raise DeliveryFailed(f"{count} message(s) not acknowledged by the broker, first: {first!r}")
+
+    def close(self) -> None:
+        self._producer.close()
+
+
+class KafkaBusConsumer:
+    def __init__(self, bootstrap: str, topic: str, group: str, tuning: ConsumerTuning) -> None:
+        self._consumer = make_consumer(bootstrap, topic, group, tuning)
+
+    def poll(self, max_records: int, timeout_ms: int) -> list[Message]:
+        records = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        return [
+            Message(r.topic, r.partition, r.offset, r.key, r.value)
+            for batch in records.values()
+            for r in batch
+        ]
+
+    def partitions(self) -> int:
+        return len(self._consumer.assignment())
+
+    def commit(self, messages: Sequence[Message]) -> None:
+        from kafka.errors import CommitFailedError
+        from kafka.structs import OffsetAndMetadata, TopicPartition
+
+        offsets = {
+            TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
+            for (topic, partition), offset in offsets_after(messages).items()
+        }
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets)
+        except CommitFailedError as exc:
+            raise CommitRejected(str(exc)) from exc
+
+    def close(self) -> None:
+        # Offsets are committed explicitly after each transaction, never on close.
+        self._consumer.close(autocommit=False)
+
+
+@dataclass
+class KafkaBus:
+    bootstrap: str
+    tuning: ConsumerTuning = field(default_factory=ConsumerTuning)
+
+    def ensure_topic(self, name: str, partitions: int) -> None:
+        if create_topic(self.bootstrap, name, partitions):
+            log.info("created topic %s with %d partitions", name, partitions)
+
+    def producer(self) -> KafkaBusProducer:
+        return KafkaBusProducer(self.bootstrap)
+
+    def consumer(self, topic: str, group: str) -> KafkaBusConsumer:
+        return KafkaBusConsumer(self.bootstrap, topic, group, self.tuning)
+
+
+# --- in process -------------------------------------------------------------------------------------------
+
+
+class InProcessBus:
+    """Topics as lists in memory, shared by the threads of one process.
+
+    Same delivery contract as Kafka for one consumer per group: per-partition order by key, committed
+    offsets per group, redelivery of whatever was polled but not committed when a consumer closes. There is
+    no rebalancing: every consumer of a group reads every partition (run one worker per group).
+    """
+
+    def __init__(self, default_partitions: int = 1) -> None:
+        self.default_partitions = default_partitions
+        self._topics: dict[str, list[list[tuple[bytes | None, bytes]]]] = {}
+        self._committed: dict[tuple[str, str, int], int] = {}
+        self._changed = threading.Condition()
+
+    def ensure_topic(self, name: str, partitions: int) -> None:
+        with self._changed:
+            self._topics.setdefault(name, [[] for _ in range(max(1, partitions))])
+
+    def producer(self) -> InProcessProducer:
+        return InProcessProducer(self)
+
+    def consumer(self, topic: str, group: str) -> InProcessConsumer:
+        self.ensure_topic(topic, self.default_partitions)
+        return InProcessConsumer(self, topic, group)
+
+    def messages(self, topic: str) -> list[Message]:
+        """Everything in a topic, partition by partition (for inspection)."""
+        with self._changed:
+            partitions = self._topics.get(topic, [])
+            return [
+                Message(topic, p, offset, key, value)
+                for p, log_ in enumerate(partitions)
+                for offset, (key, value) in enumerate(log_)
+            ]
+
+    def _append(self, topic: str, key: bytes | None, value: bytes) -> None:
+        with self._changed:
+            partitions = self._topics.setdefault(topic, [[] for _ in range(self.default_partitions)])
+            partition = zlib.crc32(key) % len(partitions) if key else 0
+            partitions[partition].append((key, value))
+            self._changed.notify_all()
+
+
+class InProcessProducer:
+    def __init__(self, bus: InProcessBus) -> None:
+        self._bus = bus
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self._bus._append(topic, key, value)
+
+    def flush(self) -> None:
+        return None  # appends are synchronous
+
+    def close(self) -> None:
+        return None
+
+
+class InProcessConsumer:
+    def __init__(self, bus: InProcessBus, topic: str, group: str) -> None:
+        self._bus = bus
+        self._topic = topic
+        self._group = group
+        with bus._changed:
+            count = len(bus._topics[topic])
+            self._positions = [bus._committed.get((group, topic, p), 0) for p in range(count)]
+
+    def poll(self, max_records: int, timeout_ms: int) -> list[Message]:
+        with self._bus._changed:
+            self._bus._changed.wait_for(self._has_more, timeout=timeout_ms / 1000)
+            out: list[Message] = []
+            for p, log_ in enumerate(self._bus._topics[self._topic]):
+                while self._positions[p] < len(log_) and len(out) < max_records:
+                    key, value = log_[self._positions[p]]
+                    out.append(Message(self._topic, p, self._positions[p], key, value))
+                    self._positions[p] += 1
+            return out
+
+    def partitions(self) -> int:
+        return len(self._positions)
+
+    def _has_more(self) -> bool:
+        logs = self._bus._topics[self._topic]
+        return any(self._positions[p] < len(log_) for p, log_ in enumerate(logs))
+
+    def commit(self, messages: Sequence[Message]) -> None:
+        with self._bus._changed:
+            for (topic, partition), offset in offsets_after(messages).items():
+                key = (self._group, topic, partition)
+                self._bus._committed[key] = max(self._bus._committed.get(key, 0), offset)
+
+    def close(self) -> None:
+        return None

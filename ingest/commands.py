@@ -1,0 +1,401 @@
+"""`finetwin ingest`, `finetwin replay` and `finetwin up` (the whole thing on embedded defaults).
+
+Registration is argparse only; Kafka, SQLAlchemy, pandas and uvicorn are imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from twin.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from ingest.bus import Bus
+    from ingest.replay import ReplayPlan
+    from ingest.worker import IngestWorker, WorkerStats
+
+log = logging.getLogger(__name__)
+
+UP_DEFAULT_SPEED = 600.0  # `finetwin up`: ten simulated minutes per second, so the dashboard moves
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ingest = subparsers.add_parser(
+        "ingest", help="consume job telemetry from Kafka into the store (until SIGTERM / Ctrl-C)"
+    )
+    _kafka_options(ingest)
+    ingest.add_argument("--group", help="consumer group (default FINETWIN_CONSUMER_GROUP or finetwin-ingest)")
+    ingest.add_argument(
+        "--batch-size", type=int, help="messages per transaction (default FINETWIN_INGEST_BATCH_SIZE)"
+    )
+    ingest.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    ingest.set_defaults(handler=run_ingest)
+
+    replay = subparsers.add_parser("replay", help="replay a benchmark CSV as job telemetry on Kafka")
+    _kafka_options(replay)
+    _replay_options(replay, default_speed=0.0)
+    replay.set_defaults(handler=run_replay)
+
+    up = subparsers.add_parser(
+        "up", help="broker + ingest + API + benchmark replay in one process, on embedded defaults"
+    )
+    up.add_argument(
+        "--bootstrap", help="use this Kafka instead of starting a broker (FINETWIN_KAFKA_BOOTSTRAP)"
+    )
+    up.add_argument("--host", help="API address (default FINETWIN_API_HOST or 127.0.0.1)")
+    up.add_argument("--port", type=int, help="API port (default FINETWIN_API_PORT or 8080)")
+    up.add_argument(
+        "--replay", dest="bench", type=Path, help="benchmark CSV to replay (default: the bundled sample)"
+    )
+    up.add_argument("--no-replay", action="store_true", help="do not replay anything")
+    _replay_options(up, default_speed=UP_DEFAULT_SPEED, bench_option=False)
+    up.add_argument(
+        "--exit-when-done", action="store_true",
+        help="exit once the replay is sent and every event of it is in the store",
+    )  # fmt: skip
+    up.add_argument(
+        "--json", action="store_true",
+        help='with --exit-when-done: print {"jobs", "valid", "rejected", "runtime"} of the replayed jobs '
+        "found in the store",
+    )  # fmt: skip
+    up.set_defaults(handler=run_up)
+
+
+def _kafka_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default FINETWIN_KAFKA_BOOTSTRAP)")
+    parser.add_argument(
+        "--topic", help="telemetry topic (default FINETWIN_TELEMETRY_TOPIC or finetwin.telemetry)"
+    )
+
+
+def _replay_options(
+    parser: argparse.ArgumentParser, *, default_speed: float, bench_option: bool = True
+) -> None:
+    if bench_option:
+        parser.add_argument("--bench", type=Path, help="benchmark CSV (default: the bundled real sample)")
+    parser.add_argument(
+        "--speed", type=float, default=default_speed,
+        help=f"simulated seconds per wall-clock second, 0 = as fast as possible (default {default_speed:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the arrival process and event ids (default 0)"
+    )
+    parser.add_argument("--job-prefix", help="job id prefix (default replay-<seed>-)")
+    parser.add_argument(
+        "--mean-interarrival", type=float, default=60.0, help="mean seconds between submissions (default 60)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+# --- finetwin ingest --------------------------------------------------------------------------------------
+
+
+def run_ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from ingest.bus import ConsumerTuning, KafkaBus
+
+    bootstrap = _bootstrap(args, settings)
+    topic = args.topic or settings.telemetry_topic
+    engine = _store(settings)
+    bus = KafkaBus(bootstrap, ConsumerTuning.from_settings(settings))
+    _ensure_topics(bus, settings, topic)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=settings.api_host)
+    stop = threading.Event()
+    worker = _worker(bus, engine, settings, topic, args.group, args.batch_size)
+    log.info(
+        "ingesting %s on %s into %s (group %s)",
+        topic,
+        bootstrap,
+        engine.url.render_as_string(),
+        args.group or settings.consumer_group,
+    )
+    with stop_on_signals(stop):
+        worker.run(stop)
+    stats = worker.stats
+    log.info(
+        "stopped: %d messages, %d events applied, %d duplicates, %d dead letters",
+        stats.messages, stats.applied, stats.duplicates, stats.dead_letters,
+    )  # fmt: skip
+    engine.dispose()
+    return 0
+
+
+# --- finetwin replay --------------------------------------------------------------------------------------
+
+
+def run_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from ingest.bus import KafkaBus
+    from ingest.replay import send_replay
+
+    bootstrap = _bootstrap(args, settings)
+    topic = args.topic or settings.telemetry_topic
+    plan = _plan(args, settings, args.bench)
+    bus = KafkaBus(bootstrap)
+    _ensure_topics(bus, settings, topic)
+    producer = bus.producer()
+    stop = threading.Event()
+    try:
+        with stop_on_signals(stop):
+            sent = send_replay(plan, producer, topic, speed=args.speed, stop=stop, progress=_progress(args))
+    finally:
+        producer.close()
+    print(f"replayed {sent} of {len(plan.events)} events ({plan.jobs} jobs) to {topic}", file=sys.stderr)
+    return 0
+
+
+# --- finetwin up ------------------------------------------------------------------------------------------
+
+
+def run_up(args: argparse.Namespace, settings: Settings) -> int:
+    from ingest.replay import send_replay
+    from twin.cli import CommandError
+
+    if args.json and not args.exit_when_done:
+        raise CommandError("--json needs --exit-when-done (the counts are printed once the replay is in)")
+    if args.exit_when_done and args.no_replay:
+        raise CommandError("--exit-when-done needs a replay; drop --no-replay")
+    plan = None if args.no_replay else _plan(args, settings, args.bench)
+    stop = threading.Event()
+    with stop_on_signals(stop), contextlib.ExitStack() as parts:
+        bus = _up_bus(args, settings, parts)
+        engine = _store(settings)
+        parts.callback(engine.dispose)
+        topic = settings.telemetry_topic
+        _ensure_topics(bus, settings, topic)
+        worker = _worker(bus, engine, settings, topic, None, None)
+        ingest_thread = threading.Thread(target=worker.run, args=(stop,), name="ingest")
+        ingest_thread.start()
+        parts.callback(ingest_thread.join)
+        parts.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
+        url = _serve_api(args, settings, engine, parts)
+        print(f"finetwin is up: API on {url} (docs at {url}/docs); Ctrl-C stops", file=sys.stderr)
+        if plan is not None:
+            producer = bus.producer()
+            parts.callback(producer.close)
+            sent = send_replay(plan, producer, topic, speed=args.speed, stop=stop, progress=_progress(args))
+            log.info("replayed %d of %d events (%d jobs)", sent, len(plan.events), plan.jobs)
+            if args.exit_when_done:
+                if not _wait_until_stored(plan, worker, engine, stop):
+                    return 130  # interrupted before the store had everything
+                counts = replayed_job_counts(engine, _job_prefix(args))
+                if args.json:
+                    print(json.dumps(counts), flush=True)
+                else:
+                    print(f"replay stored: {counts}", file=sys.stderr)
+                return 0
+        stop.wait()
+    return 0
+
+
+def _up_bus(args: argparse.Namespace, settings: Settings, parts: contextlib.ExitStack) -> Bus:
+    """The given Kafka, else an embedded Tansu broker, else (no Tansu for this platform) an in-process bus."""
+    from ingest.broker import BrokerUnavailable, EmbeddedBroker, tansu_binary
+    from ingest.bus import ConsumerTuning, InProcessBus, KafkaBus
+    from twin.cli import CommandError
+
+    tuning = ConsumerTuning.from_settings(settings)
+    bootstrap = args.bootstrap or settings.kafka_bootstrap
+    if bootstrap:
+        return KafkaBus(bootstrap, tuning)
+    if tansu_binary() is None:
+        log.warning(
+            "no Tansu broker binary for this platform: using an in-process bus, so only this process can "
+            "publish telemetry (set FINETWIN_KAFKA_BOOTSTRAP to use a real Kafka)"
+        )
+        return InProcessBus(settings.telemetry_partitions)
+    try:
+        broker = EmbeddedBroker().start()
+    except BrokerUnavailable as exc:
+        raise CommandError(f"cannot start the embedded broker: {exc}") from exc
+    parts.callback(broker.stop)
+    log.info("embedded Kafka-protocol broker (Tansu, in memory) on %s", broker.bootstrap)
+    return KafkaBus(broker.bootstrap, tuning)
+
+
+def _serve_api(
+    args: argparse.Namespace, settings: Settings, engine: Engine, parts: contextlib.ExitStack
+) -> str:
+    """Serve the API in a thread; returns its URL once it accepts connections."""
+    import uvicorn
+
+    from twin.cli import CommandError, build_api_app
+
+    host = args.host or settings.api_host
+    port = settings.api_port if args.port is None else args.port
+    app = build_api_app(settings, engine, run_migrations=False)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+
+    def stop_api() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    parts.callback(stop_api)
+    # uvicorn offers no event for "listening"; its `started` flag is set once the socket is bound.
+    while not server.started:
+        if not thread.is_alive():
+            raise CommandError(f"cannot serve the API on {host}:{port} (is the port taken?)")
+        threading.Event().wait(0.02)
+    bound = port or server.servers[0].sockets[0].getsockname()[1]
+    return f"http://{host}:{bound}"
+
+
+def _wait_until_stored(plan: ReplayPlan, worker: IngestWorker, engine: Engine, stop: threading.Event) -> bool:
+    """Block until every event of the replay is in the store (False if `stop` came first). Woken by the
+    worker after each batch; the store has the last word, as the worker may also count other messages."""
+    ids = [str(event.event_id) for _, event in plan.events]
+
+    def handled(stats: WorkerStats) -> int:
+        return stats.applied + stats.duplicates + stats.dead_letters
+
+    worker.wait_until(lambda s: handled(s) >= len(ids) or stop.is_set())
+    while not stop.is_set():
+        seen = handled(worker.stats)
+        if stored_event_count(engine, ids) == len(ids):
+            return True
+        worker.wait_until(lambda s, seen=seen: handled(s) > seen or stop.is_set(), timeout_s=5)
+    return False
+
+
+def stored_event_count(engine: Engine, event_ids: list[str]) -> int:
+    from sqlalchemy import func, select
+
+    from twin.store import TelemetryEvent
+
+    found = 0
+    with engine.connect() as connection:
+        for start in range(0, len(event_ids), 900):
+            chunk = event_ids[start : start + 900]
+            query = select(func.count()).select_from(TelemetryEvent).where(TelemetryEvent.event_id.in_(chunk))  # type: ignore[attr-defined]
+            found += connection.execute(query).scalar_one()
+    return found
+
+
+def replayed_job_counts(engine: Engine, job_prefix: str) -> dict[str, int]:
+    """Jobs in the store whose id starts with `job_prefix`, in all and by outcome."""
+    from sqlalchemy import func, select
+
+    from twin.store import Job
+
+    counts = {"jobs": 0, "valid": 0, "rejected": 0, "runtime": 0}
+    mine = func.substr(Job.job_id, 1, len(job_prefix)) == job_prefix
+    with engine.connect() as connection:
+        for outcome, count in connection.execute(
+            select(Job.outcome, func.count()).where(mine).group_by(Job.outcome)
+        ):
+            counts["jobs"] += count
+            if outcome in counts:
+                counts[outcome] = count
+    return counts
+
+
+# --- shared parts -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and the first Ctrl-C set `stop` (the loops drain and return); a second Ctrl-C interrupts."""
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("%s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _bootstrap(args: argparse.Namespace, settings: Settings) -> str:
+    from twin.cli import CommandError
+
+    bootstrap = args.bootstrap or settings.kafka_bootstrap
+    if not bootstrap:
+        raise CommandError(
+            "no Kafka to talk to: pass --bootstrap HOST:PORT or set FINETWIN_KAFKA_BOOTSTRAP "
+            "(`finetwin up` starts a broker of its own)"
+        )
+    return bootstrap
+
+
+def _store(settings: Settings) -> Engine:
+    from twin.db import engine_from_settings, migrate
+
+    engine = engine_from_settings(settings)
+    migrate(engine)
+    return engine
+
+
+def _ensure_topics(bus: Bus, settings: Settings, topic: str) -> None:
+    from kafka.errors import KafkaError
+
+    from twin.cli import CommandError
+
+    try:
+        bus.ensure_topic(topic, settings.telemetry_partitions)
+        bus.ensure_topic(settings.dlq_topic, 1)
+    except KafkaError as exc:
+        raise CommandError(f"cannot reach Kafka to create topic {topic}: {exc}") from exc
+
+
+def _worker(
+    bus: Bus, engine: Engine, settings: Settings, topic: str, group: str | None, batch_size: int | None
+) -> IngestWorker:
+    from ingest.worker import IngestWorker
+    from twin.cli import ingest_batch_hooks
+
+    return IngestWorker(
+        engine, bus.consumer(topic, group or settings.consumer_group), bus.producer(),
+        dlq_topic=settings.dlq_topic, hooks=ingest_batch_hooks(settings),
+        batch_size=batch_size or settings.ingest_batch_size, poll_timeout_ms=settings.ingest_poll_timeout_ms,
+    )  # fmt: skip
+
+
+def _job_prefix(args: argparse.Namespace) -> str:
+    from ingest.replay import default_job_prefix
+
+    return args.job_prefix if args.job_prefix is not None else default_job_prefix(args.seed)
+
+
+def _plan(args: argparse.Namespace, settings: Settings, bench: Path | None) -> ReplayPlan:
+    from ingest.replay import plan_replay
+    from twin.cli import CommandError, bundled_benchmark_path, load_benchmark_table
+
+    path = bench or bundled_benchmark_path()
+    if args.speed < 0:
+        raise CommandError(f"--speed must be 0 or more, not {args.speed:g}")
+    if args.mean_interarrival <= 0:
+        raise CommandError(f"--mean-interarrival must be positive, not {args.mean_interarrival:g}")
+    try:
+        table = load_benchmark_table(path)
+        return plan_replay(
+            table, seed=args.seed, job_prefix=_job_prefix(args), mean_interarrival_s=args.mean_interarrival,
+            cluster_id=settings.cluster_id,
+        )  # fmt: skip
+    except ValueError as exc:  # BenchmarkFormatError names the file, line and column
+        raise CommandError(str(exc)) from exc
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.quiet and not getattr(args, "json", False) and sys.stderr.isatty()

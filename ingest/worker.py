@@ -1,0 +1,299 @@
+"""The ingest consumer loop: poll a batch, validate each message, dead-letter the bad ones, apply the good
+ones in one transaction, and only then commit the offsets.
+
+Crash anywhere and the uncommitted batch is redelivered; the store applies each `event_id` once, so
+redelivery is harmless. Bad input never stops the loop: a message that is not an event goes to the
+dead-letter topic with its reason, and an event the database refuses (say, a number too big for its column)
+is isolated from its batch and dead-lettered too. Infrastructure trouble (database or broker down) is
+retried with backoff, without committing, until it clears or the worker is stopped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from prometheus_client import Counter, Gauge
+from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+
+from ingest.apply import ApplyResult, BatchHook, apply_events
+from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message
+from ingest.events import MAX_MESSAGE_BYTES, Event, InvalidEvent, parse_event
+
+log = logging.getLogger(__name__)
+
+APPLIED = Counter(
+    "finetwin_ingest_events_applied", "Telemetry events applied to the store for the first time"
+)
+DUPLICATES = Counter(
+    "finetwin_ingest_duplicate_events", "Telemetry events skipped because their event_id was already applied"
+)
+DEAD_LETTERS = Counter(
+    "finetwin_ingest_dead_letters", "Messages sent to the dead-letter topic, by reason", ["kind"]
+)
+BATCHES = Counter("finetwin_ingest_batches", "Batches applied and committed")
+ASSIGNED = Gauge(
+    "finetwin_ingest_assigned_partitions", "Telemetry partitions assigned to this process's ingest consumer"
+)
+
+MAX_BACKOFF_S = 5.0
+_T = TypeVar("_T")
+STATS_LOG_INTERVAL_S = 10.0
+
+
+@dataclass
+class WorkerStats:
+    """This worker's totals since it started (the Prometheus counters sum every worker of the process)."""
+
+    messages: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    message: Message
+    kind: str  # not_json | too_large | unknown_type | schema | store
+    detail: str
+
+    def record(self) -> bytes:
+        """The dead-letter value: why, where the message came from, and the message itself, untouched."""
+        value = self.message.value
+        try:
+            original, encoding = value.decode("utf-8"), "text"
+        except UnicodeDecodeError:
+            original, encoding = base64.b64encode(value).decode("ascii"), "base64"
+        return json.dumps({
+            "kind": self.kind,
+            "detail": self.detail,
+            "topic": self.message.topic,
+            "partition": self.message.partition,
+            "offset": self.message.offset,
+            "encoding": encoding,
+            "original": original,
+            "dead_lettered_at": datetime.now(UTC).isoformat(),
+        }).encode()  # fmt: skip
+
+
+def read_dead_letter(value: bytes) -> tuple[dict[str, object], bytes]:
+    """A dead-letter record and the original message bytes it carries."""
+    record = json.loads(value)
+    original = str(record["original"])
+    raw = base64.b64decode(original) if record["encoding"] == "base64" else original.encode("utf-8")
+    return record, raw
+
+
+_Applied = tuple[
+    ApplyResult, list[DeadLetter]
+]  # what a transaction applied, and the events the store refused
+
+
+@dataclass
+class _Batch:
+    messages: Sequence[Message]
+    events: list[Event] = field(default_factory=list)
+    sources: list[Message] = field(default_factory=list)  # the message each event came from
+    dead: list[DeadLetter] = field(default_factory=list)
+
+
+_EVENT = TypeAdapter(Event)
+
+
+def parse_message(raw: bytes) -> Event:
+    """`parse_event`'s verdict, fast: a valid event is validated in one pass by pydantic's JSON parser
+    (2-3x faster than json.loads + validation); anything it rejects goes through `parse_event`, which
+    says why. Whatever this accepts, `parse_event` accepts too (tests/ingest/test_worker.py checks)."""
+    if len(raw) <= MAX_MESSAGE_BYTES:
+        try:
+            return _EVENT.validate_json(raw)
+        except ValidationError:
+            pass
+    return parse_event(raw)
+
+
+class IngestWorker:
+    """One consumer in the ingest group; `run(stop)` loops until `stop` is set, finishing its batch."""
+
+    def __init__(
+        self, engine: Engine, consumer: BusConsumer, producer: BusProducer, *, dlq_topic: str,
+        hooks: Sequence[BatchHook] = (), batch_size: int = 500, poll_timeout_ms: int = 500,
+    ) -> None:  # fmt: skip
+        self.engine = engine
+        self.consumer = consumer
+        self.producer = producer
+        self.dlq_topic = dlq_topic
+        self.hooks = tuple(hooks)
+        self.batch_size = batch_size
+        self.poll_timeout_ms = poll_timeout_ms
+        self.stats = WorkerStats()
+        self._changed = threading.Condition()
+        self._last_log = time.monotonic()
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until `stop` is set, then finish the batch in hand; closes the consumer and producer.
+
+        While one batch is applied in a second thread, the next one is polled and validated: the database
+        does its part of the work while this thread does its own (psycopg releases the GIL as it waits).
+        Batches are still applied one at a time and committed in order, each only after it is applied.
+        """
+        pending: tuple[_Batch, Future[_Applied | None]] | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="ingest-apply") as applier:
+            try:
+                while not stop.is_set():
+                    messages = self._poll(stop)
+                    batch = self._parse(messages) if messages else None
+                    if pending is not None:
+                        self._finish(pending[0], pending[1].result(), stop)
+                        pending = None
+                    if batch is not None:
+                        pending = (batch, applier.submit(self._apply_retrying, batch, stop))
+                    self._log_progress()
+            finally:
+                if pending is not None:  # drain: the batch in hand is applied and committed before exit
+                    self._finish(pending[0], pending[1].result(), stop)
+                self.close()
+
+    def _poll(self, stop: threading.Event) -> list[Message]:
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                messages = self.consumer.poll(self.batch_size, self.poll_timeout_ms)
+                ASSIGNED.set(self.consumer.partitions())  # how the group split the topic (scale-out)
+                return messages
+            except Exception:  # the client reconnects by itself; keep polling
+                log.exception("poll failed; retrying in %.1f s", backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+        return []
+
+    def close(self) -> None:
+        for part in (self.consumer, self.producer):
+            try:
+                part.close()
+            except Exception:  # closing is best effort; nothing uncommitted is lost
+                log.warning("closing %s failed", type(part).__name__, exc_info=True)
+
+    def process(self, messages: Sequence[Message], stop: threading.Event | None = None) -> bool:
+        """Apply one batch, dead-letter what is not an event, then commit its offsets; each step is retried
+        until it succeeds. Returns False if `stop` was set first: the offsets stay uncommitted and the batch
+        is redelivered (and its applied events skipped) later."""
+        stop = stop or threading.Event()
+        batch = self._parse(messages)
+        return self._finish(batch, self._apply_retrying(batch, stop), stop)
+
+    def _parse(self, messages: Sequence[Message]) -> _Batch:
+        batch = _Batch(messages)
+        for message in messages:
+            try:
+                batch.events.append(parse_message(message.value or b""))
+                batch.sources.append(message)
+            except InvalidEvent as exc:
+                batch.dead.append(DeadLetter(message, exc.kind, exc.detail))
+        return batch
+
+    def _apply_retrying(self, batch: _Batch, stop: threading.Event) -> _Applied | None:
+        return self._retry(stop, "applying a batch", lambda: self._apply(batch.events, batch.sources))
+
+    def _finish(self, batch: _Batch, applied: _Applied | None, stop: threading.Event) -> bool:
+        """After the batch's transaction: send its dead letters, then commit its offsets."""
+        if applied is None:
+            return False
+        result, refused = applied
+        dead = batch.dead + refused
+        if dead and self._retry(stop, "sending dead letters", lambda: self._dead_letter(dead)) is None:
+            return False
+        if self._retry(stop, "committing offsets", lambda: self._commit(batch.messages)) is None:
+            return False
+        self._count(len(batch.messages), result, dead)
+        return True
+
+    def _retry(self, stop: threading.Event, what: str, action: Callable[[], _T]) -> _T | None:
+        """`action()` until it succeeds (its result) or `stop` is set (None), backing off between tries."""
+        backoff = 0.1
+        while True:
+            try:
+                return action()
+            except Exception:
+                if stop.is_set():
+                    log.warning("stopping while %s failed; the batch will be redelivered", what)
+                    return None
+                log.exception("%s failed; retrying in %.1f s", what, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _apply(self, events: list[Event], sources: list[Message]) -> _Applied:
+        """Apply the batch; if the database refuses it for what is in it (not for being down), find the
+        events it refuses by halving the batch, and return those as dead letters."""
+        try:
+            return apply_events(self.engine, events, self.hooks), []
+        except (OperationalError, IntegrityError):
+            raise  # the database is down or a concurrent writer won a race: retry the whole batch
+        except SQLAlchemyError as exc:
+            if len(events) == 1:
+                cause = exc.orig if isinstance(exc, DBAPIError) else exc
+                return ApplyResult(0, 0), [
+                    DeadLetter(sources[0], "store", f"{type(cause).__name__}: {cause}")
+                ]
+        middle = len(events) // 2
+        first, refused_first = self._apply(events[:middle], sources[:middle])
+        second, refused_second = self._apply(events[middle:], sources[middle:])
+        merged = ApplyResult(
+            first.applied + second.applied, first.duplicates + second.duplicates,
+            first.applied_events + second.applied_events,
+        )  # fmt: skip
+        return merged, refused_first + refused_second
+
+    def _dead_letter(self, dead: Sequence[DeadLetter]) -> bool:
+        for letter in dead:
+            self.producer.send(self.dlq_topic, letter.record(), letter.message.key)
+        self.producer.flush()  # raises if any was not acknowledged: then all are sent again
+        return True
+
+    def _commit(self, messages: Sequence[Message]) -> bool:
+        try:
+            self.consumer.commit(messages)
+        except CommitRejected as exc:
+            # The group rebalanced under us: the batch is in the store and its new owner will skip it.
+            log.warning("offset commit refused after a rebalance (%s); the batch will be redelivered", exc)
+        return True
+
+    def _count(self, messages: int, result: ApplyResult, dead: Sequence[DeadLetter]) -> None:
+        APPLIED.inc(result.applied)
+        DUPLICATES.inc(result.duplicates)
+        BATCHES.inc()
+        for letter in dead:
+            DEAD_LETTERS.labels(kind=letter.kind).inc()
+        with self._changed:
+            self.stats.messages += messages
+            self.stats.applied += result.applied
+            self.stats.duplicates += result.duplicates
+            self.stats.dead_letters += len(dead)
+            self.stats.batches += 1
+            self._changed.notify_all()
+
+    def wait_until(self, predicate: Callable[[WorkerStats], bool], timeout_s: float | None = None) -> bool:
+        """Block until `predicate(stats)` holds (checked after every batch); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self.stats), timeout=timeout_s)
+
+    def _log_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= STATS_LOG_INTERVAL_S and self.stats.messages:
+            self._last_log = now
+            s = self.stats
+            log.info(
+                "ingest: %d messages, %d events applied, %d duplicates, %d dead letters",
+                s.messages, s.applied, s.duplicates, s.dead_letters,
+            )  # fmt: skip

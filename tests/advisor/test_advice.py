@@ -1,0 +1,187 @@
+"""Job advice: the rules and repairs exactly, the choices against a trend-following stand-in for the
+models (unit level), the evidence against the paper's published figures, and the HTTP boundary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from advisor import findings
+from advisor.advice import NEAR_BEST, RECOMMEND_P_VALID, advise_job
+from advisor.candidates import nearest_multiple, repair
+from tests.advisor.conftest import FINETWIN
+from tests.advisor.fakes import FakeInUse, FakeModels
+from tests.conftest import SHARED_REFERENCE
+from twin.domain import JobConfig, config_rule
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+def job(**changes: object) -> JobConfig:
+    base = JobConfig(
+        model_name="llama3-8b", method="lora", gpu_model=A100, number_gpus=4, number_nodes=1,
+        batch_size=16, tokens_per_sample=2048,
+    )  # fmt: skip
+    return base.with_changes(**changes)
+
+
+@pytest.mark.parametrize(
+    ("value", "step", "expected"), [(6, 4, 8), (5, 4, 4), (1, 8, 8), (13, 4, 12), (30, 8, 32), (16, 8, 16)]
+)
+def test_nearest_multiple(value: int, step: int, expected: int) -> None:
+    assert nearest_multiple(value, step) == expected
+
+
+def test_repair_fixes_each_rule_nearest_first() -> None:
+    fixed, changes = repair(job(batch_size=10, number_gpus=4))
+    assert (fixed.batch_size, [c.field for c in changes]) == (12, ["batch_size"])
+    moe = job(model_name="mixtral-8x7b-instruct-v0.1", number_gpus=6, batch_size=24, fast_moe=4)
+    fixed, changes = repair(moe)
+    assert fixed.number_gpus == 8 and fixed.batch_size == 24 and config_rule(fixed) is None
+    assert [c.field for c in changes] == ["number_gpus"]
+    fixed, changes = repair(job(number_gpus=12, number_nodes=5, batch_size=24))
+    assert (fixed.number_nodes, config_rule(fixed)) == (4, None)  # the nearest to 5 of 2, 3, 4, 6, 12
+    assert repair(job()) == (job(), [])
+
+
+def test_a_rejected_config_gets_the_rule_and_a_repair() -> None:
+    models = FakeModels()
+    answer = advise_job(job(batch_size=6), 1e8, models)
+    assert answer.verdict.status == "rejected"
+    assert answer.verdict.rule == "batch_size_not_multiple_of_gpus"
+    assert answer.repair is not None and answer.repair.config.batch_size == 8
+    assert answer.repair.prediction is not None and answer.repair.prediction.p_valid is not None
+    cited = answer.verdict.evidence[0].paper
+    assert cited["rejection_rules.batch_size_not_multiple_of_gpus"] == 5360
+
+
+def test_every_candidate_is_predicted_in_one_call() -> None:
+    models = FakeModels()
+    advise_job(
+        job(model_name="mixtral-8x7b-instruct-v0.1", number_gpus=16, number_nodes=2, batch_size=64),
+        1e9,
+        models,
+    )
+    assert models.calls == {"throughput": 1, "failure": 1, "power": 1}
+    assert models.rows_seen > 50  # the grid, the ladder and the variants, together
+
+
+def test_options_are_likely_to_run_and_prefer_moderate_batches() -> None:
+    answer = advise_job(job(batch_size=16), 1e9, FakeModels())
+    best = answer.best_throughput
+    assert best is not None and best.prediction.p_valid is not None
+    assert best.prediction.p_valid >= RECOMMEND_P_VALID
+    right_sizing = next(e for e in best.evidence if e.finding == "F3")
+    # A larger batch would add little (logarithmic growth) or is not likely to run.
+    gain = right_sizing.predicted["largest_batch_gain"]
+    if right_sizing.predicted["largest_batch"] > best.config.batch_size:
+        assert gain < 1 + NEAR_BEST or right_sizing.predicted["largest_batch_p_valid"] < RECOMMEND_P_VALID
+    assert best.config.batch_size / best.config.number_gpus <= 32  # not past the knee of the curve
+    cost = answer.best_cost
+    assert cost is not None and cost.prediction.gpu_hours is not None
+    risk_adjusted = cost.prediction.gpu_hours / cost.prediction.p_valid  # type: ignore[operator]
+    assert risk_adjusted <= (1 + NEAR_BEST) * best.prediction.gpu_hours / best.prediction.p_valid  # type: ignore[operator]
+    band = best.prediction.tokens_per_second
+    assert band is not None and band.p10 <= band.p50 <= band.p90
+    run = best.prediction.run_time_s
+    assert run is not None and run.p50 == pytest.approx(1e9 / band.p50)
+    assert best.workers * best.gpus_per_worker == best.config.number_gpus and best.gpus_per_worker <= 8
+
+
+def test_fewest_gpus_for_a_model_that_does_not_fit_one() -> None:
+    answer = advise_job(job(model_name="llama3.1-70b", method="full", batch_size=32), 1e9, FakeModels())
+    fewest = answer.fewest_gpus
+    assert fewest is not None and fewest.config.number_gpus > 1 and fewest.config.batch_size == 32
+    tried = fewest.evidence[0].predicted["p_valid_by_gpus"]
+    assert all(p < RECOMMEND_P_VALID for g, p in tried.items() if int(g) < fewest.config.number_gpus)
+    assert answer.verdict.status == "likely_oom" and answer.verdict.p_oom > 0.5
+
+
+def test_placement_and_optimizations() -> None:
+    answer = advise_job(job(number_gpus=8, number_nodes=2, batch_size=32), None, FakeModels())
+    assert answer.placement.single_node and answer.placement.number_nodes == 1
+    assert answer.work.assumed and any("dataset_tokens" in n for n in answer.notes)
+    opts = {o.name: o for o in answer.optimizations}
+    assert opts["fast_kernels"].recommended and opts["fast_kernels"].predicted_speedup == pytest.approx(1.12)
+    assert not opts["fast_moe"].recommended and not opts["enable_roce"].recommended
+    multi = advise_job(job(number_gpus=16, number_nodes=2, batch_size=64), 1e9, FakeModels())
+    roce = {o.name: o for o in multi.optimizations}["enable_roce"]
+    assert roce.recommended and roce.predicted_speedup == pytest.approx(1.9)
+    moe = advise_job(
+        job(model_name="mixtral-8x7b-instruct-v0.1", fast_moe=4, batch_size=16), 1e9, FakeModels()
+    )
+    fast_moe = {o.name: o for o in moe.optimizations}["fast_moe"]
+    assert fast_moe.recommended and fast_moe.setting == 1
+    assert fast_moe.evidence[0].paper["optimizations.fast_moe_speedup_ep1"] == 1.69
+
+
+def test_the_cited_numbers_are_the_published_ones() -> None:
+    path = SHARED_REFERENCE / "paper_figures.json"
+    if not path.exists():
+        pytest.skip(f"{path} not available")
+    published = json.loads(path.read_text())
+    for finding in findings.ALL:
+        for key, value in finding.values.items():
+            assert findings.lookup(published, key) == value, (finding.id, key)
+
+
+# --- HTTP ---------------------------------------------------------------------------------------------------
+
+BODY = {
+    "model_name": "llama3-8b", "method": "lora", "gpu_model": "A100-SXM", "number_gpus": 4, "batch_size": 6,
+    "tokens_per_sample": 2048, "dataset_tokens": 1e9,
+}  # fmt: skip
+
+
+def test_advise_over_http(client: TestClient, keys: dict) -> None:
+    client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
+    assert client.post("/v1/advise", json=BODY).status_code == 401
+    response = client.post("/v1/advise", json=BODY, headers=keys["viewer"])  # computes only: a viewer may ask
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model_version"] == "v-test" and answer["verdict"]["status"] == "rejected"
+    assert answer["config"]["gpu_model"] == A100  # the paper's short name is accepted
+    again = client.post("/v1/advise", json=BODY, headers=keys["viewer"])
+    assert again.content == response.content
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"gpu_model": "TPU-v9"}, "gpu_model"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"method": "qlora"}, "method"),
+        ({"number_gpus": "four"}, "number_gpus"),
+        ({"surprise": 1}, "surprise"),
+        ({"dataset_tokens": -5}, "dataset_tokens"),
+    ],
+)
+def test_bad_advice_requests_get_a_422_naming_the_field(
+    client: TestClient, keys: dict, change: dict, field: str
+) -> None:
+    client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
+    response = client.post("/v1/advise", json={**BODY, **change}, headers=keys["viewer"])
+    assert response.status_code == 422 and field in response.json()["detail"]
+
+
+def test_advise_without_models_is_a_409(client: TestClient, keys: dict) -> None:
+    client.app.state.models_in_use = FakeInUse(None)  # type: ignore[attr-defined]
+    response = client.post("/v1/advise", json=BODY, headers=keys["viewer"])
+    assert response.status_code == 409 and "calibrate" in response.json()["detail"]
+
+
+def test_advise_cli_reports_bad_files(tmp_path: Path) -> None:
+    import subprocess
+
+    bad = tmp_path / "job.yaml"
+    bad.write_text("model_name: llama3-8b\nmethod: lora\ngpu_model: A100-SXM\nnumber_gpus: 0\n")
+    env = {"FINETWIN_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([*FINETWIN, "advise", str(bad)], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "number_gpus" in done.stderr and str(bad) in done.stderr
+    broken = tmp_path / "job.json"
+    broken.write_text('{"model_name": ')
+    done = subprocess.run([*FINETWIN, "advise", str(broken)], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "not valid JSON" in done.stderr

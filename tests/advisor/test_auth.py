@@ -1,0 +1,164 @@
+"""API keys and roles: every /v1 endpoint needs a key, writes an operator, decisions an approver."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from advisor.app import create_app
+from advisor.auth import Role, parse_key_id
+from advisor.keys import create_api_key, revoke_api_key
+from advisor.tables import ApiKey
+from tests.advisor.conftest import FINETWIN, advisor_settings
+
+REPO = Path(__file__).resolve().parents[2]
+OPEN_PATHS = ("/healthz", "/metrics", "/openapi.json", "/docs")
+
+
+def test_reads_need_any_key_and_open_paths_stay_open(client: TestClient, keys: dict) -> None:
+    assert client.get("/v1/jobs").status_code == 401
+    assert client.get("/v1/cluster", headers={"X-API-Key": "ft_nope_nope"}).status_code == 401
+    for role in ("viewer", "operator", "approver"):
+        assert client.get("/v1/jobs", headers=keys[role]).status_code == 200
+        assert client.get("/v1/cluster", headers=keys[role]).status_code == 200
+    for path in OPEN_PATHS:
+        assert client.get(path).status_code == 200, path
+
+
+def test_a_missing_key_says_which_header(client: TestClient) -> None:
+    response = client.get("/v1/audit")
+    assert response.status_code == 401
+    assert "X-API-Key" in response.json()["detail"]
+
+
+def test_every_write_endpoint_refuses_without_a_key(client: TestClient, keys: dict) -> None:
+    """Walk the OpenAPI document: no non-GET operation anywhere accepts a request without a key."""
+    spec = client.get("/openapi.json").json()
+    writes = [
+        (path, method)
+        for path, operations in spec["paths"].items()
+        for method in operations
+        if method.upper() not in ("GET", "HEAD", "OPTIONS")
+    ]
+    assert writes, "expected some write endpoints"
+    for path, method in writes:
+        assert path.startswith("/v1/"), f"{method.upper()} {path} is outside /v1 and so not protected"
+        url = path.replace("{", "").replace("}", "")  # any id will do: the key is checked first
+        response = client.request(method.upper(), url, json={})
+        assert response.status_code == 401, (method, path, response.status_code)
+
+
+def test_roles_are_ordered_and_checked_before_the_lookup(client: TestClient, keys: dict) -> None:
+    missing = "/v1/recommendations/does-not-exist/approve"
+    assert client.post(missing, json={}).status_code == 401
+    assert client.post(missing, json={}, headers=keys["viewer"]).status_code == 403
+    assert client.post(missing, json={}, headers=keys["operator"]).status_code == 403
+    assert client.post(missing, json={}, headers=keys["approver"]).status_code == 404
+    reject = "/v1/recommendations/does-not-exist/reject"
+    assert client.post(reject, json={"comment": "no"}, headers=keys["operator"]).status_code == 403
+    # A viewer may not write (steering run is an operator's write).
+    assert client.post("/v1/recommendations/run", headers=keys["viewer"]).status_code == 403
+
+
+def test_keys_are_stored_hashed(engine: Engine) -> None:
+    key = create_api_key(engine, Role.OPERATOR, name="ops", actor="test")
+    with Session(engine) as session:
+        row = session.exec(select(ApiKey).where(ApiKey.key_id == parse_key_id(key))).one()
+    assert key not in (row.key_hash, row.name, row.key_id)
+    assert row.key_hash == hashlib.sha256(key.encode()).hexdigest()
+    assert row.role == "operator"
+
+
+def test_a_revoked_key_stops_working(engine: Engine, tmp_path: Path) -> None:
+    app = create_app(advisor_settings(tmp_path, auth_cache_seconds=0), engine, run_migrations=False)
+    key = create_api_key(engine, Role.VIEWER, name="temp", actor="test")
+    with TestClient(app) as client:
+        assert client.get("/v1/jobs", headers={"X-API-Key": key}).status_code == 200
+        assert revoke_api_key(engine, parse_key_id(key) or "", actor="test")
+        assert client.get("/v1/jobs", headers={"X-API-Key": key}).status_code == 401
+        assert not revoke_api_key(engine, parse_key_id(key) or "", actor="test")
+
+
+def test_keys_create_prints_the_key_alone_and_it_works(tmp_path: Path) -> None:
+    env = {**os.environ, "FINETWIN_DATA_DIR": str(tmp_path / "data"), "FINETWIN_DATABASE_URL": ""}
+    finetwin = FINETWIN
+    done = subprocess.run(
+        [*finetwin, "keys", "create", "--role", "approver", "--name", "alice"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and parse_key_id(lines[0]) is not None, done.stdout
+    listed = subprocess.run(
+        [*finetwin, "keys", "list"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
+    )
+    assert "alice" in listed.stdout and "approver" in listed.stdout and lines[0] not in listed.stdout
+    bad = subprocess.run(
+        [*finetwin, "keys", "create", "--role", "admin"], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert bad.returncode != 0 and "admin" in bad.stderr
+    settings = advisor_settings(tmp_path)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/audit", headers={"X-API-Key": lines[0]}).status_code == 200
+
+
+def test_the_dashboard_is_open_and_serves_only_its_own_files(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "chart.umd.min.js" in page.text and "/static/app.js" in page.text
+    chart = client.get("/static/vendor/chart.umd.min.js")
+    assert chart.status_code == 200 and "Chart.js" in chart.text[:200]
+    for path in (
+        "/static/../auth.py",
+        "/static/%2e%2e/auth.py",
+        "/static/vendor/../../tables.py",
+        "/static/nope.js",
+    ):
+        assert client.get(path).status_code == 404, path
+    assert client.get("/v1/reports/latest").status_code == 401
+    assert client.get("/reports/latest/").status_code == 404  # no report yet
+
+
+def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_path: Path, keys: dict) -> None:
+    from types import SimpleNamespace
+
+    from calibrate.report.latest import record_latest, reports_root
+
+    settings = advisor_settings(tmp_path)
+    out = tmp_path / "report-1"
+    (out / "figures").mkdir(parents=True)
+    (out / "report.md").write_text("# Characterization\n")
+    (out / "figures" / "q1.png").write_bytes(b"\x89PNG\r\n")
+    (tmp_path / "secret.md").write_text("not yours")
+    report = SimpleNamespace(
+        out_dir=out, report_md=out / "report.md", numbers_json=out / "numbers.json",
+        figures={"q1": out / "figures" / "q1.png"}, generated_at="2026-11-29T12:00:00Z", source="sample",
+    )  # fmt: skip
+    record_latest(report, reports_root(settings))
+    with TestClient(create_app(settings, engine, run_migrations=False)) as client:
+        info = client.get("/v1/reports/latest", headers=keys["viewer"]).json()
+        assert info["available"] and info["url"] == "/reports/latest/"
+        page = client.get(info["url"])
+        assert page.status_code == 200 and page.text.startswith("# Characterization")
+        assert client.get("/reports/latest/figures/q1.png").headers["content-type"] == "image/png"
+        assert client.get("/reports/latest/../secret.md").status_code == 404
+        assert client.get("/reports/latest/%2e%2e/secret.md").status_code == 404
+
+
+def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from twin.cli import build_api_app
+
+    settings = advisor_settings(tmp_path)
+    app = build_api_app(settings, kafka_bootstrap="127.0.0.1:1")
+    first = capsys.readouterr().err
+    key = first.strip().splitlines()[-1].strip()
+    assert parse_key_id(key) is not None and "approver" in first
+    assert app.state.settings.kafka_bootstrap == "127.0.0.1:1"  # the relay publishes to up's broker
+    with TestClient(build_api_app(settings)) as client:
+        assert capsys.readouterr().err == ""  # a store with keys gets no new one
+        assert client.get("/v1/recommendations", headers={"X-API-Key": key}).status_code == 200

@@ -1,0 +1,139 @@
+"""The dashboard in headless Chromium against a real API process (uvicorn), PostgreSQL and Tansu: the
+charts draw, an approver approves a recommendation from the page, its state changes, and the action is
+on the Kafka topic. Leaves a screenshot in docs/dashboard.png."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from advisor import workflow
+from calibrate.tables import LiveError
+from ingest.broker import free_port
+from tests.advisor.conftest import FINETWIN
+from tests.advisor.kafka_util import read_topic
+from tests.advisor.seed import seed_overloaded_cluster
+from tests.conftest import api_headers, tcp_listening, unique, wait_for
+from twin.db import make_engine, migrate, session_scope
+from twin.store import utcnow
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run",
+]  # fmt: skip
+
+
+def seed(engine: Engine) -> str:
+    seed_overloaded_cluster(engine)
+    now = utcnow()
+    with session_scope(engine) as session:
+        for i in range(40):  # the live error of 40 finished jobs, the model drifting slowly
+            session.add(
+                LiveError(
+                    job_id=f"done-{i}", model_version="v0001", ended_at=now - timedelta(minutes=40 - i),
+                    predicted_outcome="valid", actual_outcome="valid", outcome_error=0, p_valid=0.9,
+                    failure_brier=0.01, measured_tokens_per_second=1000.0,
+                    predicted_tokens_per_second=1100.0 + 5 * i, ape=0.1 + 0.005 * i, in_band=True,
+                )
+            )  # fmt: skip
+        proposal = workflow.Proposal(
+            kind="add_nodes", target="nodes:NVIDIA-A100-SXM4-80GB", title="add 1 A100-SXM node",
+            action={"gpu_model": "NVIDIA-A100-SXM4-80GB", "add_nodes": 1},
+            effect={"mean": 0.2, "p10": 0.1, "p90": 0.3, "ci95": [0.15, 0.25], "runs": 8},
+            cost=192.0, score=0.001,
+        )  # fmt: skip
+        (rec,) = workflow.propose(session, [proposal], actor="system", source="test", ttl=timedelta(hours=1))
+        return rec.id
+
+
+@pytest.fixture
+def api_server(postgres_url: str, kafka_bootstrap: str, tmp_path: Path) -> Iterator[dict[str, object]]:
+    engine = make_engine(postgres_url)
+    migrate(engine)
+    rec_id = seed(engine)
+    keys = {role: api_headers(engine, role)["X-API-Key"] for role in ("viewer", "approver")}
+    topic = unique("actions")
+    port = free_port()
+    env = {
+        **os.environ,
+        "FINETWIN_DATABASE_URL": postgres_url, "FINETWIN_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "FINETWIN_ACTIONS_TOPIC": topic, "FINETWIN_SCHEDULER_ENABLED": "false", "FINETWIN_FORECAST_RUNS": "8",
+        "FINETWIN_FORECAST_HORIZON_HOURS": "12", "FINETWIN_DATA_DIR": str(tmp_path / "data"),
+        "FINETWIN_RELAY_POLL_SECONDS": "1",
+    }  # fmt: skip
+    log = (tmp_path / "api.log").open("wb")
+    process = subprocess.Popen(
+        [*FINETWIN, "api", "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_for(lambda: tcp_listening(port) or process.poll() is not None, 60, "the API to listen")
+        assert process.poll() is None, (tmp_path / "api.log").read_text()
+        yield {"url": f"http://127.0.0.1:{port}", "rec_id": rec_id, "keys": keys, "topic": topic}
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
+        engine.dispose()
+
+
+def test_dashboard_approve_end_to_end(api_server: dict, chromium_path: Path, kafka_bootstrap: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    rec_id, keys = api_server["rec_id"], api_server["keys"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium_path), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(api_server["url"] + "/")
+            page.fill("#key-input", keys["viewer"])
+            page.click("#key-form button[type=submit]")
+            page.wait_for_function(
+                "['queue', 'utilization', 'slo', 'error'].every(n => window.finetwinCharts[n])",
+                timeout=90_000,
+            )
+            drawn = page.evaluate(
+                """() => Object.fromEntries(Object.entries(window.finetwinCharts).map(([name, chart]) => {
+                    const c = chart.canvas;
+                    const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                    let inked = 0;
+                    for (let i = 3; i < px.length; i += 4) if (px[i] > 0) inked++;
+                    return [name, {points: chart.data.datasets[0].data.length, inked}];
+                }))"""
+            )
+            for name, chart in drawn.items():
+                assert chart["points"] > 0 and chart["inked"] > 500, (name, chart)
+            assert page.locator("#nodes tbody tr").count() == 1
+            assert page.locator("#jobs tbody tr").count() == 12
+            assert "error" not in (page.get_attribute("#status", "class") or "")
+
+            def answer(dialog) -> None:  # type: ignore[no-untyped-def]
+                dialog.accept(keys["approver"] if "key" in dialog.message else "approved in the browser test")
+
+            page.on("dialog", answer)
+            page.click(f"button[data-action=approve][data-recommendation='{rec_id}']")
+            state = page.locator(f"td[data-recommendation='{rec_id}']")
+            state.filter(has_text="approved").wait_for(timeout=15_000)
+            page.locator("#audit-log tbody tr", has_text="approved in the browser test").wait_for(
+                timeout=15_000
+            )
+
+            messages = wait_for(
+                lambda: [m for m in read_topic(kafka_bootstrap, api_server["topic"]) if m.key == rec_id],
+                30, "the approved action on the actions topic",
+            )  # fmt: skip
+            assert len(messages) == 1 and messages[0].value["action"]["add_nodes"] == 1
+            assert messages[0].value["comment"] == "approved in the browser test"
+            page.evaluate("loadAll()")
+            state.filter(has_text="sent").wait_for(timeout=15_000)
+            (REPO / "docs").mkdir(exist_ok=True)
+            page.screenshot(path=str(REPO / "docs" / "dashboard.png"), full_page=True)
+        finally:
+            browser.close()

@@ -1,0 +1,174 @@
+"""The models API: `POST /v1/predict`, `GET /v1/models`, `GET /v1/models/live-error`; 4xx on bad input,
+never 5xx. Requests carry an API key (a viewer's: predictions only compute)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from advisor.app import create_app
+from calibrate.live import prediction_hook
+from ingest.apply import apply_events
+from ingest.events import JobCompleted, JobSubmitted, new_event
+from tests.conftest import api_headers
+from twin.db import make_engine, migrate
+from twin.settings import Settings
+
+CONFIG = {
+    "model_name": "llama3-8b", "method": "lora", "gpu_model": "NVIDIA-A100-SXM4-80GB", "number_gpus": 2,
+    "number_nodes": 1, "batch_size": 8, "tokens_per_sample": 1024,
+}  # fmt: skip
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Iterator[Engine]:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def client_for(engine: Engine, models_dir: Path, tmp_path: Path, role: str = "viewer") -> TestClient:
+    settings = Settings(data_dir=tmp_path / "data", models_dir=models_dir, scheduler_enabled=False)
+    app = create_app(settings, engine, run_migrations=False)
+    return TestClient(app, headers=api_headers(engine, role, name=f"{role}-tester"))
+
+
+@pytest.fixture
+def client(store: Engine, registry_copy: Path, tmp_path: Path) -> Iterator[TestClient]:
+    with client_for(store, registry_copy, tmp_path) as test_client:
+        yield test_client
+
+
+def test_predict_one_config_a_list_or_a_batch(client: TestClient) -> None:
+    one = client.post("/v1/predict", json=CONFIG)
+    assert one.status_code == 200, one.text
+    body = one.json()
+    assert body["model_version"] == "v0001"
+    (prediction,) = body["predictions"]
+    assert prediction["outcome"] == "valid" and prediction["rule"] is None
+    assert 0.5 <= prediction["p_valid"] <= 1
+    assert 0 < prediction["tokens_per_second_p10"] <= prediction["tokens_per_second_p50"]
+    assert prediction["tokens_per_second_p50"] <= prediction["tokens_per_second_p90"]
+
+    batch = [CONFIG, {**CONFIG, "batch_size": 7}, {**CONFIG, "number_gpus": 8, "batch_size": 32}]
+    for request in (batch, {"configs": batch}):
+        response = client.post("/v1/predict", json=request)
+        assert response.status_code == 200, response.text
+        predictions = response.json()["predictions"]
+        assert [p["outcome"] for p in predictions][:2] == ["valid", "rejected"]
+        assert predictions[1]["rule"] == "batch_size_not_multiple_of_gpus"
+        assert predictions[1]["tokens_per_second_p50"] is None
+        assert predictions[0] == prediction, "the same config gets the same answer"
+    response = client.post("/v1/predict", json={**CONFIG, "model_name": "acme-13b-chat"})
+    (unseen,) = response.json()["predictions"]
+    assert unseen["note"] and unseen["tokens_per_second_p50"] > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({k: v for k, v in CONFIG.items() if k != "gpu_model"}, "gpu_model"),
+        ({**CONFIG, "number_gpus": 0}, "number_gpus"),
+        ({**CONFIG, "batch_size": "many"}, "batch_size"),
+        ({**CONFIG, "method": "qlora"}, "method"),
+        ({**CONFIG, "time_limit_s": -5}, "time_limit_s"),
+        ({**CONFIG, "colour": "blue"}, "colour"),
+        ({"configs": []}, "configs"),
+        ([CONFIG, {**CONFIG, "fast_moe": -1}], "configs.1.fast_moe"),
+        ("not an object", "body"),
+    ],
+)
+def test_a_bad_body_is_a_422_naming_the_field(client: TestClient, body: Any, field: str) -> None:
+    response = client.post("/v1/predict", json=body)
+    assert response.status_code == 422, response.text
+    assert field in response.json()["detail"]
+
+
+def test_a_body_that_is_not_json_is_a_422(client: TestClient) -> None:
+    response = client.post("/v1/predict", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+
+
+def test_without_a_model_in_use_predict_is_a_409_that_says_what_to_do(store: Engine, tmp_path: Path) -> None:
+    with client_for(store, tmp_path / "no-models", tmp_path) as client:
+        response = client.post("/v1/predict", json=CONFIG)
+        assert response.status_code == 409
+        assert "finetwin calibrate" in response.json()["detail"]
+        models = client.get("/v1/models")
+        assert models.status_code == 200 and models.json() == {"in_use": None, "versions": [], "history": []}
+        live = client.get("/v1/models/live-error")
+        assert live.status_code == 200 and live.json()["points"] == [] and live.json()["current"] is None
+
+
+def test_a_tampered_model_in_use_is_a_409_not_a_500(
+    store: Engine, registry_copy: Path, tmp_path: Path
+) -> None:
+    artifact = sorted((registry_copy / "versions" / "v0001" / "estimators").glob("*.skops"))[0]
+    artifact.write_bytes(artifact.read_bytes() + b"!")
+    with client_for(store, registry_copy, tmp_path) as client:
+        response = client.post("/v1/predict", json=CONFIG)
+    assert response.status_code == 409
+    assert "tampered or corrupted" in response.json()["detail"]
+
+
+def test_models_lists_the_versions_with_their_metrics(client: TestClient) -> None:
+    response = client.get("/v1/models")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["in_use"] == "v0001"
+    (version,) = body["versions"]
+    assert version["version"] == "v0001" and version["in_use"] is True
+    assert version["rows"] == 3983 and version["rows_by_source"] == {"benchmark:llmftbench_sample.csv": 3983}
+    assert 0 < version["heldout_metrics"]["throughput_mdape"] < 1
+    assert [h["action"] for h in body["history"]] == ["promote"]
+
+
+def test_live_error_is_rolled_over_the_last_finished_jobs(
+    client: TestClient, store: Engine, registry_copy: Path
+) -> None:
+    hook = prediction_hook(Settings(), models_dir=registry_copy)
+    jobs = [f"job-{i}" for i in range(4)]
+    apply_events(
+        store, [new_event("job.submitted", JobSubmitted(**CONFIG), job_id=j, ts=T0) for j in jobs], [hook]
+    )
+    p50 = client.post("/v1/predict", json=CONFIG).json()["predictions"][0]["tokens_per_second_p50"]
+    for i, (job, factor) in enumerate(zip(jobs, (1.0, 0.5, 0.5, 0.5), strict=True)):
+        payload = JobCompleted(train_runtime=60.0, dataset_tokens_per_second=p50 * factor)
+        apply_events(
+            store, [new_event("job.completed", payload, job_id=job, ts=T0 + timedelta(minutes=i))], [hook]
+        )
+
+    response = client.get("/v1/models/live-error", params={"window": 2})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["window"] == 2 and body["in_use"] == "v0001"
+    points = body["points"]
+    assert [p["job_id"] for p in points] == jobs
+    assert [p["ape"] for p in points] == pytest.approx([0.0, 1.0, 1.0, 1.0])
+    assert [p["rolling_mdape"] for p in points] == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    assert [p["rolling_jobs"] for p in points] == [1, 2, 2, 2]
+    current = body["current"]
+    assert current["jobs"] == 2 and current["mdape"] == pytest.approx(1.0)
+    assert current["drifting"] is False, "2 jobs are fewer than drift_min_jobs"
+    limited = client.get("/v1/models/live-error", params={"window": 2, "limit": 1}).json()["points"]
+    assert len(limited) == 1 and limited[0]["rolling_mdape"] == pytest.approx(1.0)
+    assert client.get("/v1/models/live-error", params={"window": 0}).status_code == 422
+
+
+def test_startup_puts_the_hourly_refit_and_the_drift_check_on_the_scheduler(
+    store: Engine, registry_copy: Path, tmp_path: Path
+) -> None:
+    with client_for(store, registry_copy, tmp_path) as client:
+        scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
+        refit = scheduler.get_job("calibrate.refit")
+        assert refit is not None and refit.trigger.interval == timedelta(hours=1)
+        check = scheduler.get_job("calibrate.drift-check")
+        assert check is not None and check.trigger.interval == timedelta(seconds=60)

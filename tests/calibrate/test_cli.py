@@ -1,0 +1,237 @@
+"""The command-line contract: `finetwin calibrate`, `finetwin predict` and `finetwin models`, exactly as
+scripts call them (through `twin.cli.main`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.loader import CONFIG_COLUMNS, load_benchmark
+from calibrate.predict import PREDICTION_COLUMNS
+from calibrate.registry import ModelRegistry
+from twin.cli import main
+
+CONFIG_HEADER = ",".join(CONFIG_COLUMNS)
+
+
+def read(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def predict_argv(models: Path, configs: Path, output: Path) -> list[str]:
+    return ["predict", "--models", str(models), "--input", str(configs), "--output", str(output)]
+
+
+def config_row(**changes: str) -> str:
+    row = {
+        "identifier": "id", "experiment_id": "SFTTrainer.finetune-full-fsdp-v1.3.0", "method": "full",
+        "model_name": "llama3-8b", "number_nodes": "1", "gpu_model": "NVIDIA-A100-SXM4-80GB",
+        "number_gpus": "4", "tokens_per_sample": "2048", "batch_size": "16", "enable_roce": "0",
+        "fast_moe": "0", "fast_kernels": "", "fms_hf_tuning_version": "2.4.0", "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    row.update(changes)
+    return ",".join(row[c] for c in CONFIG_COLUMNS)
+
+
+def test_predict_gives_every_row_of_the_real_sample_in_order_with_exact_rules(
+    calibrated_models_dir: Path, sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "pred.csv"
+    argv = predict_argv(calibrated_models_dir, sample_csv, output)
+    assert main(argv) == 0
+    assert "3983 rows predicted with v0001" in capsys.readouterr().out
+    written, original = read(output), read(sample_csv)
+    assert list(written.columns) == [*original.columns, *PREDICTION_COLUMNS]
+    assert len(written) == len(original) == 3983
+    # Same rows, same cells, same order.
+    pd.testing.assert_frame_equal(written[list(original.columns)], original)
+    truth = load_benchmark(sample_csv)
+    assert set(written["outcome"]) <= {"valid", "rejected", "runtime"}
+    rejected = written["outcome"] == "rejected"
+    np.testing.assert_array_equal(rejected, truth["outcome"] == "rejected")  # the rules, exactly, every row
+    assert list(written["rule"]) == list(truth["rule"].fillna(""))
+    assert (written.loc[rejected, ["tokens_per_second_p50", "p_valid"]].isin(["", "0.0000"])).all().all()
+    ran = written[~rejected]
+    p10, p50, p90 = (ran[f"tokens_per_second_{q}"].astype(float) for q in ("p10", "p50", "p90"))
+    assert ((p10 <= p50) & (p50 <= p90) & (p10 > 0)).all()
+    p_valid = ran["p_valid"].astype(float)
+    assert p_valid.between(0, 1).all()
+    assert ((p_valid >= 0.5) == (ran["outcome"] == "valid")).all()
+    # Far better than chance on rows it learned from: a check that the columns are not shuffled.
+    valid = truth["outcome"] == "valid"
+    ape = np.abs(
+        written.loc[valid, "tokens_per_second_p50"].astype(float)
+        - truth.loc[valid, "dataset_tokens_per_second"]
+    )
+    assert np.median(ape / truth.loc[valid, "dataset_tokens_per_second"]) < 0.25
+
+
+def test_model_names_never_seen_are_predicted_from_their_size_and_flagged(
+    calibrated_models_dir: Path, tmp_path: Path
+) -> None:
+    configs = tmp_path / "new.csv"
+    configs.write_text(
+        "\n".join(
+            [
+                CONFIG_HEADER,
+                config_row(identifier="known"),
+                config_row(identifier="small", model_name="acme-3b-chat", method="lora"),
+                config_row(identifier="large", model_name="acme-70b-chat", method="lora"),
+                config_row(identifier="nosize", model_name="mystery-model"),
+            ]
+        )
+        + "\n"
+    )
+    output = tmp_path / "pred.csv"
+    argv = predict_argv(calibrated_models_dir, configs, output)
+    assert main(argv) == 0
+    written = read(output).set_index("identifier")
+    assert written.loc["known", "note"] == ""
+    for unseen in ("small", "large", "nosize"):
+        assert written.loc[unseen, "note"], f"{unseen} is flagged"
+        assert float(written.loc[unseen, "tokens_per_second_p50"]) > 0
+    # Its size is what it is predicted from: the 70B model is slower than the 3B one on the same GPUs.
+    assert float(written.loc["large", "tokens_per_second_p50"]) < float(
+        written.loc["small", "tokens_per_second_p50"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "line", "column", "row"),
+    [
+        ([config_row(), config_row(batch_size="sixteen")], 3, "batch_size", 2),
+        ([config_row(), config_row(), config_row(number_gpus="0")], 4, "number_gpus", 3),
+        ([config_row(method="qlora")], 2, "method", 1),
+        ([config_row(), config_row(model_name="")], 3, "model_name", 2),
+        ([config_row(), config_row(enable_roce="2")], 3, "enable_roce", 2),
+        ([config_row(fast_kernels="maybe")], 2, "fast_kernels", 1),
+    ],
+)
+def test_a_bad_cell_exits_nonzero_naming_row_and_column(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    rows: list[str], line: int, column: str, row: int,
+) -> None:  # fmt: skip
+    configs = tmp_path / "bad.csv"
+    configs.write_text("\n".join([CONFIG_HEADER, *rows]) + "\n")
+    output = tmp_path / "pred.csv"
+    argv = predict_argv(calibrated_models_dir, configs, output)
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert f"line {line}" in error and f"column '{column}'" in error and f"data row {row}" in error, error
+    assert not output.exists(), "nothing is written for bad input"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "empty file"),
+        (CONFIG_HEADER.replace(",gpu_model", "") + "\n", "column 'gpu_model': missing from the header"),
+        (CONFIG_HEADER + "\n" + config_row() + ",extra\n", "line 2: has 15 fields, the header has 14"),
+        (CONFIG_HEADER + ",outcome\n" + config_row() + ",valid\n", "column 'outcome'"),
+    ],
+)
+def test_a_malformed_file_exits_nonzero_with_the_reason(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    configs = tmp_path / "bad.csv"
+    configs.write_text(text)
+    output = tmp_path / "pred.csv"
+    argv = predict_argv(calibrated_models_dir, configs, output)
+    assert main(argv) == 2
+    assert expected in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_predict_without_a_model_or_with_a_tampered_one_exits_nonzero(
+    registry_copy: Path, sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "pred.csv"
+    argv = ["predict", "--input", str(sample_csv), "--output", str(output), "--models"]
+    assert main([*argv, str(tmp_path / "nothing")]) == 2
+    assert "no model version is in use" in capsys.readouterr().err
+    artifact = sorted((registry_copy / "versions" / "v0001" / "estimators").glob("*.skops"))[0]
+    artifact.write_bytes(artifact.read_bytes()[:-10])
+    assert main([*argv, str(registry_copy)]) == 2
+    assert "tampered or corrupted" in capsys.readouterr().err
+    assert not output.exists()
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_version_that_models_list_and_show_report(
+    sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    subset = tmp_path / "subset.csv"
+    lines = sample_csv.read_text().splitlines(keepends=True)
+    subset.write_text("".join([lines[0], *lines[1::4]]))
+    models = tmp_path / "models"
+    assert main(["calibrate", "--bench", str(subset), "--models", str(models)]) == 0
+    out = capsys.readouterr().out
+    assert "v0001" in out and "in use (the first version)" in out and "throughput_mdape" in out
+    assert main(["models", "list", "--models", str(models)]) == 0
+    listing = capsys.readouterr().out
+    assert "* v0001" in listing and str(len(lines[1::4])) in listing
+    assert main(["models", "show", "--models", str(models)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["version"] == "v0001" and shown["in_use"] is True
+    assert shown["verified"] == "every artifact matches its manifest"
+    assert shown["data"]["rows_by_source"] == {"benchmark:subset.csv": len(lines[1::4])}
+    assert main(["models", "rollback", "--models", str(models)]) == 2
+    assert "nothing to roll back to" in capsys.readouterr().err
+    assert main(["models", "show", "v0009", "--models", str(models)]) == 2
+    assert "no version v0009" in capsys.readouterr().err
+    assert ModelRegistry(models).in_use() == "v0001"
+
+
+def test_calibrate_refuses_a_bad_benchmark_naming_line_and_column(
+    sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    rows = list(csv.reader(sample_csv.open()))
+    rows[5][rows[0].index("is_valid")] = "yes"
+    with bad.open("w", newline="") as handle:
+        csv.writer(handle).writerows(rows[:20])
+    models = tmp_path / "models"
+    assert main(["calibrate", "--bench", str(bad), "--models", str(models)]) == 2
+    error = capsys.readouterr().err
+    assert "line 6" in error and "column 'is_valid'" in error
+    assert not (models / "versions").exists() or not list((models / "versions").iterdir())
+    assert main(["calibrate", "--models", str(models)]) == 2
+    assert "nothing to fit on" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_calibrate_observed_adds_the_runs_from_the_store(
+    sample_csv: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import UTC, datetime
+
+    from ingest.apply import apply_events
+    from ingest.events import JobCompleted, JobSubmitted, new_event
+    from twin.db import make_engine, migrate
+
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    config = dict(model_name="llama3-8b", method="lora", gpu_model="L40S", number_gpus=2, number_nodes=1,
+                  tokens_per_sample=1024)  # fmt: skip
+    events = []
+    for i in range(3):
+        job = f"observed-{i}"
+        events.append(new_event("job.submitted", JobSubmitted(**config, batch_size=2 * (i + 1)), job_id=job))
+        payload = JobCompleted(train_runtime=100.0, dataset_tokens_per_second=1000.0 + i)
+        events.append(new_event("job.completed", payload, job_id=job, ts=datetime.now(UTC)))
+    apply_events(engine, events)
+    engine.dispose()
+    subset = tmp_path / "subset.csv"
+    lines = sample_csv.read_text().splitlines(keepends=True)
+    subset.write_text("".join([lines[0], *lines[1::8]]))
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", sqlite_url)
+    models = tmp_path / "models"
+    assert main(["calibrate", "--bench", str(subset), "--observed", "--models", str(models)]) == 0
+    metadata = ModelRegistry(models).metadata("v0001")
+    assert metadata["data"]["rows_by_source"] == {"benchmark:subset.csv": len(lines[1::8]), "observed": 3}
+    assert metadata["weights"]["observed_weight"] == 5.0

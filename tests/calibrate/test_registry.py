@@ -1,0 +1,219 @@
+"""The model registry: what a version holds, verified loading (tampered artifacts and untrusted types are
+refused), promotion only when not worse, and rollback."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import skops.io as sio
+
+from calibrate.dataset import WeightPolicy, assemble, load_benchmarks
+from calibrate.loader import load_benchmark
+from calibrate.promotion import manual_verdict, not_worse
+from calibrate.refit import calibrate_version
+from calibrate.registry import TRUSTED_TYPES, ModelRegistry, RegistryError, load_models_in_use
+from twin.cli import main
+
+METRICS = {
+    "throughput_mdape": 0.06,
+    "throughput_mape": 0.12,
+    "failure_balanced_accuracy": 0.97,
+    "band_coverage": 0.80,
+}
+
+
+def test_a_version_records_its_data_features_libraries_and_metrics(
+    calibrated_models_dir: Path, sample_csv: Path
+) -> None:
+    registry = ModelRegistry(calibrated_models_dir)
+    assert registry.versions() == ["v0001"]
+    assert registry.in_use() == "v0001"
+    metadata = registry.metadata("v0001")
+    tables, described = load_benchmarks([sample_csv])
+    data = assemble(tables, None, now=datetime.now(UTC), policy=WeightPolicy(), described=described)
+    assert metadata["data"]["fingerprint"] == data.fingerprint
+    assert metadata["data"]["rows_by_source"] == {f"benchmark:{sample_csv.name}": 3983}
+    assert metadata["data"]["outcomes"] == {"valid": 1406, "rejected": 1299, "runtime": 1278}
+    assert metadata["data"]["benchmarks"][0]["sha256"] == hashlib.sha256(sample_csv.read_bytes()).hexdigest()
+    assert metadata["features"], "the features the models use are recorded"
+    assert {"python", "numpy", "pandas", "scikit-learn", "skops"} <= set(metadata["libraries"])
+    held_out = metadata["heldout_metrics"]
+    for name in ("throughput_mdape", "throughput_mape", "band_coverage", "failure_balanced_accuracy"):
+        assert 0.0 <= held_out[name] <= 1.5, name
+    assert held_out["rules_exact"] == 1.0
+    assert metadata["comparison"]["against"] is None and metadata["promoted"] is True
+    # Every artifact is in the manifest with its hash, and the training rows are the data's rows.
+    path = registry.path("v0001")
+    manifest = json.loads((path / "MANIFEST.json").read_text())["files"]
+    on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {"MANIFEST.json"}
+    assert set(manifest) == on_disk
+    assert any(name.endswith(".skops") for name in manifest)
+    assert registry.training_rows("v0001") == frozenset(data.row_hashes)
+
+
+def test_saved_estimators_need_no_type_outside_the_trusted_list(calibrated_models_dir: Path) -> None:
+    for artifact in (ModelRegistry(calibrated_models_dir).path("v0001") / "estimators").glob("*.skops"):
+        assert set(sio.get_untrusted_types(file=artifact)) <= TRUSTED_TYPES, artifact.name
+
+
+def test_a_loaded_version_saves_and_loads_to_the_same_predictions(
+    registry_copy: Path, sample_csv: Path
+) -> None:
+    registry = ModelRegistry(registry_copy)
+    models = load_models_in_use(registry_copy)
+    table = load_benchmark(sample_csv).iloc[::40].reset_index(drop=True)
+    before = models.predict_frame(table)
+    version = registry.save(models, registry.metadata("v0001"), sorted(registry.training_rows("v0001")))
+    assert version == "v0002"
+    after = registry.load(version).predict_frame(table)
+    np.testing.assert_allclose(after["tokens_per_second_p50"], before["tokens_per_second_p50"])
+    np.testing.assert_allclose(after["p_valid"], before["p_valid"])
+    assert list(after["outcome"]) == list(before["outcome"])
+
+
+@pytest.mark.parametrize("target", ["estimator", "params", "training_rows", "extra_file", "manifest"])
+def test_a_tampered_artifact_is_refused(registry_copy: Path, target: str) -> None:
+    path = ModelRegistry(registry_copy).path("v0001")
+    if target == "estimator":
+        artifact = sorted((path / "estimators").glob("*.skops"))[0]
+        data = bytearray(artifact.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        artifact.write_bytes(bytes(data))
+        expected = f"artifact estimators/{artifact.name} does not match its sha256"
+    elif target == "params":
+        params = path / "params.json"
+        params.write_text(params.read_text().replace("{", '{"injected": 1, ', 1))
+        expected = "artifact params.json does not match its sha256"
+    elif target == "training_rows":
+        (path / "training_rows.txt").write_text("0000000000000000\n")
+        expected = "training_rows.txt does not match its sha256"
+    elif target == "extra_file":
+        (path / "estimators" / "extra.skops").write_bytes(sio.dumps({"a": 1}))
+        expected = "estimators/extra.skops is not in its manifest"
+    else:
+        # Rewriting the manifest to match a changed file is caught by the hash the pointer recorded.
+        manifest = path / "MANIFEST.json"
+        manifest.write_text(manifest.read_text().replace('"sha256"', '"sha256" '))
+        expected = "MANIFEST.json does not match the hash recorded when it was put in use"
+    with pytest.raises(RegistryError, match="refusing") as refused:
+        load_models_in_use(registry_copy)
+    assert expected in str(refused.value)
+    assert "v0001" in str(refused.value)
+
+
+def test_a_file_asking_for_an_untrusted_type_is_refused_not_loaded(tmp_path: Path) -> None:
+    from sklearn.preprocessing import FunctionTransformer
+
+    class Parts:  # a unit-test stand-in: only its parts matter to `save`
+        feature_names: list[str] = []
+
+        def to_parts(self) -> tuple[dict[str, object], dict[str, object]]:
+            return {"throughput": FunctionTransformer(func=print)}, {}
+
+    registry = ModelRegistry(tmp_path / "models")
+    version = registry.save(Parts(), {"reason": "test"}, [])  # type: ignore[arg-type]
+    with pytest.raises(RegistryError, match=r"types finetwin does not trust \(builtins.print\)"):
+        registry.load(version)
+
+
+def test_not_worse_is_exact_about_each_metric_and_the_tolerance() -> None:
+    assert not_worse(METRICS, METRICS, 0.002).not_worse
+    slightly = {**METRICS, "throughput_mdape": 0.0615, "failure_balanced_accuracy": 0.9685}
+    assert not_worse(slightly, METRICS, 0.002).not_worse, "differences within the tolerance are noise"
+    for name, value in [
+        ("throughput_mdape", 0.063),
+        ("throughput_mape", 0.13),
+        ("failure_balanced_accuracy", 0.96),
+        ("band_coverage", 0.60),  # further below the 70-92 % target than 0.80 is
+    ]:
+        verdict = not_worse({**METRICS, name: value}, METRICS, 0.002)
+        assert not verdict.not_worse, name
+        assert any(name in r and "WORSE" in r for r in verdict.reasons)
+    # Band coverage counts by its distance from the target range, not its size: 0.90 is as good as 0.80.
+    assert not_worse({**METRICS, "band_coverage": 0.90}, METRICS, 0.002).not_worse
+    assert not not_worse({**METRICS, "throughput_mdape": math.nan}, METRICS, 0.002).not_worse
+    better = {"throughput_mdape": 0.05, "throughput_mape": 0.1, "failure_balanced_accuracy": 0.99}
+    assert not_worse({**METRICS, **better}, METRICS, 0.0).not_worse
+
+
+def test_manual_promotion_uses_the_comparison_made_at_the_fit_if_against_the_version_in_use() -> None:
+    in_use = {"version": "v0001", "heldout_metrics": METRICS}
+    fitted_against_it = {
+        "heldout_metrics": {**METRICS, "throughput_mdape": 0.01},  # looks better on its own rows ...
+        "comparison": {"against": "v0001", "incumbent": METRICS, "not_worse": False, "reasons": ["x WORSE"]},
+    }
+    verdict, basis = manual_verdict(fitted_against_it, in_use, 0.002)
+    assert not verdict.not_worse and "comparison made at its fit" in basis  # ... but lost on the same rows
+    fitted_against_other = {**fitted_against_it, "comparison": {"against": "v0000", "incumbent": METRICS}}
+    verdict, basis = manual_verdict(fitted_against_other, in_use, 0.002)
+    assert verdict.not_worse and "recorded" in basis
+
+
+@pytest.mark.slow
+def test_promotion_refuses_a_worse_model_and_an_operator_must_force_it(
+    registry_copy: Path, sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A candidate that learned from a 5th of the rows the model in use learned from is worse on rows
+    # neither saw; the comparison rebuilds the in-use version's rows from its benchmark file.
+    few = tmp_path / "few.csv"
+    lines = sample_csv.read_text().splitlines(keepends=True)
+    few.write_text("".join([lines[0], *lines[1::5]]))
+    result = calibrate_version(registry_copy, benchmarks=[few], reason="test: fewer rows")
+    registry = ModelRegistry(registry_copy)
+    assert result.version == "v0002"
+    assert result.comparison is not None and result.comparison.basis == "same split"
+    assert result.comparison.against == "v0001"
+    assert not result.promoted, result.comparison.reasons
+    assert registry.in_use() == "v0001"
+    assert any("WORSE" in r for r in result.comparison.reasons)
+    assert registry.metadata("v0002")["promoted"] is False
+
+    assert main(["models", "promote", "v0002", "--models", str(registry_copy)]) == 2
+    assert "worse than v0001" in capsys.readouterr().err
+    assert registry.in_use() == "v0001"
+    assert main(["models", "promote", "v0002", "--force", "--models", str(registry_copy)]) == 0
+    assert registry.in_use() == "v0002"
+    assert main(["models", "rollback", "--models", str(registry_copy)]) == 0
+    assert registry.in_use() == "v0001"
+    assert [h["action"] for h in registry.history()] == ["promote", "promote", "rollback"]
+
+
+def test_rollback_walks_back_through_the_versions_put_in_use(registry_copy: Path) -> None:
+    registry = ModelRegistry(registry_copy)
+    models = registry.load("v0001")
+    rows = sorted(registry.training_rows("v0001"))
+    for _ in range(2):
+        registry.promote(registry.save(models, registry.metadata("v0001"), rows), reason="test")
+    assert registry.in_use() == "v0003"
+    assert registry.rollback() == "v0002"
+    assert registry.rollback() == "v0001"
+    with pytest.raises(RegistryError, match="nothing to roll back to"):
+        registry.rollback()
+    assert registry.in_use() == "v0001"
+    assert load_models_in_use(registry_copy) is not None
+    registry.promote("v0003", reason="test")  # a version rolled away from can be put back
+    assert registry.in_use() == "v0003"
+
+
+def test_rollback_refuses_to_return_to_a_tampered_version(registry_copy: Path) -> None:
+    registry = ModelRegistry(registry_copy)
+    registry.promote(registry.save(registry.load("v0001"), registry.metadata("v0001"), []), reason="test")
+    params = registry.path("v0001") / "params.json"
+    params.write_text(params.read_text() + " ")
+    with pytest.raises(RegistryError, match="v0001.*does not match"):
+        registry.rollback()
+    assert registry.in_use() == "v0002"
+
+
+def test_no_version_in_use_means_no_models(tmp_path: Path) -> None:
+    assert load_models_in_use(tmp_path / "empty") is None
+    with pytest.raises(RegistryError, match="no version is in use"):
+        ModelRegistry(tmp_path / "empty").rollback()
+    with pytest.raises(RegistryError, match="not a version name"):
+        ModelRegistry(tmp_path).path("../../etc")

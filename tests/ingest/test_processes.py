@@ -1,0 +1,163 @@
+"""`finetwin ingest` and `finetwin up` as real processes: scale-out in one consumer group, SIGTERM, SIGKILL,
+a broker restart on durable storage, and the one-command smoke run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from sqlalchemy import Engine
+
+from calibrate.loader import outcome_counts
+from ingest.broker import EmbeddedBroker, free_port
+from ingest.bus import KafkaBus
+from ingest.replay import ReplayPlan, plan_replay, send_replay
+from tests.conftest import unique, wait_for
+from tests.ingest.conftest import (
+    FINETWIN,
+    PARTITIONS,
+    IngestProcess,
+    as_messages,
+    assert_store_matches_benchmark,
+    new_topic,
+    produce,
+    read_topic,
+    store_count,
+    worker_thread,
+)
+
+ASSIGNED = "finetwin_ingest_assigned_partitions"
+APPLIED = "finetwin_ingest_events_applied_total"
+
+pytestmark = pytest.mark.slow
+
+
+def applied_by_stopped(process: IngestProcess) -> int:
+    """The events a stopped `finetwin ingest` applied, from its closing log line."""
+    found = re.findall(r"stopped: \d+ messages, (\d+) events applied", process.output())
+    assert found, f"no closing line in the output:\n{process.output()[-2000:]}"
+    return int(found[-1])
+
+
+def test_two_ingest_processes_split_the_topic_and_apply_every_event_once(
+    kafka_bootstrap: str, postgres_url: str, pg_engine: Engine, sample_table: pd.DataFrame,
+    sample_plan: ReplayPlan, ingest_processes: list[IngestProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    topic = new_topic(kafka_bootstrap, unique("scale"))
+    group = unique("g")
+    first, second = (IngestProcess(postgres_url, kafka_bootstrap, topic, group, tmp_path) for _ in range(2))
+    ingest_processes += [first, second]
+    wait_for(
+        lambda: (first.metric(ASSIGNED) or 0) > 0 and (second.metric(ASSIGNED) or 0) > 0
+        and first.metric(ASSIGNED) + second.metric(ASSIGNED) == PARTITIONS,  # type: ignore[operator]
+        60, "both processes to share the topic's partitions",
+    )  # fmt: skip
+    total = len(sample_plan.events)
+    produce(kafka_bootstrap, topic, as_messages([event for _, event in sample_plan.events]))
+    wait_for(lambda: store_count(pg_engine) >= 0.4 * total, 60, "ingest to get under way")
+    first.process.send_signal(signal.SIGTERM)  # half-way: it drains its batch and leaves the group
+    assert first.wait(30) == 0
+    try:
+        wait_for(lambda: second.metric(ASSIGNED) == PARTITIONS, 60, "the survivor to take every partition")
+    except BaseException:
+        print("FIRST", first.output()[-3000:], "SECOND", second.output()[-5000:], second.metric(ASSIGNED))
+        raise
+    wait_for(lambda: store_count(pg_engine) == total, 120, "every event in the store")
+    wait_for(lambda: (second.metric(APPLIED) or 0) + applied_by_stopped(first) >= total, 30, "the counters")
+    assert applied_by_stopped(first) + second.metric(APPLIED) == total  # each event applied exactly once
+    assert 0 < applied_by_stopped(first) < total
+    assert_store_matches_benchmark(pg_engine, sample_table, sample_plan, "replay-0-")
+
+
+def test_sigkill_mid_replay_then_restart_loses_nothing_and_applies_nothing_twice(
+    kafka_bootstrap: str, postgres_url: str, pg_engine: Engine, sample_table: pd.DataFrame,
+    sample_plan: ReplayPlan, ingest_processes: list[IngestProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    topic = new_topic(kafka_bootstrap, unique("kill"))
+    group = unique("g")
+    doomed = IngestProcess(postgres_url, kafka_bootstrap, topic, group, tmp_path)
+    ingest_processes.append(doomed)
+    wait_for(lambda: doomed.metric(ASSIGNED) == PARTITIONS, 60, "the ingest process to join its group")
+    total = len(sample_plan.events)
+    producer = KafkaBus(kafka_bootstrap).producer()
+    # Paced so the replay lasts a few seconds and the kill lands in its middle.
+    replay = threading.Thread(
+        target=send_replay, args=(sample_plan, producer, topic), kwargs={"speed": sample_plan.duration_s / 4}
+    )
+    replay.start()
+    wait_for(lambda: store_count(pg_engine) >= 0.25 * total, 60, "a quarter of the replay in the store")
+    doomed.process.kill()
+    doomed.wait(10)
+    restarted = IngestProcess(postgres_url, kafka_bootstrap, topic, group, tmp_path)
+    ingest_processes.append(restarted)
+    replay.join(timeout=60)
+    producer.close()
+    wait_for(lambda: store_count(pg_engine) == total, 120, "every event in the store after the restart")
+    assert_store_matches_benchmark(pg_engine, sample_table, sample_plan, "replay-0-")
+
+
+def test_a_broker_restart_on_s3_storage_loses_nothing(
+    moto_s3: dict[str, str], pg_engine: Engine, sample_table: pd.DataFrame
+) -> None:
+    import boto3
+
+    s3 = boto3.client(
+        "s3", endpoint_url=moto_s3["AWS_ENDPOINT"], region_name=moto_s3["AWS_REGION"],
+        aws_access_key_id=moto_s3["AWS_ACCESS_KEY_ID"], aws_secret_access_key=moto_s3["AWS_SECRET_ACCESS_KEY"],
+    )  # fmt: skip
+    s3.create_bucket(Bucket="tansu")  # Tansu's s3:// storage needs the bucket; it also needs AWS_ALLOW_HTTP
+    rows = sample_table.sample(n=500, random_state=5)
+    plan = plan_replay(rows, seed=3, job_prefix="durable-")
+    messages = as_messages([event for _, event in plan.events])
+    half = len(messages) // 2
+    broker = EmbeddedBroker(storage="s3://tansu/", env=moto_s3).start()
+    try:
+        topic = new_topic(broker.bootstrap, unique("durable"))
+        with worker_thread(pg_engine, broker.bootstrap, topic, unique("g"), f"{topic}.dlq") as (worker, _):
+            produce(broker.bootstrap, topic, messages[:half])
+            worker.wait_until(lambda s: s.applied > 0, timeout_s=60)
+            broker.stop()  # mid-replay: the worker and the producer reconnect to the restarted broker
+            broker = EmbeddedBroker(port=broker.port, storage="s3://tansu/", env=moto_s3).start()
+            produce(broker.bootstrap, topic, messages[half:])
+            wait_for(lambda: store_count(pg_engine) == len(messages), 120, "every event after the restart")
+        # Durable: the restarted broker still has every message, including those sent before the restart.
+        assert len(read_topic(broker.bootstrap, topic, len(messages))) == len(messages)
+    finally:
+        broker.stop()
+    assert_store_matches_benchmark(pg_engine, rows, plan, "durable-")
+
+
+def test_finetwin_up_replays_to_the_store_and_prints_the_counts(
+    sample_csv: Path, sample_table: pd.DataFrame, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "FINETWIN_DATA_DIR": str(tmp_path / "data"),
+        "FINETWIN_SCHEDULER_ENABLED": "0",
+        "FINETWIN_MODELS_DIR": str(tmp_path / "models"),
+    }
+    env.pop("FINETWIN_DATABASE_URL", None)
+    env.pop("FINETWIN_KAFKA_BOOTSTRAP", None)  # the embedded default: its own broker, SQLite
+    done = subprocess.run(
+        [FINETWIN, "up", "--replay", str(sample_csv), "--speed", "0", "--exit-when-done", "--json",
+         "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout)  # one JSON object, nothing else on stdout
+    expected = outcome_counts(sample_table)
+    assert counts == {"jobs": len(sample_table), **expected}
+
+
+def test_finetwin_ingest_without_a_broker_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, "FINETWIN_DATA_DIR": str(tmp_path)}
+    env.pop("FINETWIN_KAFKA_BOOTSTRAP", None)
+    done = subprocess.run([FINETWIN, "ingest"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "FINETWIN_KAFKA_BOOTSTRAP" in done.stderr

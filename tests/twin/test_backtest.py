@@ -1,0 +1,76 @@
+"""The backtest's machinery: with models that know the truth, the twin reproduces what happened."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from twin.backtest import demand_cluster, parse_window, replay_benchmark, run_backtest
+from twin.domain import JobConfig
+from twin.simulator import End
+from twin.workload import catalog_key
+
+
+class OracleModels:
+    """Each configuration's measured throughput (zero-width band) and its measured outcome."""
+
+    def __init__(self, table: pd.DataFrame) -> None:
+        replay = replay_benchmark(table, demand_cluster(table), np.random.default_rng(0))
+        w = replay.workload
+        self.tps: dict[object, float] = {}
+        self.valid: dict[object, float] = {}
+        for row, k in enumerate(w.config_idx):
+            key = catalog_key(w.catalog[k])
+            self.valid[key] = float(replay.truth_outcome[row] == End.COMPLETED)
+            self.tps[key] = float(replay.truth_tokens_per_s[row]) if self.valid[key] else 1.0
+
+    def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.repeat([[self.tps[catalog_key(c)]] for c in configs], 3, axis=1)
+
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.array([self.valid[catalog_key(c)] for c in configs])
+
+    def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.full(len(configs), 300.0)
+
+
+@pytest.fixture(scope="module")
+def unique_rows(sample_csv) -> pd.DataFrame:
+    from calibrate.loader import load_benchmark
+
+    table = load_benchmark(sample_csv)
+    # One row per configuration and protocol, so that "the configuration's throughput" is one number.
+    columns = ["model_name", "method", "gpu_model", "number_gpus", "number_nodes", "batch_size",
+               "tokens_per_sample", "enable_roce", "fast_moe", "fast_kernels", "experiment_id",
+               "identifier"]  # fmt: skip
+    return table.drop_duplicates(subset=columns).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("window", [None, "6h:18h"])
+def test_oracle_models_reproduce_the_replay(unique_rows: pd.DataFrame, window: str | None) -> None:
+    doc = run_backtest(
+        unique_rows, OracleModels(unique_rows), window=parse_window(window), runs=2, seed=4, workers=1
+    )
+    figures = doc["figures"]
+    assert doc["jobs_in_window"] > 100
+    if window is None:
+        assert figures["jobs_completed"]["error"] == 0.0
+    else:  # a job running at the window's start past its drawn failure time is taken to have survived it
+        assert abs(figures["jobs_completed"]["error"]) < 0.01
+    # Runtime failures strike at a random time (the benchmark does not record when): the only difference.
+    assert abs(figures["gpu_hours"]["error"]) < 0.02
+    assert abs(figures["makespan_s"]["error"]) < 0.05
+    # Waits in a loaded queue are chaotic: a few jobs failing earlier or later reshuffle the queue.
+    assert abs(figures["wait_mean_s"]["error"]) < 0.4
+
+
+def test_window_parsing() -> None:
+    assert parse_window(None) == (0.0, float("inf"))
+    assert parse_window("0:24h") == (0.0, 86400.0)
+    assert parse_window("12h:") == (43200.0, float("inf"))
+    for bad in ("24h", "2h:1h", "x:y"):
+        with pytest.raises(ValueError):
+            parse_window(bad)

@@ -1,0 +1,124 @@
+"""Ensembles, forecasts and what-ifs: seeded, paired, and the same on one process or two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.twin.conftest import A100, RuleModels, config_workload, mixed_cluster
+from twin.arrivals import ArrivalModel
+from twin.forecast import ForecastOptions, TwinInputs, forecast
+from twin.metrics import SERIES_FIGURES, SUMMARY_FIGURES
+from twin.slo import DEFAULT_SLOS, Slo, SloSet
+from twin.whatif import NodeChange, ScenarioChanges, WhatIf, run_whatif
+from twin.workload import RunningState
+
+
+def live_like_inputs() -> TwinInputs:
+    """Queued and running jobs now, and arrivals at ~40 jobs/hour drawn from the same kind of mix."""
+    rng = np.random.default_rng(21)
+    known = config_workload(rng, 60, 1.0)
+    known.arrival_s = -known.arrival_s - 100.0  # submitted before the forecast starts
+    known.running = {i: RunningState(elapsed_s=50.0 * i) for i in range(10)}
+    mix = config_workload(rng, 200, 1.0)
+    arrivals = ArrivalModel(hourly_rate=np.full(24, 40.0), mix=mix, start_hour=13.5)
+    return TwinInputs(cluster=mixed_cluster(), workload=known, arrivals=arrivals)
+
+
+def options(**changes: object) -> ForecastOptions:
+    return ForecastOptions(horizon_s=6 * 3600.0, interval_s=1800.0, runs=6, seed=3, workers=1).with_changes(
+        **changes
+    )
+
+
+def test_forecast_document_has_every_figure_with_its_spread(models: RuleModels) -> None:
+    doc = forecast(live_like_inputs(), models, options())
+    for name in SUMMARY_FIGURES:
+        assert set(doc["summary"][name]) == {"mean", "p10", "p90"}
+        spread = doc["summary"][name]
+        assert spread["p10"] <= spread["mean"] <= spread["p90"] or spread["p10"] == spread["p90"]
+    assert set(doc["summary"]["utilization_by_type"]) == {A100, "L40S"}
+    assert len(doc["series"]["t_s"]) == 12
+    for name in SERIES_FIGURES:
+        assert len(doc["series"][name]["mean"]) == 12
+    assert len(doc["series"]["utilization_by_type"]["L40S"]["p90"]) == 12
+    assert [s["name"] for s in doc["slos"]] == [s.name for s in DEFAULT_SLOS.slos]
+    for slo in doc["slos"]:
+        assert 0.0 <= slo["probability_met"] <= 1.0
+    # Arrivals came in on top of the 60 known jobs: about 40/hour for 6 hours.
+    assert 60 + 150 < doc["summary"]["jobs"]["mean"] < 60 + 330
+    assert doc["known_jobs"] == {"total": 60, "running": 10, "queued": 50}
+
+
+def test_forecast_is_seeded_and_the_same_on_two_processes(models: RuleModels) -> None:
+    inputs = live_like_inputs()
+    one = forecast(inputs, models, options())
+    again = forecast(inputs, models, options())
+    two = forecast(inputs, models, options(workers=2))
+    other = forecast(inputs, models, options(seed=4))
+    for doc in (again, two):
+        assert (
+            doc["summary"] == one["summary"] and doc["series"] == one["series"] and doc["slos"] == one["slos"]
+        )
+    assert other["summary"] != one["summary"]
+
+
+def test_an_empty_scenario_differs_by_exactly_zero(models: RuleModels) -> None:
+    whatif = WhatIf(horizon="6h", interval="30m", runs=5, seed=9, policy="fifo")
+    doc = run_whatif(live_like_inputs(), models, whatif, workers=1)
+    for name in SUMMARY_FIGURES:
+        diff = doc["difference"][name]
+        assert (
+            diff["mean"] == 0.0 and diff["p10"] == 0.0 and diff["p90"] == 0.0 and diff["ci95"] == [0.0, 0.0]
+        )
+    assert doc["baseline"]["summary"] == doc["scenario"]["summary"]
+
+
+def test_more_nodes_cut_the_wait_and_the_interval_says_so(models: RuleModels) -> None:
+    changes = ScenarioChanges(nodes=[NodeChange(gpu_model="A100-SXM", add=4)])
+    whatif = WhatIf(horizon="6h", interval="1h", runs=8, seed=1, changes=changes)
+    inputs = live_like_inputs()
+    inputs.arrivals = ArrivalModel(np.full(24, 90.0), inputs.arrivals.mix, 0.0)  # congested
+    doc = run_whatif(inputs, models, whatif, workers=1)
+    wait = doc["difference"]["wait_mean_s"]
+    assert wait["mean"] < 0 and wait["ci95"][1] < 0
+    # Paired seeds: every run saw the same arrivals, so the job count does not move at all.
+    assert doc["difference"]["jobs"]["mean"] == 0.0 and doc["difference"]["jobs"]["ci95"] == [0.0, 0.0]
+    assert (
+        doc["scenario"]["cluster"]["gpus_by_model"][A100]
+        == doc["baseline"]["cluster"]["gpus_by_model"][A100] + 32
+    )
+
+
+def test_admission_reject_trades_failures_for_rejections(models: RuleModels) -> None:
+    whatif = WhatIf(horizon="6h", runs=4, changes=ScenarioChanges(admission="reject"))
+    doc = run_whatif(live_like_inputs(), models, whatif, workers=1)
+    assert doc["baseline"]["summary"]["jobs_failed"]["mean"] > 0
+    assert (
+        doc["scenario"]["summary"]["failed_gpu_hours"]["mean"]
+        < doc["baseline"]["summary"]["failed_gpu_hours"]["mean"]
+    )
+    assert doc["difference"]["jobs_rejected"]["mean"] > 0
+
+
+def test_slo_attainment_follows_its_bound(models: RuleModels) -> None:
+    generous = SloSet(
+        slos=[Slo(name="wait", metric="wait_p95_s", max=1e9), Slo(name="util", metric="utilization", min=2.0)]
+    )
+    doc = forecast(live_like_inputs(), models, options(), generous)
+    assert doc["slos"][0]["probability_met"] == 1.0 and doc["slos"][0]["attainment"]["mean"] == 1.0
+    assert doc["slos"][1]["probability_met"] == 0.0 and doc["slos"][1]["attainment"]["mean"] == 0.0
+    # Per interval: the share of runs in which each SLO held.
+    assert set(doc["series"]["slo_attainment"]["util"]["mean"]) == {0.0}
+    assert set(doc["series"]["slo_attainment"]["wait"]["mean"]) <= {1.0, None}
+
+
+def test_whatif_rejects_bad_bodies() -> None:
+    with pytest.raises(ValueError):
+        WhatIf(horizon="soon")
+    with pytest.raises(ValueError):
+        WhatIf(changes={"nodes": [{"gpu_model": "L40S", "add": -1}]})
+    with pytest.raises(ValueError):
+        WhatIf(changes={"policy": "lottery"})
+    with pytest.raises(ValueError):
+        WhatIf(runs=0)

@@ -1,0 +1,175 @@
+"""The twin on the real store (SQLite and PostgreSQL): live inputs, stored forecasts, and the HTTP API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from advisor.app import create_app
+from tests.conftest import api_headers
+from twin.db import session_scope
+from twin.forecast import ForecastOptions, forecast
+from twin.forecast_store import STANDING, latest_forecast, save_forecast
+from twin.live import NoClusterError, load_live_inputs
+from twin.settings import Settings
+from twin.simple_models import FallbackModels
+from twin.store import Job, Node, ObservedRun
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+def job(job_id: str, state: str, submitted: datetime, **fields: object) -> Job:
+    config = {"model_name": "llama3-8b", "method": "lora", "gpu_model": A100, "number_gpus": 2,
+              "number_nodes": 1, "batch_size": 16, "tokens_per_sample": 1024,
+              "dataset_tokens": 2e7}  # fmt: skip
+    return Job(job_id=job_id, state=state, submitted_at=submitted, updated_at=submitted, **(config | fields))
+
+
+def populate(engine: Engine, now: datetime = NOW) -> None:
+    with session_scope(engine) as session:
+        for k in range(3):
+            session.add(Node(node_id=f"n{k}", gpu_model=A100, gpu_count=8, status="up", updated_at=now))
+        session.add(Node(node_id="n-down", gpu_model="L40S", gpu_count=8, status="down", updated_at=now))
+        # History: two days of submissions, every hour, the ones before today ended.
+        for h in range(48):
+            ts = now - timedelta(hours=48 - h)
+            state = "completed" if h % 5 else "failed"
+            extra: dict[str, object] = {"ended_at": ts + timedelta(minutes=30)}
+            if state == "failed":
+                extra |= {"failed_after_s": 120.0 + h, "outcome": "runtime"}
+            session.add(job(f"old-{h}", state, ts, **extra))
+        session.add(job("old-no-work", "completed", now - timedelta(hours=3), dataset_tokens=None))
+        session.flush()
+        session.add(ObservedRun(job_id="old-no-work", is_valid=1, observed_at=now, train_runtime=100.0,
+                                dataset_tokens_per_second=1000.0))  # fmt: skip
+        session.add(job("queued-1", "submitted", now - timedelta(minutes=20)))
+        session.add(job("queued-nocfg", "submitted", now - timedelta(minutes=10), model_name=None))
+        session.add(job("running-1", "running", now - timedelta(minutes=40),
+                        started_at=now - timedelta(minutes=30), tokens_processed=1e7,
+                        last_tokens_per_second=5000.0))  # fmt: skip
+
+
+def test_live_inputs_from_the_store(engine: Engine) -> None:
+    with pytest.raises(NoClusterError):
+        load_live_inputs(engine, now=NOW)
+    populate(engine)
+    inputs = load_live_inputs(engine, now=NOW, lookback=timedelta(days=2))
+    assert inputs.cluster.gpus_by_model() == {A100: 24}  # the node that is down does not count
+    w = inputs.workload
+    assert sorted(w.job_ids) == ["queued-1", "running-1"]
+    row = w.job_ids.index("running-1")
+    assert w.running[row].elapsed_s == pytest.approx(1800.0) and w.running[row].tokens_per_second == 5000.0
+    assert w.arrival_s[w.job_ids.index("queued-1")] == pytest.approx(-1200.0)
+    assert any("1 queued or running job(s) left out" in n for n in inputs.notes)
+    # 52 submissions in the two days of lookback (one an hour, four more in the last hours); the mix is the
+    # 51 with a configuration.
+    assert inputs.arrivals is not None and inputs.arrivals.daily_jobs == pytest.approx(26.0)
+    assert len(inputs.arrivals.mix) == 51
+    assert sorted(inputs.failure_times_s.tolist()) == [120.0 + h for h in range(0, 48, 5)]
+
+    doc = forecast(inputs, FallbackModels(), ForecastOptions(horizon_s=4 * 3600.0, runs=3, workers=1))
+    assert doc["start"] == NOW.isoformat()
+    assert doc["summary"]["jobs"]["mean"] >= 2
+    assert doc["summary"]["utilization_by_type"][A100]["mean"] > 0
+
+
+def test_forecasts_are_stored_and_the_latest_comes_back(engine: Engine) -> None:
+    assert latest_forecast(engine, cluster_id="default") is None
+    ids = [
+        save_forecast(engine, {"runs": 4, "seed": 1, "n": k}, cluster_id="default", keep=2) for k in range(3)
+    ]
+    latest = latest_forecast(engine, cluster_id="default", kind=STANDING)
+    assert latest is not None and latest.id == ids[-1] and latest.document["n"] == 2
+    assert latest_forecast(engine, cluster_id="other") is None
+
+
+@pytest.fixture
+def api(engine: Engine, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    settings = Settings(
+        data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False, forecast_runs=3
+    )
+    app = create_app(settings, engine, run_migrations=False)
+    with TestClient(app) as client:
+        yield client, api_headers(engine, "viewer")
+
+
+def test_forecast_endpoint_computes_stores_and_serves(
+    api: tuple[TestClient, dict[str, str]], engine: Engine
+) -> None:
+    client, headers = api
+    assert client.get("/v1/forecast").status_code == 401
+    empty = client.get("/v1/forecast", headers=headers)
+    assert empty.status_code == 409 and "no node" in empty.json()["detail"]
+    populate(engine, datetime.now(UTC))
+    # The scheduler's job (registered at startup) refreshes and stores the standing forecast.
+    job = client.app.state.scheduler.get_job("standing-forecast")
+    job.func(*job.args)
+    stored = latest_forecast(engine, cluster_id="default")
+    assert stored is not None and stored.document["runs"] == 3
+    served = client.get("/v1/forecast", headers=headers)
+    assert served.status_code == 200 and served.json()["id"] == stored.id
+    assert set(served.json()["summary"]["wait_p95_s"]) == {"mean", "p10", "p90"}
+    fresh = client.get("/v1/forecast", params={"refresh": "true"}, headers=headers)
+    assert fresh.status_code == 200 and fresh.json()["id"] > stored.id
+
+
+def test_whatif_endpoint_validates_and_pairs(api: tuple[TestClient, dict[str, str]], engine: Engine) -> None:
+    client, headers = api
+    populate(engine, datetime.now(UTC))
+    for bad in (
+        {"runs": 0},
+        {"runs": 1000},
+        {"horizon": "whenever"},
+        {"changes": {"nodes": [{"gpu_model": A100, "add": -1}]}},
+        {"changes": {"admission": "maybe"}},
+        {"surprise": 1},
+    ):
+        response = client.post("/v1/whatif", json=bad, headers=headers)
+        assert response.status_code == 422, bad
+        assert response.json()["detail"]
+    too_many = client.post(
+        "/v1/whatif",
+        json={"runs": 2, "changes": {"nodes": [{"gpu_model": A100, "remove": 9}]}},
+        headers=headers,
+    )
+    assert too_many.status_code == 422 and "cannot remove 9" in too_many.json()["detail"]
+    empty = client.post("/v1/whatif", json={"horizon": "4h", "runs": 3}, headers=headers)
+    assert empty.status_code == 200
+    assert all(d["mean"] == 0.0 for name, d in empty.json()["difference"].items() if name != "slos")
+    more = client.post(
+        "/v1/whatif",
+        json={"horizon": "4h", "runs": 3, "changes": {"nodes": [{"gpu_model": "A100-SXM", "add": 1}]}},
+        headers=headers,
+    )
+    assert more.status_code == 200
+    assert more.json()["scenario"]["cluster"]["gpus_by_model"][A100] == 32
+
+
+def test_forecast_command_reads_the_store(
+    engine: Engine,
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from twin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", database_url)
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(tmp_path / "no-models"))
+    assert main(["forecast", "--horizon", "2h", "--runs", "2"]) == 2
+    assert "no node" in capsys.readouterr().err
+    populate(engine, datetime.now(UTC))
+    assert main(["forecast", "--horizon", "2h", "--interval", "30m", "--runs", "2", "--json", "--store"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["horizon_s"] == 7200 and len(doc["series"]["t_s"]) == 4 and doc["models"] == "fallback"
+    assert doc["known_jobs"] == {"total": 2, "running": 1, "queued": 1}
+    assert latest_forecast(engine, cluster_id="default", kind="on_demand") is not None

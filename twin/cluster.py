@@ -1,0 +1,132 @@
+"""The simulated cluster: nodes, each with one GPU type and a number of GPUs (8 unless told otherwise).
+
+Built from a YAML file (`nodes: [{gpu_model, count, gpus_per_node}]`) or from the store's node inventory,
+and changed by what-if scenarios (nodes of a type added or removed). Immutable: a scenario makes a new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from twin.domain import GPU_TYPES, GPUS_PER_NODE, canonical_gpu_name
+
+# A GPU type the domain does not know (a newer card) still simulates; its power falls back to this.
+UNKNOWN_GPU_TDP_WATTS = 400.0
+
+
+class ClusterFormatError(ValueError):
+    """A cluster description that cannot be used; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    node_id: str
+    gpu_model: str  # the benchmark's spelling when the type is known
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def gpu_models(self) -> list[str]:
+        """The GPU types present, in a stable order (sorted by name)."""
+        return sorted({n.gpu_model for n in self.nodes})
+
+    def gpus_by_model(self) -> dict[str, int]:
+        totals: dict[str, int] = dict.fromkeys(self.gpu_models, 0)
+        for node in self.nodes:
+            totals[node.gpu_model] += node.gpus
+        return totals
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    def with_nodes_added(self, gpu_model: str, count: int, gpus_per_node: int = GPUS_PER_NODE) -> Cluster:
+        if count < 0 or gpus_per_node <= 0:
+            raise ClusterFormatError(f"cannot add {count} nodes of {gpus_per_node} GPUs")
+        model = canonical_gpu_name(gpu_model)
+        taken = {n.node_id for n in self.nodes}
+        added: list[NodeSpec] = []
+        k = 0
+        while len(added) < count:
+            node_id = f"{model}-added-{k}"
+            k += 1
+            if node_id not in taken:
+                added.append(NodeSpec(node_id, model, gpus_per_node))
+        return Cluster(self.nodes + tuple(added))
+
+    def with_nodes_removed(self, gpu_model: str, count: int) -> Cluster:
+        """Removes the last `count` nodes of the type (newest first); refuses to remove more than exist."""
+        model = canonical_gpu_name(gpu_model)
+        of_type = [i for i, n in enumerate(self.nodes) if n.gpu_model == model]
+        if count < 0 or count > len(of_type):
+            raise ClusterFormatError(
+                f"cannot remove {count} nodes of {model}: the cluster has {len(of_type)}"
+            )
+        dropped = set(of_type[len(of_type) - count :])
+        return Cluster(tuple(n for i, n in enumerate(self.nodes) if i not in dropped))
+
+
+def cluster_from_spec(spec: object, source: str = "cluster") -> Cluster:
+    """`{"nodes": [{"gpu_model": NAME, "count": N, "gpus_per_node": 8}, ...]}` as parsed from YAML/JSON."""
+    if not isinstance(spec, Mapping) or "nodes" not in spec:
+        raise ClusterFormatError(f"{source}: expected a mapping with a 'nodes' list")
+    entries = spec["nodes"]
+    if not isinstance(entries, list) or not entries:
+        raise ClusterFormatError(f"{source}: 'nodes' must be a non-empty list")
+    nodes: list[NodeSpec] = []
+    for i, entry in enumerate(entries):
+        where = f"{source}: nodes[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ClusterFormatError(f"{where}: expected a mapping with gpu_model and count")
+        unknown = set(entry) - {"gpu_model", "count", "gpus_per_node"}
+        if unknown:
+            raise ClusterFormatError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        model = entry.get("gpu_model")
+        if not isinstance(model, str) or not model.strip():
+            raise ClusterFormatError(f"{where}.gpu_model: required, a GPU model name")
+        count = _positive_int(entry.get("count", 1), f"{where}.count")
+        per_node = _positive_int(entry.get("gpus_per_node", GPUS_PER_NODE), f"{where}.gpus_per_node")
+        canonical = canonical_gpu_name(model)
+        start = sum(1 for n in nodes if n.gpu_model == canonical)
+        nodes.extend(NodeSpec(f"{canonical}-{start + k}", canonical, per_node) for k in range(count))
+    return Cluster(tuple(nodes))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    import yaml
+
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ClusterFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ClusterFormatError(f"{path}: not valid YAML: {exc}") from exc
+    return cluster_from_spec(spec, str(path))
+
+
+def cluster_from_inventory(rows: Iterable[tuple[str, str, int, str]]) -> Cluster:
+    """From the store's nodes as (node_id, gpu_model, gpu_count, status): only nodes that are `up` serve."""
+    nodes = [
+        NodeSpec(node_id, canonical_gpu_name(model), int(count))
+        for node_id, model, count, status in rows
+        if status == "up" and int(count) > 0
+    ]
+    return Cluster(tuple(sorted(nodes, key=lambda n: n.node_id)))
+
+
+def gpu_tdp_watts(gpu_model: str) -> float:
+    known = GPU_TYPES.get(canonical_gpu_name(gpu_model))
+    return known.tdp_watts if known is not None else UNKNOWN_GPU_TDP_WATTS
+
+
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value <= 0:
+        raise ClusterFormatError(f"{where}: must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,456 @@
+"""`finetwin forecast`, `simulate`, `whatif` and `backtest`: thin handlers over the twin.
+
+Registration imports argparse only. Handlers get models and benchmark tables through the composition
+root (`twin.cli`), never from calibrate directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from twin.settings import Settings
+
+if TYPE_CHECKING:
+    from twin.models import JobModels
+
+log = logging.getLogger("finetwin.twin")
+
+POLICIES = ("fifo", "backfill", "spf")
+ADMISSIONS = ("off", "reject", "repair")
+OPTIMIZATIONS = ("fast_kernels", "roce", "fast_moe")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    forecast = subparsers.add_parser(
+        "forecast",
+        help="forecast the cluster from its live state (ensemble of seeded runs)",
+        description="Start from the store's nodes, queued and running jobs, draw future arrivals from the "
+        "observed arrival process, and report mean and p10/p90 across runs: queue, waits, utilization by "
+        "GPU type, completions, failed GPU-hours, energy and SLO attainment.",
+    )
+    forecast.add_argument("--horizon", default=None, help="how far ahead, e.g. 24h (default from settings)")
+    _ensemble_arguments(forecast, runs=None)
+    forecast.add_argument("--store", action="store_true", help="also store it in the database")
+    forecast.set_defaults(handler=run_forecast_command)
+
+    simulate = subparsers.add_parser(
+        "simulate",
+        help="run the twin on an explicit cluster and workload",
+        description="CLUSTER.yaml is `nodes: [{gpu_model, count, gpus_per_node}]`; JOBS.csv has job_id, "
+        "arrival_s, gpus and either duration_s or a benchmark configuration with dataset_tokens.",
+    )
+    simulate.add_argument("--cluster", type=Path, required=True, metavar="CLUSTER.yaml")
+    simulate.add_argument("--workload", type=Path, required=True, metavar="JOBS.csv")
+    simulate.add_argument("--horizon", default=None, help="stop at this time (default: when every job ended)")
+    _ensemble_arguments(simulate, runs=1)
+    simulate.set_defaults(handler=run_simulate_command)
+
+    whatif = subparsers.add_parser(
+        "whatif",
+        help="compare a scenario with the baseline forecast (paired seeds)",
+        description="SCENARIO.yaml: name, horizon, runs, seed, policy, admission, changes: {nodes: "
+        "[{gpu_model, add|remove}], policy, admission, optimizations: [fast_kernels, roce, fast_moe], "
+        "right_size_batches}; optional cluster: FILE and workload: FILE instead of the live state.",
+    )
+    whatif.add_argument("scenario", type=Path, metavar="SCENARIO.yaml")
+    whatif.add_argument("--workers", type=int, default=None, help="processes (default: by ensemble size)")
+    _models_argument(whatif)
+    whatif.add_argument("--json", action="store_true", help="print JSON")
+    whatif.set_defaults(handler=run_whatif_command)
+
+    backtest = subparsers.add_parser(
+        "backtest",
+        help="replay a benchmark workload and compare the twin's forecast with what happened",
+        description="Every benchmark row becomes a job arriving by a seeded Poisson process; the twin, "
+        "started at the window's start, forecasts jobs completed, GPU-hours, mean wait and makespan of the "
+        "window's jobs from the models, and is compared with the replay of the measured runs.",
+    )
+    backtest.add_argument("--bench", type=Path, required=True, metavar="FILE", help="benchmark CSV")
+    backtest.add_argument("--window", default=None, help="START:END on the replay's clock, e.g. 0:24h (all)")
+    backtest.add_argument("--cluster", type=Path, default=None, metavar="CLUSTER.yaml")
+    backtest.add_argument("--load", type=float, default=0.7, help="offered load of the arrivals (0.7)")
+    backtest.add_argument("--policy", choices=POLICIES, default="fifo")
+    backtest.add_argument("--runs", type=int, default=8)
+    backtest.add_argument("--seed", type=int, default=0)
+    backtest.add_argument("--workers", type=int, default=None)
+    backtest.add_argument(
+        "--models", type=Path, default=None, metavar="DIR",
+        help="use the models in use under DIR (default: calibrate on --bench itself)",
+    )  # fmt: skip
+    backtest.add_argument("--json", action="store_true", help="print JSON")
+    backtest.set_defaults(handler=run_backtest_command)
+
+
+def _models_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--models", type=Path, default=None, metavar="DIR",
+        help="model registry directory (default FINETWIN_MODELS_DIR or DATA_DIR/models)",
+    )  # fmt: skip
+
+
+def _ensemble_arguments(parser: argparse.ArgumentParser, runs: int | None) -> None:
+    parser.add_argument("--interval", default=None, help="width of one step of the series (default 1h)")
+    parser.add_argument("--runs", type=int, default=runs, help="seeded runs in the ensemble")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the ensemble")
+    parser.add_argument("--policy", choices=POLICIES, default=None, help="scheduling policy")
+    parser.add_argument("--admission", choices=ADMISSIONS, default=None, help="admission control")
+    parser.add_argument(
+        "--optimize", choices=OPTIMIZATIONS, action="append", default=[], help="switch on (repeatable)"
+    )
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: by ensemble size)")
+    _models_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+# --- handlers
+
+
+def run_forecast_command(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import timedelta
+
+    from twin.cli import CommandError
+    from twin.db import engine_from_settings, migrate
+    from twin.forecast import forecast
+    from twin.forecast_store import ON_DEMAND, save_forecast
+    from twin.live import NoClusterError, load_live_inputs
+
+    options = _options(args, settings, default_horizon=f"{settings.forecast_horizon_hours}h")
+    slos = _slos(settings)
+    engine = engine_from_settings(settings)
+    migrate(engine)
+    try:
+        inputs = load_live_inputs(
+            engine, cluster_id=settings.cluster_id, lookback=timedelta(days=settings.forecast_lookback_days)
+        )
+    except NoClusterError as exc:
+        raise CommandError(str(exc)) from None
+    models, source = _job_models(args, settings, needed=_needs_models(inputs))
+    with _progress(options.runs, "forecast", args.json) as tick:
+        document = forecast(inputs, models, options, slos, model_source=source, progress=tick)
+    if args.store:
+        save_forecast(engine, document, cluster_id=settings.cluster_id, kind=ON_DEMAND)
+    _emit(document, args.json, _print_forecast)
+    return 0
+
+
+def run_simulate_command(args: argparse.Namespace, settings: Settings) -> int:
+    from twin.forecast import TwinInputs, forecast
+
+    cluster, workload = _explicit_inputs(args.cluster, args.workload)
+    options = _options(args, settings, default_horizon=None).with_changes(keep_jobs=True)
+    inputs = TwinInputs(cluster=cluster, workload=workload)
+    models, source = _job_models(args, settings, needed=_needs_models(inputs))
+    with _progress(options.runs, "simulate", args.json) as tick:
+        document = _checked(lambda: forecast(inputs, models, options, _slos(settings), source, tick))
+    _emit(document, args.json, _print_forecast)
+    return 0
+
+
+def run_whatif_command(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import timedelta
+
+    import yaml
+    from pydantic import ValidationError
+
+    from twin.cli import CommandError
+    from twin.db import engine_from_settings, migrate
+    from twin.forecast import TwinInputs
+    from twin.live import NoClusterError, load_live_inputs
+    from twin.whatif import WhatIf, run_whatif
+
+    try:
+        spec = yaml.safe_load(args.scenario.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CommandError(f"{args.scenario}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise CommandError(f"{args.scenario}: not valid YAML: {exc}") from None
+    if not isinstance(spec, dict):
+        raise CommandError(f"{args.scenario}: expected a mapping (name, horizon, runs, changes, ...)")
+    cluster_file, workload_file = spec.pop("cluster", None), spec.pop("workload", None)
+    try:
+        whatif = WhatIf.model_validate(spec)
+    except ValidationError as exc:
+        raise CommandError(f"{args.scenario}: {_first_error(exc)}") from None
+    if (cluster_file is None) != (workload_file is None):
+        raise CommandError(f"{args.scenario}: give both cluster and workload files, or neither (live state)")
+    if cluster_file is not None:
+        base = args.scenario.parent
+        inputs = TwinInputs(*_explicit_inputs(base / str(cluster_file), base / str(workload_file)))
+    else:
+        engine = engine_from_settings(settings)
+        migrate(engine)
+        try:
+            inputs = load_live_inputs(
+                engine,
+                cluster_id=settings.cluster_id,
+                lookback=timedelta(days=settings.forecast_lookback_days),
+            )
+        except NoClusterError as exc:
+            raise CommandError(str(exc)) from None
+    models, source = _job_models(args, settings, needed=_needs_models(inputs))
+    with _progress(2 * whatif.runs, "what-if", args.json) as tick:
+        document = _checked(
+            lambda: run_whatif(
+                inputs,
+                models,
+                whatif,
+                _slos(settings),
+                workers=args.workers,
+                model_source=source,
+                progress=tick,
+            )
+        )
+    _emit(document, args.json, _print_whatif)
+    return 0
+
+
+def run_backtest_command(args: argparse.Namespace, settings: Settings) -> int:
+    from twin.backtest import parse_window, run_backtest
+    from twin.cli import CommandError, fit_benchmark_models, load_benchmark_table
+    from twin.cluster import ClusterFormatError, load_cluster
+    from twin.policies import Policy
+
+    try:
+        window = parse_window(args.window)
+    except ValueError as exc:
+        raise CommandError(f"--window: {exc}") from None
+    if args.runs < 1:
+        raise CommandError("--runs must be at least 1")
+    try:
+        table = load_benchmark_table(args.bench)
+    except ValueError as exc:  # BenchmarkFormatError names the file, line and column
+        raise CommandError(str(exc)) from None
+    try:
+        cluster = load_cluster(args.cluster) if args.cluster is not None else None
+    except ClusterFormatError as exc:
+        raise CommandError(str(exc)) from None
+    if args.models is not None:
+        models, source = _job_models(args, settings, needed=True)
+    else:
+        try:
+            models, source = (
+                fit_benchmark_models(args.bench, seed=args.seed),
+                f"calibrated on {args.bench.name}",
+            )
+        except ModuleNotFoundError as exc:
+            raise CommandError(
+                f"cannot calibrate models here ({exc.name} is not available): give --models DIR"
+            ) from None
+    with _progress(args.runs, "backtest", args.json) as tick:
+        document = _checked(
+            lambda: run_backtest(
+                table, models, cluster=cluster, window=window, policy=Policy(args.policy), runs=args.runs,
+                seed=args.seed, load=args.load, workers=args.workers, model_source=source, progress=tick,
+            )
+        )  # fmt: skip
+    _emit(document, args.json, _print_backtest)
+    return 0
+
+
+# --- parts
+
+
+def _options(args: argparse.Namespace, settings: Settings, default_horizon: str | None) -> Any:
+    from twin.cli import CommandError
+    from twin.forecast import ForecastOptions
+    from twin.plan import PlanOptions
+    from twin.policies import Policy
+    from twin.tuning import Admission, Optimization
+    from twin.units import parse_duration
+
+    try:
+        horizon_text = args.horizon if args.horizon is not None else default_horizon
+        horizon = parse_duration(horizon_text) if horizon_text is not None else None
+        interval = (
+            parse_duration(args.interval)
+            if args.interval is not None
+            else settings.forecast_interval_minutes * 60.0
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    runs = args.runs if args.runs is not None else settings.forecast_runs
+    if runs < 1:
+        raise CommandError("--runs must be at least 1")
+    return ForecastOptions(
+        horizon_s=horizon,
+        interval_s=interval,
+        runs=runs,
+        seed=args.seed if args.seed is not None else settings.forecast_seed,
+        policy=Policy(args.policy or settings.forecast_policy),
+        plan=PlanOptions(
+            admission=Admission(args.admission or settings.forecast_admission),
+            optimizations=frozenset(Optimization(o) for o in args.optimize),
+        ),
+        workers=args.workers if args.workers is not None else settings.forecast_workers,
+    )
+
+
+def _slos(settings: Settings) -> Any:
+    from twin.cli import CommandError
+    from twin.slo import SloFormatError, load_slos
+
+    try:
+        return load_slos(settings.slo_file)
+    except SloFormatError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _explicit_inputs(cluster_path: Path, workload_path: Path) -> tuple[Any, Any]:
+    from twin.cli import CommandError
+    from twin.cluster import ClusterFormatError, load_cluster
+    from twin.workload import WorkloadFormatError, read_jobs_csv
+
+    try:
+        return load_cluster(cluster_path), read_jobs_csv(workload_path)
+    except (ClusterFormatError, WorkloadFormatError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _needs_models(inputs: Any) -> bool:
+    from twin.workload import NO_CONFIG
+
+    if (inputs.workload.config_idx != NO_CONFIG).any():
+        return True
+    return inputs.arrivals is not None and bool((inputs.arrivals.mix.config_idx != NO_CONFIG).any())
+
+
+def _job_models(args: argparse.Namespace, settings: Settings, needed: bool) -> tuple[JobModels | None, str]:
+    """The calibrated models in use; the uncalibrated fallback (with a warning) when none has been fitted."""
+    from twin.cli import CommandError, load_job_models
+    from twin.simple_models import FallbackModels
+
+    if not needed:
+        return None, "none (fixed durations)"
+    try:
+        models = load_job_models(settings, args.models)
+    except ModuleNotFoundError as exc:
+        log.warning("calibrated models unavailable (%s): using the uncalibrated fallback", exc.name)
+        return FallbackModels(), "fallback"
+    except Exception as exc:  # the registry refuses a tampered or unreadable version: say so, do not guess
+        raise CommandError(f"the models in use cannot be loaded: {exc}") from None
+    if models is None:
+        if args.models is not None:
+            raise CommandError(f"no calibrated model in use under {args.models} (run finetwin calibrate)")
+        log.warning("no calibrated model in use yet: forecasting with the uncalibrated fallback")
+        return FallbackModels(), "fallback"
+    return models, "calibrated"
+
+
+def _checked(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Runs the twin; a problem with the inputs (a job without work, a scenario removing every node) is
+    the user's to fix: a message, not a traceback."""
+    from twin.cli import CommandError
+
+    try:
+        return work()
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+class _progress:
+    """A progress bar on stderr for interactive use (silent in pipes and with --json)."""
+
+    def __init__(self, total: int, what: str, quiet: bool) -> None:
+        self.total, self.what, self.quiet = total, what, quiet or not sys.stderr.isatty()
+        self.bar: Any = None
+
+    def __enter__(self) -> Callable[[], object] | None:
+        if self.quiet:
+            return None
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, desc=self.what, unit="run", file=sys.stderr, leave=False)
+        return self.bar.update
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _first_error(exc: Any) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg', 'invalid')}"
+
+
+def _emit(document: dict[str, Any], as_json: bool, printer: Callable[[dict[str, Any]], None]) -> None:
+    if as_json:
+        json.dump(document, sys.stdout, default=_json_default, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        printer(document)
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _print_forecast(doc: dict[str, Any]) -> None:
+    horizon = doc.get("horizon_s")
+    print(
+        f"{doc['runs']} run(s), horizon {'until done' if horizon is None else f'{horizon / 3600:g} h'}, "
+        f"policy {doc['policy']}, admission {doc['admission']}, models: {doc['models']}"
+    )
+    for note in doc.get("notes", []):
+        print(f"note: {note}")
+    print(f"{'figure':28} {'mean':>12} {'p10':>12} {'p90':>12}")
+    rows = [(k, v) for k, v in doc["summary"].items() if k != "utilization_by_type"]
+    rows += [(f"utilization {gpu}", v) for gpu, v in doc["summary"].get("utilization_by_type", {}).items()]
+    for name, v in rows:
+        print(f"{name:28.28} {_fmt(v['mean']):>12} {_fmt(v['p10']):>12} {_fmt(v['p90']):>12}")
+    for slo in doc.get("slos", []):
+        a = slo["attainment"]
+        print(
+            f"SLO {slo['name']}: attained in {_fmt(a['mean'])} of intervals "
+            f"(p10 {_fmt(a['p10'])}, p90 {_fmt(a['p90'])}), met over the horizon in "
+            f"{slo['probability_met']:.0%} of runs"
+        )
+
+
+def _print_whatif(doc: dict[str, Any]) -> None:
+    print(f"what-if {doc['name']!r}: {json.dumps(doc['changes'])}")
+    print(f"{'figure':24} {'baseline':>12} {'scenario':>12} {'difference':>12}  95% CI")
+    for name, diff in doc["difference"].items():
+        if name == "slos":
+            continue
+        base = doc["baseline"]["summary"][name]["mean"]
+        scen = doc["scenario"]["summary"][name]["mean"]
+        ci = diff.get("ci95") or [None, None]
+        interval = f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+        print(f"{name:24} {_fmt(base):>12} {_fmt(scen):>12} {_fmt(diff['mean']):>12}  {interval}")
+    for slo in doc["difference"]["slos"]:
+        a = slo["attainment"]
+        met = slo["probability_met"]
+        print(f"SLO {slo['name']}: attainment {_fmt(a['mean'])} (CI {a['ci95']}), P(met) {met:+.0%}")
+
+
+def _print_backtest(doc: dict[str, Any]) -> None:
+    print(
+        f"backtest: {doc['jobs_in_window']} of {doc['jobs_in_benchmark']} jobs in the window, "
+        f"{doc['runs']} run(s), policy {doc['policy']}, models: {doc['models']}"
+    )
+    print(f"{'figure':18} {'truth':>12} {'twin mean':>12} {'p10':>12} {'p90':>12} {'error':>8}")
+    for name, f in doc["figures"].items():
+        error = "-" if f["error"] is None else f"{f['error']:+.1%}"
+        t = f["twin"]
+        spread = f"{_fmt(t['mean']):>12} {_fmt(t['p10']):>12} {_fmt(t['p90']):>12}"
+        print(f"{name:18} {_fmt(f['truth']):>12} {spread} {error:>8}")

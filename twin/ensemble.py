@@ -1,0 +1,224 @@
+"""Ensembles of seeded runs, and their spread.
+
+Run i of an ensemble with seed s uses `numpy.random.default_rng([s, i])`: one child stream samples the
+future arrivals, the other gives the run key from which every job draws its own numbers. So run i is the
+same whichever process runs it, and a what-if's run i pairs with the baseline's run i (common random
+numbers). Runs spread over processes (both cores) when the ensemble is big enough to pay for starting them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any
+
+import numpy as np
+import simpy
+
+from twin.arrivals import ArrivalModel
+from twin.cluster import Cluster
+from twin.metrics import SERIES_FIGURES, SUMMARY_FIGURES, measure
+from twin.plan import JobPlan, PreparedCatalog, build_plan
+from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
+from twin.randomness import run_key
+from twin.simulator import End, SimResult, simulate
+from twin.slo import DEFAULT_SLOS, SloSet, evaluate
+from twin.workload import Workload, concat
+
+# Below this many simulated jobs in the whole ensemble, starting worker processes costs more than it saves.
+PARALLEL_MIN_JOBS = 40_000
+
+
+@dataclass
+class EnsembleSpec:
+    """Everything one run needs, prepared once (models already asked): picklable, sent once per worker."""
+
+    cluster: Cluster
+    workload: Workload  # the jobs known at time 0
+    catalog: PreparedCatalog  # predictions for workload.catalog (+ the arrival mix's, appended)
+    arrivals: ArrivalModel | None = None
+    failure_times_s: np.ndarray | None = None
+    policy: Policy = Policy.FIFO
+    horizon_s: float | None = None  # None: run until every job has ended
+    interval_s: float = 3600.0
+    seed: int = 0
+    slos: SloSet = field(default_factory=lambda: DEFAULT_SLOS)
+    backfill_depth: int = DEFAULT_BACKFILL_DEPTH
+    keep_jobs: bool = False  # keep run 0's job table
+
+
+@dataclass
+class RunOutput:
+    summary: dict[str, float]
+    utilization_by_type: dict[str, float]
+    edges_s: np.ndarray
+    series: dict[str, np.ndarray]
+    utilization_by_type_series: dict[str, np.ndarray]
+    slos: list[dict[str, Any]]
+    jobs: list[dict[str, object]] | None = None
+
+
+def run_workload(spec: EnsembleSpec, rng: np.random.Generator) -> Workload:
+    """The known jobs plus this run's future arrivals (drawn with `rng`)."""
+    if spec.arrivals is None or spec.horizon_s is None:
+        return spec.workload
+    return concat([spec.workload, spec.arrivals.sample(rng, spec.horizon_s)])
+
+
+def run_streams(seed: int, index: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """Run `index`'s two independent streams: future arrivals, and the key of the per-job draws."""
+    arrivals_rng, key_rng = np.random.default_rng([seed, index]).spawn(2)
+    return arrivals_rng, key_rng
+
+
+def run_one(spec: EnsembleSpec, index: int) -> RunOutput:
+    arrivals_rng, key_rng = run_streams(spec.seed, index)
+    workload = run_workload(spec, arrivals_rng)
+    plan = build_plan(workload, spec.catalog, spec.cluster, run_key(key_rng), spec.failure_times_s)
+    result = simulate(
+        spec.cluster,
+        plan,
+        spec.policy,
+        spec.horizon_s,
+        env=simpy.Environment(),
+        backfill_depth=spec.backfill_depth,
+    )
+    metrics = measure(plan, result, spec.cluster.gpus_by_model(), spec.horizon_s, spec.interval_s)
+    return RunOutput(
+        summary=metrics.summary,
+        utilization_by_type=metrics.utilization_by_type,
+        edges_s=metrics.edges_s,
+        series=metrics.series,
+        utilization_by_type_series=metrics.utilization_by_type_series,
+        slos=evaluate(spec.slos, metrics),
+        jobs=job_table(plan, result) if spec.keep_jobs and index == 0 else None,
+    )
+
+
+def job_table(plan: JobPlan, result: SimResult) -> list[dict[str, object]]:
+    """Per job (arrival order): id, wait (s), end time (s), outcome (completed, failed, rejected, running,
+    queued). Times are seconds from the simulation's start; None where there is none."""
+    rows: list[dict[str, object]] = []
+    for i, job_id in enumerate(plan.job_ids):
+        start, end = float(result.start_s[i]), float(result.end_s[i])
+        code = End(int(result.outcome[i]))
+        pending = "running" if not math.isnan(start) else "queued"
+        label = pending if code is End.PENDING else code.label
+        if code is End.REJECTED:
+            wait: float | None = 0.0
+        else:
+            wait = None if math.isnan(start) else max(start - float(plan.arrival_s[i]), 0.0)
+        rows.append(
+            {"job_id": job_id, "wait_s": wait, "end_s": None if math.isnan(end) else end, "outcome": label}
+        )
+    return rows
+
+
+_WORKER_SPEC: EnsembleSpec | None = None
+
+
+def _init_worker(spec: EnsembleSpec) -> None:
+    global _WORKER_SPEC
+    _WORKER_SPEC = spec
+
+
+def _run_in_worker(index: int) -> RunOutput:
+    assert _WORKER_SPEC is not None
+    return run_one(_WORKER_SPEC, index)
+
+
+def default_workers(spec: EnsembleSpec, runs: int) -> int:
+    jobs = len(spec.workload)
+    if spec.arrivals is not None and spec.horizon_s is not None:
+        jobs += int(spec.arrivals.daily_jobs * spec.horizon_s / 86400.0)
+    if runs < 2 or jobs * runs < PARALLEL_MIN_JOBS:
+        return 1
+    return max(1, min(os.cpu_count() or 1, runs))
+
+
+def run_ensemble(
+    spec: EnsembleSpec, runs: int, workers: int | None = None, progress: Callable[[], object] | None = None
+) -> list[RunOutput]:
+    """Runs 0..runs-1, in order; the same outputs whatever the number of worker processes.
+    `progress` is called once per finished run (a progress bar's update)."""
+    if runs < 1:
+        raise ValueError("an ensemble needs at least one run")
+    workers = default_workers(spec, runs) if workers is None else max(1, min(workers, runs))
+    outputs: list[RunOutput] = []
+    if workers == 1:
+        for i in range(runs):
+            outputs.append(run_one(spec, i))
+            if progress is not None:
+                progress()
+        return outputs
+    # forkserver: workers start from a clean process, safe even when the caller runs threads (the API).
+    context = get_context("forkserver")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(spec,)) as pool:
+        for output in pool.map(_run_in_worker, range(runs)):
+            outputs.append(output)
+            if progress is not None:
+                progress()
+    return outputs
+
+
+def spread(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
+    """Mean, p10 and p90 across runs (NaN runs left out; None when no run has a value)."""
+    array = np.asarray(values, dtype=float)
+    array = array[~np.isnan(array)]
+    if not len(array):
+        return {"mean": None, "p10": None, "p90": None}
+    p10, p90 = np.quantile(array, [0.1, 0.9])
+    return {"mean": float(array.mean()), "p10": float(p10), "p90": float(p90)}
+
+
+def spread_series(rows: Sequence[np.ndarray]) -> dict[str, list[float | None]]:
+    """Per interval, the spread across runs. Runs without a horizon end at different times: a run that
+    has ended has no value in the later intervals (NaN, left out)."""
+    width = max(len(r) for r in rows)
+    stack = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        stack[i, : len(r)] = r
+    out: dict[str, list[float | None]] = {"mean": [], "p10": [], "p90": []}
+    for column in stack.T:
+        s = spread(column)
+        for k in out:
+            out[k].append(s[k])
+    return out
+
+
+def summarize(outputs: Sequence[RunOutput], slos: SloSet) -> dict[str, object]:
+    """The ensemble as JSON-ready figures: `summary`, `series` and `slos`, each figure as mean/p10/p90."""
+    first = outputs[0]
+    edges = max((o.edges_s for o in outputs), key=len)
+    summary: dict[str, object] = {k: spread([o.summary[k] for o in outputs]) for k in SUMMARY_FIGURES}
+    summary["utilization_by_type"] = {
+        name: spread([o.utilization_by_type.get(name, math.nan) for o in outputs])
+        for name in first.utilization_by_type
+    }
+    series: dict[str, object] = {"t_s": edges[:-1].tolist(), "interval_end_s": edges[1:].tolist()}
+    for name in SERIES_FIGURES:
+        series[name] = spread_series([o.series[name] for o in outputs])
+    # Per interval, the share of runs in which each SLO held (its mean; p10/p90 show whether runs agree).
+    series["slo_attainment"] = {
+        slo.name: spread_series([np.asarray(o.slos[k]["held"], dtype=float) for o in outputs])
+        for k, slo in enumerate(slos.slos)
+    }
+    series["utilization_by_type"] = {
+        name: spread_series([o.utilization_by_type_series[name] for o in outputs])
+        for name in first.utilization_by_type_series
+    }
+    slo_out = []
+    for k, slo in enumerate(slos.slos):
+        slo_out.append(
+            {
+                **slo.model_dump(exclude_none=True),
+                "value": spread([o.slos[k]["value"] for o in outputs]),
+                "attainment": spread([o.slos[k]["attainment"] for o in outputs]),
+                "probability_met": float(np.mean([o.slos[k]["met"] for o in outputs])),
+            }
+        )
+    return {"summary": summary, "series": series, "slos": slo_out}

@@ -1,0 +1,150 @@
+"""Forecasts: an ensemble of seeded runs from a starting state, reported as mean and p10/p90 across runs.
+
+The starting state is either the live one (`twin.live`: the store's nodes, queued and running jobs, and the
+observed arrival process) or an explicit cluster and workload (`finetwin simulate`). The models are asked
+once, here, before the runs fan out.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from twin.arrivals import ArrivalModel
+from twin.cluster import Cluster
+from twin.domain import JobConfig
+from twin.ensemble import EnsembleSpec, RunOutput, run_ensemble, summarize
+from twin.models import JobModels
+from twin.plan import PlanOptions, prepare_catalog
+from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
+from twin.slo import DEFAULT_SLOS, SloSet
+from twin.workload import Workload
+
+
+@dataclass
+class TwinInputs:
+    """Where a forecast starts from."""
+
+    cluster: Cluster
+    workload: Workload  # jobs known at time 0 (queued, running, or an explicit workload)
+    arrivals: ArrivalModel | None = None
+    failure_times_s: np.ndarray | None = None  # observed seconds-to-failure of runtime failures
+    start: datetime | None = None  # wall-clock time of simulation time 0 (live forecasts)
+    notes: list[str] = field(default_factory=list)  # what was left out or assumed, for the reader
+
+
+@dataclass(frozen=True)
+class ForecastOptions:
+    horizon_s: float | None = 86400.0  # None: until every known job has ended (no future arrivals)
+    interval_s: float = 3600.0
+    runs: int = 32
+    seed: int = 0
+    policy: Policy = Policy.FIFO
+    plan: PlanOptions = PlanOptions()
+    backfill_depth: int = DEFAULT_BACKFILL_DEPTH
+    workers: int | None = None  # None: decide from the ensemble's size
+    keep_jobs: bool = False  # include run 0's job table
+
+    def with_changes(self, **changes: object) -> ForecastOptions:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def catalog_of(inputs: TwinInputs) -> list[JobConfig]:
+    """The configurations a run can meet, in the order `ensemble.run_workload` lays them out."""
+    mix = inputs.arrivals.mix.catalog if inputs.arrivals is not None else []
+    return list(inputs.workload.catalog) + list(mix)
+
+
+def make_spec(
+    inputs: TwinInputs, models: JobModels | None, options: ForecastOptions, slos: SloSet = DEFAULT_SLOS
+) -> EnsembleSpec:
+    if options.horizon_s is not None and options.horizon_s <= 0:
+        raise ValueError("the horizon must be positive")
+    if options.interval_s <= 0:
+        raise ValueError("the interval must be positive")
+    return EnsembleSpec(
+        cluster=inputs.cluster,
+        workload=inputs.workload,
+        catalog=prepare_catalog(catalog_of(inputs), models, options.plan),
+        arrivals=inputs.arrivals if options.horizon_s is not None else None,
+        failure_times_s=inputs.failure_times_s,
+        policy=Policy(options.policy),
+        horizon_s=options.horizon_s,
+        interval_s=options.interval_s,
+        seed=options.seed,
+        slos=slos,
+        backfill_depth=options.backfill_depth,
+        keep_jobs=options.keep_jobs,
+    )
+
+
+def describe(inputs: TwinInputs, options: ForecastOptions, model_source: str) -> dict[str, object]:
+    return {
+        "generated_at": datetime.now(UTC).isoformat(),
+        "start": inputs.start.isoformat() if inputs.start is not None else None,
+        "horizon_s": options.horizon_s,
+        "interval_s": options.interval_s,
+        "runs": options.runs,
+        "seed": options.seed,
+        "policy": str(options.policy),
+        "admission": str(options.plan.admission),
+        "optimizations": sorted(str(o) for o in options.plan.optimizations),
+        "right_size_batches": options.plan.right_size_batches,
+        "models": model_source,
+        "cluster": {"nodes": len(inputs.cluster.nodes), "gpus_by_model": inputs.cluster.gpus_by_model()},
+        "known_jobs": {
+            "total": len(inputs.workload),
+            "running": len(inputs.workload.running),
+            "queued": len(inputs.workload) - len(inputs.workload.running),
+        },
+        "arrivals_per_day": inputs.arrivals.daily_jobs if inputs.arrivals is not None else 0.0,
+        "notes": list(inputs.notes),
+    }
+
+
+def run_forecast(
+    inputs: TwinInputs,
+    models: JobModels | None,
+    options: ForecastOptions,
+    slos: SloSet = DEFAULT_SLOS,
+    progress: Callable[[], object] | None = None,
+) -> tuple[EnsembleSpec, list[RunOutput]]:
+    spec = make_spec(inputs, models, options, slos)
+    return spec, run_ensemble(spec, options.runs, options.workers, progress)
+
+
+def forecast(
+    inputs: TwinInputs,
+    models: JobModels | None,
+    options: ForecastOptions,
+    slos: SloSet = DEFAULT_SLOS,
+    model_source: str = "calibrated",
+    progress: Callable[[], object] | None = None,
+) -> dict[str, object]:
+    """The forecast as a JSON-ready dict: what it started from, `summary`, `series`, `slos` (and `jobs`)."""
+    began = time.perf_counter()
+    _, outputs = run_forecast(inputs, models, options, slos, progress)
+    out = describe(inputs, options, model_source) | summarize(outputs, slos)
+    if options.keep_jobs:
+        out["jobs"] = outputs[0].jobs
+    out["wall_s"] = round(time.perf_counter() - began, 3)
+    return json_safe(out)
+
+
+def json_safe(value: Any) -> Any:
+    """The document with numpy scalars as Python numbers and NaN/inf as None (JSON has neither)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

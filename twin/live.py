@@ -1,0 +1,198 @@
+"""The twin's starting point from the store: the nodes that are up, the jobs queued and running (with their
+progress), the arrival process and job mix observed over a lookback window, and observed failure times.
+
+A job the store knows too little about to simulate (no configuration yet) is left out and counted in the
+inputs' notes; a job without its work (dataset tokens) gets the median work of the observed jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from twin.arrivals import fit_arrivals
+from twin.cluster import cluster_from_inventory
+from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
+from twin.forecast import TwinInputs
+from twin.store import Job, Node, ObservedRun
+from twin.workload import RunningState, Workload, catalog_key
+
+# The bundled benchmark sample's median work per job, for when nothing observed says better.
+DEFAULT_WORK_TOKENS = 3_145_728.0
+# Enough recent failures to describe when jobs fail; older ones describe an older cluster.
+MAX_FAILURE_TIMES = 5000
+
+
+class NoClusterError(ValueError):
+    """The store knows no node that is up, so there is no cluster to forecast."""
+
+
+def utc(ts: datetime) -> datetime:
+    """SQLite hands back naive datetimes; the store writes UTC."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def job_config(job: Job) -> JobConfig | None:
+    if not (job.model_name and job.method and job.gpu_model and job.number_gpus and job.batch_size):
+        return None
+    if not job.tokens_per_sample:
+        return None
+    return JobConfig(
+        model_name=job.model_name,
+        method=job.method,
+        gpu_model=canonical_gpu_name(job.gpu_model),
+        number_gpus=int(job.number_gpus),
+        number_nodes=int(job.number_nodes or max(1, math.ceil(job.number_gpus / GPUS_PER_NODE))),
+        batch_size=int(job.batch_size),
+        tokens_per_sample=int(job.tokens_per_sample),
+        enable_roce=bool(job.enable_roce),
+        fast_moe=int(job.fast_moe or 0),
+        fast_kernels=bool(job.fast_kernels),
+        time_limit_s=job.time_limit_s,
+    )
+
+
+class _Rows:
+    """Collects jobs into a Workload, configurations deduplicated into its catalog."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.arrival: list[float] = []
+        self.gpus: list[int] = []
+        self.gpu_models: list[str] = []
+        self.work: list[float] = []
+        self.config_idx: list[int] = []
+        self.catalog: dict[object, int] = {}
+        self.configs: list[JobConfig] = []
+        self.running: dict[int, RunningState] = {}
+
+    def add(
+        self, job_id: str, arrival_s: float, config: JobConfig, work: float, running: RunningState | None
+    ) -> None:
+        if running is not None:
+            self.running[len(self.ids)] = running
+        self.ids.append(job_id)
+        self.arrival.append(arrival_s)
+        self.gpus.append(config.number_gpus)
+        self.gpu_models.append(config.gpu_model)
+        self.work.append(work)
+        index = self.catalog.setdefault(catalog_key(config), len(self.catalog))
+        if index == len(self.configs):
+            self.configs.append(config)
+        self.config_idx.append(index)
+
+    def build(self) -> Workload:
+        n = len(self.ids)
+        return Workload(
+            job_ids=self.ids,
+            arrival_s=np.asarray(self.arrival, dtype=np.float64),
+            gpus=np.asarray(self.gpus, dtype=np.int64),
+            gpu_models=self.gpu_models,
+            duration_s=np.full(n, np.nan),
+            work_tokens=np.asarray(self.work, dtype=np.float64),
+            config_idx=np.asarray(self.config_idx, dtype=np.int64) if n else np.zeros(0, np.int64),
+            catalog=self.configs,
+            running=self.running,
+        )
+
+
+def load_live_inputs(
+    engine: Engine,
+    *,
+    cluster_id: str = "default",
+    now: datetime | None = None,
+    lookback: timedelta = timedelta(days=7),
+) -> TwinInputs:
+    now = utc(now or datetime.now(UTC))
+    notes: list[str] = []
+    with Session(engine) as session:
+        nodes = session.exec(select(Node).where(Node.cluster_id == cluster_id)).all()
+        active = session.exec(
+            select(Job).where(Job.cluster_id == cluster_id, col(Job.state).in_(("submitted", "running")))
+        ).all()
+        history = session.exec(
+            select(Job).where(Job.cluster_id == cluster_id, col(Job.submitted_at) >= now - lookback)
+        ).all()
+        observed_work = dict(
+            session.exec(
+                select(
+                    ObservedRun.job_id, ObservedRun.dataset_tokens_per_second * ObservedRun.train_runtime
+                ).where(
+                    col(ObservedRun.dataset_tokens_per_second).is_not(None),
+                    col(ObservedRun.train_runtime).is_not(None),
+                )
+            ).all()
+        )
+        failures = session.exec(
+            select(Job.failed_after_s)
+            .where(Job.cluster_id == cluster_id, Job.state == "failed", col(Job.failed_after_s).is_not(None))
+            .order_by(col(Job.ended_at).desc())
+            .limit(MAX_FAILURE_TIMES)
+        ).all()
+
+    cluster = cluster_from_inventory((n.node_id, n.gpu_model, n.gpu_count, n.status) for n in nodes)
+    if not cluster.nodes:
+        raise NoClusterError(
+            f"no node of cluster {cluster_id!r} is up in the store (node.status telemetry): nothing to model"
+        )
+
+    def work_of(job: Job) -> float | None:
+        if job.dataset_tokens and job.dataset_tokens > 0:
+            return float(job.dataset_tokens)
+        seen = observed_work.get(job.job_id)
+        return float(seen) if seen and seen > 0 else None
+
+    known_work = [w for w in (work_of(j) for j in history) if w is not None]
+    typical_work = float(np.median(known_work)) if known_work else DEFAULT_WORK_TOKENS
+    imputed = 0
+
+    current = _Rows()
+    skipped = 0
+    for job in sorted(active, key=lambda j: (utc(j.submitted_at) if j.submitted_at else now, j.job_id)):
+        config = job_config(job)
+        if config is None:
+            skipped += 1
+            continue
+        work = work_of(job)
+        if work is None:
+            work, imputed = typical_work, imputed + 1
+        submitted = utc(job.submitted_at) if job.submitted_at else now
+        running = None
+        if job.state == "running":
+            started = utc(job.started_at) if job.started_at else now
+            running = RunningState(
+                elapsed_s=max((now - started).total_seconds(), 0.0),
+                tokens_done=job.tokens_processed,
+                tokens_per_second=job.last_tokens_per_second,
+            )
+        current.add(job.job_id, min((submitted - now).total_seconds(), 0.0), config, work, running)
+    if skipped:
+        notes.append(f"{skipped} queued or running job(s) left out: their configuration is not known yet")
+
+    mix = _Rows()
+    submitted_at: list[datetime] = []
+    for job in history:
+        if job.submitted_at is None:
+            continue
+        submitted_at.append(utc(job.submitted_at))
+        config = job_config(job)
+        if config is not None:
+            mix.add(job.job_id, 0.0, config, work_of(job) or typical_work, None)
+    if imputed or (not known_work and len(mix.ids)):
+        notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical_work:,.0f} tokens")
+    arrivals = fit_arrivals(submitted_at, mix.build(), now, lookback) if submitted_at else None
+    failure_times = np.asarray([f for f in failures if f is not None and f >= 0], dtype=float)
+    if not len(failure_times):
+        notes.append("no runtime failure observed yet: failures assumed 1-10 min into the run")
+    return TwinInputs(
+        cluster=cluster,
+        workload=current.build(),
+        arrivals=arrivals,
+        failure_times_s=failure_times if len(failure_times) else None,
+        start=now,
+        notes=notes,
+    )

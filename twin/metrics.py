@@ -1,0 +1,228 @@
+"""What one run measured: a summary over the window [0, H] and a series per interval.
+
+Everything is computed after the run from each job's arrival, start and end (vectorized), so the
+simulator records nothing per event. Quantities that accumulate over time (busy GPUs, queue length,
+energy, failed GPU-hours) are integrated exactly over each interval, not sampled.
+
+Waits: jobs that started in the window, plus jobs still waiting at its end counted with the wait so far
+(leaving them out would make a congested forecast look better than it is). Jobs already running when the
+simulation starts have no wait in the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from twin.plan import JobPlan
+from twin.simulator import End, SimResult
+
+SUMMARY_FIGURES = (
+    "jobs",
+    "jobs_completed",
+    "jobs_failed",
+    "jobs_rejected",
+    "jobs_running_at_end",
+    "jobs_queued_at_end",
+    "wait_mean_s",
+    "wait_p50_s",
+    "wait_p95_s",
+    "queue_length_mean",
+    "utilization",
+    "gpu_hours",
+    "failed_gpu_hours",
+    "energy_kwh",
+    "runtime_failure_ratio",
+    "makespan_s",
+)
+SERIES_FIGURES = (
+    "queue_length",
+    "utilization",
+    "wait_p50_s",
+    "wait_p95_s",
+    "jobs_completed",
+    "jobs_failed",
+    "runtime_failure_ratio",
+    "failed_gpu_hours",
+    "energy_kwh",
+)
+
+
+@dataclass
+class RunMetrics:
+    summary: dict[str, float]
+    utilization_by_type: dict[str, float]
+    edges_s: np.ndarray  # interval edges, len = intervals + 1
+    series: dict[str, np.ndarray]
+    utilization_by_type_series: dict[str, np.ndarray]
+
+
+def integrate_on_bins(
+    start: np.ndarray, end: np.ndarray, weight: np.ndarray, edges: np.ndarray
+) -> np.ndarray:
+    """Per bin, the integral of sum_i weight_i * [start_i <= t < end_i] dt (exact, O((n + bins) log n))."""
+    if len(start) == 0:
+        return np.zeros(len(edges) - 1)
+    keep = end > start
+    start, end, weight = start[keep], end[keep], weight[keep]
+
+    def ramp(points: np.ndarray) -> np.ndarray:
+        # F(t) = sum_i w_i * max(0, t - p_i), from sorted points and prefix sums.
+        order = np.argsort(points)
+        p, w = points[order], weight[order]
+        cw = np.concatenate([[0.0], np.cumsum(w)])
+        cwp = np.concatenate([[0.0], np.cumsum(w * p)])
+        k = np.searchsorted(p, edges, side="right")
+        return edges * cw[k] - cwp[k]
+
+    return np.diff(ramp(start) - ramp(end))
+
+
+def measure(
+    plan: JobPlan,
+    result: SimResult,
+    total_gpus_by_type: dict[str, int],
+    horizon_s: float | None,
+    interval_s: float,
+) -> RunMetrics:
+    window = float(horizon_s) if horizon_s is not None else max(result.until_s, 0.0)
+    outcome = result.outcome
+    arrival = plan.arrival_s
+    start = result.start_s
+    end = result.end_s
+    started = ~np.isnan(start)
+    ended = ~np.isnan(end)
+    initial = ~np.isnan(plan.elapsed_s) & started & (start < 0)
+
+    completed = outcome == End.COMPLETED
+    failed = outcome == End.FAILED
+    rejected = outcome == End.REJECTED
+    queued_at_end = ~started & ~rejected
+
+    waits = np.concatenate([(start - arrival)[started & ~initial], window - arrival[queued_at_end]])
+    waits = np.maximum(waits, 0.0)
+
+    run_from = np.where(started, np.maximum(start, 0.0), 0.0)
+    run_to = np.where(ended, np.minimum(end, window), window)
+    run_to = np.where(started, run_to, 0.0)
+    busy = np.maximum(run_to - run_from, 0.0)
+    gpu_seconds = busy * plan.gpus
+    total_gpus = sum(total_gpus_by_type.values())
+
+    alloc_seconds = busy * result.alloc_gpus
+    by_type: dict[str, float] = {}
+    for p, name in enumerate(plan.pools):
+        capacity = total_gpus_by_type.get(name, 0)
+        by_type[name] = (
+            float(alloc_seconds[plan.pool == p].sum() / (capacity * window)) if capacity * window else 0.0
+        )
+
+    finished = int(completed.sum() + failed.sum())
+    queue_from = np.maximum(arrival, 0.0)
+    queue_to = np.where(started, start, np.where(rejected, queue_from, window))
+    summary = {
+        "jobs": float(len(plan)),
+        "jobs_completed": float(completed.sum()),
+        "jobs_failed": float(failed.sum()),
+        "jobs_rejected": float(rejected.sum()),
+        "jobs_running_at_end": float((started & ~ended).sum()),
+        "jobs_queued_at_end": float(queued_at_end.sum()),
+        "wait_mean_s": float(waits.mean()) if len(waits) else 0.0,
+        "wait_p50_s": float(np.quantile(waits, 0.5)) if len(waits) else 0.0,
+        "wait_p95_s": float(np.quantile(waits, 0.95)) if len(waits) else 0.0,
+        "queue_length_mean": float(np.maximum(np.minimum(queue_to, window) - queue_from, 0).sum() / window)
+        if window
+        else 0.0,
+        "utilization": float(alloc_seconds.sum() / (total_gpus * window)) if total_gpus * window else 0.0,
+        "gpu_hours": float(gpu_seconds.sum() / 3600.0),
+        "failed_gpu_hours": float(gpu_seconds[failed].sum() / 3600.0),
+        "energy_kwh": float((gpu_seconds * plan.power_w).sum() / 3.6e6),
+        "runtime_failure_ratio": float(failed.sum() / finished) if finished else 0.0,
+        "makespan_s": float(np.nanmax(end)) if ended.any() else 0.0,
+    }
+
+    edges = _edges(window, interval_s)
+    series, series_by_type = _series(
+        plan, result, edges, run_from, run_to, queue_from, queue_to, total_gpus_by_type, initial
+    )
+    return RunMetrics(summary, by_type, edges, series, series_by_type)
+
+
+def _edges(window: float, interval_s: float) -> np.ndarray:
+    if window <= 0:
+        return np.array([0.0, 0.0])
+    count = max(1, int(np.ceil(window / interval_s - 1e-9)))
+    return np.minimum(np.arange(count + 1) * float(interval_s), window)
+
+
+def _series(
+    plan: JobPlan,
+    result: SimResult,
+    edges: np.ndarray,
+    run_from: np.ndarray,
+    run_to: np.ndarray,
+    queue_from: np.ndarray,
+    queue_to: np.ndarray,
+    total_gpus_by_type: dict[str, int],
+    initial: np.ndarray,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    width = np.diff(edges)
+    safe = np.where(width > 0, width, 1.0)
+    outcome = result.outcome
+    failed = outcome == End.FAILED
+    completed = outcome == End.COMPLETED
+    total = sum(total_gpus_by_type.values())
+
+    alloc = result.alloc_gpus.astype(float)
+    busy_alloc = integrate_on_bins(run_from, run_to, alloc, edges)
+    by_type: dict[str, np.ndarray] = {}
+    for p, name in enumerate(plan.pools):
+        mask = plan.pool == p
+        capacity = total_gpus_by_type.get(name, 0)
+        integral = integrate_on_bins(run_from[mask], run_to[mask], alloc[mask], edges)
+        by_type[name] = integral / (capacity * safe) if capacity else np.zeros(len(width))
+
+    gpus = plan.gpus.astype(float)
+    failed_gpu_s = integrate_on_bins(run_from[failed], run_to[failed], gpus[failed], edges)
+    energy_j = integrate_on_bins(run_from, run_to, gpus * plan.power_w, edges)
+    queue = integrate_on_bins(queue_from, np.minimum(queue_to, edges[-1]), np.ones(len(plan)), edges)
+
+    end = result.end_s
+    bins = len(width)
+    completed_count = _count_in_bins(end[completed], edges)
+    failed_count = _count_in_bins(end[failed], edges)
+    finished = completed_count + failed_count
+
+    started = ~np.isnan(result.start_s) & ~initial
+    start_times = result.start_s[started]
+    waits = (result.start_s - plan.arrival_s)[started]
+    slot = np.clip(np.searchsorted(edges, start_times, side="right") - 1, 0, bins - 1)
+    p50 = np.full(bins, np.nan)
+    p95 = np.full(bins, np.nan)
+    if len(slot):
+        order = np.argsort(slot, kind="stable")
+        slot, waits = slot[order], waits[order]
+        bounds = np.searchsorted(slot, np.arange(bins + 1))
+        for b in range(bins):
+            chunk = waits[bounds[b] : bounds[b + 1]]
+            if len(chunk):
+                p50[b], p95[b] = np.quantile(chunk, [0.5, 0.95])
+    series = {
+        "queue_length": queue / safe,
+        "utilization": busy_alloc / (total * safe) if total else np.zeros(bins),
+        "wait_p50_s": p50,
+        "wait_p95_s": p95,
+        "jobs_completed": completed_count,
+        "jobs_failed": failed_count,
+        "runtime_failure_ratio": np.where(finished > 0, failed_count / np.maximum(finished, 1), np.nan),
+        "failed_gpu_hours": failed_gpu_s / 3600.0,
+        "energy_kwh": energy_j / 3.6e6,
+    }
+    return series, by_type
+
+
+def _count_in_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    times = times[(times >= edges[0]) & (times <= edges[-1])]
+    counts, _ = np.histogram(times, bins=edges) if edges[-1] > edges[0] else (np.zeros(len(edges) - 1), None)
+    return counts.astype(float)

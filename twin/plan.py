@@ -1,0 +1,314 @@
+"""From a workload to what the simulator needs: per job, when it arrives, which GPU pool it waits for, how
+many GPUs, how long it holds them, whether it fails, what the scheduler believes it will take, its power.
+
+Two steps, so that an ensemble pays for the models once:
+- `prepare_catalog` (once per scenario): admission control, optimizations and right-sizing change the
+  distinct configurations, and the models predict each one (throughput band, p_valid, power).
+- `build_plan` (once per run): each job's random draws from its own stream (see `twin.randomness`) pick
+  its throughput inside the band, whether it fails at runtime and when.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+from scipy.special import ndtri
+
+from twin.cluster import Cluster, gpu_tdp_watts
+from twin.domain import JobConfig, config_rule
+from twin.models import JobModels
+from twin.randomness import job_keys, job_uniforms
+from twin.tuning import (
+    DEFAULT_MIN_P_VALID,
+    Admission,
+    Optimization,
+    optimize_config,
+    repair_config,
+    right_size_batches,
+)
+from twin.workload import NO_CONFIG, Workload
+
+# A job with a fixed duration and no configuration draws this fraction of its GPUs' board power.
+DEFAULT_POWER_FRACTION = 0.75
+# When no runtime failure has been observed yet: out-of-memory shows up after the model loads, within the
+# first training steps; a uniform 1-10 minutes until observed failure times replace it.
+DEFAULT_FAILURE_TIMES_S = np.array([60.0, 600.0])
+# z of the 10th/90th percentile of a normal: the band p10-p90 spans ±1.2816 standard deviations.
+_Z90 = 1.2815515655446004
+# Draws beyond ±3 sigma would be extrapolation of the band, not evidence.
+_Z_CLIP = 3.0
+
+# Per-job random streams.
+STREAM_FAIL, STREAM_BAND, STREAM_FAIL_TIME = 0, 1, 2
+STREAMS = 3
+
+
+class Reject(IntEnum):
+    NONE = 0
+    RULE = 1  # the actuator's admission rules (rejected before launch)
+    PREDICTED_FAILURE = 2  # admission control `reject`: the failure model expects it to fail at runtime
+    NO_CAPACITY = 3  # the cluster has no GPU of that type, or fewer than the job needs
+
+
+REJECT_NAMES = {
+    Reject.RULE: "rule",
+    Reject.PREDICTED_FAILURE: "predicted_runtime_failure",
+    Reject.NO_CAPACITY: "no_capacity",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    admission: Admission = Admission.OFF
+    optimizations: frozenset[Optimization] = frozenset()
+    right_size_batches: bool = False
+    min_p_valid: float = DEFAULT_MIN_P_VALID
+
+    def __post_init__(self) -> None:
+        # Accept plain strings ("repair", "fast_kernels") from configuration files and the API.
+        object.__setattr__(self, "admission", Admission(self.admission))
+        object.__setattr__(self, "optimizations", frozenset(Optimization(o) for o in self.optimizations))
+
+
+@dataclass
+class PreparedCatalog:
+    """The workload's distinct configurations after the scenario's changes, with the models' predictions."""
+
+    configs: list[JobConfig]
+    throughput: np.ndarray  # (k, 3) p10/p50/p90 tokens/s, whole job
+    p_valid: np.ndarray  # (k,)
+    power_w: np.ndarray  # (k,) per GPU
+    reject: np.ndarray  # (k,) Reject codes decided by the configuration alone
+    changed: np.ndarray  # (k,) bool: repaired, optimized or right-sized
+
+    @classmethod
+    def empty(cls) -> PreparedCatalog:
+        z = np.zeros(0)
+        return cls([], np.zeros((0, 3)), z, z, np.zeros(0, np.int8), np.zeros(0, bool))
+
+
+def prepare_catalog(
+    catalog: Sequence[JobConfig], models: JobModels | None, options: PlanOptions = PlanOptions()
+) -> PreparedCatalog:
+    if not catalog:
+        return PreparedCatalog.empty()
+    if models is None:
+        raise ValueError("jobs with a configuration need performance and failure models (none were given)")
+    configs = list(catalog)
+    if options.admission is Admission.REPAIR:
+        configs = [repair_config(c) if config_rule(c) is not None else c for c in configs]
+    if options.optimizations:
+        configs = [optimize_config(c, options.optimizations) for c in configs]
+    if options.right_size_batches:
+        configs = right_size_batches(configs, models, options.min_p_valid)
+    reject = np.array([Reject.RULE if config_rule(c) is not None else Reject.NONE for c in configs], np.int8)
+    runnable = [c for c, r in zip(configs, reject, strict=True) if r == Reject.NONE]
+    k = len(configs)
+    throughput = np.full((k, 3), np.nan)
+    p_valid = np.zeros(k)
+    power = np.full(k, np.nan)
+    if runnable:
+        mask = reject == Reject.NONE
+        throughput[mask] = _checked(models.predict_throughput(runnable), (len(runnable), 3), "throughput")
+        p_valid[mask] = np.clip(_checked(models.predict_failure(runnable), (len(runnable),), "p_valid"), 0, 1)
+        power[mask] = _checked(models.predict_power_watts(runnable), (len(runnable),), "power")
+    missing_power = ~np.isfinite(power)
+    if missing_power.any():
+        power[missing_power] = [
+            gpu_tdp_watts(c.gpu_model) * DEFAULT_POWER_FRACTION
+            for c in np.asarray(configs, object)[missing_power]
+        ]
+    if options.admission is Admission.REJECT:
+        reject[(reject == Reject.NONE) & (p_valid < options.min_p_valid)] = Reject.PREDICTED_FAILURE
+    changed = np.array([a != b for a, b in zip(configs, catalog, strict=True)], dtype=bool)
+    return PreparedCatalog(configs, throughput, p_valid, power, reject, changed)
+
+
+def _checked(values: object, shape: tuple[int, ...], what: str) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.shape != shape:
+        raise ValueError(f"the model returned {what} of shape {array.shape}, expected {shape}")
+    return array
+
+
+@dataclass
+class JobPlan:
+    """One run's jobs in arrival order (ties keep workload order); `row` maps back to the workload."""
+
+    job_ids: list[str]
+    row: np.ndarray
+    arrival_s: np.ndarray
+    gpus: np.ndarray
+    pool: np.ndarray  # index into `pools`, -1 when it cannot be placed
+    pools: list[str]
+    hold_s: np.ndarray  # how long it holds its GPUs once started (to completion or to its failure)
+    fails: np.ndarray  # bool: fails at runtime
+    estimate_s: np.ndarray  # what the scheduler believes the run will take (p50 prediction or duration)
+    power_w: np.ndarray  # per GPU
+    reject: np.ndarray  # Reject codes
+    elapsed_s: np.ndarray  # NaN, or how long it has been running when the simulation starts
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.job_ids)
+
+
+def band_draw(band: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """A throughput at quantile u of a split log-normal through the band's p10, p50 and p90."""
+    band = np.sort(np.maximum(band, 1e-9), axis=1)
+    log10, log50, log90 = np.log(band[:, 0]), np.log(band[:, 1]), np.log(band[:, 2])
+    z = np.clip(ndtri(u), -_Z_CLIP, _Z_CLIP)
+    sigma = np.where(z < 0, log50 - log10, log90 - log50) / _Z90
+    return np.exp(log50 + z * sigma)
+
+
+def pool_index(workload: Workload, cluster: Cluster) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Each job's GPU pool (index into the cluster's GPU models; -1 = none) and whether it can ever fit."""
+    pools = cluster.gpu_models
+    index = {name: i for i, name in enumerate(pools)}
+    default = 0 if len(pools) == 1 else -1  # an unnamed GPU type is fine when there is only one
+    pool = np.fromiter(
+        (index.get(g, -1) if g else default for g in workload.gpu_models), dtype=np.int64, count=len(workload)
+    )
+    capacity = np.zeros(len(pools) + 1, dtype=np.int64)
+    for node in cluster.nodes:
+        capacity[index[node.gpu_model]] += node.gpus
+    largest = np.zeros(len(pools) + 1, dtype=np.int64)
+    for node in cluster.nodes:
+        largest[index[node.gpu_model]] = max(largest[index[node.gpu_model]], node.gpus)
+    # Up to a node's size it needs one node; beyond, whole nodes of the pool (their GPUs added up).
+    fits = (pool >= 0) & (workload.gpus <= capacity[pool]) & (workload.gpus >= 1)
+    return pool, pools, fits
+
+
+def build_plan(
+    workload: Workload,
+    catalog: PreparedCatalog,
+    cluster: Cluster,
+    key: int | None,
+    failure_times_s: np.ndarray | None = None,
+) -> JobPlan:
+    """The run's plan. `key` (from `twin.randomness.run_key`) seeds every job's own stream; it may be None
+    only when no job needs a random draw (all have fixed durations)."""
+    n = len(workload)
+    order = np.argsort(workload.arrival_s, kind="stable")
+    pool, pools, fits = pool_index(workload, cluster)
+    cfg = workload.config_idx
+    has_cfg = cfg != NO_CONFIG
+    reject = np.zeros(n, dtype=np.int8)
+    reject[has_cfg] = catalog.reject[cfg[has_cfg]]
+    reject[(reject == Reject.NONE) & ~fits] = Reject.NO_CAPACITY
+
+    hold = workload.duration_s.astype(np.float64).copy()
+    estimate = hold.copy()
+    fails = np.zeros(n, dtype=bool)
+    power = np.full(n, np.nan)
+    elapsed = np.full(n, np.nan)
+    for row, state in workload.running.items():
+        elapsed[row] = state.elapsed_s
+
+    modelled = np.flatnonzero(has_cfg)
+    if len(modelled):
+        if key is None:
+            raise ValueError("jobs with a configuration need a run key for their random draws")
+        idx = cfg[modelled]
+        work = workload.work_tokens[modelled]
+        if np.isnan(work).any():
+            bad = workload.job_ids[int(modelled[np.isnan(work)][0])]
+            raise ValueError(f"job {bad!r} has a configuration but no work (dataset tokens)")
+        u = job_uniforms(key, job_keys([workload.job_ids[i] for i in modelled]), STREAMS)
+        band = catalog.throughput[idx]
+        runnable = catalog.reject[idx] == Reject.NONE
+        band = np.where(runnable[:, None], band, 1.0)  # rejected jobs never run; keep the arithmetic finite
+        tokens_per_s = band_draw(band, u[:, STREAM_BAND])
+        p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
+        limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
+        run = np.minimum(work / tokens_per_s, limit)
+        est = np.minimum(work / p50, limit)
+        p_fail = 1.0 - catalog.p_valid[idx]
+        times = failure_times(failure_times_s)
+        u_time = u[:, STREAM_FAIL_TIME]
+
+        run_elapsed = elapsed[modelled]
+        started = ~np.isnan(run_elapsed)
+        if started.any():
+            # A running job: the rest of its work at the rate it shows (when it reports one). It has not
+            # failed yet, so its chance of failing and its failure time are conditional on surviving so far:
+            # P(fail | alive at e) = (1-p)S(e) / (p + (1-p)S(e)), the time drawn from the tail beyond e.
+            e = run_elapsed[started]
+            rest = _remaining(workload, modelled[started], run[started], e)
+            rest = np.minimum(rest, np.maximum(limit[started] - e, 0.0))
+            run[started] = rest
+            est[started] = rest
+            survive = 1.0 - failure_cdf(times, e)
+            at_risk = p_fail[started] * survive
+            alive = 1.0 - p_fail[started] + at_risk
+            p_fail[started] = np.divide(at_risk, alive, out=np.zeros_like(at_risk), where=alive > 0)
+            u_time[started] = 1.0 - survive + u_time[started] * survive
+        fail = u[:, STREAM_FAIL] < p_fail
+        fail_after = np.quantile(times, u_time)
+        if started.any():
+            fail_after[started] = np.maximum(fail_after[started] - run_elapsed[started], 0.0)
+        hold[modelled] = np.where(fail, np.minimum(fail_after, run), run)
+        estimate[modelled] = est
+        fails[modelled] = fail & runnable
+        power[modelled] = catalog.power_w[idx]
+
+    fixed = ~has_cfg
+    if fixed.any():
+        started = fixed & ~np.isnan(elapsed)
+        hold[started] = np.maximum(hold[started] - elapsed[started], 0.0)
+        estimate[fixed] = hold[fixed]
+        tdp = {name: gpu_tdp_watts(name) * DEFAULT_POWER_FRACTION for name in pools}
+        fallback = gpu_tdp_watts("") * DEFAULT_POWER_FRACTION
+        power[fixed] = [tdp.get(pools[p], fallback) if p >= 0 else fallback for p in pool[fixed]]
+    if np.isnan(hold[reject == Reject.NONE]).any():
+        raise ValueError("a job has neither a duration nor a configuration")
+    hold[reject != Reject.NONE] = 0.0
+    return JobPlan(
+        job_ids=[workload.job_ids[i] for i in order],
+        row=order,
+        arrival_s=workload.arrival_s[order].astype(np.float64),
+        gpus=workload.gpus[order].astype(np.int64),
+        pool=pool[order],
+        pools=pools,
+        hold_s=hold[order],
+        fails=fails[order],
+        estimate_s=estimate[order],
+        power_w=power[order],
+        reject=reject[order],
+        elapsed_s=elapsed[order],
+    )
+
+
+def failure_times(observed_s: np.ndarray | None) -> np.ndarray:
+    """The sorted failure times to draw from: the observed ones, or the default when none."""
+    times = np.sort(
+        np.asarray(observed_s if observed_s is not None else DEFAULT_FAILURE_TIMES_S, dtype=float)
+    )
+    return times if len(times) else DEFAULT_FAILURE_TIMES_S
+
+
+def failure_cdf(times: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """P(failure time <= t) under the distribution `np.quantile(times, u)` draws from (u uniform)."""
+    if len(times) == 1:
+        return (t >= times[0]).astype(float)
+    return np.interp(t, times, np.linspace(0.0, 1.0, len(times)))
+
+
+def _limit(time_limit_s: float | None) -> float:
+    return math.inf if time_limit_s is None else float(time_limit_s)
+
+
+def _remaining(workload: Workload, rows: np.ndarray, run: np.ndarray, elapsed: np.ndarray) -> np.ndarray:
+    rest = np.maximum(run - elapsed, 0.0)
+    for k, row in enumerate(rows):
+        state = workload.running[int(row)]
+        work = workload.work_tokens[row]
+        if state.tokens_per_second and state.tokens_per_second > 0 and state.tokens_done is not None:
+            rest[k] = max(work - state.tokens_done, 0.0) / state.tokens_per_second
+    return rest

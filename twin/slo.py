@@ -1,0 +1,131 @@
+"""Declared service level objectives and how a forecast attains them.
+
+An SLO bounds one figure of the cluster: `max` (e.g. p95 wait ≤ 30 min, runtime-failure ratio ≤ 10 %) or
+`min` (e.g. utilization ≥ 70 %, optionally of one GPU type). Declared in a YAML file
+(`FINETWIN_SLO_FILE`, `slos: [{name, metric, max|min, gpu_model?}]`) or through the API; the pydantic
+models here validate both.
+
+For one run: `attainment` is the fraction of intervals in which the objective holds (intervals without
+data, e.g. no job started, do not count), `met` whether it holds over the whole window.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from twin.metrics import RunMetrics
+
+SloMetric = Literal["wait_p95_s", "wait_p50_s", "runtime_failure_ratio", "utilization", "queue_length"]
+
+# The whole-window figure that matches each per-interval series.
+_SUMMARY_FIGURE = {
+    "wait_p95_s": "wait_p95_s",
+    "wait_p50_s": "wait_p50_s",
+    "runtime_failure_ratio": "runtime_failure_ratio",
+    "utilization": "utilization",
+    "queue_length": "queue_length_mean",
+}
+
+
+class SloFormatError(ValueError):
+    """An SLO file that cannot be used; says which file and what is wrong."""
+
+
+class Slo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    metric: SloMetric
+    max: float | None = Field(default=None, description="the figure must stay at or below this")
+    min: float | None = Field(default=None, description="the figure must stay at or above this")
+    gpu_model: str | None = Field(default=None, description="utilization of one GPU type only")
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Slo:
+        if (self.max is None) == (self.min is None):
+            raise ValueError("give exactly one of max or min")
+        bound = self.max if self.max is not None else self.min
+        if bound is None or not math.isfinite(bound) or bound < 0:
+            raise ValueError("the bound must be a finite number ≥ 0")
+        if self.gpu_model is not None and self.metric != "utilization":
+            raise ValueError("gpu_model applies to the utilization metric only")
+        return self
+
+    def holds(self, value: float) -> bool:
+        if self.max is not None:
+            return value <= self.max
+        assert self.min is not None
+        return value >= self.min
+
+
+class SloSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    slos: list[Slo] = Field(default_factory=list, max_length=100)
+
+
+DEFAULT_SLOS = SloSet(
+    slos=[
+        Slo(name="p95 wait ≤ 30 min", metric="wait_p95_s", max=1800.0),
+        Slo(name="runtime failures ≤ 10 %", metric="runtime_failure_ratio", max=0.10),
+        Slo(name="utilization ≥ 70 %", metric="utilization", min=0.70),
+    ]
+)
+
+
+def load_slos(path: str | Path | None) -> SloSet:
+    """The SLOs declared in a YAML file, or the defaults when no file is given."""
+    if path is None:
+        return DEFAULT_SLOS
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SloFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise SloFormatError(f"{path}: not valid YAML: {exc}") from exc
+    if isinstance(data, list):
+        data = {"slos": data}
+    try:
+        return SloSet.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise SloFormatError(f"{path}: {where}: {first.get('msg', 'invalid')}") from exc
+
+
+def slo_values(slo: Slo, metrics: RunMetrics) -> tuple[float, list[float]]:
+    """The whole-window value and the per-interval values (NaN where an interval has no data)."""
+    if slo.metric == "utilization" and slo.gpu_model is not None:
+        from twin.domain import canonical_gpu_name
+
+        name = canonical_gpu_name(slo.gpu_model)
+        whole = metrics.utilization_by_type.get(name, math.nan)
+        series = metrics.utilization_by_type_series.get(name)
+        return whole, [math.nan] * (len(metrics.edges_s) - 1) if series is None else series.tolist()
+    return metrics.summary[_SUMMARY_FIGURE[slo.metric]], metrics.series[slo.metric].tolist()
+
+
+def evaluate(slos: SloSet, metrics: RunMetrics) -> list[dict[str, Any]]:
+    """Per SLO: `value` over the window, `met` (1/0), `attainment` (fraction of intervals with data), and
+    `held` per interval (1/0, NaN without data)."""
+    out: list[dict[str, Any]] = []
+    for slo in slos.slos:
+        whole, series = slo_values(slo, metrics)
+        held = [math.nan if math.isnan(v) else float(slo.holds(v)) for v in series]
+        judged = [h for h in held if not math.isnan(h)]
+        out.append(
+            {
+                "value": whole,
+                "met": float(not math.isnan(whole) and slo.holds(whole)),
+                "attainment": float(sum(judged) / len(judged)) if judged else math.nan,
+                "held": held,
+            }
+        )
+    return out

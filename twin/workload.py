@@ -1,0 +1,332 @@
+"""The jobs a simulation runs, as columns (the simulator handles hundreds of thousands of them).
+
+A job either has a fixed `duration_s` (used as given: queueing studies, traces) or a benchmark
+configuration plus its work in dataset tokens, from which the models give run time, failure and power.
+Configurations live once in a catalog that jobs point into, so the models are asked once per distinct
+configuration, not once per job.
+
+Sources: an explicit JOBS.csv (`read_jobs_csv`), the store's queued and running jobs (`twin.live`), and
+future arrivals drawn from the observed arrival process (`twin.arrivals`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from twin.domain import JobConfig, canonical_gpu_name
+
+NO_CONFIG = -1
+
+
+def catalog_key(config: JobConfig) -> tuple[JobConfig, tuple[tuple[str, str], ...]]:
+    """What makes two configurations the same for the models: the fields and the protocol in `extra`
+    (experiment id, identifier, ...), which JobConfig's own equality leaves out."""
+    return config, tuple(sorted(config.extra.items()))
+
+
+REQUIRED_COLUMNS = ("job_id", "arrival_s", "gpus")
+# A row without duration_s needs these to be simulated through the models.
+CONFIG_REQUIRED = ("model_name", "method", "gpu_model", "batch_size", "tokens_per_sample", "dataset_tokens")
+OPTIONAL_COLUMNS = (
+    "duration_s",
+    "gpu_model",
+    "model_name",
+    "method",
+    "batch_size",
+    "tokens_per_sample",
+    "number_nodes",
+    "enable_roce",
+    "fast_moe",
+    "fast_kernels",
+    "time_limit_s",
+    "dataset_tokens",
+)
+
+
+class WorkloadFormatError(ValueError):
+    """A workload file that cannot be read; names the file, the line and the column."""
+
+    def __init__(self, path: str | Path, line: int | None, column: str | None, message: str) -> None:
+        self.path, self.line, self.column, self.message = str(path), line, column, message
+        where = self.path + (f", line {line}" if line is not None else "")
+        super().__init__(f"{where}: {f'column {column!r}: ' if column else ''}{message}")
+
+
+@dataclass(frozen=True, slots=True)
+class RunningState:
+    """A job already running when the simulation starts (from live telemetry)."""
+
+    elapsed_s: float
+    tokens_done: float | None = None
+    tokens_per_second: float | None = None  # last observed; better than a prediction for the rest of the run
+
+
+@dataclass
+class Workload:
+    job_ids: list[str]
+    arrival_s: np.ndarray  # float64 seconds from the simulation's start; negative = submitted before it
+    gpus: np.ndarray  # int64
+    gpu_models: list[str]  # "" = unspecified (allowed when the cluster has one GPU type)
+    duration_s: np.ndarray  # float64; NaN = from the models
+    work_tokens: np.ndarray  # float64 dataset tokens; NaN = unknown
+    config_idx: np.ndarray  # int64 index into `catalog`, NO_CONFIG for duration-only jobs
+    catalog: list[JobConfig] = field(default_factory=list)
+    running: dict[int, RunningState] = field(default_factory=dict)  # by row
+
+    def __len__(self) -> int:
+        return len(self.job_ids)
+
+    @classmethod
+    def empty(cls, catalog: list[JobConfig] | None = None) -> Workload:
+        z = np.zeros(0)
+        return cls([], z, np.zeros(0, np.int64), [], z, z, np.zeros(0, np.int64), list(catalog or []))
+
+    @classmethod
+    def from_durations(
+        cls,
+        arrival_s: Sequence[float] | np.ndarray,
+        duration_s: Sequence[float] | np.ndarray,
+        gpus: Sequence[int] | np.ndarray | int = 1,
+        gpu_model: str = "",
+        prefix: str = "job",
+    ) -> Workload:
+        """Duration-only jobs (queueing studies, traces): ids `prefix-0`, `prefix-1`, ..."""
+        arrivals = np.asarray(arrival_s, dtype=np.float64)
+        n = len(arrivals)
+        gpu_counts = np.broadcast_to(np.asarray(gpus, dtype=np.int64), (n,)).copy()
+        return cls(
+            job_ids=[f"{prefix}-{i}" for i in range(n)],
+            arrival_s=arrivals,
+            gpus=gpu_counts,
+            gpu_models=[gpu_model] * n,
+            duration_s=np.asarray(duration_s, dtype=np.float64).copy(),
+            work_tokens=np.full(n, np.nan),
+            config_idx=np.full(n, NO_CONFIG, dtype=np.int64),
+        )
+
+    def config_of(self, row: int) -> JobConfig | None:
+        k = int(self.config_idx[row])
+        return None if k == NO_CONFIG else self.catalog[k]
+
+
+def concat(parts: Sequence[Workload]) -> Workload:
+    """One workload from several; catalogs are appended (empty parts' too, so the combined catalog does not
+    depend on which parts happen to have jobs) and indices shifted, running rows renumbered."""
+    if not parts:
+        return Workload.empty()
+    catalog: list[JobConfig] = []
+    config_idx: list[np.ndarray] = []
+    running: dict[int, RunningState] = {}
+    row_offset = 0
+    for part in parts:
+        shift = len(catalog)
+        catalog.extend(part.catalog)
+        config_idx.append(np.where(part.config_idx == NO_CONFIG, NO_CONFIG, part.config_idx + shift))
+        running.update({row + row_offset: state for row, state in part.running.items()})
+        row_offset += len(part)
+    return Workload(
+        job_ids=[j for p in parts for j in p.job_ids],
+        arrival_s=np.concatenate([p.arrival_s for p in parts]),
+        gpus=np.concatenate([p.gpus for p in parts]).astype(np.int64),
+        gpu_models=[g for p in parts for g in p.gpu_models],
+        duration_s=np.concatenate([p.duration_s for p in parts]),
+        work_tokens=np.concatenate([p.work_tokens for p in parts]),
+        config_idx=np.concatenate(config_idx).astype(np.int64),
+        catalog=catalog,
+        running=running,
+    )
+
+
+def read_jobs_csv(path: str | Path) -> Workload:
+    """JOBS.csv: `job_id, arrival_s, gpus` and per row either `duration_s` or a benchmark configuration
+    (`model_name, method, gpu_model, batch_size, tokens_per_sample, dataset_tokens`, optionally
+    `number_nodes, enable_roce, fast_moe, fast_kernels, time_limit_s`). `gpus` is the configuration's
+    `number_gpus`. Raises WorkloadFormatError naming the line and column of the first problem."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadFormatError(path, None, None, f"cannot open: {exc.strerror or exc}") from exc
+    with handle:
+        reader = csv.reader(handle)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise WorkloadFormatError(path, 1, None, "empty file, expected a header row") from None
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise WorkloadFormatError(path, 1, None, f"not a CSV header: {exc}") from None
+        for column in REQUIRED_COLUMNS:
+            if column not in header:
+                raise WorkloadFormatError(path, 1, column, "missing from the header")
+        if "duration_s" not in header:
+            for column in CONFIG_REQUIRED:
+                if column not in header:
+                    raise WorkloadFormatError(path, 1, column, "missing (needed when there is no duration_s)")
+        builder = _Builder(path, {name: i for i, name in enumerate(header)})
+        try:
+            for row in reader:
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if len(row) != len(header):
+                    raise WorkloadFormatError(
+                        path, reader.line_num, None, f"has {len(row)} fields, the header has {len(header)}"
+                    )
+                builder.add(row, reader.line_num)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise WorkloadFormatError(path, reader.line_num, None, f"unreadable row: {exc}") from None
+    if not builder.job_ids:
+        raise WorkloadFormatError(path, None, None, "no jobs in the file")
+    return builder.build()
+
+
+_TRUE = {"1", "1.0", "true", "yes", "y", "t"}
+_FALSE = {"", "0", "0.0", "false", "no", "n", "f", "none", "nan"}
+
+
+class _Builder:
+    def __init__(self, path: Path, columns: dict[str, int]) -> None:
+        self.path, self.columns = path, columns
+        self.job_ids: list[str] = []
+        self.arrival: list[float] = []
+        self.gpus: list[int] = []
+        self.gpu_models: list[str] = []
+        self.duration: list[float] = []
+        self.work: list[float] = []
+        self.config_idx: list[int] = []
+        self.catalog: dict[object, int] = {}
+        self.configs: list[JobConfig] = []
+        self.seen: set[str] = set()
+
+    def cell(self, row: list[str], name: str) -> str:
+        i = self.columns.get(name)
+        return "" if i is None else row[i].strip()
+
+    def number(self, row: list[str], name: str, line: int, *, positive: bool = False) -> float:
+        text = self.cell(row, name)
+        try:
+            value = float(text)
+        except ValueError:
+            raise WorkloadFormatError(self.path, line, name, f"not a number: {text!r}") from None
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise WorkloadFormatError(
+                self.path, line, name, f"must be a {'positive' if positive else 'finite'} number: {text!r}"
+            )
+        return value
+
+    def integer(
+        self, row: list[str], name: str, line: int, *, minimum: int = 1, default: int | None = None
+    ) -> int:
+        if default is not None and not self.cell(row, name):
+            return default
+        value = self.number(row, name, line)
+        if value != int(value) or value < minimum:
+            raise WorkloadFormatError(self.path, line, name, f"must be an integer ≥ {minimum}: {value!r}")
+        return int(value)
+
+    def flag(self, row: list[str], name: str, line: int) -> bool:
+        text = self.cell(row, name).lower()
+        if text in _TRUE or text.startswith("['true"):  # the benchmark writes fast_kernels as a list
+            return True
+        if text in _FALSE:
+            return False
+        raise WorkloadFormatError(self.path, line, name, f"not a yes/no value: {text!r}")
+
+    def add(self, row: list[str], line: int) -> None:
+        job_id = self.cell(row, "job_id")
+        if not job_id:
+            raise WorkloadFormatError(self.path, line, "job_id", "empty")
+        if job_id in self.seen:
+            raise WorkloadFormatError(self.path, line, "job_id", f"duplicate job id {job_id!r}")
+        self.seen.add(job_id)
+        arrival = self.number(row, "arrival_s", line)
+        gpus = self.integer(row, "gpus", line)
+        gpu_model = canonical_gpu_name(self.cell(row, "gpu_model")) if self.cell(row, "gpu_model") else ""
+        duration = math.nan
+        work = math.nan
+        config = NO_CONFIG
+        if self.cell(row, "duration_s"):
+            duration = self.number(row, "duration_s", line)
+            if duration < 0:
+                raise WorkloadFormatError(self.path, line, "duration_s", f"must be ≥ 0: {duration!r}")
+        else:
+            for name in CONFIG_REQUIRED:
+                if not self.cell(row, name):
+                    raise WorkloadFormatError(
+                        self.path, line, name, "empty (needed when duration_s is empty)"
+                    )
+            work = self.number(row, "dataset_tokens", line, positive=True)
+            time_limit = self.cell(row, "time_limit_s")
+            cfg = JobConfig(
+                model_name=self.cell(row, "model_name"),
+                method=self.cell(row, "method"),
+                gpu_model=gpu_model,
+                number_gpus=gpus,
+                number_nodes=self.integer(row, "number_nodes", line, default=max(1, math.ceil(gpus / 8))),
+                batch_size=self.integer(row, "batch_size", line),
+                tokens_per_sample=self.integer(row, "tokens_per_sample", line),
+                enable_roce=self.flag(row, "enable_roce", line),
+                fast_moe=self.integer(row, "fast_moe", line, minimum=0, default=0),
+                fast_kernels=self.flag(row, "fast_kernels", line),
+                time_limit_s=self.number(row, "time_limit_s", line, positive=True) if time_limit else None,
+            )
+            config = self.catalog.setdefault(catalog_key(cfg), len(self.catalog))
+            if config == len(self.configs):
+                self.configs.append(cfg)
+        self.job_ids.append(job_id)
+        self.arrival.append(arrival)
+        self.gpus.append(gpus)
+        self.gpu_models.append(gpu_model)
+        self.duration.append(duration)
+        self.work.append(work)
+        self.config_idx.append(config)
+
+    def build(self) -> Workload:
+        return Workload(
+            job_ids=self.job_ids,
+            arrival_s=np.asarray(self.arrival, dtype=np.float64),
+            gpus=np.asarray(self.gpus, dtype=np.int64),
+            gpu_models=self.gpu_models,
+            duration_s=np.asarray(self.duration, dtype=np.float64),
+            work_tokens=np.asarray(self.work, dtype=np.float64),
+            config_idx=np.asarray(self.config_idx, dtype=np.int64),
+            catalog=self.configs,
+        )
+
+
+def write_jobs_csv(workload: Workload, path: str | Path) -> None:
+    """The inverse of `read_jobs_csv` (duration-only and configured rows alike)."""
+    columns = list(REQUIRED_COLUMNS) + list(OPTIONAL_COLUMNS)
+    with Path(path).open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        for i, job_id in enumerate(workload.job_ids):
+            cfg = workload.config_of(i)
+            duration = float(workload.duration_s[i])
+            row: dict[str, object] = {
+                "job_id": job_id,
+                "arrival_s": repr(float(workload.arrival_s[i])),
+                "gpus": int(workload.gpus[i]),
+                "duration_s": "" if math.isnan(duration) else repr(duration),
+                "gpu_model": workload.gpu_models[i],
+            }
+            if cfg is not None:
+                row |= {
+                    "model_name": cfg.model_name,
+                    "method": cfg.method,
+                    "gpu_model": cfg.gpu_model,
+                    "batch_size": cfg.batch_size,
+                    "tokens_per_sample": cfg.tokens_per_sample,
+                    "number_nodes": cfg.number_nodes,
+                    "enable_roce": int(cfg.enable_roce),
+                    "fast_moe": cfg.fast_moe,
+                    "fast_kernels": int(cfg.fast_kernels),
+                    "time_limit_s": "" if cfg.time_limit_s is None else cfg.time_limit_s,
+                    "dataset_tokens": repr(float(workload.work_tokens[i])),
+                }
+            writer.writerow([row.get(c, "") for c in columns])
