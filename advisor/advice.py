@@ -45,7 +45,12 @@ NEAR_BEST = 0.05
 ROCE_MIN_GAIN = 1.05
 # When the request does not say how much work the job has, run times are for this many tokens (flagged).
 DEFAULT_WORK_TOKENS = 1e8
+BAND_COLUMNS = ("tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90")
 MIN_GPU_LADDER: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32)
+
+
+# A chosen configuration: (row index, why it was chosen, its evidence).
+Choice = tuple[int, str, list[Evidence]]
 
 
 class AdviceError(ValueError):
@@ -58,7 +63,7 @@ class Predicted:
 
     p_valid: np.ndarray  # (n,)
     tps: np.ndarray  # (n, 3): p10, p50, p90 tokens/s
-    watts: np.ndarray  # (n,) per GPU
+    watts: np.ndarray | None  # (n,) per GPU; None: ask the power model for the reported rows only
     notes: list[str | None]
 
 
@@ -69,20 +74,16 @@ def _record(config: JobConfig) -> dict[str, Any]:
 
 
 def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
-    """One vectorized evaluation of every configuration (`predict_frame` when the models have it)."""
+    """One vectorized evaluation of every configuration (`predict_frame` when the models have it; its
+    frame has no power today, which `_Answer.load_power` then asks for the few reported rows)."""
     n = len(configs)
     if hasattr(models, "predict_frame"):
         from calibrate.frames import configs_frame
 
         frame = models.predict_frame(configs_frame(_record(c) for c in configs))
         p_valid = frame["p_valid"].to_numpy(dtype=float)
-        tps = frame[["tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90"]].to_numpy(
-            float
-        )
-        if "power_watts" in frame:
-            watts = frame["power_watts"].to_numpy(dtype=float)
-        else:
-            watts = np.asarray(models.predict_power_watts(configs), dtype=float)
+        tps = frame[list(BAND_COLUMNS)].to_numpy(dtype=float)
+        watts = frame["power_watts"].to_numpy(dtype=float) if "power_watts" in frame else None
         notes = [n if isinstance(n, str) and n else None for n in frame.get("note", [None] * n)]
     else:
         p_valid = np.asarray(models.predict_failure(configs), dtype=float)
@@ -134,6 +135,23 @@ class _Answer:
         self.rows = rows
         self.p = predicted
         self.work = work_tokens
+        self.watts: dict[int, float] = {}
+
+    def load_power(self, models: Any, indices: set[int]) -> None:
+        """Watts per GPU for the rows the answer reports: from the one call when it gave them, else one
+        small call for those rows only (energy is reported for a handful of configurations, not the grid)."""
+        wanted = sorted(indices)
+        if self.p.watts is not None:
+            values = [float(self.p.watts[i]) for i in wanted]
+        elif wanted:
+            configs = [self.rows.configs[i] for i in wanted]
+            values = [float(w) for w in np.asarray(models.predict_power_watts(configs), dtype=float)]
+        else:
+            values = []
+        for i, watts in zip(wanted, values, strict=True):
+            self.watts[i] = (
+                watts if math.isfinite(watts) else gpu_type(self.rows.configs[i].gpu_model).tdp_watts
+            )
 
     def p_valid(self, i: int) -> float:
         return float(self.p.p_valid[i])
@@ -153,11 +171,7 @@ class _Answer:
         config = self.rows.configs[i]
         run = Band(p10=self.work / high, p50=self.work / mid, p90=self.work / low)
         gpu_hours = config.number_gpus * run.p50 / 3600.0
-        watts = (
-            float(self.p.watts[i])
-            if math.isfinite(float(self.p.watts[i]))
-            else gpu_type(config.gpu_model).tdp_watts
-        )
+        watts = self.watts[i]
         return Prediction(
             p_valid=_num(self.p_valid(i)),
             tokens_per_second=Band(p10=low, p50=mid, p90=high),
@@ -166,7 +180,10 @@ class _Answer:
             energy_kwh=watts * gpu_hours / 1000.0,
         )
 
-    def option(self, i: int, why: str, evidence: list[Evidence]) -> Option:
+    def option(self, choice: Choice | None) -> Option | None:
+        if choice is None:
+            return None
+        i, why, evidence = choice
         config = self.rows.configs[i]
         prediction = self.prediction(i)
         assert prediction is not None
@@ -239,7 +256,13 @@ def advise_job(
         if note and note not in notes and i in (i_asked, i_repaired, i_placed):
             notes.append(note)
 
-    verdict = _verdict(answer, config, rule, i_asked, i_repaired)
+    fewest = _fewest_gpus(answer, ladder, searched)
+    fastest = _best_throughput(answer, searched + ladder)
+    cheapest = _best_cost(answer, searched + ladder)
+    reported = {i for i in (i_asked, i_repaired) if i is not None}
+    reported |= {choice[0] for choice in (fewest, fastest, cheapest) if choice is not None}
+    answer.load_power(models, reported)
+
     repair_out = None
     if changes:
         assert i_repaired is not None
@@ -253,11 +276,11 @@ def advise_job(
         model_version=model_version,
         config=ConfigOut.of(config),
         work=Work(dataset_tokens=work, assumed=dataset_tokens is None),
-        verdict=verdict,
+        verdict=_verdict(answer, config, rule, i_asked, i_repaired),
         repair=repair_out,
-        fewest_gpus=_fewest_gpus(answer, ladder, searched),
-        best_throughput=_best_throughput(answer, searched + ladder),
-        best_cost=_best_cost(answer, searched + ladder),
+        fewest_gpus=answer.option(fewest),
+        best_throughput=answer.option(fastest),
+        best_cost=answer.option(cheapest),
         placement=_placement(answer, repaired, placed, i_repaired_nodes, i_placed),
         optimizations=[
             _fast_kernels(answer, kernels, config),
@@ -303,7 +326,7 @@ def _verdict(
     )
 
 
-def _fewest_gpus(answer: _Answer, ladder: list[int], searched: list[int]) -> Option | None:
+def _fewest_gpus(answer: _Answer, ladder: list[int], searched: list[int]) -> Choice | None:
     configs = answer.rows.configs
     tried = {configs[i].number_gpus: answer.p_valid(i) for i in ladder}
     runs = [i for i in ladder if answer.usable(i)]
@@ -319,7 +342,7 @@ def _fewest_gpus(answer: _Answer, ladder: list[int], searched: list[int]) -> Opt
         best = min(runs, key=lambda i: (abs(math.log2(configs[i].batch_size / asked)), -answer.p50(i)))
     else:
         best = min(runs, key=lambda i: (configs[i].number_gpus, -answer.p50(i)))
-    return answer.option(
+    return (
         best,
         why,
         [_evidence(findings.PLACEMENT, p_valid_by_gpus={str(k): v for k, v in sorted(tried.items())})],
@@ -345,7 +368,7 @@ def _largest_batch_note(answer: _Answer, chosen: int, pool: list[int]) -> Eviden
     )
 
 
-def _best_throughput(answer: _Answer, pool: list[int]) -> Option | None:
+def _best_throughput(answer: _Answer, pool: list[int]) -> Choice | None:
     runs = [i for i in pool if answer.usable(i)]
     if not runs:
         return None
@@ -359,7 +382,7 @@ def _best_throughput(answer: _Answer, pool: list[int]) -> Option | None:
     ]
     if configs[best].number_nodes > 1:
         evidence.append(_evidence(findings.PLACEMENT, tokens_per_s=answer.p50(best)))
-    return answer.option(
+    return (
         best,
         f"highest predicted tokens/s among configurations likely to run (p >= {RECOMMEND_P_VALID}); "
         f"the smallest batch within {NEAR_BEST:.0%} of the best",
@@ -367,7 +390,7 @@ def _best_throughput(answer: _Answer, pool: list[int]) -> Option | None:
     )
 
 
-def _best_cost(answer: _Answer, pool: list[int]) -> Option | None:
+def _best_cost(answer: _Answer, pool: list[int]) -> Choice | None:
     runs = [i for i in pool if answer.usable(i)]
     if not runs:
         return None
@@ -376,7 +399,7 @@ def _best_cost(answer: _Answer, pool: list[int]) -> Option | None:
     score = {i: configs[i].number_gpus / answer.p50(i) / answer.p_valid(i) for i in runs}
     near = _near_best(runs, score, higher_is_better=False)
     best = min(near, key=lambda i: (configs[i].batch_size, configs[i].number_gpus, score[i]))
-    return answer.option(
+    return (
         best,
         f"fewest risk-adjusted GPU-hours for the work (GPU-s per token / p_valid); the smallest batch "
         f"within {NEAR_BEST:.0%} of the cheapest",

@@ -134,7 +134,9 @@ class OutboxRelay:
         try:
             partitions = consumer.partitions_for_topic(topic)
             if not partitions:
-                return found
+                if topic in consumer.topics():  # it exists, but its partitions are not known: try later
+                    raise TopicNotReadable(f"no partition metadata for {topic}")
+                return found  # no such topic: nothing was ever published to it
             tps = [TopicPartition(topic, p) for p in sorted(partitions)]
             consumer.assign(tps)
             ends = consumer.end_offsets(tps)

@@ -2,14 +2,15 @@
 `build_features`, whether the rows come from a benchmark CSV, a configs CSV or `JobConfig` objects.
 
 The features are physics first (what decides memory and speed), names second:
-- memory: the training state each GPU holds (weights, gradients, optimizer state by method, sharded over the
-  GPUs that FSDP spreads it across) and the activations (batch per GPU x tokens x model width x depth),
-  against the GPU's memory;
-- speed: the FLOPs a token costs (about 6 x active parameters for full fine-tuning, plus attention), against
-  the GPUs' peak FLOPs, so the regressor learns an efficiency, which carries over to model sizes and GPU
-  counts it has not seen;
+- memory: the training state each GPU holds (weights, gradients and optimizer state by method, sharded over
+  the GPUs FSDP spreads it across), the activations (batch per GPU x tokens x model width x depth) and the
+  logits (batch per GPU x tokens x vocabulary), against the GPU's memory;
+- speed: the FLOPs a token costs (about 6 x active parameters for full fine-tuning, plus attention) against
+  the GPUs' effective speed, slowed by the time each step spends moving weights and gradients between GPUs
+  (NVLink, PCIe, RoCE or plain TCP across nodes). `log_physics_tokens_per_second` is that bound; the
+  regressor learns the efficiency on top of it, which carries over to sizes and GPU counts it has not seen;
 - the protocol: tuning-stack version, time cap, auto-stop, gradient checkpointing and accumulation, parsed
-  from `experiment_id` and the identifier so that a protocol never seen before still says what it does.
+  from `experiment_id` and the identifier, so that a protocol never seen before still says what it does.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from twin.domain import GPU_TYPES, JobConfig, canonical_gpu_name, model_params_b
+from twin.domain import GPU_TYPES, METHODS, MODEL_PARAMS_B, JobConfig, canonical_gpu_name, model_params_b
 
-# Active parameters (billions) of the benchmark's mixture-of-experts models: what a token actually
-# computes with. Total parameters (MODEL_PARAMS_B) size the memory; active ones size the FLOPs.
+# Active parameters (billions) of the benchmark's mixture-of-experts models: what a token computes with.
+# Total parameters (MODEL_PARAMS_B) size the memory; active ones size the FLOPs.
 MOE_ACTIVE_PARAMS_B: dict[str, float] = {
     "granite-3.1-3b-a800m-instruct": 0.8,
     "granite-4.0-h-small": 9.0,
@@ -33,25 +35,55 @@ MOE_ACTIVE_PARAMS_B: dict[str, float] = {
     "mixtral-8x7b-instruct-v0.1": 12.9,
 }
 
-# Dense bf16 tensor-core peak (TFLOPS) and memory bandwidth (GB/s) from the vendors' data sheets.
-GPU_PEAK_TFLOPS: dict[str, float] = {
-    "NVIDIA-A100-SXM4-80GB": 312.0,
-    "NVIDIA-A100-80GB-PCIe": 312.0,
-    "L40S": 362.0,
-    "NVIDIA-H100-PCIe": 756.0,
+# Vocabulary size by model family: the logits (batch x tokens x vocabulary, in fp32) are often the largest
+# single activation, and llama3's 128k vocabulary is four times llama2's.
+VOCABULARY_BY_FAMILY: dict[str, int] = {
+    "llama": 32000,
+    "llama2": 32000,
+    "llama3": 128256,
+    "llama3.1": 128256,
+    "llama3.2": 128256,
+    "mistral": 32768,
+    "mixtral": 32000,
+    "allam": 64000,
+    "granite": 50304,
+    "granite-code": 49152,
+    "granite-3": 49155,
+    "granite-3.1": 49155,
+    "granite-3.3": 49159,
+    "granite-4.0": 100352,
+    "granite-4.0-h": 100352,
 }
-GPU_BANDWIDTH_GBS: dict[str, float] = {
-    "NVIDIA-A100-SXM4-80GB": 2039.0,
-    "NVIDIA-A100-80GB-PCIe": 1935.0,
-    "L40S": 864.0,
-    "NVIDIA-H100-PCIe": 2000.0,
+DEFAULT_VOCABULARY = 50000
+
+
+# Per GPU type: dense bf16 TFLOPS (data sheet); speed relative to A100-PCIe as the paper's matched pairs
+# measure it (A100-SXM 1.18x, L40S 0.68x; H100-PCIe has no pairs: 1.6x is an estimate between the A100-SXM
+# and its data-sheet ratio, corrected by the regressor where H100 runs exist); GPU-to-GPU bandwidth inside a
+# node in GB/s (NVLink on SXM boards, PCIe otherwise), as achieved by collectives.
+GPU_SPECS: dict[str, tuple[float, float, float]] = {
+    "NVIDIA-A100-SXM4-80GB": (312.0, 1.18, 200.0),
+    "NVIDIA-A100-80GB-PCIe": (312.0, 1.0, 16.0),
+    "L40S": (362.0, 0.68, 16.0),
+    "NVIDIA-H100-PCIe": (756.0, 1.6, 16.0),
 }
+# A GPU type finetwin does not know is taken as an A100-PCIe (and flagged in the note).
+UNKNOWN_GPU_SPEC = (80.0, 312.0, 1.0, 16.0)
+_REFERENCE_TFLOPS = 312.0  # the A100-PCIe's, the unit of the relative speeds
+# Between nodes: RoCE moves data NIC to NIC without the CPU; without it, collectives go over TCP.
+INTER_NODE_GBS = {True: 25.0, False: 3.0}
+# The share of peak FLOPs a well-fed GPU reaches; only sets the scale of compute time against
+# communication time (the regressor learns the real efficiency).
+NOMINAL_UTILIZATION = 0.4
 
 # Bytes of training state per parameter. Full: bf16 weights and gradients, fp32 master weights and two
 # Adam moments (2 + 2 + 4 + 8). LoRA: frozen bf16 weights (the adapters are negligible). GPTQ-LoRA: 4-bit
 # weights plus scales.
 STATE_BYTES_PER_PARAM: dict[str, float] = {"full": 16.0, "lora": 2.0, "gptq-lora": 0.55}
-# FLOPs per parameter per token: forward 2, backward 4 (LoRA skips the weight gradients: 2 + 2).
+# Bytes of weights FSDP gathers per parameter, and of gradients it reduces (LoRA: only the adapters').
+WEIGHT_BYTES_PER_PARAM: dict[str, float] = {"full": 2.0, "lora": 2.0, "gptq-lora": 0.55}
+GRADIENT_BYTES_PER_PARAM: dict[str, float] = {"full": 2.0, "lora": 0.0, "gptq-lora": 0.0}
+# FLOPs per parameter per token: forward 2, backward 4 (LoRA and GPTQ-LoRA skip the weight gradients).
 FLOPS_PER_PARAM: dict[str, float] = {"full": 6.0, "lora": 4.0, "gptq-lora": 4.0}
 
 # Width x depth of a dense transformer grows as about params^0.7 (1B: 16 x 2048, 7B: 32 x 4096,
@@ -60,27 +92,25 @@ _WIDTH_DEPTH_AT_7B = 32 * 4096
 _WIDTH_DEPTH_EXPONENT = 0.7
 # Bytes of activations per token per unit of width x depth without recomputation (Korthikanti et al.).
 _ACTIVATION_BYTES = 34.0
+# fp32 logits and their gradient.
+_LOGIT_BYTES = 8.0
 
 UNSEEN_NAME_NOTE = "unseen model name: size from name"
 UNKNOWN_SIZE_NOTE = "unknown model size"
-UNKNOWN_GPU_NOTE = "unknown GPU model"
+UNKNOWN_GPU_NOTE = "unknown GPU model: taken as an A100-PCIe"
+_UNSTATED = -1.0
 FALLBACK_PARAMS_B = 7.0  # a typical size, used only when a name says nothing about it (and flagged)
 
-CATEGORICAL_FEATURES: tuple[str, ...] = (
-    "method",
-    "gpu_model",
-    "model_family",
-    "protocol",
-    "tuning_version",
-)
+CATEGORICAL_FEATURES: tuple[str, ...] = ("method", "gpu_model", "model_family", "protocol", "tuning_version")
 NUMERIC_FEATURES: tuple[str, ...] = (
     "log_params",
     "log_active_params",
     "is_moe",
     "hybrid_mamba",
+    "log_vocabulary",
     "log_gpu_memory",
     "log_gpu_tflops",
-    "log_gpu_bandwidth",
+    "log_gpu_relative_speed",
     "number_gpus",
     "log_gpus",
     "number_nodes",
@@ -106,12 +136,16 @@ NUMERIC_FEATURES: tuple[str, ...] = (
     "state_bytes_per_param",
     "log_state_gb",
     "log_activation_gb",
+    "log_logits_gb",
     "log_memory_ratio",
     "memory_headroom_gb",
     "log_flops_per_token",
-    "log_peak_tokens_per_second",
+    "log_communication_ratio",
+    "log_physics_tokens_per_second",
 )
 FEATURE_NAMES: tuple[str, ...] = CATEGORICAL_FEATURES + NUMERIC_FEATURES
+# The throughput regressor learns log(tokens/s) minus this bound.
+THROUGHPUT_OFFSET = "log_physics_tokens_per_second"
 
 # Columns a frame needs for `build_features`; the others have defaults.
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -133,9 +167,25 @@ _DEFAULTS: dict[str, Any] = {
     "fms_hf_tuning_version": "",
     "torch_dtype": "bfloat16",
 }
+_PROTOCOL_KEYS = (
+    "protocol",
+    "data_parallel_only",
+    "hybrid_shard",
+    "auto_stop",
+    "gradient_accumulation",
+    "reentrant",
+)
 _EXTRA_KEYS = ("experiment_id", "identifier", "fms_hf_tuning_version", "torch_dtype")
 _SETTING_SPLIT = re.compile(r"-(?=[a-z_]+\.)")
 _PROTOCOL_VERSION = re.compile(r"-v\d+(?:\.\d+)*$")
+_IDENTIFIER_SETTINGS = {
+    key: re.compile(rf"(?:^|-){key}\.([A-Za-z0-9_.]+?)(?=-[a-z_]+\.|$)")
+    for key in (
+        "fsdp_sharding_strategy",
+        "gradient_accumulation_steps",
+        "gradient_checkpointing_use_reentrant",
+    )
+}
 
 
 def config_from_row(row: Mapping[str, Any]) -> JobConfig:
@@ -178,142 +228,207 @@ def configs_to_frame(configs: Sequence[JobConfig]) -> pd.DataFrame:
         for key in _EXTRA_KEYS:
             row[key] = config.extra.get(key, _DEFAULTS[key])
         rows.append(row)
-    columns = list(REQUIRED_COLUMNS) + list(_DEFAULTS)
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=[*REQUIRED_COLUMNS, *_DEFAULTS])
 
 
 def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The feature frame (FEATURE_NAMES, same index as `table`) and a note per row saying what was guessed.
 
     `table` is loader output (benchmark or configs) or `configs_to_frame` output; missing optional columns
-    take their defaults.
+    take their defaults. Raises ValueError naming the row (position) and column of an impossible value.
     """
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
-    if missing:
-        raise ValueError(f"missing configuration columns: {', '.join(missing)}")
-    frame = table.copy()
-    for column, default in _DEFAULTS.items():
-        if column not in frame.columns:
-            frame[column] = default
-    n = len(frame)
+    frame = _validated(table)
     out = pd.DataFrame(index=table.index)
 
-    names = frame["model_name"].astype(str).str.strip().str.lower().to_numpy()
+    names = frame["model_name"].to_numpy()
     params, active, notes = _model_sizes(names)
-    methods = frame["method"].astype(str).str.strip().str.lower().to_numpy()
-    gpus_named = np.array([canonical_gpu_name(str(g)) for g in frame["gpu_model"]], dtype=object)
-    gpu_known = np.array([g in GPU_TYPES for g in gpus_named])
-    for i in np.flatnonzero(~gpu_known):
-        notes[i] = "; ".join(x for x in (notes[i], UNKNOWN_GPU_NOTE) if x)
+    methods = frame["method"].to_numpy()
+    gpus_named = [canonical_gpu_name(g) for g in frame["gpu_model"]]
+    specs = [_gpu(g) for g in gpus_named]
+    memory, tflops, relative_speed, intra_node_gbs = (np.array([s[i] for s in specs]) for i in range(4))
+    for i, spec in enumerate(specs):
+        if not spec[4]:
+            notes[i] = "; ".join(x for x in (notes[i], UNKNOWN_GPU_NOTE) if x)
 
-    memory = np.array([GPU_TYPES[g].memory_gb if g in GPU_TYPES else np.nan for g in gpus_named])
-    tflops = np.array([GPU_PEAK_TFLOPS.get(g, np.nan) for g in gpus_named])
-    bandwidth = np.array([GPU_BANDWIDTH_GBS.get(g, np.nan) for g in gpus_named])
     gpus = frame["number_gpus"].to_numpy(dtype=float)
     nodes = frame["number_nodes"].to_numpy(dtype=float)
     batch = frame["batch_size"].to_numpy(dtype=float)
     tokens = frame["tokens_per_sample"].to_numpy(dtype=float)
-    roce = frame["enable_roce"].astype(bool).to_numpy(dtype=float)
+    roce = frame["enable_roce"].to_numpy(dtype=bool)
     expert_parallel = frame["fast_moe"].to_numpy(dtype=float)
-    fast_kernels = frame["fast_kernels"].astype(bool).to_numpy(dtype=float)
-    time_limit = pd.to_numeric(frame["time_limit_s"], errors="coerce").to_numpy(dtype=float)
-
-    protocols = [
-        _protocol(str(e), str(i)) for e, i in zip(frame["experiment_id"], frame["identifier"], strict=True)
-    ]
-    data_parallel_only = np.array([p["data_parallel_only"] for p in protocols], dtype=float)
-    hybrid_shard = np.array([p["hybrid_shard"] for p in protocols], dtype=float)
+    time_limit = frame["time_limit_s"].to_numpy(dtype=float)
+    protocols = [_protocol(e, i) for e, i in zip(frame["experiment_id"], frame["identifier"], strict=True)]
+    protocol = {key: np.array([p[key] for p in protocols]) for key in _PROTOCOL_KEYS}
+    families = np.array([_family(name) for name in names], dtype=object)
+    vocabulary = np.array([VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in families], dtype=float)
 
     gpus_per_node = gpus / nodes
     batch_per_gpu = batch / gpus
+    data_parallel_only = protocol["data_parallel_only"].astype(float)
+    hybrid_shard = protocol["hybrid_shard"].astype(float)
     # FSDP shards the training state over every GPU of the job; HYBRID_SHARD only within a node; plain
     # data parallelism keeps a full copy on each GPU.
     shard_degree = np.where(data_parallel_only == 1, 1.0, np.where(hybrid_shard == 1, gpus_per_node, gpus))
-    state_bytes = np.array([STATE_BYTES_PER_PARAM.get(m, np.nan) for m in methods])
+
+    # Memory per GPU, in GB.
+    state_bytes = _per_method(methods, STATE_BYTES_PER_PARAM)
     state_gb = params * state_bytes / shard_degree
     width_depth = _WIDTH_DEPTH_AT_7B * (active / 7.0) ** _WIDTH_DEPTH_EXPONENT
     activation_gb = _ACTIVATION_BYTES * batch_per_gpu * tokens * width_depth / 1e9
+    logits_gb = _LOGIT_BYTES * batch_per_gpu * tokens * vocabulary / 1e9
+    needed_gb = state_gb + activation_gb + logits_gb
+
+    # Speed: compute time of one step on one GPU against the time to move weights and gradients.
     flops_per_token = (
-        np.array([FLOPS_PER_PARAM.get(m, np.nan) for m in methods]) * active * 1e9
+        _per_method(methods, FLOPS_PER_PARAM) * active * 1e9
         + 12.0 * width_depth * tokens  # attention scores and values, forward and backward
     )
-    peak_tokens_per_second = gpus * tflops * 1e12 / flops_per_token
+    effective_flops = _REFERENCE_TFLOPS * 1e12 * relative_speed
+    compute_s = flops_per_token * batch_per_gpu * tokens / (effective_flops * NOMINAL_UTILIZATION)
+    weight_bytes = _per_method(methods, WEIGHT_BYTES_PER_PARAM) * params * 1e9
+    gradient_bytes = _per_method(methods, GRADIENT_BYTES_PER_PARAM) * params * 1e9
+    # FSDP gathers the weights for the forward and again for the backward pass and reduce-scatters the
+    # gradients; plain data parallelism all-reduces the gradients only.
+    step_bytes = np.where(data_parallel_only == 1, 2.0 * gradient_bytes, 2.0 * weight_bytes + gradient_bytes)
+    step_bytes = step_bytes * (gpus - 1.0) / gpus
+    link_gbs = np.where(
+        nodes > 1, np.where(roce, INTER_NODE_GBS[True], INTER_NODE_GBS[False]), intra_node_gbs
+    )
+    communication_s = step_bytes / (link_gbs * 1e9)
+    physics_tokens_per_second = (
+        gpus
+        * effective_flops
+        * NOMINAL_UTILIZATION
+        / flops_per_token
+        * compute_s
+        / (compute_s + communication_s)
+    )
 
     out["method"] = methods
     out["gpu_model"] = gpus_named
-    out["model_family"] = [_family(name) for name in names]
-    out["protocol"] = [p["protocol"] for p in protocols]
-    out["tuning_version"] = frame["fms_hf_tuning_version"].astype(str).str.strip().to_numpy()
+    out["model_family"] = families
+    out["protocol"] = protocol["protocol"]
+    out["tuning_version"] = frame["fms_hf_tuning_version"].to_numpy()
     out["log_params"] = np.log(params)
     out["log_active_params"] = np.log(active)
     out["is_moe"] = (active < params * 0.95).astype(float)
     out["hybrid_mamba"] = np.array(["-h-" in name for name in names], dtype=float)
+    out["log_vocabulary"] = np.log(vocabulary)
     out["log_gpu_memory"] = np.log(memory)
     out["log_gpu_tflops"] = np.log(tflops)
-    out["log_gpu_bandwidth"] = np.log(bandwidth)
+    out["log_gpu_relative_speed"] = np.log(relative_speed)
     out["number_gpus"] = gpus
     out["log_gpus"] = np.log(gpus)
     out["number_nodes"] = nodes
     out["gpus_per_node"] = gpus_per_node
     out["multi_node"] = (nodes > 1).astype(float)
-    out["enable_roce"] = roce
-    out["roce_multi_node"] = roce * (nodes > 1)
+    out["enable_roce"] = roce.astype(float)
+    out["roce_multi_node"] = (roce & (nodes > 1)).astype(float)
     out["log_batch"] = np.log(batch)
     out["log_batch_per_gpu"] = np.log(batch_per_gpu)
     out["log_tokens"] = np.log(tokens)
     out["log_tokens_per_gpu_step"] = np.log(batch_per_gpu * tokens)
     out["expert_parallel"] = expert_parallel
-    # How many GPUs each expert group spans: the communication fast MoE pays for.
+    # How many GPUs each expert group spans: the token exchange fast MoE pays for.
     out["experts_spread"] = np.where(expert_parallel > 0, np.minimum(expert_parallel, gpus), 0.0)
-    out["fast_kernels"] = fast_kernels
+    out["fast_kernels"] = frame["fast_kernels"].to_numpy(dtype=float)
     out["time_limited"] = (~np.isnan(time_limit)).astype(float)
-    out["auto_stop"] = np.array([p["auto_stop"] for p in protocols], dtype=float)
+    out["auto_stop"] = protocol["auto_stop"].astype(float)
     out["data_parallel_only"] = data_parallel_only
     out["hybrid_shard"] = hybrid_shard
     out["shard_degree"] = shard_degree
-    out["gradient_accumulation"] = np.array([p["gradient_accumulation"] for p in protocols], dtype=float)
-    out["reentrant_checkpointing"] = np.array([p["reentrant"] for p in protocols], dtype=float)
+    # Settings a protocol does not state are -1, not NaN: a column NaN on every training row breaks the
+    # trees' binning, and "not stated" is a protocol property of its own.
+    out["gradient_accumulation"] = np.nan_to_num(
+        protocol["gradient_accumulation"].astype(float), nan=_UNSTATED
+    )
+    out["reentrant_checkpointing"] = np.nan_to_num(protocol["reentrant"].astype(float), nan=_UNSTATED)
     out["version_number"] = [version_number(v) for v in out["tuning_version"]]
     out["state_bytes_per_param"] = state_bytes
     out["log_state_gb"] = np.log(state_gb)
     out["log_activation_gb"] = np.log(activation_gb)
-    out["log_memory_ratio"] = np.log((state_gb + activation_gb) / memory)
-    out["memory_headroom_gb"] = memory - state_gb - activation_gb
+    out["log_logits_gb"] = np.log(logits_gb)
+    out["log_memory_ratio"] = np.log(needed_gb / memory)
+    out["memory_headroom_gb"] = memory - needed_gb
     out["log_flops_per_token"] = np.log(flops_per_token)
-    out["log_peak_tokens_per_second"] = np.log(peak_tokens_per_second)
-    assert len(out) == n and tuple(out.columns) == FEATURE_NAMES
-    return out, notes
+    out["log_communication_ratio"] = np.log((communication_s + 1e-6) / compute_s)
+    out[THROUGHPUT_OFFSET] = np.log(physics_tokens_per_second)
+    return out[list(FEATURE_NAMES)], notes
 
 
 def version_number(version: str) -> float:
     """A number that orders tuning-stack versions, including the benchmark's mangled ones
-    (`0.4.0.1.0` is older than `2.0.1`; `3` is `3.0.0`)."""
+    (`0.4.0.1.0` is older than `2.0.1`; `3` is `3.0.0`); -1 when there is none."""
     parts = re.findall(r"\d+", version)
     if not parts:
-        return float("nan")
+        return _UNSTATED
     return float(sum(int(p) / 100.0**i for i, p in enumerate(parts[:4])))
 
 
+def _validated(table: pd.DataFrame) -> pd.DataFrame:
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"missing configuration columns: {', '.join(missing)}")
+    frame = pd.DataFrame(index=table.index)
+    for column in ("model_name", "method", "gpu_model"):
+        frame[column] = table[column].astype(str).str.strip()
+    frame["model_name"] = frame["model_name"].str.lower()
+    frame["method"] = frame["method"].str.lower()
+    _check(frame, ~frame["method"].isin(METHODS), "method", f"must be one of {', '.join(METHODS)}")
+    _check(frame, frame["model_name"] == "", "model_name", "is empty")
+    for column in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
+        values = pd.to_numeric(table[column], errors="coerce")
+        _check(frame, ~(values >= 1), column, "must be a number of at least 1")
+        frame[column] = values.to_numpy(dtype=float)
+    for column, default in _DEFAULTS.items():
+        if column not in table.columns:
+            frame[column] = default
+        elif column in ("enable_roce", "fast_kernels"):
+            frame[column] = table[column].fillna(False).astype(bool).to_numpy()
+        elif column == "fast_moe":
+            values = pd.to_numeric(table[column], errors="coerce").fillna(0.0)
+            _check(frame, values < 0, column, "must not be negative")
+            frame[column] = values.to_numpy(dtype=float)
+        elif column == "time_limit_s":
+            frame[column] = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+        else:
+            frame[column] = table[column].fillna(default).astype(str).str.strip().to_numpy()
+    return frame
+
+
+def _check(frame: pd.DataFrame, bad: pd.Series, column: str, message: str) -> None:
+    bad_array = np.asarray(bad, dtype=bool)
+    if bad_array.any():
+        row = int(np.argmax(bad_array))
+        raise ValueError(f"row {row}: column {column!r} {message}")
+
+
+@lru_cache(maxsize=64)
+def _gpu(name: str) -> tuple[float, float, float, float, bool]:
+    """(memory GB, dense bf16 TFLOPS, relative speed, GPU-to-GPU GB/s inside a node, known)."""
+    spec = GPU_SPECS.get(name)
+    if spec is None:
+        return (*UNKNOWN_GPU_SPEC, False)
+    return (GPU_TYPES[name].memory_gb, *spec, True)
+
+
+def _per_method(methods: np.ndarray, table: Mapping[str, float]) -> np.ndarray:
+    return np.array([table[m] for m in methods], dtype=float)
+
+
 def _model_sizes(names: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    params = np.empty(len(names))
-    active = np.empty(len(names))
-    notes: list[str] = []
-    cache: dict[str, tuple[float, float, str]] = {}
-    for i, name in enumerate(names):
-        if name not in cache:
-            cache[name] = _model_size(name)
-        params[i], active[i], note = cache[name]
-        notes.append(note)
-    return params, active, notes
+    sizes = [_model_size(str(name)) for name in names]
+    params = np.array([s[0] for s in sizes], dtype=float)
+    active = np.array([s[1] for s in sizes], dtype=float)
+    return params, active, [s[2] for s in sizes]
 
 
+@lru_cache(maxsize=1024)
 def _model_size(name: str) -> tuple[float, float, str]:
-    from twin.domain import MODEL_PARAMS_B
-
     total = model_params_b(name)
-    note = "" if name in MODEL_PARAMS_B else UNSEEN_NAME_NOTE
     if total is None or not math.isfinite(total) or total <= 0:
         return FALLBACK_PARAMS_B, FALLBACK_PARAMS_B, UNKNOWN_SIZE_NOTE
+    note = "" if name in MODEL_PARAMS_B else UNSEEN_NAME_NOTE
     active = MOE_ACTIVE_PARAMS_B.get(name)
     if active is None:
         active = _active_from_name(name, total)
@@ -331,6 +446,7 @@ def _active_from_name(name: str, total: float) -> float:
     return total
 
 
+@lru_cache(maxsize=1024)
 def _family(name: str) -> str:
     """The model family and generation (`llama3.1`, `granite-4.0-h`, `granite-code`): shared by sizes of
     one generation, so an unseen size of a known family still gets the family's tokenizer and layout."""
@@ -345,26 +461,38 @@ def _family(name: str) -> str:
 
 
 def _protocol(experiment_id: str, identifier: str) -> dict[str, Any]:
+    parsed = dict(_experiment(experiment_id))
+    settings = {key: pattern.search(identifier) for key, pattern in _IDENTIFIER_SETTINGS.items()}
+    if parsed["gradient_accumulation"] != parsed["gradient_accumulation"]:  # NaN: not in the experiment
+        found = settings["gradient_accumulation_steps"]
+        parsed["gradient_accumulation"] = _number(found.group(1) if found else None)
+    if parsed["reentrant"] != parsed["reentrant"]:
+        found = settings["gradient_checkpointing_use_reentrant"]
+        parsed["reentrant"] = _number(found.group(1) if found else None)
+    found = settings["fsdp_sharding_strategy"]
+    parsed["hybrid_shard"] = parsed["hybrid_shard"] or bool(found and found.group(1) == "HYBRID_SHARD")
+    return parsed
+
+
+@lru_cache(maxsize=256)
+def _experiment(experiment_id: str) -> tuple[tuple[str, Any], ...]:
     experiment = experiment_id.removeprefix("SFTTrainer.")
     base, *overrides = _SETTING_SPLIT.split(experiment) if experiment else [""]
     settings: dict[str, str] = {}
     for part in overrides:
         key, _, value = part.partition(".")
         settings[key] = value
-    for part in _SETTING_SPLIT.split(identifier) if identifier else []:
-        key, _, value = part.partition(".")
-        settings.setdefault(key, value)
     # The method's own words and the recipe's version say nothing the other columns do not.
     family = _PROTOCOL_VERSION.sub("", base.split("-v1.0.0")[0] if "_benchmark" in base else base)
     family = re.sub(r"(gptq-lora|lora|full)", "M", family).replace("-r-4-a-16-tm-default", "")
-    return {
-        "protocol": family,
-        "data_parallel_only": "-dp" in family,
-        "hybrid_shard": settings.get("fsdp_sharding_strategy", "") == "HYBRID_SHARD",
-        "auto_stop": "auto_stop_method" in settings,
-        "gradient_accumulation": _number(settings.get("gradient_accumulation_steps")),
-        "reentrant": _number(settings.get("gradient_checkpointing_use_reentrant")),
-    }
+    return (
+        ("protocol", family),
+        ("data_parallel_only", "-dp" in family),
+        ("hybrid_shard", settings.get("fsdp_sharding_strategy", "") == "HYBRID_SHARD"),
+        ("auto_stop", "auto_stop_method" in settings),
+        ("gradient_accumulation", _number(settings.get("gradient_accumulation_steps"))),
+        ("reentrant", _number(settings.get("gradient_checkpointing_use_reentrant"))),
+    )
 
 
 def _number(text: str | None) -> float:
@@ -380,14 +508,3 @@ def _present(value: Any) -> bool:
     if isinstance(value, float) and math.isnan(value):
         return False
     return not (isinstance(value, str) and not value.strip())
-
-
-__all__ = [
-    "CATEGORICAL_FEATURES",
-    "FEATURE_NAMES",
-    "NUMERIC_FEATURES",
-    "build_features",
-    "config_from_row",
-    "configs_to_frame",
-    "version_number",
-]

@@ -49,11 +49,15 @@ class RefitResult:
     promoted: bool
     in_use: str | None
     comparison: Comparison | None
-    fit_seconds: float
+    fit_seconds: float  # the whole calibration: loading, the comparison's fits, the final fit, saving
     rows: int
     message: str
     metadata: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why a scheduled refit failed
+
+    @property
+    def final_fit_seconds(self) -> float | None:
+        return self.metadata.get("final_fit_seconds")
 
 
 def calibrate_version(
@@ -97,21 +101,32 @@ def calibrate_version(
 
     union, candidate_rows, incumbent = _with_incumbent_rows(registry, in_use, data, engine, weights, now)
     comparison = compare(union, candidate_rows, incumbent, fit=fit_models, seed=seed, tolerance=tolerance)
+    final_fit_started = time.perf_counter()
     models = fit_models(data.table, data.weights, seed=seed)
+    final_fit_seconds = time.perf_counter() - final_fit_started
     fit_seconds = time.perf_counter() - started
     metadata = _metadata(data, models, comparison, weights, reason, seed, fit_seconds, now)
+    metadata["final_fit_seconds"] = round(final_fit_seconds, 3)
     version = registry.save(models, metadata, data.row_hashes)
-    promoted = comparison.not_worse
-    if promoted:
-        registry.promote(version, reason=f"{reason}: not worse than {comparison.against or 'nothing'}")
+    promoted = comparison.not_worse and registry.promote(
+        version,
+        reason=f"{reason}: not worse than {comparison.against or 'nothing'}",
+        replacing=comparison.against,
+    )
     if engine is not None:
         record_version(engine, registry.metadata(version), promoted=promoted)
-    message = (
-        f"{version}: {len(data)} rows, fitted in {fit_seconds:.1f} s; "
-        + (f"in use (not worse than {comparison.against})" if promoted and comparison.against else "")
-        + ("in use (the first version)" if promoted and not comparison.against else "")
-        + ("" if promoted else f"NOT promoted, worse than {comparison.against} in use: {_worse(comparison)}")
-    )
+    if promoted:
+        verdict = (
+            f"in use (not worse than {comparison.against})"
+            if comparison.against
+            else "in use (the first version)"
+        )
+    elif comparison.not_worse:
+        replaced = registry.in_use()
+        verdict = f"NOT promoted: {replaced} was put in use while it was compared with {comparison.against}"
+    else:
+        verdict = f"NOT promoted, worse than {comparison.against} in use: {_worse(comparison)}"
+    message = f"{version}: {len(data)} rows, calibrated in {fit_seconds:.1f} s; {verdict}"
     log.info("%s", message)
     return RefitResult(
         version, promoted, registry.in_use(), comparison, fit_seconds, len(data), message, metadata

@@ -48,6 +48,7 @@ TRAINING_ROWS = "training_rows.txt"
 ESTIMATORS = "estimators"
 ESTIMATOR_SUFFIX = ".skops"
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+ANY = object()  # `promote` without a condition on the version it replaces
 
 # The only types (beyond skops' own defaults: builtins, numpy, scikit-learn estimators) a saved estimator may
 # contain. Everything here is a plain data holder of scikit-learn or numpy; a file that asks for anything
@@ -254,8 +255,13 @@ class ModelRegistry:
             raise
         return version
 
-    def promote(self, version: str, *, reason: str) -> None:
-        """Put `version` in use (it is verified first); the one it replaces can be rolled back to."""
+    def promote(self, version: str, *, reason: str, replacing: str | None | object = ANY) -> bool:
+        """Put `version` in use (it is verified first); the one it replaces can be rolled back to.
+
+        With `replacing`, only if that version (None: no version) is still the one in use, so that a fit
+        compared with one version never replaces another that was promoted meanwhile; returns whether
+        `version` is in use now.
+        """
         path = self.path(version)
         self.verify(version)
         manifest_sha256 = sha256_file(path / MANIFEST)
@@ -264,10 +270,13 @@ class ModelRegistry:
             stack = list(pointer["stack"]) if pointer else []
             previous = pointer["version"] if pointer else None
             if previous == version:
-                return
+                return True
+            if replacing is not ANY and previous != replacing:
+                return False
             stack.append({"version": version, "manifest_sha256": manifest_sha256})
             self._set_pointer(stack)
             self._append_history("promote", version, previous, reason)
+            return True
 
     def rollback(self, *, reason: str = "rollback") -> str:
         """Back to the version that was in use before the current one; returns it."""

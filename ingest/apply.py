@@ -5,8 +5,13 @@ the batch), and only the events it actually inserted change jobs, observed runs 
 out of order (a completion before its submission): a job row is created by whichever event comes first,
 its state never moves backwards, and its configuration is filled in whenever `job.submitted` arrives.
 
-Everything is written with a handful of SQLAlchemy Core bulk statements per batch (multi-row inserts and
-dialect upserts), never row by row: ingest throughput is bounded by these statements.
+Everything is written with a handful of SQLAlchemy Core bulk statements per batch, never row by row:
+INSERT ... ON CONFLICT (the dialect's own) and UPDATE, fed from `unnest()` of binary arrays on PostgreSQL
+and by executemany on SQLite. Ingest throughput is bounded by these statements (bench/ingest.py).
+
+Concurrency: workers of one group own disjoint partitions, so they rarely touch the same rows; when a
+rebalance makes them overlap, PostgreSQL's ON CONFLICT waits for the other transaction and the job rows are
+read FOR UPDATE, in one order (by id) for every writer.
 """
 
 from __future__ import annotations
@@ -17,11 +22,11 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import JSON, Connection, Engine, Table, Text, any_, bindparam, cast, func, select
+from sqlalchemy import JSON, Connection, Engine, Table, Text, any_, bindparam, cast, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -42,6 +47,7 @@ JOB_COLUMNS: tuple[str, ...] = tuple(c.name for c in JOBS.columns)
 CONFIG_FIELDS: tuple[str, ...] = tuple(JobSubmitted.model_fields)
 # Bound parameters per IN (...) list: well under SQLite's limit, small enough for PostgreSQL's planner.
 _IN_CHUNK = 900
+_ZERO = timedelta(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,40 +143,63 @@ def _bulk(
     names = tuple(rows[0])
     if connection.dialect.name != "postgresql":
         return connection.execute(finish(_insert(connection, table)), rows)
-    columns = [table.c[name] for name in names]
-    sql = _pg_unnest_sql(connection, table, names, finish, kind)
-    arrays = {
-        f"c_{name}": [_json_text(row[name]) for row in rows]
-        if isinstance(column.type, JSON)
-        else [row[name] for row in rows]
-        for name, column in zip(names, columns, strict=True)
-    }
-    return connection.exec_driver_sql(sql, arrays)
+
+    def build() -> Any:
+        source = _unnest(table, names)
+        query = select(*[_from_array(source.c[name], table.c[name]) for name in names])
+        return finish(_insert(connection, table).from_select(names, query))
+
+    sql = _pg_sql(connection, ("insert", table.name, names, kind), build)
+    return connection.exec_driver_sql(sql, _arrays(table, names, rows))
 
 
-_PG_SQL: dict[tuple[str, tuple[str, ...], str], str] = {}
+def _bulk_update(
+    connection: Connection, table: Table, key: str, names: tuple[str, ...], rows: list[dict[str, Any]]
+) -> None:
+    """UPDATE the columns `names` of every row, matched on the `key` column; one statement for all rows
+    (PostgreSQL: UPDATE ... FROM unnest(arrays), as in `_bulk`; SQLite: an executemany)."""
+    if connection.dialect.name != "postgresql":
+        stmt = update(table).where(table.c[key] == bindparam(f"b_{key}"))
+        stmt = stmt.values({name: bindparam(f"b_{name}") for name in names})
+        connection.execute(stmt, [{f"b_{name}": row[name] for name in (key, *names)} for row in rows])
+        return
+
+    def build() -> Any:
+        source = _unnest(table, (key, *names))
+        values = {name: _from_array(source.c[name], table.c[name]) for name in names}
+        return update(table).values(values).where(table.c[key] == source.c[key])
+
+    sql = _pg_sql(connection, ("update", table.name, (key, *names), ""), build)
+    connection.exec_driver_sql(sql, _arrays(table, (key, *names), rows))
 
 
-def _pg_unnest_sql(
-    connection: Connection, table: Table, names: tuple[str, ...], finish: Callable[[Any], Any], kind: str
+_PG_SQL: dict[tuple[str, str, tuple[str, ...], str], str] = {}
+
+
+def _pg_sql(
+    connection: Connection, key: tuple[str, str, tuple[str, ...], str], build: Callable[[], Any]
 ) -> str:
-    key = (table.name, names, kind)
+    """The statement `build()` makes, compiled once; its array parameters are sent in binary (`%(name)b`:
+    SQLAlchemy always writes `%(name)s`, which lets psycopg choose text for arrays of strings)."""
     if key not in _PG_SQL:
-        columns = [table.c[name] for name in names]
-        arrays = [
-            bindparam(f"c_{name}", type_=_array_type(column))
-            for name, column in zip(names, columns, strict=True)
-        ]
-        source = func.unnest(*arrays).table_valued(*names).render_derived(name="src")
-        query = select(
-            *[_from_array(source.c[name], column) for name, column in zip(names, columns, strict=True)]
-        )
-        compiled = str(
-            finish(_insert(connection, table).from_select(names, query)).compile(dialect=connection.dialect)
-        )
-        # `%(name)b` asks psycopg for binary parameters (SQLAlchemy always writes `%(name)s`).
+        compiled = str(build().compile(dialect=connection.dialect))
         _PG_SQL[key] = re.sub(r"%\((c_\w+)\)s", r"%(\1)b", compiled)
     return _PG_SQL[key]
+
+
+def _unnest(table: Table, names: tuple[str, ...]) -> Any:
+    """`unnest(%(c_a)s, %(c_b)s, ...) AS src(a, b, ...)`: one array parameter per column."""
+    arrays = [bindparam(f"c_{name}", type_=_array_type(table.c[name])) for name in names]
+    return func.unnest(*arrays).table_valued(*names).render_derived(name="src")
+
+
+def _arrays(table: Table, names: tuple[str, ...], rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {
+        f"c_{name}": [_json_text(row[name]) for row in rows]
+        if isinstance(table.c[name].type, JSON)
+        else [row[name] for row in rows]
+        for name in names
+    }
 
 
 def _array_type(column: Any) -> postgresql.ARRAY:
@@ -227,6 +256,7 @@ def _insert_new_events(connection: Connection, unique: dict[str, Event], now: da
 def _apply_job_events(connection: Connection, job_events: dict[str, list[Event]], now: datetime) -> None:
     job_ids = sorted(job_events)
     current = _lock_jobs(connection, job_ids)
+    stored = {job_id: dict(row) for job_id, row in current.items()}  # as they were, to see what changed
     new_ids = [job_id for job_id in job_ids if job_id not in current]
     runs: list[dict[str, Any]] = []
     merged: dict[str, dict[str, Any]] = {}
@@ -250,9 +280,15 @@ def _apply_job_events(connection: Connection, job_events: dict[str, list[Event]]
         raced = [job_id for job_id in new_ids if job_id not in created]
         if raced:
             _refold_raced_jobs(connection, raced, job_events, merged, runs, now)
-    existing = [merged[job_id] for job_id in job_ids if job_id in current]
+    existing = [merged[job_id] for job_id in job_ids if job_id in stored]
     if existing:
-        _upsert_jobs(connection, existing)
+        # Only the columns some event changed: a batch of progress reports rewrites 5 columns, not 33.
+        changed = {
+            name for row in existing for name, value in row.items() if value != stored[row["job_id"]][name]
+        }
+        _bulk_update(
+            connection, JOBS, "job_id", tuple(name for name in JOB_COLUMNS if name in changed), existing
+        )
     if runs:
         _bulk(
             connection,
@@ -279,7 +315,7 @@ def _refold_raced_jobs(
         row["updated_at"] = now
         merged[job_id] = row
         rows.append(row)
-    _upsert_jobs(connection, rows)
+    _bulk_update(connection, JOBS, "job_id", tuple(name for name in JOB_COLUMNS if name != "job_id"), rows)
 
 
 def _lock_jobs(connection: Connection, job_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -296,17 +332,6 @@ def _lock_jobs(connection: Connection, job_ids: list[str]) -> dict[str, dict[str
         for row in connection.execute(query).mappings():
             found[row["job_id"]] = dict(row)
     return found
-
-
-def _upsert_jobs(connection: Connection, rows: list[dict[str, Any]]) -> None:
-    _bulk(
-        connection, JOBS, rows,
-        lambda insert: insert.on_conflict_do_update(
-            index_elements=["job_id"],
-            set_={name: insert.excluded[name] for name in JOB_COLUMNS if name != "job_id"},
-        ),
-        "upsert",
-    )  # fmt: skip
 
 
 def _empty_job(job_id: str, cluster_id: str) -> dict[str, Any]:
@@ -399,5 +424,7 @@ def _apply_node_events(connection: Connection, events: Iterable[Event]) -> None:
 
 
 def _utc(ts: datetime) -> datetime:
-    """Aware UTC; SQLite hands back naive datetimes, which are UTC because only UTC is ever written."""
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+    """Aware and in UTC; SQLite hands back naive datetimes, which are UTC because only UTC is written."""
+    if ts.tzinfo is None:
+        return ts.replace(tzinfo=UTC)
+    return ts if ts.utcoffset() == _ZERO else ts.astimezone(UTC)  # most events are UTC already: keep them

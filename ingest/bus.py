@@ -16,7 +16,7 @@ import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from twin.settings import Settings
 
@@ -26,13 +26,12 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):  # a tuple: cheap to make, one per record polled
     topic: str
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone
 
 
 class DeliveryFailed(RuntimeError):
@@ -177,6 +176,16 @@ class KafkaBusProducer:
         self._producer.close()
 
 
+# A commit refused because the group is rebalancing or has moved on: retrying cannot succeed (a rebalance
+# completes only in poll()), and the partitions' next owner starts from the last committed offsets.
+_REBALANCED_ERRORS = (
+    "CommitFailedError",
+    "RebalanceInProgressError",
+    "IllegalGenerationError",
+    "UnknownMemberIdError",
+)
+
+
 class KafkaBusConsumer:
     def __init__(self, bootstrap: str, topic: str, group: str, tuning: ConsumerTuning) -> None:
         self._consumer = make_consumer(bootstrap, topic, group, tuning)
@@ -193,8 +202,10 @@ class KafkaBusConsumer:
         return len(self._consumer.assignment())
 
     def commit(self, messages: Sequence[Message]) -> None:
-        from kafka.errors import CommitFailedError
+        from kafka import errors
         from kafka.structs import OffsetAndMetadata, TopicPartition
+
+        rebalanced = tuple(getattr(errors, name) for name in _REBALANCED_ERRORS)
 
         offsets = {
             TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
@@ -204,7 +215,7 @@ class KafkaBusConsumer:
             return
         try:
             self._consumer.commit(offsets)
-        except CommitFailedError as exc:
+        except rebalanced as exc:
             raise CommitRejected(str(exc)) from exc
 
     def close(self) -> None:

@@ -56,7 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     up.add_argument("--host", help="API address (default FINETWIN_API_HOST or 127.0.0.1)")
     up.add_argument("--port", type=int, help="API port (default FINETWIN_API_PORT or 8080)")
     up.add_argument(
-        "--replay", dest="bench", type=Path, help="benchmark CSV to replay (default: the bundled sample)"
+        "--replay",
+        dest="bench",
+        type=Path,
+        metavar="FILE",
+        help="benchmark CSV to replay (default: the bundled sample)",
     )
     up.add_argument("--no-replay", action="store_true", help="do not replay anything")
     _replay_options(up, default_speed=UP_DEFAULT_SPEED, bench_option=False)
@@ -83,7 +87,9 @@ def _replay_options(
     parser: argparse.ArgumentParser, *, default_speed: float, bench_option: bool = True
 ) -> None:
     if bench_option:
-        parser.add_argument("--bench", type=Path, help="benchmark CSV (default: the bundled real sample)")
+        parser.add_argument(
+            "--bench", type=Path, metavar="FILE", help="benchmark CSV (default: the bundled real sample)"
+        )
     parser.add_argument(
         "--speed", type=float, default=default_speed,
         help=f"simulated seconds per wall-clock second, 0 = as fast as possible (default {default_speed:g})",

@@ -24,7 +24,7 @@ from typing import TypeVar
 from prometheus_client import Counter, Gauge
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from ingest.apply import ApplyResult, BatchHook, apply_events
 from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message
@@ -47,8 +47,8 @@ ASSIGNED = Gauge(
 )
 
 MAX_BACKOFF_S = 5.0
-_T = TypeVar("_T")
 STATS_LOG_INTERVAL_S = 10.0
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -70,7 +70,7 @@ class DeadLetter:
 
     def record(self) -> bytes:
         """The dead-letter value: why, where the message came from, and the message itself, untouched."""
-        value = self.message.value
+        value = self.message.value or b""  # a tombstone (no value) is dead-lettered as empty
         try:
             original, encoding = value.decode("utf-8"), "text"
         except UnicodeDecodeError:
@@ -95,9 +95,8 @@ def read_dead_letter(value: bytes) -> tuple[dict[str, object], bytes]:
     return record, raw
 
 
-_Applied = tuple[
-    ApplyResult, list[DeadLetter]
-]  # what a transaction applied, and the events the store refused
+# What a transaction applied, and the events the store refused.
+_Applied = tuple[ApplyResult, list[DeadLetter]]
 
 
 @dataclass
@@ -238,9 +237,9 @@ class IngestWorker:
         events it refuses by halving the batch, and return those as dead letters."""
         try:
             return apply_events(self.engine, events, self.hooks), []
-        except (OperationalError, IntegrityError):
-            raise  # the database is down or a concurrent writer won a race: retry the whole batch
-        except SQLAlchemyError as exc:
+        except OperationalError:
+            raise  # the database is down or busy: retry the whole batch until it is back
+        except SQLAlchemyError as exc:  # still refused after apply_events' retries: something in the batch
             if len(events) == 1:
                 cause = exc.orig if isinstance(exc, DBAPIError) else exc
                 return ApplyResult(0, 0), [

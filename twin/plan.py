@@ -249,11 +249,14 @@ def build_plan(
             alive = 1.0 - p_fail[started] + at_risk
             p_fail[started] = np.divide(at_risk, alive, out=np.zeros_like(at_risk), where=alive > 0)
             u_time[started] = 1.0 - survive + u_time[started] * survive
-        fail = u[:, STREAM_FAIL] < p_fail
         fail_after = np.quantile(times, u_time)
         if started.any():
             fail_after[started] = np.maximum(fail_after[started] - run_elapsed[started], 0.0)
-        hold[modelled] = np.where(fail, np.minimum(fail_after, run), run)
+        # A job bound to fail burns its GPUs for as long as failing jobs do (the observed failure times,
+        # not capped by how long its work would take: it never does that work); only a protocol's time
+        # limit can stop it first, and then it counts as a run that completed.
+        fail = (u[:, STREAM_FAIL] < p_fail) & (fail_after < limit - np.nan_to_num(run_elapsed, nan=0.0))
+        hold[modelled] = np.where(fail, fail_after, run)
         estimate[modelled] = est
         fails[modelled] = fail & runnable
         power[modelled] = catalog.power_w[idx]

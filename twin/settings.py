@@ -25,7 +25,9 @@ class Settings(BaseSettings):
     actions_topic: str = "finetwin.actions"
     telemetry_partitions: int = 6
     consumer_group: str = "finetwin-ingest"
-    ingest_batch_size: int = 500
+    # Most messages per ingest transaction. A poll returns what is there, so this only bites under backlog,
+    # where bigger transactions go faster (bench/ingest.py: 1000 -> 6.4k, 5000 -> 8.7k events/s).
+    ingest_batch_size: int = 5000
     ingest_poll_timeout_ms: int = 500
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000

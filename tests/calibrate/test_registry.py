@@ -199,6 +199,10 @@ def test_rollback_walks_back_through_the_versions_put_in_use(registry_copy: Path
     assert load_models_in_use(registry_copy) is not None
     registry.promote("v0003", reason="test")  # a version rolled away from can be put back
     assert registry.in_use() == "v0003"
+    # A fit compared with v0001 must not replace a version promoted meanwhile.
+    assert registry.promote("v0002", reason="test", replacing="v0001") is False
+    assert registry.in_use() == "v0003"
+    assert registry.promote("v0002", reason="test", replacing="v0003") is True
 
 
 def test_rollback_refuses_to_return_to_a_tampered_version(registry_copy: Path) -> None:

@@ -64,11 +64,7 @@ def test_two_ingest_processes_split_the_topic_and_apply_every_event_once(
     wait_for(lambda: store_count(pg_engine) >= 0.4 * total, 60, "ingest to get under way")
     first.process.send_signal(signal.SIGTERM)  # half-way: it drains its batch and leaves the group
     assert first.wait(30) == 0
-    try:
-        wait_for(lambda: second.metric(ASSIGNED) == PARTITIONS, 60, "the survivor to take every partition")
-    except BaseException:
-        print("FIRST", first.output()[-3000:], "SECOND", second.output()[-5000:], second.metric(ASSIGNED))
-        raise
+    wait_for(lambda: second.metric(ASSIGNED) == PARTITIONS, 60, "the survivor to take every partition")
     wait_for(lambda: store_count(pg_engine) == total, 120, "every event in the store")
     wait_for(lambda: (second.metric(APPLIED) or 0) + applied_by_stopped(first) >= total, 30, "the counters")
     assert applied_by_stopped(first) + second.metric(APPLIED) == total  # each event applied exactly once
@@ -87,12 +83,13 @@ def test_sigkill_mid_replay_then_restart_loses_nothing_and_applies_nothing_twice
     wait_for(lambda: doomed.metric(ASSIGNED) == PARTITIONS, 60, "the ingest process to join its group")
     total = len(sample_plan.events)
     producer = KafkaBus(kafka_bootstrap).producer()
-    # Paced so the replay lasts a few seconds and the kill lands in its middle.
+    # Paced to last ~8 s, so the kill lands while the replay is still sending.
     replay = threading.Thread(
-        target=send_replay, args=(sample_plan, producer, topic), kwargs={"speed": sample_plan.duration_s / 4}
+        target=send_replay, args=(sample_plan, producer, topic), kwargs={"speed": sample_plan.duration_s / 8}
     )
     replay.start()
-    wait_for(lambda: store_count(pg_engine) >= 0.25 * total, 60, "a quarter of the replay in the store")
+    wait_for(lambda: store_count(pg_engine) >= 0.15 * total, 60, "some of the replay in the store")
+    assert replay.is_alive()  # mid-replay
     doomed.process.kill()
     doomed.wait(10)
     restarted = IngestProcess(postgres_url, kafka_bootstrap, topic, group, tmp_path)
@@ -110,7 +107,8 @@ def test_a_broker_restart_on_s3_storage_loses_nothing(
 
     s3 = boto3.client(
         "s3", endpoint_url=moto_s3["AWS_ENDPOINT"], region_name=moto_s3["AWS_REGION"],
-        aws_access_key_id=moto_s3["AWS_ACCESS_KEY_ID"], aws_secret_access_key=moto_s3["AWS_SECRET_ACCESS_KEY"],
+        aws_access_key_id=moto_s3["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=moto_s3["AWS_SECRET_ACCESS_KEY"],
     )  # fmt: skip
     s3.create_bucket(Bucket="tansu")  # Tansu's s3:// storage needs the bucket; it also needs AWS_ALLOW_HTTP
     rows = sample_table.sample(n=500, random_state=5)

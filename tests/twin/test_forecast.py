@@ -108,6 +108,11 @@ def test_slo_attainment_follows_its_bound(models: RuleModels) -> None:
     doc = forecast(live_like_inputs(), models, options(), generous)
     assert doc["slos"][0]["probability_met"] == 1.0 and doc["slos"][0]["attainment"]["mean"] == 1.0
     assert doc["slos"][1]["probability_met"] == 0.0 and doc["slos"][1]["attainment"]["mean"] == 0.0
+    per_type = SloSet(slos=[Slo(name="l40s busy", metric="utilization", gpu_model="L40S", min=0.0)])
+    doc_type = forecast(live_like_inputs(), models, options(), per_type)
+    assert doc_type["slos"][0]["value"]["mean"] == doc_type["summary"]["utilization_by_type"]["L40S"]["mean"]
+    with pytest.raises(ValueError):
+        Slo(name="bad", metric="wait_p95_s", max=1.0, min=0.0)
     # Per interval: the share of runs in which each SLO held.
     assert set(doc["series"]["slo_attainment"]["util"]["mean"]) == {0.0}
     assert set(doc["series"]["slo_attainment"]["wait"]["mean"]) <= {1.0, None}

@@ -43,7 +43,7 @@ def test_run_time_is_work_over_drawn_throughput_and_failures_follow_p_valid() ->
     # 1e7 tokens at p10/p50/p90 of 800/1000/1250 tokens/s.
     assert np.quantile(runs, [0.1, 0.5, 0.9]) == pytest.approx([8000.0, 10000.0, 12500.0], rel=0.02)
     assert np.allclose(plan.estimate_s, 10_000.0)
-    # Failures strike 1-10 min in by default (no observed failure times), and never after the run's end.
+    # Failures strike 1-10 min in by default (no observed failure times).
     assert plan.hold_s[plan.fails].min() >= 60.0 and plan.hold_s[plan.fails].max() <= 600.0
 
 

@@ -1,0 +1,281 @@
+"""Fitting and using the calibrated models: the one interface the registry, the CLI, the API and the twin
+use.
+
+`fit_models(table)` fits the throughput, runtime-failure and power models on a benchmark table (loader
+output, possibly with observed runs appended); `CalibratedModels` answers for frames (`predict_frame`) and
+for `JobConfig`s (`twin.models.JobModels`), and splits into scikit-learn estimators plus JSON-able
+parameters (`to_parts` / `from_parts`) so the registry can store it with skops, which never runs code on
+load.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from threadpoolctl import threadpool_limits
+
+from calibrate import metrics
+from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure
+from calibrate.features import FEATURE_NAMES, build_features, config_from_row, configs_to_frame
+from calibrate.performance import ThroughputModel, fit_throughput
+from calibrate.power import PowerUseModel, fit_power
+from calibrate.splits import random_holdout
+from twin.domain import JobConfig, Outcome, broken_rule
+
+__all__ = [
+    "SKOPS_TRUSTED_TYPES",
+    "CalibratedModels",
+    "config_from_row",
+    "configs_to_frame",
+    "fit_models",
+    "holdout_metrics",
+]
+
+PARAMS_FORMAT = 1
+# Types inside the estimators that skops does not trust by default, all scikit-learn's own: the fitted trees
+# of HistGradientBoosting and the input check of its categorical preprocessing. A registry passes exactly
+# these as `trusted` and refuses an artifact that needs anything else.
+SKOPS_TRUSTED_TYPES: tuple[str, ...] = (
+    "functools.partial",
+    "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
+    "sklearn.utils.validation.check_array",
+)
+# OpenMP threads per fit. The models are small; on a shared two-core machine more threads spin against other
+# processes and made a fit twenty times slower in measurements, while one thread loses little.
+FIT_THREADS = 1
+PREDICTION_COLUMNS = (
+    "outcome",
+    "rule",
+    "p_valid",
+    "tokens_per_second_p10",
+    "tokens_per_second_p50",
+    "tokens_per_second_p90",
+    "note",
+)
+_RULE_COLUMNS = ("number_gpus", "batch_size", "fast_moe", "number_nodes")
+
+
+class CalibratedModels:
+    """Implements `twin.models.JobModels` (throughput, runtime failure, power)."""
+
+    feature_names: list[str] = list(FEATURE_NAMES)
+
+    def __init__(
+        self,
+        throughput: ThroughputModel,
+        failure: RuntimeFailureModel,
+        power: PowerUseModel,
+        info: dict[str, Any] | None = None,
+    ) -> None:
+        self.throughput = throughput
+        self.failure = failure
+        self.power = power
+        self.info = dict(info or {})
+
+    def predict_frame(self, table: pd.DataFrame) -> pd.DataFrame:
+        """Loader output (benchmark or configs) -> one prediction per row, same index and order."""
+        features, notes = build_features(table)
+        rules = admission_rules(table)
+        rejected = np.array([r is not None for r in rules], dtype=bool)
+        with _quiet_threads():
+            p_valid = self.failure.predict(features) if len(features) else np.zeros(0)
+            band = self.throughput.predict(features) if len(features) else np.zeros((0, 3))
+        p_valid = np.where(rejected, 0.0, p_valid)
+        outcome = np.where(
+            rejected,
+            Outcome.REJECTED.value,
+            np.where(p_valid >= VALID_THRESHOLD, Outcome.VALID.value, Outcome.RUNTIME.value),
+        )
+        return pd.DataFrame(
+            {
+                "outcome": outcome,
+                "rule": pd.Series(rules, index=table.index, dtype=object),
+                "p_valid": p_valid,
+                "tokens_per_second_p10": band[:, 0],
+                "tokens_per_second_p50": band[:, 1],
+                "tokens_per_second_p90": band[:, 2],
+                "note": notes,
+            },
+            index=table.index,
+        )
+
+    def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        if not configs:
+            return np.zeros((0, 3))
+        features, _ = build_features(configs_to_frame(configs))
+        with _quiet_threads():
+            return self.throughput.predict(features)
+
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """p_valid from the runtime-failure model alone; the admission rules are the caller's to check."""
+        if not configs:
+            return np.zeros(0)
+        features, _ = build_features(configs_to_frame(configs))
+        with _quiet_threads():
+            return self.failure.predict(features)
+
+    def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        if not configs:
+            return np.zeros(0)
+        features, _ = build_features(configs_to_frame(configs))
+        with _quiet_threads():
+            return self.power.predict(features)
+
+    def to_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(name -> scikit-learn pipeline, JSON-able parameters)."""
+        estimators: dict[str, Any] = {"throughput": self.throughput.regressor}
+        for k, (member, calibrator) in enumerate(
+            zip(self.failure.members, self.failure.calibrators, strict=True)
+        ):
+            estimators[f"failure_{k}"] = member
+            estimators[f"failure_calibration_{k}"] = calibrator
+        if self.power.regressor is not None:
+            estimators["power"] = self.power.regressor
+        params = {
+            "format": PARAMS_FORMAT,
+            "feature_names": list(self.feature_names),
+            "throughput": self.throughput.params(),
+            "failure": {"members": len(self.failure.members), "valid_threshold": VALID_THRESHOLD},
+            "power": self.power.params(),
+            "info": self.info,
+        }
+        return estimators, params
+
+    @classmethod
+    def from_parts(cls, estimators: dict[str, Any], params: dict[str, Any]) -> CalibratedModels:
+        if params.get("format") != PARAMS_FORMAT:
+            raise ValueError(f"unsupported model parameters format {params.get('format')!r}")
+        if list(params.get("feature_names", [])) != list(FEATURE_NAMES):
+            raise ValueError("the stored models were fitted on other features than this finetwin builds")
+        members = int(params["failure"]["members"])
+        try:
+            throughput = ThroughputModel.from_params(estimators["throughput"], params["throughput"])
+            failure = RuntimeFailureModel(
+                [estimators[f"failure_{k}"] for k in range(members)],
+                [estimators[f"failure_calibration_{k}"] for k in range(members)],
+            )
+        except KeyError as exc:
+            raise ValueError(f"missing estimator {exc.args[0]!r}") from None
+        power = PowerUseModel(
+            estimators.get("power"),
+            float(params["power"]["tdp_fraction"]),
+            list(params["power"]["gpus_with_power"]),
+        )
+        return cls(throughput, failure, power, params.get("info"))
+
+
+def admission_rules(table: pd.DataFrame) -> list[str | None]:
+    """The actuator's first broken rule per row (exact, in the paper's order), or None."""
+    missing = [c for c in _RULE_COLUMNS if c not in table.columns and c != "fast_moe"]
+    if missing:
+        raise ValueError(f"missing configuration columns: {', '.join(missing)}")
+    fast_moe = table["fast_moe"] if "fast_moe" in table.columns else pd.Series(0, index=table.index)
+    rules = map(
+        broken_rule,
+        table["number_gpus"].astype(int),
+        table["batch_size"].astype(int),
+        fast_moe.fillna(0).astype(int),
+        table["number_nodes"].astype(int),
+    )
+    return [rule.value if rule is not None else None for rule in rules]
+
+
+def fit_models(
+    table: pd.DataFrame, sample_weight: np.ndarray | None = None, *, seed: int = 0
+) -> CalibratedModels:
+    """Fit all three models on a benchmark table (loader output; observed runs may be appended in the same
+    columns). `sample_weight`: one per row, e.g. larger for observed and newer runs."""
+    for column in ("outcome", "dataset_tokens_per_second"):
+        if column not in table.columns:
+            raise ValueError(
+                f"the training table has no {column!r} column (use calibrate.loader.load_benchmark)"
+            )
+    weight = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
+    if weight is not None and (
+        weight.shape != (len(table),) or not np.all(np.isfinite(weight)) or np.any(weight < 0)
+    ):
+        raise ValueError("sample_weight must hold one finite, non-negative weight per row")
+    features, _ = build_features(table)
+    outcome = table["outcome"].astype(str).to_numpy()
+    throughput = pd.to_numeric(table["dataset_tokens_per_second"], errors="coerce").to_numpy(dtype=float)
+    valid = outcome == Outcome.VALID.value
+    usable = valid & np.isfinite(throughput) & (throughput > 0)
+    passed = valid | (outcome == Outcome.RUNTIME.value)
+    power_watts = (
+        pd.to_numeric(table["gpu_power_watts_avg"], errors="coerce").to_numpy(dtype=float)
+        if "gpu_power_watts_avg" in table.columns
+        else np.full(len(table), np.nan)
+    )
+    with _quiet_threads():
+        throughput_model = fit_throughput(
+            features[usable], throughput[usable], _subset(weight, usable), seed=seed
+        )
+        failure_model = fit_failure(features[passed], valid[passed], _subset(weight, passed), seed=seed)
+        power_model = fit_power(features[usable], power_watts[usable], _subset(weight, usable), seed=seed)
+    info = {
+        "seed": seed,
+        "n_rows": int(len(table)),
+        "n_valid": int(usable.sum()),
+        "n_runtime_failures": int((outcome == Outcome.RUNTIME.value).sum()),
+        "n_rejected": int((outcome == Outcome.REJECTED.value).sum()),
+    }
+    return CalibratedModels(throughput_model, failure_model, power_model, info)
+
+
+def holdout_metrics(
+    table: pd.DataFrame, *, seed: int = 0, fraction: float = 0.15, sample_weight: np.ndarray | None = None
+) -> dict[str, float]:
+    """Fit on a random (1 - fraction) of `table` and score the rest. Errors are fractions (0.06 = 6 %);
+    throughput metrics on held-out valid runs, failure metrics on held-out rows that pass the rules.
+    Deterministic for a seed."""
+    split = random_holdout(table, fraction=fraction, seed=seed)
+    train = table.iloc[split.train]
+    test = table.iloc[split.test]
+    weight = None if sample_weight is None else np.asarray(sample_weight, dtype=float)[split.train]
+    models = fit_models(train, weight, seed=seed)
+    return score(models, test) | {"n_train": float(len(train)), "n_test": float(len(test))}
+
+
+def score(models: CalibratedModels, test: pd.DataFrame) -> dict[str, float]:
+    """The accuracy metrics of fitted models on labelled rows (loader output)."""
+    predicted = models.predict_frame(test)
+    outcome = test["outcome"].astype(str).to_numpy()
+    valid = outcome == Outcome.VALID.value
+    passed = outcome != Outcome.REJECTED.value
+    actual = test["dataset_tokens_per_second"].to_numpy(dtype=float)
+    p50 = predicted["tokens_per_second_p50"].to_numpy()
+    return {
+        "throughput_mdape": metrics.mdape(actual[valid], p50[valid]),
+        "throughput_mape": metrics.mape(actual[valid], p50[valid]),
+        "band_coverage": metrics.band_coverage(
+            actual[valid],
+            predicted["tokens_per_second_p10"].to_numpy()[valid],
+            predicted["tokens_per_second_p90"].to_numpy()[valid],
+        ),
+        "failure_balanced_accuracy": metrics.balanced_accuracy(
+            valid[passed], predicted["p_valid"].to_numpy()[passed] >= VALID_THRESHOLD
+        ),
+        "failure_brier": metrics.brier_score(valid[passed], predicted["p_valid"].to_numpy()[passed]),
+        "rules_exact": metrics.exact_share(
+            outcome == Outcome.REJECTED.value, predicted["outcome"].to_numpy() == Outcome.REJECTED.value
+        ),
+    }
+
+
+def _subset(weight: np.ndarray | None, mask: np.ndarray) -> np.ndarray | None:
+    return None if weight is None else weight[mask]
+
+
+@contextmanager
+def _quiet_threads() -> Iterator[None]:
+    with threadpool_limits(limits=FIT_THREADS, user_api="openmp"), warnings.catch_warnings():
+        # scikit-learn 1.9 warns from inside HistGradientBoosting about its own joblib helper.
+        warnings.filterwarnings(
+            "ignore", message=r".*sklearn\.utils\.parallel\.delayed.*", category=UserWarning
+        )
+        yield

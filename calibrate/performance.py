@@ -1,0 +1,181 @@
+"""The throughput model: whole-job `dataset_tokens_per_second` with a p10-p90 band.
+
+A gradient-boosted regressor learns log(tokens/s) minus the physics bound of `calibrate.features`
+(`log_physics_tokens_per_second`): an efficiency, which carries over to model sizes and GPU counts the
+benchmark never ran, where a model of raw names would be lost.
+
+The band comes from out-of-fold residuals (split conformal), kept apart by how new a configuration is to the
+training rows: a model and protocol it has seen, a protocol it has seen with another model, or neither. The
+out-of-fold rows come from random folds and from contiguous blocks of the table, so the novel levels get the
+wider residuals of configuration regions the model had not seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.compose import ColumnTransformer
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import OrdinalEncoder
+
+from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES, THROUGHPUT_OFFSET
+
+# Shallow trees on a random half of the features at each split: the physics features carry most of the
+# signal, and the block cross-validation (unseen configuration regions) prefers the smoother fit.
+REGRESSOR_PARAMS: dict[str, Any] = {
+    "max_iter": 500,
+    "learning_rate": 0.05,
+    "max_leaf_nodes": 15,
+    "min_samples_leaf": 10,
+    "max_features": 0.5,
+    "early_stopping": False,
+}
+# The out-of-fold fits only estimate residuals: the same trees, fewer and larger steps.
+RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS | {"max_iter": 200, "learning_rate": 0.1}
+RANDOM_FOLDS = 3
+BLOCK_FOLDS = 4
+BAND_QUANTILES = (0.10, 0.90)
+MIN_RESIDUALS_PER_LEVEL = 30
+
+# How new a configuration is to the training rows.
+SEEN_MODEL_AND_PROTOCOL, SEEN_PROTOCOL, NEW_REGION = 0, 1, 2
+_PROTOCOL_KEY = (
+    "method",
+    "gpu_model",
+    "protocol",
+    "tuning_version",
+    "time_limited",
+    "multi_node",
+    "enable_roce",
+)
+_MODEL_KEY = ("model_family", "log_params")
+
+
+def make_pipeline(model: Any) -> Pipeline:
+    """Categorical features to ordinal codes (unseen ones to missing), then the gradient-boosted model."""
+    encoder = ColumnTransformer(
+        [
+            (
+                "categories",
+                OrdinalEncoder(
+                    handle_unknown="use_encoded_value", unknown_value=np.nan, encoded_missing_value=np.nan
+                ),
+                list(CATEGORICAL_FEATURES),
+            )
+        ],
+        remainder="passthrough",
+    )
+    return Pipeline([("encode", encoder), ("boost", model)])
+
+
+def make_regressor(seed: int, params: dict[str, Any] | None = None) -> Pipeline:
+    model = HistGradientBoostingRegressor(
+        categorical_features=list(range(len(CATEGORICAL_FEATURES))),
+        random_state=seed,
+        **(params or REGRESSOR_PARAMS),
+    )
+    return make_pipeline(model)
+
+
+@dataclass
+class ThroughputModel:
+    regressor: Pipeline
+    band: dict[str, list[float]]  # level -> [low, high] offsets of log(tokens/s) from the prediction
+    seen_protocols: list[str]
+    seen_regions: list[str]
+
+    def predict(self, features: pd.DataFrame) -> np.ndarray:
+        """(n, 3) tokens/s: p10, p50, p90."""
+        center = (
+            self.regressor.predict(features[list(FEATURE_NAMES)]) + features[THROUGHPUT_OFFSET].to_numpy()
+        )
+        levels = novelty_levels(features, set(self.seen_protocols), set(self.seen_regions))
+        low = np.array([self.band[str(level)][0] for level in levels])
+        high = np.array([self.band[str(level)][1] for level in levels])
+        return np.exp(np.column_stack([center + low, center, center + high]))
+
+    def params(self) -> dict[str, Any]:
+        return {"band": self.band, "seen_protocols": self.seen_protocols, "seen_regions": self.seen_regions}
+
+    @classmethod
+    def from_params(cls, regressor: Pipeline, params: dict[str, Any]) -> ThroughputModel:
+        return cls(regressor, params["band"], list(params["seen_protocols"]), list(params["seen_regions"]))
+
+
+def fit_throughput(
+    features: pd.DataFrame, tokens_per_second: np.ndarray, weight: np.ndarray | None, *, seed: int
+) -> ThroughputModel:
+    """Fit on valid runs: `features` rows and their measured tokens/s (positive)."""
+    if len(features) < 10:
+        raise ValueError(f"need at least 10 valid runs to fit throughput, got {len(features)}")
+    target = np.log(tokens_per_second) - features[THROUGHPUT_OFFSET].to_numpy()
+    X = features[list(FEATURE_NAMES)]
+    regressor = make_regressor(seed).fit(X, target, boost__sample_weight=weight)
+    residuals, levels = _out_of_fold_residuals(features, target, weight, seed=seed)
+    protocols, regions = region_keys(features)
+    return ThroughputModel(regressor, _band(residuals, levels), sorted(set(protocols)), sorted(set(regions)))
+
+
+def region_keys(features: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """A key for the protocol region of each row and one for the model within it."""
+    protocol = features[_PROTOCOL_KEY[0]].astype(str)
+    for column in _PROTOCOL_KEY[1:]:
+        protocol = protocol + "|" + features[column].astype(str)
+    model = features["model_family"].astype(str) + "|" + features["log_params"].round(3).astype(str)
+    return protocol.to_numpy(), (protocol + "|" + model).to_numpy()
+
+
+def novelty_levels(features: pd.DataFrame, seen_protocols: set[str], seen_regions: set[str]) -> np.ndarray:
+    protocols, regions = region_keys(features)
+    region_seen = np.array([r in seen_regions for r in regions], dtype=bool)
+    protocol_seen = np.array([p in seen_protocols for p in protocols], dtype=bool)
+    return np.where(region_seen, SEEN_MODEL_AND_PROTOCOL, np.where(protocol_seen, SEEN_PROTOCOL, NEW_REGION))
+
+
+def _out_of_fold_residuals(
+    features: pd.DataFrame, target: np.ndarray, weight: np.ndarray | None, *, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    n = len(features)
+    rng = np.random.default_rng(seed)
+    random_fold = rng.permutation(n) % RANDOM_FOLDS
+    block_fold = np.minimum(np.arange(n) * BLOCK_FOLDS // n, BLOCK_FOLDS - 1)
+    folds = [random_fold == k for k in range(RANDOM_FOLDS)] + [block_fold == k for k in range(BLOCK_FOLDS)]
+    X = features[list(FEATURE_NAMES)]
+    residuals: list[np.ndarray] = []
+    levels: list[np.ndarray] = []
+    for held_out in folds:
+        train = ~held_out
+        if train.sum() < 10 or held_out.sum() == 0:
+            continue
+        model = make_regressor(seed, RESIDUAL_PARAMS).fit(
+            X[train], target[train], boost__sample_weight=None if weight is None else weight[train]
+        )
+        residuals.append(target[held_out] - model.predict(X[held_out]))
+        protocols, regions = region_keys(features[train])
+        levels.append(novelty_levels(features[held_out], set(protocols), set(regions)))
+    return np.concatenate(residuals), np.concatenate(levels)
+
+
+def _band(residuals: np.ndarray, levels: np.ndarray) -> dict[str, list[float]]:
+    """Residual quantiles per novelty level; a level with too few residuals borrows the pooled residuals of
+    it and every less novel level, and a band never narrows as novelty grows."""
+    band: dict[str, list[float]] = {}
+    previous: list[float] | None = None
+    for level in (SEEN_MODEL_AND_PROTOCOL, SEEN_PROTOCOL, NEW_REGION):
+        chosen = residuals[levels == level]
+        if chosen.size < MIN_RESIDUALS_PER_LEVEL:
+            chosen = (
+                residuals[levels <= level]
+                if (levels <= level).sum() >= MIN_RESIDUALS_PER_LEVEL
+                else residuals
+            )
+        low, high = (float(q) for q in np.quantile(chosen, BAND_QUANTILES))
+        if previous is not None:
+            low, high = min(low, previous[0]), max(high, previous[1])
+        # The band must contain the prediction itself.
+        band[str(level)] = previous = [min(low, 0.0), max(high, 0.0)]
+    return band

@@ -1,0 +1,76 @@
+"""The power model: average watts per GPU while a job runs.
+
+The benchmark has no power telemetry for whole GPU types (A100-PCIe), so the model learns the share of the
+board power (TDP) a GPU draws; a GPU type without any measured run gets its TDP times the median share
+measured on the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.pipeline import Pipeline
+
+from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES
+from calibrate.performance import make_pipeline
+from twin.domain import GPU_TYPES
+
+POWER_PARAMS: dict[str, Any] = {
+    "max_iter": 150,
+    "learning_rate": 0.1,
+    "max_leaf_nodes": 15,
+    "min_samples_leaf": 20,
+    "early_stopping": False,
+}
+DEFAULT_TDP_FRACTION = 0.8  # before any power telemetry is seen
+UNKNOWN_GPU_TDP_WATTS = 350.0
+MIN_POWER_RUNS = 20
+
+
+@dataclass
+class PowerUseModel:
+    regressor: Pipeline | None  # log(watts / TDP); None when too few runs had power telemetry
+    tdp_fraction: float
+    gpus_with_power: list[str]
+
+    def predict(self, features: pd.DataFrame) -> np.ndarray:
+        gpus = features["gpu_model"].astype(str).to_numpy()
+        tdp = tdp_watts(gpus)
+        watts = tdp * self.tdp_fraction
+        measured = np.isin(gpus, self.gpus_with_power)
+        if self.regressor is not None and measured.any():
+            share = np.exp(self.regressor.predict(features.loc[measured, list(FEATURE_NAMES)]))
+            watts[measured] = tdp[measured] * share
+        return watts
+
+    def params(self) -> dict[str, Any]:
+        return {"tdp_fraction": self.tdp_fraction, "gpus_with_power": self.gpus_with_power}
+
+
+def tdp_watts(gpus: np.ndarray) -> np.ndarray:
+    return np.array([GPU_TYPES[g].tdp_watts if g in GPU_TYPES else UNKNOWN_GPU_TDP_WATTS for g in gpus])
+
+
+def fit_power(
+    features: pd.DataFrame, watts: np.ndarray, weight: np.ndarray | None, *, seed: int
+) -> PowerUseModel:
+    """Fit on valid runs; `watts` is NaN where a run has no power telemetry."""
+    watts = np.asarray(watts, dtype=float)
+    measured = np.isfinite(watts) & (watts > 0)
+    if measured.sum() < MIN_POWER_RUNS:
+        return PowerUseModel(None, DEFAULT_TDP_FRACTION, [])
+    gpus = features["gpu_model"].astype(str).to_numpy()
+    share = watts[measured] / tdp_watts(gpus[measured])
+    model = HistGradientBoostingRegressor(
+        categorical_features=list(range(len(CATEGORICAL_FEATURES))), random_state=seed, **POWER_PARAMS
+    )
+    regressor = make_pipeline(model).fit(
+        features.loc[measured, list(FEATURE_NAMES)],
+        np.log(share),
+        boost__sample_weight=None if weight is None else np.asarray(weight)[measured],
+    )
+    return PowerUseModel(regressor, float(np.median(share)), sorted(set(gpus[measured])))

@@ -1,0 +1,117 @@
+"""Job advice with the real calibrated models (fitted once per session on the bundled benchmark sample):
+over HTTP and from the command line, every candidate predicted in one model call."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from advisor.app import create_app
+from advisor.routers.models import models_in_use
+from tests.advisor.conftest import FINETWIN, advisor_settings
+from tests.conftest import api_headers
+from twin.db import make_engine, migrate
+
+pytestmark = pytest.mark.slow
+JOB = {
+    "model_name": "llama3-8b", "method": "lora", "gpu_model": "A100-SXM", "number_gpus": 4,
+    "batch_size": 16, "tokens_per_sample": 2048, "dataset_tokens": 1e9,
+}  # fmt: skip
+
+
+@pytest.fixture
+def client(sqlite_url: str, calibrated_models_dir: Path, tmp_path: Path) -> Iterator[TestClient]:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    app = create_app(
+        advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine, run_migrations=False
+    )
+    with TestClient(app, headers=api_headers(engine, "viewer")) as test_client:
+        yield test_client
+
+
+def test_advice_with_the_calibrated_models(client: TestClient) -> None:
+    response = client.post("/v1/advise", json=JOB)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model_version"] and answer["verdict"]["status"] in ("valid", "likely_oom")
+    assert 0.0 <= answer["verdict"]["p_valid"] <= 1.0
+    for name in ("fewest_gpus", "best_throughput", "best_cost"):
+        option = answer[name]
+        if option is None:
+            continue
+        prediction = option["prediction"]
+        assert prediction["p_valid"] >= 0.7, name
+        band, run = prediction["tokens_per_second"], prediction["run_time_s"]
+        assert 0 < band["p10"] <= band["p50"] <= band["p90"]
+        assert run["p10"] <= run["p50"] <= run["p90"]
+        assert run["p50"] == pytest.approx(1e9 / band["p50"])
+        assert option["gpus_per_worker"] <= 8 and option["evidence"], name
+        assert prediction["energy_kwh"] > 0 and prediction["gpu_hours"] > 0
+    assert answer["best_throughput"] is not None and answer["best_cost"] is not None
+    kinds = {o["name"]: o for o in answer["optimizations"]}
+    assert kinds["fast_kernels"]["recommended"] and kinds["fast_kernels"]["evidence"][0]["paper"]
+
+
+def test_one_model_call_per_answer(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    request = type("R", (), {"app": client.app})()
+    _version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+    calls: list[int] = []
+    original = type(models).predict_frame
+
+    def counting(self, frame, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(frame))
+        return original(self, frame, *args, **kwargs)
+
+    monkeypatch.setattr(type(models), "predict_frame", counting)
+    power_rows: list[int] = []
+    power = type(models).predict_power_watts
+
+    def counting_power(self, configs):  # type: ignore[no-untyped-def]
+        power_rows.append(len(configs))
+        return power(self, configs)
+
+    monkeypatch.setattr(type(models), "predict_power_watts", counting_power)
+    for name in ("predict_throughput", "predict_failure"):
+        monkeypatch.setattr(type(models), name, _forbidden(name))
+    response = client.post("/v1/advise", json={**JOB, "batch_size": 6})
+    assert response.status_code == 200, response.text
+    assert len(calls) == 1 and calls[0] > 50, calls  # every candidate in one call
+    # predict_frame has no power column: one more small call for the (at most 5) reported rows' energy.
+    assert len(power_rows) <= 1 and sum(power_rows) <= 5, power_rows
+    assert response.json()["repair"]["config"]["batch_size"] == 8
+
+
+def _forbidden(name: str):  # type: ignore[no-untyped-def]
+    def method(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError(f"{name} called: the advice must use one predict_frame call")
+
+    return method
+
+
+def test_finetwin_advise_reads_yaml_and_json(calibrated_models_dir: Path, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "FINETWIN_DATA_DIR": str(tmp_path / "data"),
+        "FINETWIN_MODELS_DIR": str(calibrated_models_dir),
+    }
+    yaml_file = tmp_path / "job.yaml"
+    yaml_file.write_text("".join(f"{k}: {v}\n" for k, v in JOB.items()))
+    text = subprocess.run([*FINETWIN, "advise", str(yaml_file)], capture_output=True, text=True, env=env)
+    assert text.returncode == 0, text.stderr
+    assert (
+        "verdict:" in text.stdout and "best throughput:" in text.stdout and "fast_kernels: yes" in text.stdout
+    )
+    json_file = tmp_path / "job.json"
+    json_file.write_text(json.dumps(JOB))
+    done = subprocess.run(
+        [*FINETWIN, "advise", str(json_file), "--json"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["config"]["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
