@@ -114,10 +114,16 @@ def run_calibrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_predict(args: argparse.Namespace, settings: Settings) -> int:
     from calibrate.loader import BenchmarkFormatError
-    from calibrate.predict import data_row_number, predict_csv
+    from calibrate.predict import data_row_number, read_configs, write_predictions
     from calibrate.registry import ModelRegistry, RegistryError
     from twin.cli import CommandError
 
+    try:
+        configs = read_configs(args.input)  # bad input is reported before the models are loaded
+    except BenchmarkFormatError as exc:
+        row = data_row_number(Path(exc.path), exc.line) if exc.line and exc.line > 1 else None
+        where = f" (data row {row})" if row else ""
+        raise CommandError(f"bad input: {exc}{where}") from None
     models_dir = _models_dir(args, settings)
     try:
         loaded = ModelRegistry(models_dir).load_in_use()
@@ -126,12 +132,7 @@ def run_predict(args: argparse.Namespace, settings: Settings) -> int:
     if loaded is None:
         raise CommandError(f"no model version is in use in {models_dir}; run `finetwin calibrate` first")
     version, models = loaded
-    try:
-        summary = predict_csv(models, args.input, args.output)
-    except BenchmarkFormatError as exc:
-        row = data_row_number(Path(exc.path), exc.line) if exc.line and exc.line > 1 else None
-        where = f" (data row {row})" if row else ""
-        raise CommandError(f"bad input: {exc}{where}") from None
+    summary = write_predictions(models, configs, args.output)
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
     print(
         f"{summary.rows} rows predicted with {version} -> {args.output} ({outcomes}; {summary.flagged} noted)"

@@ -31,15 +31,29 @@ class PredictSummary:
     flagged: int  # rows with a note (a model name never seen, ...)
 
 
-def predict_csv(models: Any, input_path: Path, output_path: Path) -> PredictSummary:
+@dataclass(frozen=True)
+class ConfigsFile:
+    path: Path
+    table: pd.DataFrame  # load_configs output
+    header: list[str]
+    raw_rows: dict[int, list[str]]  # each row as written, by its line in the file
+
+
+def read_configs(path: Path) -> ConfigsFile:
     """Raises `BenchmarkFormatError` (naming the line and column) for input it cannot read."""
-    table = load_configs(input_path)
-    header, raw_rows = _raw_rows(input_path)
+    table = load_configs(path)
+    header, raw_rows = _raw_rows(path)
     clashing = [c for c in PREDICTION_COLUMNS if c in header]
     if clashing:
         raise BenchmarkFormatError(
-            input_path, 1, clashing[0], "is a column that predict adds; rename or remove it in the input"
+            path, 1, clashing[0], "is a column that predict adds; rename or remove it in the input"
         )
+    return ConfigsFile(path, table, header, raw_rows)
+
+
+def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> PredictSummary:
+    """The input rows as written plus the prediction columns, atomically (all rows or no file)."""
+    table = configs.table
     predicted = models.predict_frame(table) if len(table) else pd.DataFrame(columns=PREDICTION_COLUMNS)
     if len(predicted) != len(table):
         raise RuntimeError(f"the model returned {len(predicted)} predictions for {len(table)} rows")
@@ -49,15 +63,19 @@ def predict_csv(models: Any, input_path: Path, output_path: Path) -> PredictSumm
     try:
         with temporary.open("w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
-            writer.writerow([*header, *PREDICTION_COLUMNS])
+            writer.writerow([*configs.header, *PREDICTION_COLUMNS])
             for line, row in zip(lines, predicted.itertuples(index=False), strict=True):
-                writer.writerow([*raw_rows[int(line)], *_cells(row)])
+                writer.writerow([*configs.raw_rows[int(line)], *_cells(row)])
         os.replace(temporary, output_path)
     finally:
         temporary.unlink(missing_ok=True)
     outcomes = {str(k): int(v) for k, v in predicted["outcome"].value_counts().items()}
     flagged = int(predicted["note"].fillna("").astype(str).str.len().gt(0).sum()) if len(predicted) else 0
     return PredictSummary(len(table), outcomes, flagged)
+
+
+def predict_csv(models: Any, input_path: Path, output_path: Path) -> PredictSummary:
+    return write_predictions(models, read_configs(input_path), output_path)
 
 
 def data_row_number(path: Path, line: int) -> int | None:

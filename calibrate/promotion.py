@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate import metrics
 from calibrate.dataset import TrainingData
+from calibrate.fit import score
 from calibrate.splits import random_holdout
-from twin.domain import Outcome
 
 HOLDOUT_FRACTION = 0.15
 BAND_TARGET = (0.70, 0.92)
@@ -102,32 +101,6 @@ def not_worse(candidate: Mapping[str, float], incumbent: Mapping[str, float], to
     return Verdict(ok, reasons)
 
 
-def score(predicted: pd.DataFrame, actual: pd.DataFrame) -> dict[str, float]:
-    """The held-out metrics of predictions (`predict_frame` output) against the rows they were made for."""
-    outcome = actual["outcome"].to_numpy()
-    valid = outcome == Outcome.VALID.value
-    p50 = predicted["tokens_per_second_p50"].to_numpy(dtype=float)
-    measured = actual["dataset_tokens_per_second"].to_numpy(dtype=float)
-    usable = valid & np.isfinite(p50) & (measured > 0)
-    ran_or_failed = outcome != Outcome.REJECTED.value
-    ran = outcome[ran_or_failed] == Outcome.VALID.value
-    predicted_ran = predicted["outcome"].to_numpy()[ran_or_failed] == Outcome.VALID.value
-    return {
-        "throughput_mdape": metrics.mdape(measured[usable], p50[usable]),
-        "throughput_mape": metrics.mape(measured[usable], p50[usable]),
-        "band_coverage": metrics.band_coverage(
-            measured[usable],
-            predicted["tokens_per_second_p10"].to_numpy(dtype=float)[usable],
-            predicted["tokens_per_second_p90"].to_numpy(dtype=float)[usable],
-        ),
-        "failure_balanced_accuracy": metrics.balanced_accuracy(ran, predicted_ran),
-        "failure_brier": metrics.brier_score(ran, predicted["p_valid"].to_numpy(dtype=float)[ran_or_failed]),
-        "rules_exact": metrics.exact_share(
-            actual["rule"].to_numpy(dtype=object), predicted["rule"].to_numpy(dtype=object)
-        ),
-    }
-
-
 def compare(
     union: TrainingData,
     candidate_rows: np.ndarray,
@@ -179,7 +152,7 @@ def _fit_and_score(
     if not train.any():
         return {"n_train": 0}
     model = fit(union.table[train].reset_index(drop=True), union.weights[train], seed=seed)
-    result = score(model.predict_frame(test_table), test_table)
+    result = score(model, test_table)
     result["n_train"] = int(train.sum())
     return result
 

@@ -50,26 +50,15 @@ ESTIMATOR_SUFFIX = ".skops"
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 ANY = object()  # `promote` without a condition on the version it replaces
 
-# The only types (beyond skops' own defaults: builtins, numpy, scikit-learn estimators) a saved estimator may
-# contain. Everything here is a plain data holder of scikit-learn or numpy; a file that asks for anything
-# else was not written by finetwin and is refused rather than loaded.
+# The only types (beyond skops' defaults: builtins, numpy, scikit-learn estimators) a saved estimator may
+# contain: the fitted trees of HistGradientBoosting and the input check of its categorical preprocessing
+# (a partial of scikit-learn's `check_array`; skops checks the wrapped function against this list too).
+# A file that asks for anything else was not written by finetwin and is refused, never loaded.
 TRUSTED_TYPES: frozenset[str] = frozenset(
     {
         "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
-        "sklearn.ensemble._hist_gradient_boosting.binning._BinMapper",
-        "sklearn._loss.loss.HalfSquaredError",
-        "sklearn._loss.loss.AbsoluteError",
-        "sklearn._loss.loss.PinballLoss",
-        "sklearn._loss.loss.HalfBinomialLoss",
-        "sklearn._loss.loss.HalfMultinomialLoss",
-        "sklearn._loss.link.IdentityLink",
-        "sklearn._loss.link.LogitLink",
-        "sklearn._loss.link.MultinomialLogit",
-        "sklearn._loss.link.Interval",
-        "sklearn.utils._bunch.Bunch",
-        "numpy.dtype",
-        "builtins.slice",
-        "collections.OrderedDict",
+        "functools.partial",
+        "sklearn.utils.validation.check_array",
     }
 )
 
@@ -193,6 +182,7 @@ class ModelRegistry:
 
     def load(self, version: str, expected_manifest_sha256: str | None = None) -> CalibratedModels:
         import skops.io as sio
+        from skops.io.exceptions import UntrustedTypesFoundException
 
         from calibrate.fit import CalibratedModels
 
@@ -202,15 +192,15 @@ class ModelRegistry:
         for name in sorted(files):
             if not (name.startswith(ESTIMATORS + "/") and name.endswith(ESTIMATOR_SUFFIX)):
                 continue
-            artifact = path / name
-            untrusted = sio.get_untrusted_types(file=artifact)
-            refused = sorted(set(untrusted) - TRUSTED_TYPES)
-            if refused:
+            try:
+                # skops audits every type in the file against the list before it constructs anything.
+                estimator = sio.load(path / name, trusted=sorted(TRUSTED_TYPES))
+            except UntrustedTypesFoundException as exc:
                 raise RegistryError(
                     f"version {version}: {name} contains types finetwin does not trust "
-                    f"({', '.join(refused)}); refusing to load it"
-                )
-            estimators[Path(name).name[: -len(ESTIMATOR_SUFFIX)]] = sio.load(artifact, trusted=untrusted)
+                    f"({_untrusted_names(exc)}); refusing to load it"
+                ) from None
+            estimators[Path(name).name[: -len(ESTIMATOR_SUFFIX)]] = estimator
         params = _read_json(path / PARAMS)
         try:
             return CalibratedModels.from_parts(estimators, params)
@@ -365,6 +355,13 @@ def load_models_in_use(models_dir: str | Path) -> CalibratedModels | None:
     when the version in use fails verification)."""
     loaded = ModelRegistry(models_dir).load_in_use()
     return loaded[1] if loaded else None
+
+
+def _untrusted_names(exc: Exception) -> str:
+    """The type names in skops' message ("Untrusted types found in the file: ['a', 'b'].")."""
+    text = str(exc)
+    listed = text[text.find("[") + 1 : text.rfind("]")] if "[" in text else text
+    return ", ".join(part.strip(" '\"") for part in listed.split(",") if part.strip())
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -35,6 +35,8 @@ from twin.store import JOB_STATE_RANK, TERMINAL_STATES, Job, Node, ObservedRun, 
 
 log = logging.getLogger(__name__)
 
+Stamp = Callable[[datetime], datetime]  # how an event's time is stored on this connection's dialect
+
 # Called inside the batch's transaction, after applying it, with only the events applied for the first time.
 BatchHook = Callable[[sqlalchemy.Connection, Sequence[Event]], None]
 
@@ -97,7 +99,9 @@ def apply_batch(
     if not unique:
         return ApplyResult(0, len(events))
     now = datetime.now(UTC)
-    inserted = _insert_new_events(connection, unique, now)
+    # SQLite stores a datetime's fields without its offset, so times go in as UTC; psycopg sends the offset.
+    stamp: Stamp = _utc if connection.dialect.name == "sqlite" else _as_given
+    inserted = _insert_new_events(connection, unique, now, stamp)
     fresh = tuple(event for event_id, event in unique.items() if event_id in inserted)
     job_events: dict[str, list[Event]] = {}
     node_events: list[Event] = []
@@ -107,9 +111,9 @@ def apply_batch(
         else:
             job_events.setdefault(event.job_id, []).append(event)  # type: ignore[arg-type]
     if job_events:
-        _apply_job_events(connection, job_events, now)
+        _apply_job_events(connection, job_events, now, stamp)
     if node_events:
-        _apply_node_events(connection, node_events)
+        _apply_node_events(connection, node_events, stamp)
     for hook in hooks:
         hook(connection, fresh)
     return ApplyResult(len(fresh), len(events) - len(fresh), fresh)
@@ -222,7 +226,9 @@ def _from_array(selected: Any, column: Any) -> Any:
     return cast(selected, column.type) if isinstance(column.type, JSON) else selected
 
 
-def _insert_new_events(connection: Connection, unique: dict[str, Event], now: datetime) -> set[str]:
+def _insert_new_events(
+    connection: Connection, unique: dict[str, Event], now: datetime, stamp: Stamp
+) -> set[str]:
     """Insert the raw events the store does not have yet; returns the ids actually inserted."""
     # PostgreSQL takes the payload as JSON text, serialized by pydantic (several times faster than
     # json.dumps of a dict); SQLAlchemy serializes the dict itself for SQLite.
@@ -231,7 +237,7 @@ def _insert_new_events(connection: Connection, unique: dict[str, Event], now: da
         {
             "event_id": event_id,
             "type": event.type,
-            "ts": _utc(event.ts),
+            "ts": stamp(event.ts),
             "cluster_id": event.cluster_id,
             "job_id": event.job_id,
             "payload": _JsonText(event.payload.model_dump_json())
@@ -253,7 +259,9 @@ def _insert_new_events(connection: Connection, unique: dict[str, Event], now: da
 # --- jobs -------------------------------------------------------------------------------------------------
 
 
-def _apply_job_events(connection: Connection, job_events: dict[str, list[Event]], now: datetime) -> None:
+def _apply_job_events(
+    connection: Connection, job_events: dict[str, list[Event]], now: datetime, stamp: Stamp
+) -> None:
     job_ids = sorted(job_events)
     current = _lock_jobs(connection, job_ids)
     stored = {job_id: dict(row) for job_id, row in current.items()}  # as they were, to see what changed
@@ -263,7 +271,7 @@ def _apply_job_events(connection: Connection, job_events: dict[str, list[Event]]
     for job_id in job_ids:
         row = current.get(job_id) or _empty_job(job_id, job_events[job_id][0].cluster_id)
         for event in job_events[job_id]:
-            run = _fold(row, event)
+            run = _fold(row, event, stamp)
             if run is not None:
                 runs.append(run)
         row["updated_at"] = now
@@ -279,7 +287,7 @@ def _apply_job_events(connection: Connection, job_events: dict[str, list[Event]]
         created = set(result.scalars())
         raced = [job_id for job_id in new_ids if job_id not in created]
         if raced:
-            _refold_raced_jobs(connection, raced, job_events, merged, runs, now)
+            _refold_raced_jobs(connection, raced, job_events, merged, runs, now, stamp)
     existing = [merged[job_id] for job_id in job_ids if job_id in stored]
     if existing:
         # Only the columns some event changed: a batch of progress reports rewrites 5 columns, not 33.
@@ -301,7 +309,7 @@ def _apply_job_events(connection: Connection, job_events: dict[str, list[Event]]
 
 def _refold_raced_jobs(
     connection: Connection, raced: list[str], job_events: dict[str, list[Event]],
-    merged: dict[str, dict[str, Any]], runs: list[dict[str, Any]], now: datetime,
+    merged: dict[str, dict[str, Any]], runs: list[dict[str, Any]], now: datetime, stamp: Stamp,
 ) -> None:  # fmt: skip
     runs[:] = [run for run in runs if run["job_id"] not in set(raced)]
     current = _lock_jobs(connection, raced)
@@ -309,7 +317,7 @@ def _refold_raced_jobs(
     for job_id in raced:
         row = current[job_id]
         for event in job_events[job_id]:
-            run = _fold(row, event)
+            run = _fold(row, event, stamp)
             if run is not None:
                 runs.append(run)
         row["updated_at"] = now
@@ -350,12 +358,15 @@ def _advance(row: dict[str, Any], state: str) -> bool:
 
 
 def _earliest(current: datetime | None, ts: datetime) -> datetime:
-    return ts if current is None or ts < _utc(current) else _utc(current)
+    if current is None:
+        return ts
+    current = current if current.tzinfo is not None else current.replace(tzinfo=UTC)  # SQLite: naive UTC
+    return min(current, ts)
 
 
-def _fold(row: dict[str, Any], event: Event) -> dict[str, Any] | None:
+def _fold(row: dict[str, Any], event: Event, stamp: Stamp) -> dict[str, Any] | None:
     """Apply one event to a job row in place; returns the observed run it completes, if any."""
-    ts = _utc(event.ts)
+    ts = stamp(event.ts)
     payload = event.payload
     kind = event.type
     if kind == "job.submitted":
@@ -394,7 +405,7 @@ def _fold(row: dict[str, Any], event: Event) -> dict[str, Any] | None:
 # --- nodes ------------------------------------------------------------------------------------------------
 
 
-def _apply_node_events(connection: Connection, events: Iterable[Event]) -> None:
+def _apply_node_events(connection: Connection, events: Iterable[Event], stamp: Stamp) -> None:
     """Upsert each node's latest status; `updated_at` is the status's own time, so an older report that
     arrives late does not overwrite a newer one."""
     latest: dict[str, dict[str, Any]] = {}
@@ -406,7 +417,7 @@ def _apply_node_events(connection: Connection, events: Iterable[Event]) -> None:
             "gpu_model": payload.gpu_model,  # type: ignore[union-attr]
             "gpu_count": payload.gpu_count,  # type: ignore[union-attr]
             "status": payload.status,  # type: ignore[union-attr]
-            "updated_at": _utc(event.ts),
+            "updated_at": stamp(event.ts),
         }
         before = latest.get(row["node_id"])
         if before is None or row["updated_at"] >= before["updated_at"]:
@@ -421,6 +432,10 @@ def _apply_node_events(connection: Connection, events: Iterable[Event]) -> None:
         ),
         "upsert-newer",
     )  # fmt: skip
+
+
+def _as_given(ts: datetime) -> datetime:
+    return ts
 
 
 def _utc(ts: datetime) -> datetime:

@@ -346,10 +346,17 @@ def _bootstrap(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def _store(settings: Settings) -> Engine:
+    from sqlalchemy.exc import OperationalError
+
+    from twin.cli import CommandError
     from twin.db import engine_from_settings, migrate
 
     engine = engine_from_settings(settings)
-    migrate(engine)
+    try:
+        migrate(engine)
+    except OperationalError as exc:
+        url = engine.url.render_as_string()
+        raise CommandError(f"cannot open the store at {url}: {exc.orig}") from exc
     return engine
 
 

@@ -182,14 +182,22 @@ def api_headers(engine: Engine, role: str = "approver", name: str = "test") -> d
 
 @pytest.fixture(scope="session")
 def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: Path) -> Path:
-    """A model registry with one version (v0001, in use) fitted once per session on the real sample.
+    """A model registry with one version (v0001, in use), made once per session on the real sample by
+    `finetwin calibrate --bench SAMPLE --models DIR`; what it printed is in `calibrate.out` beside it.
 
     Shared: copy it (`registry_copy`) before promoting, rolling back or tampering with anything.
     """
-    from calibrate.refit import calibrate_version
+    import contextlib
+    import io
+
+    from twin.cli import main
 
     models_dir = tmp_path_factory.mktemp("calibrated") / "models"
-    calibrate_version(models_dir, benchmarks=[sample_csv], reason="test session")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["calibrate", "--bench", str(sample_csv), "--models", str(models_dir)])
+    (models_dir.parent / "calibrate.out").write_text(printed.getvalue())
+    assert status == 0, printed.getvalue()
     return models_dir
 
 

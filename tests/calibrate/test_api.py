@@ -65,7 +65,7 @@ def test_predict_one_config_a_list_or_a_batch(client: TestClient) -> None:
         predictions = response.json()["predictions"]
         assert [p["outcome"] for p in predictions][:2] == ["valid", "rejected"]
         assert predictions[1]["rule"] == "batch_size_not_multiple_of_gpus"
-        assert predictions[1]["tokens_per_second_p50"] is None
+        assert predictions[1]["p_valid"] == 0.0
         assert predictions[0] == prediction, "the same config gets the same answer"
     response = client.post("/v1/predict", json={**CONFIG, "model_name": "acme-13b-chat"})
     (unseen,) = response.json()["predictions"]

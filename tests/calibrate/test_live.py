@@ -163,7 +163,7 @@ def test_drift_in_the_live_error_triggers_a_refit(
     migrate(engine)
     subset = registry_copy.parent / "subset.csv"
     lines = sample_csv.read_text().splitlines(keepends=True)
-    subset.write_text("".join([lines[0], *lines[1::6]]))
+    subset.write_text("".join([lines[0], *lines[1::10]]))
     settings = Settings(
         drift_window=10, drift_min_jobs=5, drift_mdape_threshold=0.25, refit_benchmarks=[subset],
         models_dir=registry_copy,
@@ -196,7 +196,7 @@ def test_drift_in_the_live_error_triggers_a_refit(
     assert result.version == "v0002"
     metadata = ModelRegistry(registry_copy).metadata("v0002")
     assert metadata["reason"].startswith("drift: live error of v0001 drifted: throughput MdAPE 100.0%")
-    assert metadata["data"]["rows_by_source"] == {"benchmark:subset.csv": len(lines[1::6]), "observed": 5}
+    assert metadata["data"]["rows_by_source"] == {"benchmark:subset.csv": len(lines[1::10]), "observed": 5}
     assert metadata["comparison"]["against"] == "v0001"
     with engine.connect() as connection:
         summary = summarize(connection, "v0001", 10)

@@ -150,8 +150,8 @@ def test_finetwin_replay_is_deterministic_for_a_seed(
     first, second = (read_topic(kafka_bootstrap, topic, expected) for topic in runs)
     assert len(first) == len(second) == expected
 
-    def content(records: list) -> list[tuple[int, bytes, bytes]]:  # type: ignore[type-arg]
-        return sorted((r.partition, r.offset, r.key, r.value) for r in records)  # type: ignore[misc]
+    def content(records: list) -> list[tuple[int, int, bytes, bytes]]:  # type: ignore[type-arg]
+        return sorted((r.partition, r.offset, r.key, r.value) for r in records)
 
     assert content(first) == content(second)
 
