@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, Select, insert, select
 
 from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.frames import configs_frame
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 SUBMITTED = "job.submitted"
 ENDED = ("job.completed", "job.failed", "job.rejected")
 _MEMORY_FAILURE = "oom"
+_IN_CHUNK = 900  # bound parameters per IN (...): well under SQLite's limit
 
 DriftCallback = Callable[[DriftReport], None]
 
@@ -69,30 +71,27 @@ class LivePredictions:
             return
         if submitted:
             self._store_predictions(connection, submitted)
-        added = self._record_ended(connection, ended)
-        added += self._record_ended_before_submitted(connection, [j for j in submitted if j not in ended])
+        outcomes = self._ended_before_submitted(connection, [j for j in submitted if j not in ended])
+        outcomes.update(_outcomes_of(ended))
+        added = self._record_errors(connection, outcomes)
         if added and self.on_drift is not None:
             self._check_drift(connection)
 
     # --- predictions at submission
 
     def _store_predictions(self, connection: Connection, submitted: dict[str, Any]) -> None:
-        known = set(
-            connection.execute(
-                select(JobPrediction.job_id).where(JobPrediction.job_id.in_(list(submitted)))  # type: ignore[attr-defined]
-            ).scalars()
-        )
-        jobs = [job_id for job_id in submitted if job_id not in known]
-        if not jobs:
-            return
         try:
             loaded = self.models.get()
         except RegistryError as exc:
             log.error("no live predictions: the model in use cannot be loaded: %s", exc)
             return
         if loaded is None:
-            return
+            return  # nothing calibrated yet: one small file read per batch, no query
         version, models = loaded
+        known = set(_rows_for(connection, JobPrediction.job_id, JobPrediction.job_id, list(submitted)))
+        jobs = [job_id for job_id in submitted if job_id not in known]
+        if not jobs:
+            return
         try:
             predicted = models.predict_frame(configs_frame(_payload(submitted[job_id]) for job_id in jobs))
         except Exception:  # a model that fails on some input must not stall ingest on this batch forever
@@ -135,82 +134,41 @@ class LivePredictions:
 
     # --- live error at the end
 
-    def _record_ended(self, connection: Connection, ended: dict[str, Any]) -> int:
-        added = 0
-        for job_id, event in ended.items():
-            payload = _payload(event)
-            if event.type == "job.completed":
-                actual, measured = Outcome.VALID, payload.get("dataset_tokens_per_second")
-            elif event.type == "job.rejected":
-                actual, measured = Outcome.REJECTED, None
-            elif payload.get("reason") == _MEMORY_FAILURE:
-                actual, measured = Outcome.RUNTIME, None
-            else:
-                continue  # failed for another reason: not what the failure model predicts
-            added += self._record_error(connection, job_id, actual, measured, event.ts)
-        return added
-
-    def _record_ended_before_submitted(self, connection: Connection, job_ids: list[str]) -> int:
+    def _ended_before_submitted(self, connection: Connection, job_ids: list[str]) -> dict[str, Ended]:
+        """How the jobs just submitted had already ended, from the store (events out of order)."""
         if not job_ids:
-            return 0
+            return {}
         query = (
             select(
                 Job.job_id, Job.state, Job.failure_reason, Job.ended_at, ObservedRun.dataset_tokens_per_second
             )
             .join(ObservedRun, ObservedRun.job_id == Job.job_id, isouter=True)  # type: ignore[arg-type]
-            .where(Job.job_id.in_(job_ids))  # type: ignore[attr-defined]
             .where(Job.state.in_(("completed", "failed", "rejected")))  # type: ignore[attr-defined]
         )
-        added = 0
-        for row in connection.execute(query).all():
-            if row.state == "completed":
-                actual = Outcome.VALID
-            elif row.state == "rejected":
-                actual = Outcome.REJECTED
-            elif row.failure_reason == _MEMORY_FAILURE:
-                actual = Outcome.RUNTIME
-            else:
-                continue
-            added += self._record_error(
-                connection, row.job_id, actual, row.dataset_tokens_per_second, row.ended_at or utcnow()
-            )
-        return added
+        outcomes: dict[str, Ended] = {}
+        for row in _rows_for(connection, query, Job.job_id, job_ids):
+            actual = _actual(row.state, row.failure_reason)
+            if actual is not None:
+                outcomes[row.job_id] = Ended(actual, row.dataset_tokens_per_second, row.ended_at or utcnow())
+        return outcomes
 
-    def _record_error(
-        self, connection: Connection, job_id: str, actual: Outcome, measured: float | None, ended_at: datetime
-    ) -> int:
-        prediction = connection.execute(select(JobPrediction).where(JobPrediction.job_id == job_id)).first()
-        if prediction is None:
-            return 0  # predicted later, when its job.submitted arrives
-        if connection.execute(select(LiveError.id).where(LiveError.job_id == job_id)).first() is not None:
+    def _record_errors(self, connection: Connection, outcomes: dict[str, Ended]) -> int:
+        """One live error per job that has a stored prediction and none yet; returns how many were added."""
+        if not outcomes:
             return 0
-        p50 = prediction.tokens_per_second_p50
-        measured = float(measured) if measured else None
-        ape = abs(p50 - measured) / measured if (measured and p50 is not None) else None
-        in_band = None
-        if (
-            measured
-            and prediction.tokens_per_second_p10 is not None
-            and prediction.tokens_per_second_p90 is not None
-        ):
-            in_band = bool(prediction.tokens_per_second_p10 <= measured <= prediction.tokens_per_second_p90)
-        ran = 1.0 if actual == Outcome.VALID else 0.0
-        row = {
-            "job_id": job_id,
-            "model_version": prediction.model_version,
-            "ended_at": ended_at,
-            "predicted_outcome": prediction.outcome,
-            "actual_outcome": actual.value,
-            "outcome_error": int(prediction.outcome != actual.value),
-            "p_valid": prediction.p_valid,
-            "failure_brier": (prediction.p_valid - ran) ** 2,
-            "measured_tokens_per_second": measured,
-            "predicted_tokens_per_second": p50,
-            "ape": ape,
-            "in_band": in_band,
+        job_ids = list(outcomes)
+        predictions = {
+            p.job_id: p for p in _rows_for(connection, select(JobPrediction), JobPrediction.job_id, job_ids)
         }
-        connection.execute(insert(LiveError.__table__), [row])  # type: ignore[attr-defined]
-        return 1
+        done = set(_rows_for(connection, LiveError.job_id, LiveError.job_id, list(predictions)))
+        rows = [
+            live_error(job_id, predictions[job_id], outcomes[job_id])
+            for job_id in job_ids
+            if job_id in predictions and job_id not in done
+        ]
+        if rows:
+            connection.execute(insert(LiveError.__table__), rows)  # type: ignore[attr-defined]
+        return len(rows)
 
     def _check_drift(self, connection: Connection) -> None:
         version = self.models.registry.in_use()
@@ -220,6 +178,67 @@ class LivePredictions:
         if report is not None:
             log.warning("%s", report)
             self.on_drift(report)  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a job ended, as far as the models predict it."""
+
+    actual: Outcome
+    measured_tokens_per_second: float | None
+    ended_at: datetime
+
+
+def live_error(job_id: str, prediction: Any, ended: Ended) -> dict[str, Any]:
+    """A `live_errors` row: the stored prediction against what happened."""
+    measured = float(ended.measured_tokens_per_second) if ended.measured_tokens_per_second else None
+    p10, p50, p90 = (
+        prediction.tokens_per_second_p10, prediction.tokens_per_second_p50, prediction.tokens_per_second_p90
+    )  # fmt: skip
+    ran = 1.0 if ended.actual == Outcome.VALID else 0.0
+    return {
+        "job_id": job_id,
+        "model_version": prediction.model_version,
+        "ended_at": ended.ended_at,
+        "predicted_outcome": prediction.outcome,
+        "actual_outcome": ended.actual.value,
+        "outcome_error": int(prediction.outcome != ended.actual.value),
+        "p_valid": prediction.p_valid,
+        "failure_brier": (prediction.p_valid - ran) ** 2,
+        "measured_tokens_per_second": measured,
+        "predicted_tokens_per_second": p50,
+        "ape": abs(p50 - measured) / measured if measured and p50 is not None else None,
+        "in_band": bool(p10 <= measured <= p90) if measured and p10 is not None and p90 is not None else None,
+    }
+
+
+def _actual(state: str, failure_reason: str | None) -> Outcome | None:
+    if state == "completed":
+        return Outcome.VALID
+    if state == "rejected":
+        return Outcome.REJECTED
+    if state == "failed" and failure_reason == _MEMORY_FAILURE:
+        return Outcome.RUNTIME
+    return None  # failed for another reason: not what the failure model predicts
+
+
+def _outcomes_of(ended: dict[str, Any]) -> dict[str, Ended]:
+    outcomes = {}
+    for job_id, event in ended.items():
+        payload = _payload(event)
+        state = {"job.completed": "completed", "job.rejected": "rejected", "job.failed": "failed"}[event.type]
+        actual = _actual(state, payload.get("reason"))
+        if actual is not None:
+            outcomes[job_id] = Ended(actual, payload.get("dataset_tokens_per_second"), event.ts)
+    return outcomes
+
+
+def _rows_for(connection: Connection, query: Any, key: Any, ids: list[str]) -> Iterator[Any]:
+    """`query` (a select or a column) restricted to `key IN ids`, in chunks a SQLite statement can take."""
+    statement = query if isinstance(query, Select) else select(query)
+    for start in range(0, len(ids), _IN_CHUNK):
+        result = connection.execute(statement.where(key.in_(ids[start : start + _IN_CHUNK])))
+        yield from (result.scalars() if not isinstance(query, Select) else result)
 
 
 def version_record(metadata: dict[str, Any]) -> dict[str, Any]:
