@@ -101,7 +101,7 @@ def run_advise(args: argparse.Namespace, settings: Settings) -> int:
 
     from advisor.advice import AdviceError, advise_job
     from advisor.advice_io import AdviceRequest, ConfigFileError, read_config_file, render_text
-    from twin.cli import CommandError, load_job_models
+    from twin.cli import CommandError
 
     try:
         raw = read_config_file(args.config)
@@ -111,11 +111,18 @@ def run_advise(args: argparse.Namespace, settings: Settings) -> int:
         request = AdviceRequest.model_validate(raw)
     except ValueError as exc:
         raise CommandError(f"{args.config}: {_first_error(exc)}") from exc
-    models = load_job_models(settings)
-    if models is None:
-        raise CommandError("no calibrated models yet: run `finetwin calibrate` first")
+    from calibrate.registry import ModelRegistry, RegistryError
+
     try:
-        answer = advise_job(request.to_job(), models)
+        loaded = ModelRegistry(settings.resolved_models_dir()).load_in_use()
+    except RegistryError as exc:
+        raise CommandError(f"the model in use cannot be loaded: {exc}") from exc
+    if loaded is None:
+        raise CommandError("no calibrated models yet: run `finetwin calibrate` first")
+    version, models = loaded
+    config, dataset_tokens = request.to_job()
+    try:
+        answer = advise_job(config, dataset_tokens, models, model_version=version)
     except AdviceError as exc:
         raise CommandError(f"{args.config}: {exc}") from exc
     if args.json:

@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,17 @@ def distinct_configs(n: int, seed: int = 0) -> list[dict[str, object]]:
             }
         )  # fmt: skip
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -111,8 +123,6 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--models-dir", type=Path, default=None)
     args = parser.parse_args()
-
-    from ingest.broker import free_port, port_open
 
     with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
         work = Path(tmp)

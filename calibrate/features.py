@@ -98,7 +98,6 @@ _LOGIT_BYTES = 8.0
 UNSEEN_NAME_NOTE = "unseen model name: size from name"
 UNKNOWN_SIZE_NOTE = "unknown model size"
 UNKNOWN_GPU_NOTE = "unknown GPU model: taken as an A100-PCIe"
-_UNSTATED = -1.0
 FALLBACK_PARAMS_B = 7.0  # a typical size, used only when a name says nothing about it (and flagged)
 
 CATEGORICAL_FEATURES: tuple[str, ...] = ("method", "gpu_model", "model_family", "protocol", "tuning_version")
@@ -144,6 +143,16 @@ NUMERIC_FEATURES: tuple[str, ...] = (
     "log_physics_tokens_per_second",
 )
 FEATURE_NAMES: tuple[str, ...] = CATEGORICAL_FEATURES + NUMERIC_FEATURES
+# What decides whether a run fits in memory; the speed features only add noise to that question (measured:
+# lower balanced accuracy on unseen blocks with them).
+SPEED_ONLY_FEATURES: tuple[str, ...] = (
+    "log_gpu_tflops",
+    "log_gpu_relative_speed",
+    "log_flops_per_token",
+    "log_communication_ratio",
+    "log_physics_tokens_per_second",
+)
+MEMORY_FEATURES: tuple[str, ...] = tuple(f for f in FEATURE_NAMES if f not in SPEED_ONLY_FEATURES)
 # The throughput regressor learns log(tokens/s) minus this bound.
 THROUGHPUT_OFFSET = "log_physics_tokens_per_second"
 
@@ -337,12 +346,9 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     out["data_parallel_only"] = data_parallel_only
     out["hybrid_shard"] = hybrid_shard
     out["shard_degree"] = shard_degree
-    # Settings a protocol does not state are -1, not NaN: a column NaN on every training row breaks the
-    # trees' binning, and "not stated" is a protocol property of its own.
-    out["gradient_accumulation"] = np.nan_to_num(
-        protocol["gradient_accumulation"].astype(float), nan=_UNSTATED
-    )
-    out["reentrant_checkpointing"] = np.nan_to_num(protocol["reentrant"].astype(float), nan=_UNSTATED)
+    # NaN where the protocol does not state the setting: the trees learn where "not stated" belongs.
+    out["gradient_accumulation"] = protocol["gradient_accumulation"].astype(float)
+    out["reentrant_checkpointing"] = protocol["reentrant"].astype(float)
     out["version_number"] = [version_number(v) for v in out["tuning_version"]]
     out["state_bytes_per_param"] = state_bytes
     out["log_state_gb"] = np.log(state_gb)
@@ -358,10 +364,10 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
 def version_number(version: str) -> float:
     """A number that orders tuning-stack versions, including the benchmark's mangled ones
-    (`0.4.0.1.0` is older than `2.0.1`; `3` is `3.0.0`); -1 when there is none."""
+    (`0.4.0.1.0` is older than `2.0.1`; `3` is `3.0.0`); NaN when there is none."""
     parts = re.findall(r"\d+", version)
     if not parts:
-        return _UNSTATED
+        return float("nan")
     return float(sum(int(p) / 100.0**i for i, p in enumerate(parts[:4])))
 
 

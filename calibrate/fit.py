@@ -20,6 +20,7 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from calibrate import metrics
+from calibrate.boosting import SKOPS_TRUSTED_TYPES
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure
 from calibrate.features import FEATURE_NAMES, build_features, config_from_row, configs_to_frame
 from calibrate.performance import ThroughputModel, fit_throughput
@@ -37,14 +38,6 @@ __all__ = [
 ]
 
 PARAMS_FORMAT = 1
-# Types inside the estimators that skops does not trust by default, all scikit-learn's own: the fitted trees
-# of HistGradientBoosting and the input check of its categorical preprocessing. A registry passes exactly
-# these as `trusted` and refuses an artifact that needs anything else.
-SKOPS_TRUSTED_TYPES: tuple[str, ...] = (
-    "functools.partial",
-    "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
-    "sklearn.utils.validation.check_array",
-)
 # OpenMP threads per fit. The models are small; on a shared two-core machine more threads spin against other
 # processes and made a fit twenty times slower in measurements, while one thread loses little.
 FIT_THREADS = 1

@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from sklearn.ensemble import HistGradientBoostingRegressor
-from sklearn.pipeline import Pipeline
 
-from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES
-from calibrate.performance import make_pipeline
+from calibrate import boosting
+from calibrate.features import FEATURE_NAMES
 from twin.domain import GPU_TYPES
 
 POWER_PARAMS: dict[str, Any] = {
@@ -33,7 +32,9 @@ MIN_POWER_RUNS = 20
 
 @dataclass
 class PowerUseModel:
-    regressor: Pipeline | None  # log(watts / TDP); None when too few runs had power telemetry
+    regressor: (
+        HistGradientBoostingRegressor | None
+    )  # log(watts / TDP); None when too few runs had power telemetry
     tdp_fraction: float
     gpus_with_power: list[str]
 
@@ -65,12 +66,10 @@ def fit_power(
         return PowerUseModel(None, DEFAULT_TDP_FRACTION, [])
     gpus = features["gpu_model"].astype(str).to_numpy()
     share = watts[measured] / tdp_watts(gpus[measured])
-    model = HistGradientBoostingRegressor(
-        categorical_features=list(range(len(CATEGORICAL_FEATURES))), random_state=seed, **POWER_PARAMS
-    )
-    regressor = make_pipeline(model).fit(
-        features.loc[measured, list(FEATURE_NAMES)],
+    regressor = boosting.regressor(FEATURE_NAMES, seed, POWER_PARAMS)
+    regressor.fit(
+        boosting.trainable(features.loc[measured, list(FEATURE_NAMES)]),
         np.log(share),
-        boost__sample_weight=None if weight is None else np.asarray(weight)[measured],
+        sample_weight=None if weight is None else np.asarray(weight)[measured],
     )
     return PowerUseModel(regressor, float(np.median(share)), sorted(set(gpus[measured])))
