@@ -12,7 +12,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlmodel import Session
 
 from twin.settings import Settings
@@ -56,10 +56,17 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+_MIGRATION_LOCK_KEY = 0x66696E6574776E  # "finetwn"
+
+
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Create or upgrade the schema to `revision` on the engine's database."""
     config = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Processes starting together (two ingest workers, the API) must not race to create the schema:
+            # the lock is held until this transaction ends, and the second one then finds it up to date.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
 
