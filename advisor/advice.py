@@ -57,6 +57,10 @@ class AdviceError(ValueError):
     """A configuration the advisor cannot reason about (the message says why)."""
 
 
+class ModelsUnusable(RuntimeError):
+    """The models in use failed to predict (e.g. saved by a version of finetwin with other features)."""
+
+
 @dataclass(frozen=True)
 class Predicted:
     """Predictions aligned with a list of configurations."""
@@ -80,7 +84,10 @@ def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
     if hasattr(models, "predict_frame"):
         from calibrate.frames import configs_frame
 
-        frame = models.predict_frame(configs_frame(_record(c) for c in configs))
+        try:
+            frame = models.predict_frame(configs_frame(_record(c) for c in configs))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
         p_valid = frame["p_valid"].to_numpy(dtype=float)
         tps = frame[list(BAND_COLUMNS)].to_numpy(dtype=float)
         watts = frame["power_watts"].to_numpy(dtype=float) if "power_watts" in frame else None

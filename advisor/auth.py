@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fastapi import HTTPException, Request, Security
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader
 from sqlalchemy import Engine
 from sqlmodel import Session, select
@@ -126,13 +127,20 @@ class KeyCache:
         self._entries: dict[str, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
 
+    def cached(self, key: str) -> tuple[bool, Principal | None]:
+        """(found, principal) from memory only: cheap enough for the event loop."""
+        with self._lock:
+            hit = self._entries.get(hash_key(key))
+        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            return True, hit[1]
+        return False, None
+
     def lookup(self, key: str) -> Principal | None:
+        found, principal = self.cached(key)
+        if found:
+            return principal
         digest = hash_key(key)
         now = time.monotonic()
-        with self._lock:
-            hit = self._entries.get(digest)
-        if hit is not None and now - hit[0] < self.ttl_s:
-            return hit[1]
         with Session(self.engine) as session:
             principal = verify_key(session, key)
         with self._lock:
@@ -154,7 +162,9 @@ def _key_cache(request: Request) -> KeyCache:
     return cache
 
 
-def _authenticate(request: Request, key: str | None) -> Principal:
+async def _authenticate(request: Request, key: str | None) -> Principal:
+    """Async so that a request whose key is cached never leaves the event loop; the database is asked
+    (in the thread pool) at most once per key per `auth_cache_seconds`."""
     cached = getattr(request.state, "principal", None)
     if cached is not None:
         return cached
@@ -164,7 +174,10 @@ def _authenticate(request: Request, key: str | None) -> Principal:
             detail=f"missing API key: send it in the {API_KEY_HEADER} header",
             headers={"WWW-Authenticate": API_KEY_HEADER},
         )
-    principal = _key_cache(request).lookup(key)
+    cache = _key_cache(request)
+    found, principal = cache.cached(key)
+    if not found:
+        principal = await run_in_threadpool(cache.lookup, key)
     if principal is None:
         raise HTTPException(
             status_code=401, detail="invalid or revoked API key", headers={"WWW-Authenticate": API_KEY_HEADER}
@@ -173,9 +186,9 @@ def _authenticate(request: Request, key: str | None) -> Principal:
     return principal
 
 
-def current_principal(request: Request, key: str | None = Security(_header)) -> Principal:
+async def current_principal(request: Request, key: str | None = Security(_header)) -> Principal:
     """The caller behind `X-API-Key`: 401 when the key is missing or not valid."""
-    return _authenticate(request, key)
+    return await _authenticate(request, key)
 
 
 def needed_role(request: Request) -> Role:
@@ -194,7 +207,7 @@ def forbid(principal: Principal, needed: Role) -> None:
         )
 
 
-def authorize(request: Request, key: str | None = Security(_header)) -> Principal | None:
+async def authorize(request: Request, key: str | None = Security(_header)) -> Principal | None:
     """The central check on every `/v1` route: a valid key (401), and a role fit for the route (403).
 
     Attached to whole routers; a route of such a router outside `/v1` (none today) stays open.
@@ -202,7 +215,7 @@ def authorize(request: Request, key: str | None = Security(_header)) -> Principa
     route = request.scope.get("route")
     if not getattr(route, "path", "/v1").startswith(V1_PREFIX):
         return None
-    principal = _authenticate(request, key)
+    principal = await _authenticate(request, key)
     forbid(principal, needed_role(request))
     return principal
 
@@ -210,8 +223,8 @@ def authorize(request: Request, key: str | None = Security(_header)) -> Principa
 def require_role(role: Role):  # type: ignore[no-untyped-def]
     """A dependency for a route that needs more than its method implies (approve, reject)."""
 
-    def dependency(request: Request, key: str | None = Security(_header)) -> Principal:
-        principal = _authenticate(request, key)
+    async def dependency(request: Request, key: str | None = Security(_header)) -> Principal:
+        principal = await _authenticate(request, key)
         forbid(principal, role)
         return principal
 

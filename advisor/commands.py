@@ -99,7 +99,7 @@ def run_advise(args: argparse.Namespace, settings: Settings) -> int:
     import json
     import sys
 
-    from advisor.advice import AdviceError, advise_job
+    from advisor.advice import AdviceError, ModelsUnusable, advise_job
     from advisor.advice_io import AdviceRequest, ConfigFileError, read_config_file, render_text
     from twin.cli import CommandError
 
@@ -125,6 +125,8 @@ def run_advise(args: argparse.Namespace, settings: Settings) -> int:
         answer = advise_job(config, dataset_tokens, models, model_version=version)
     except AdviceError as exc:
         raise CommandError(f"{args.config}: {exc}") from exc
+    except ModelsUnusable as exc:
+        raise CommandError(f"{exc}; run `finetwin calibrate`") from exc
     if args.json:
         json.dump(answer.model_dump(mode="json"), sys.stdout, indent=2)
         print()

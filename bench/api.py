@@ -5,14 +5,16 @@
 Runs `finetwin api` (uvicorn) in a subprocess on a fresh store with the calibrated models in use (fitted
 on the bundled benchmark sample unless --models-dir points at a registry), and loads it from this process
 with httpx + asyncio: each client sends its next request as soon as its previous answer arrives (closed
-loop). Scenarios:
+loop), or one request per second each (paced: 50 requests per second offered). Scenarios:
 
-- one client, a different configuration each time: what one answer costs the server (no cache);
-- 50 clients, the same configuration: the target (answers are cached per model version);
-- 50 clients, a different configuration each time: the worst case (every answer computed).
+- in process, without HTTP: what computing one answer costs (mostly the models' one call);
+- baseline: GET /healthz, the HTTP stack and the clients alone;
+- the same configuration from every client: the target (answers are cached per model version);
+- a different configuration each time: the worst case (every answer computed).
 
-Prints p50 / p99 latency, the 25 ms p99 target and the ratio p99 / target, and throughput. Both processes
-share the machine's cores, so the clients' own CPU time is inside the latencies.
+Prints p50 / p99 latency, the 25 ms p99 target and the ratio p99 / target, and throughput. Server and
+clients share the machine's cores, so the clients' own CPU time is inside the latencies; closed-loop
+latency is the number of clients divided by the throughput, whatever the endpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the packages, not bench/twin.py or bench/ingest.py, answer `import twin`
 TARGET_P99_MS = 25.0
 FINETWIN = str(Path(sys.executable).with_name("finetwin"))
 
@@ -76,26 +79,44 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def load(url: str, key: str, clients: int, seconds: float, bodies) -> tuple[list[float], int]:  # type: ignore[no-untyped-def]
+async def load(  # type: ignore[no-untyped-def]
+    url: str, key: str, clients: int, seconds: float, bodies, interval_s: float | None = None
+) -> tuple[list[float], int]:
+    """Each client has its own connection. Closed loop (`interval_s` None): a client sends its next request
+    when its previous answer is in. Paced: a client sends one request every `interval_s` (random phase),
+    so `clients / interval_s` requests per second are offered. A body of None means GET /healthz (the
+    baseline: the HTTP stack and the clients, without any advice)."""
     latencies: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(
-        base_url=url, headers={"X-API-Key": key}, limits=limits, timeout=30
-    ) as client:
-        stop = time.perf_counter() + seconds
+    rng = random.Random(7)
+    stop = time.perf_counter() + seconds
 
-        async def one_client() -> None:
-            nonlocal errors
-            while time.perf_counter() < stop:
-                body = next(bodies)
-                began = time.perf_counter()
+    async def one_client(client: httpx.AsyncClient) -> None:
+        nonlocal errors
+        next_at = time.perf_counter() + (rng.uniform(0, interval_s) if interval_s else 0.0)
+        while True:
+            if interval_s:
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # the pacing of the offered load, not a wait for a result
+                next_at += interval_s
+            if time.perf_counter() >= stop:
+                return
+            body = next(bodies)
+            began = time.perf_counter()
+            if body is None:
+                response = await client.get("/healthz")
+            else:
                 response = await client.post("/v1/advise", json=body)
-                latencies.append((time.perf_counter() - began) * 1000.0)
-                if response.status_code != 200:
-                    errors += 1
+            latencies.append((time.perf_counter() - began) * 1000.0)
+            errors += response.status_code != 200
 
-        await asyncio.gather(*(one_client() for _ in range(clients)))
+    pool = [httpx.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=60) for _ in range(clients)]
+    try:
+        await asyncio.gather(*(one_client(c) for c in pool))
+    finally:
+        for c in pool:
+            await c.aclose()
     return latencies, errors
 
 
@@ -115,6 +136,23 @@ def prepare_models(models_dir: Path | None, work: Path) -> Path:
     return target
 
 
+def in_process(models_dir: Path, n: int = 30) -> tuple[str, float, float, float, float, int]:
+    """advise_job itself, without HTTP: what one uncached answer costs (mostly the models' call)."""
+    from advisor.advice import advise_job
+    from advisor.advice_io import AdviceRequest
+    from calibrate.registry import load_models_in_use
+
+    models = load_models_in_use(models_dir)
+    timings = []
+    for body in distinct_configs(n, seed=3):
+        config, work = AdviceRequest.model_validate(body).to_job()
+        began = time.perf_counter()
+        advise_job(config, work, models)
+        timings.append((time.perf_counter() - began) * 1000.0)
+    p50, p99 = percentile(timings, 0.5), percentile(timings, 0.99)
+    return ("in process: advise_job, uncached (no HTTP)", 1000.0 / p50, p50, p99, p99 / TARGET_P99_MS, 0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -126,9 +164,11 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
         work = Path(tmp)
+        models_dir = prepare_models(args.models_dir, work)
+        rows = [in_process(models_dir)]
         env = {
             **os.environ, "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
-            "FINETWIN_MODELS_DIR": str(prepare_models(args.models_dir, work)),
+            "FINETWIN_MODELS_DIR": str(models_dir),
             "FINETWIN_SCHEDULER_ENABLED": "false", "FINETWIN_KAFKA_BOOTSTRAP": "",
         }  # fmt: skip
         key = subprocess.run(
@@ -152,17 +192,23 @@ def main() -> int:
             check = httpx.post(url + "/v1/advise", json=BASE, headers={"X-API-Key": key}, timeout=60)
             if check.status_code != 200:
                 raise SystemExit(f"advise failed: {check.status_code} {check.text[:300]}")
-            asyncio.run(load(url, key, 4, 2.0, itertools.repeat(BASE)))  # warm up connections and caches
+            asyncio.run(
+                load(url, key, 4, 2.0, itertools.repeat(BASE))
+            )  # warm up: models loaded, answer cached
 
+            n = args.clients
+            uncached = iter(distinct_configs(1_000_000, seed=1))
             scenarios = [
-                ("1 client, distinct configs (uncached)", 1, iter(distinct_configs(100_000, seed=1))),
-                (f"{args.clients} clients, one config", args.clients, itertools.repeat(BASE)),
-                (f"{args.clients} clients, distinct configs (uncached)", args.clients,
-                 iter(distinct_configs(100_000, seed=2))),
-            ]  # fmt: skip
-            rows = []
-            for name, clients, bodies in scenarios:
-                latencies, errors = asyncio.run(load(url, key, clients, args.seconds, bodies))
+                (f"baseline: {n} clients, GET /healthz", n, itertools.repeat(None), None),
+                (f"baseline: {n} clients x 1 req/s, GET /healthz", n, itertools.repeat(None), 1.0),
+                ("1 client, distinct configs (uncached)", 1, uncached, None),
+                (f"{n} clients, one config (cached)", n, itertools.repeat(BASE), None),
+                (f"{n} clients x 1 req/s, one config (cached)", n, itertools.repeat(BASE), 1.0),
+                (f"{n} clients, distinct configs (uncached)", n, uncached, None),
+                (f"{n} clients x 1 req/s, distinct (uncached)", n, uncached, 1.0),
+            ]
+            for name, clients, bodies, interval in scenarios:
+                latencies, errors = asyncio.run(load(url, key, clients, args.seconds, bodies, interval))
                 p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
                 rows.append((name, len(latencies) / args.seconds, p50, p99, p99 / TARGET_P99_MS, errors))
         finally:

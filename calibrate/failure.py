@@ -27,14 +27,14 @@ from calibrate.features import MEMORY_FEATURES
 # A random 30 % of the features at each split: with many overlapping memory features, it keeps the trees
 # from leaning on one proxy (better balanced accuracy on unseen blocks of the benchmark).
 CLASSIFIER_PARAMS: dict[str, Any] = {
-    "max_iter": 150,
-    "learning_rate": 0.1,
+    "max_iter": 100,
+    "learning_rate": 0.15,
     "max_leaf_nodes": 15,
     "min_samples_leaf": 10,
     "max_features": 0.3,
     "early_stopping": False,
 }
-MEMBERS = 3
+MEMBERS = 5
 VALID_THRESHOLD = 0.5  # p_valid at or above: predicted to run
 _EPSILON = 1e-6
 

@@ -11,11 +11,14 @@ exist because the ingest worker may run in another process than the API.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
 import platform
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import metadata as importlib_metadata
@@ -71,6 +74,7 @@ def calibrate_version(
     reason: str = "manual",
     seed: int = 0,
     skip_if_unchanged: bool = False,
+    parallel: bool = True,
     now: datetime | None = None,
 ) -> RefitResult:
     """Fit both models on the benchmarks (and the observed runs) and write a new version.
@@ -100,10 +104,17 @@ def calibrate_version(
         )  # fmt: skip
 
     union, candidate_rows, incumbent = _with_incumbent_rows(registry, in_use, data, engine, weights, now)
-    comparison = compare(union, candidate_rows, incumbent, fit=fit_models, seed=seed, tolerance=tolerance)
-    final_fit_started = time.perf_counter()
-    models = fit_models(data.table, data.weights, seed=seed)
-    final_fit_seconds = time.perf_counter() - final_fit_started
+    # The comparison's fits (on the split) and the final fit (on every row) are independent and each uses
+    # one core: the comparison runs in a worker process meanwhile, which halves a calibration's wall time.
+    with _comparison_worker(parallel) as pool:
+        pending = pool.submit(_compare, union, candidate_rows, incumbent, seed, tolerance) if pool else None
+        final_fit_started = time.perf_counter()
+        models = fit_models(data.table, data.weights, seed=seed)
+        final_fit_seconds = time.perf_counter() - final_fit_started
+        if pending is not None:
+            comparison = pending.result()
+        else:
+            comparison = _compare(union, candidate_rows, incumbent, seed, tolerance)
     fit_seconds = time.perf_counter() - started
     metadata = _metadata(data, models, comparison, weights, reason, seed, fit_seconds, now)
     metadata["final_fit_seconds"] = round(final_fit_seconds, 3)
@@ -131,6 +142,31 @@ def calibrate_version(
     return RefitResult(
         version, promoted, registry.in_use(), comparison, fit_seconds, len(data), message, metadata
     )
+
+
+def _compare(
+    union: TrainingData, candidate_rows: np.ndarray, incumbent: Incumbent | None, seed: int, tolerance: float
+) -> Comparison:
+    from calibrate.fit import fit_models
+
+    return compare(union, candidate_rows, incumbent, fit=fit_models, seed=seed, tolerance=tolerance)
+
+
+@contextlib.contextmanager
+def _comparison_worker(parallel: bool) -> Iterator[ProcessPoolExecutor | None]:
+    """A one-process pool ("spawn": safe from a process with threads, such as the API's scheduler), or None
+    to run in this process when parallel fits are off or no process can be started."""
+    if not parallel:
+        yield None
+        return
+    try:
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    except (OSError, NotImplementedError) as exc:
+        log.warning("comparing in this process (no worker process: %s)", exc)
+        yield None
+        return
+    with pool:
+        yield pool
 
 
 def _with_incumbent_rows(

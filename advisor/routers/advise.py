@@ -10,9 +10,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.concurrency import run_in_threadpool
 
-from advisor.advice import AdviceError, advise_job
+from advisor.advice import AdviceError, ModelsUnusable, advise_job
 from advisor.advice_io import AdviceOut, AdviceRequest
 from advisor.auth import Role, access
 from advisor.routers.models import NO_MODEL, models_in_use
@@ -64,11 +65,33 @@ def answer_cache(request: Request) -> AnswerCache:
     },
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-def advise(
-    body: AdviceRequest,
-    models: InUseModels = Depends(models_in_use),
-    cache: AnswerCache = Depends(answer_cache),
-) -> Response:
+async def advise(body: AdviceRequest, request: Request) -> Response:
+    # Async: a cached answer (the same configuration under the same models) never leaves the event loop;
+    # loading models and computing an answer run in the thread pool.
+    models = models_in_use(request)
+    cache = answer_cache(request)
+    pointer = _pointer(models)
+    request_key = body.model_dump_json()
+    if pointer is not None:
+        cached = cache.get((pointer, request_key))
+        if cached is not None:
+            return Response(content=cached, media_type="application/json")
+    version, content = await run_in_threadpool(_answer, models, body)
+    cache.put((version, request_key), content)
+    return Response(content=content, media_type="application/json")
+
+
+def _pointer(models: InUseModels) -> str | None:
+    """The version in use as the registry's pointer says (a small file read), without loading it."""
+    registry = getattr(models, "registry", None)
+    try:
+        pointer = registry.pointer() if registry is not None else None
+    except (RegistryError, OSError, ValueError):
+        return None
+    return None if pointer is None else str(pointer.get("version"))
+
+
+def _answer(models: InUseModels, body: AdviceRequest) -> tuple[str, bytes]:
     try:
         loaded = models.get()
     except RegistryError as exc:
@@ -78,14 +101,11 @@ def advise(
             status_code=NO_MODEL, detail="no calibrated model is in use; run `finetwin calibrate` first"
         )
     version, job_models = loaded
-    key = (version, body.model_dump_json())
-    cached = cache.get(key)
-    if cached is None:
-        config, dataset_tokens = body.to_job()
-        try:
-            answer = advise_job(config, dataset_tokens, job_models, model_version=version)
-        except AdviceError as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from None
-        cached = answer.model_dump_json().encode("utf-8")
-        cache.put(key, cached)
-    return Response(content=cached, media_type="application/json")
+    config, dataset_tokens = body.to_job()
+    try:
+        answer = advise_job(config, dataset_tokens, job_models, model_version=version)
+    except AdviceError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
+        raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
+    return version, answer.model_dump_json().encode("utf-8")

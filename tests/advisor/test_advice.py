@@ -137,15 +137,20 @@ BODY = {
 
 
 def test_advise_over_http(client: TestClient, keys: dict) -> None:
-    client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
+    models = FakeModels()
+    client.app.state.models_in_use = FakeInUse(models)  # type: ignore[attr-defined]
     assert client.post("/v1/advise", json=BODY).status_code == 401
     response = client.post("/v1/advise", json=BODY, headers=keys["viewer"])  # computes only: a viewer may ask
     assert response.status_code == 200, response.text
     answer = response.json()
     assert answer["model_version"] == "v-test" and answer["verdict"]["status"] == "rejected"
     assert answer["config"]["gpu_model"] == A100  # the paper's short name is accepted
+    calls = dict(models.calls)
     again = client.post("/v1/advise", json=BODY, headers=keys["viewer"])
-    assert again.content == response.content
+    assert again.content == response.content and models.calls == calls  # answered from the cache
+    client.app.state.models_in_use = FakeInUse(models, version="v-next")  # type: ignore[attr-defined]
+    newer = client.post("/v1/advise", json=BODY, headers=keys["viewer"]).json()
+    assert newer["model_version"] == "v-next" and models.calls["throughput"] == calls["throughput"] + 1
 
 
 @pytest.mark.parametrize(
