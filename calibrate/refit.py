@@ -97,10 +97,13 @@ def calibrate_version(
         raise ValueError("no rows to fit on: give a benchmark file or observe some runs first")
 
     in_use = registry.in_use()
-    if skip_if_unchanged and in_use is not None and _same_data(registry, in_use, data):
+    # The version in use, or a newer one that was not promoted, may have learned from these very rows.
+    latest = {v for v in (in_use, (registry.versions() or [None])[-1]) if v is not None}
+    same = sorted(v for v in latest if _same_data(registry, v, data))
+    if skip_if_unchanged and same:
         return RefitResult(
             None, False, in_use, None, time.perf_counter() - started, len(data),
-            f"nothing new since {in_use} (same {len(data)} rows); no refit",
+            f"nothing new since {same[-1]} (same {len(data)} rows); no refit",
         )  # fmt: skip
 
     union, candidate_rows, incumbent = _with_incumbent_rows(registry, in_use, data, engine, weights, now)
@@ -138,7 +141,6 @@ def calibrate_version(
     else:
         verdict = f"NOT promoted, worse than {comparison.against} in use: {_worse(comparison)}"
     message = f"{version}: {len(data)} rows, calibrated in {fit_seconds:.1f} s; {verdict}"
-    log.info("%s", message)
     return RefitResult(
         version, promoted, registry.in_use(), comparison, fit_seconds, len(data), message, metadata
     )
@@ -384,6 +386,11 @@ class RefitScheduler:
             )
         finally:
             self._running.release()
+        log.info("refit (%s): %s", reason, result.message)
+        if result.version is not None:
+            pruned = self.registry.prune(self.settings.models_keep_versions)
+            if pruned:
+                log.info("deleted old model versions %s", ", ".join(pruned))
         self.last_result = result
         if self.on_done is not None:
             self.on_done(result)

@@ -48,6 +48,7 @@ TRAINING_ROWS = "training_rows.txt"
 ESTIMATORS = "estimators"
 ESTIMATOR_SUFFIX = ".skops"
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+MAX_ROLLBACK_DEPTH = 20  # versions in use before the current one that rollback can return to
 ANY = object()  # `promote` without a condition on the version it replaces
 
 # The only types (beyond skops' defaults: builtins, numpy, scikit-learn estimators) a saved estimator may
@@ -286,7 +287,19 @@ class ModelRegistry:
             self._append_history("rollback", target["version"], current["version"], reason)
             return target["version"]
 
+    def prune(self, keep: int) -> list[str]:
+        """Delete old versions: all but the newest `keep` and those that rollback can return to."""
+        with self._locked():
+            pointer = self.pointer()
+            protected = {entry["version"] for entry in pointer["stack"]} if pointer else set()
+            versions = self.versions()
+            doomed = [v for v in versions[: max(0, len(versions) - keep)] if v not in protected]
+            for version in doomed:
+                shutil.rmtree(self.root / VERSIONS / version)
+        return doomed
+
     def _set_pointer(self, stack: list[dict[str, Any]]) -> None:
+        stack = stack[-MAX_ROLLBACK_DEPTH:]
         top = stack[-1]
         _write_json(
             self.root / POINTER,

@@ -22,13 +22,13 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from prometheus_client import Counter, Gauge
-from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
-from ingest.apply import ApplyResult, BatchHook, apply_events
+from ingest.apply import AnyEvent, ApplyResult, BatchHook, apply_events
 from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message
-from ingest.events import MAX_MESSAGE_BYTES, Event, InvalidEvent, parse_event
+from ingest.events import InvalidEvent, parse_event
+from ingest.fastparse import NotFast, decode_event
 
 log = logging.getLogger(__name__)
 
@@ -102,24 +102,19 @@ _Applied = tuple[ApplyResult, list[DeadLetter]]
 @dataclass
 class _Batch:
     messages: Sequence[Message]
-    events: list[Event] = field(default_factory=list)
+    events: list[AnyEvent] = field(default_factory=list)
     sources: list[Message] = field(default_factory=list)  # the message each event came from
     dead: list[DeadLetter] = field(default_factory=list)
 
 
-_EVENT = TypeAdapter(Event)
-
-
-def parse_message(raw: bytes) -> Event:
-    """`parse_event`'s verdict, fast: a valid event is validated in one pass by pydantic's JSON parser
-    (2-3x faster than json.loads + validation); anything it rejects goes through `parse_event`, which
-    says why. Whatever this accepts, `parse_event` accepts too (tests/ingest/test_worker.py checks)."""
-    if len(raw) <= MAX_MESSAGE_BYTES:
-        try:
-            return _EVENT.validate_json(raw)
-        except ValidationError:
-            pass
-    return parse_event(raw)
+def parse_message(raw: bytes) -> AnyEvent:
+    """`parse_event`'s verdict, fast: a valid event in its common form is decoded by msgspec (`decode_event`,
+    ~3x less CPU); anything else goes through `parse_event`, which accepts it or says why not. Whatever the
+    fast path accepts, `parse_event` accepts too, with the same values (tests/ingest/test_fastparse.py)."""
+    try:
+        return decode_event(raw)
+    except NotFast:
+        return parse_event(raw)
 
 
 class IngestWorker:
@@ -232,7 +227,7 @@ class IngestWorker:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    def _apply(self, events: list[Event], sources: list[Message]) -> _Applied:
+    def _apply(self, events: list[AnyEvent], sources: list[Message]) -> _Applied:
         """Apply the batch; if the database refuses it for what is in it (not for being down), find the
         events it refuses by halving the batch, and return those as dead letters."""
         try:

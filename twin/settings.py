@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     observed_weight: float = 5.0  # a fresh observed run counts this many benchmark rows ...
     observed_half_life_days: float = 30.0  # ... and its extra weight halves every this many days
     promote_tolerance: float = 0.002  # metric differences this small are noise, not "worse"
+    models_keep_versions: int = 20  # online refits delete older versions (never one rollback can reach)
 
     # API.
     api_host: str = "127.0.0.1"

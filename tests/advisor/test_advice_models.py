@@ -4,8 +4,6 @@ over HTTP and from the command line, every candidate predicted in one model call
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from advisor.app import create_app
 from advisor.routers.models import models_in_use
-from tests.advisor.conftest import FINETWIN, advisor_settings
+from tests.advisor.conftest import advisor_settings
 from tests.conftest import api_headers
 from twin.db import make_engine, migrate
 
@@ -95,23 +93,22 @@ def _forbidden(name: str):  # type: ignore[no-untyped-def]
     return method
 
 
-def test_finetwin_advise_reads_yaml_and_json(calibrated_models_dir: Path, tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "FINETWIN_DATA_DIR": str(tmp_path / "data"),
-        "FINETWIN_MODELS_DIR": str(calibrated_models_dir),
-    }
+def test_finetwin_advise_reads_yaml_and_json(
+    calibrated_models_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from twin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
     yaml_file = tmp_path / "job.yaml"
     yaml_file.write_text("".join(f"{k}: {v}\n" for k, v in JOB.items()))
-    text = subprocess.run([*FINETWIN, "advise", str(yaml_file)], capture_output=True, text=True, env=env)
-    assert text.returncode == 0, text.stderr
-    assert (
-        "verdict:" in text.stdout and "best throughput:" in text.stdout and "fast_kernels: yes" in text.stdout
-    )
+    assert main(["advise", str(yaml_file)]) == 0
+    text = capsys.readouterr().out
+    assert "verdict:" in text and "best throughput:" in text and "fast_kernels: yes" in text
     json_file = tmp_path / "job.json"
     json_file.write_text(json.dumps(JOB))
-    done = subprocess.run(
-        [*FINETWIN, "advise", str(json_file), "--json"], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["config"]["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
+    assert main(["advise", str(json_file), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["gpu_model"] == "NVIDIA-A100-SXM4-80GB"

@@ -27,8 +27,9 @@ from tests.conftest import api_headers
 from twin.db import make_engine, migrate, session_scope
 
 pytestmark = pytest.mark.slow
-FUZZ = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+FUZZ = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
 ADVISOR_PATHS = r"^/v1/(advise|recommendations|slos|audit|reports)"
+MODEL_PATHS = r"^/v1/(advise|predict)$"
 
 
 def _store(tmp_path: Path, name: str) -> Engine:
@@ -61,14 +62,14 @@ def busy_api(tmp_path: Path):  # type: ignore[no-untyped-def]
     return schema, api_headers(engine, "approver")
 
 
-def fuzz(schema, headers: dict[str, str]) -> list[str]:  # type: ignore[no-untyped-def]
+def fuzz(schema, headers: dict[str, str], examples: int = 12) -> list[str]:  # type: ignore[no-untyped-def]
     """Valid and invalid requests for every operation; returns the ones that got a 5xx."""
     failures: list[str] = []
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-            @FUZZ
+            @settings(max_examples=examples, **FUZZ)  # type: ignore[arg-type]
             @given(case=operation.as_strategy(generation_mode=mode))
             def check(case) -> None:  # type: ignore[no-untyped-def]
                 response = case.call(headers=dict(headers))
@@ -92,3 +93,21 @@ def test_no_5xx_on_an_empty_store(empty_api) -> None:  # type: ignore[no-untyped
 def test_no_5xx_on_a_busy_store(busy_api) -> None:  # type: ignore[no-untyped-def]
     schema, headers = busy_api
     assert fuzz(schema, headers) == []
+
+
+@pytest.fixture
+def calibrated_api(tmp_path: Path, calibrated_models_dir: Path):  # type: ignore[no-untyped-def]
+    engine = _store(tmp_path, "calibrated.db")
+    app = create_app(
+        advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine, run_migrations=False
+    )
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app).include(
+        path_regex=r"^/v1/(advise|predict)$"
+    )
+    return schema, api_headers(engine, "viewer")
+
+
+def test_no_5xx_from_the_calibrated_models(calibrated_api) -> None:  # type: ignore[no-untyped-def]
+    """Odd but valid configurations (unknown model names, 4,096 GPUs, ...) reach the real models."""
+    schema, headers = calibrated_api
+    assert fuzz(schema, headers, examples=8) == []

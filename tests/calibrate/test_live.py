@@ -278,3 +278,16 @@ def test_observed_runs_become_benchmark_rows_that_weigh_more_when_newer(
     np.testing.assert_allclose(weights[:2], [5.0, 3.0])  # the extra weight (4) halves in a half-life
     assert 1.0 < weights[2] < 1.01, "an old observed run still counts at least as much as a benchmark row"
     engine.dispose()
+
+
+def test_the_hourly_refit_does_nothing_without_new_rows(sqlite_url: str, registry_copy: Path) -> None:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    # No benchmark configured: the refit learns from the in-use version's file again, plus observed runs
+    # (none yet), so it would fit the very same rows.
+    settings = Settings(refit_observed=True, models_dir=registry_copy)
+    result = RefitScheduler(settings, engine, scheduler=None).refit(reason="schedule")
+    assert result is not None and result.error is None, result
+    assert result.version is None and result.message.startswith("nothing new since v0001 (same 3983 rows)")
+    assert ModelRegistry(registry_copy).versions() == ["v0001"]
+    engine.dispose()

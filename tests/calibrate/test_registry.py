@@ -230,3 +230,14 @@ def test_no_version_in_use_means_no_models(tmp_path: Path) -> None:
         ModelRegistry(tmp_path / "empty").rollback()
     with pytest.raises(RegistryError, match="not a version name"):
         ModelRegistry(tmp_path).path("../../etc")
+
+
+def test_prune_keeps_the_newest_versions_and_every_one_rollback_can_reach(registry_copy: Path) -> None:
+    registry = ModelRegistry(registry_copy)
+    for i in range(5):
+        version = registry.save(Parts(), {"reason": "test"}, [])  # type: ignore[arg-type]
+        if i == 1:
+            registry.promote(version, reason="test")  # v0003 in use, v0001 below it on the stack
+    assert registry.prune(keep=2) == ["v0002", "v0004"]
+    assert registry.versions() == ["v0001", "v0003", "v0005", "v0006"]
+    assert registry.rollback() == "v0001"

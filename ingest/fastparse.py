@@ -1,0 +1,221 @@
+"""The ingest worker's fast path: the telemetry contract of `ingest.events`, mirrored in msgspec.
+
+`parse_event` (pydantic) is the contract and the only source of rejection reasons, but it costs ~4x more
+CPU than decoding straight into these msgspec structs, and validation was the largest part of the worker's
+CPU per event (bench/ingest.py). So the worker decodes each message with `decode_event` first and falls back
+to `parse_event` for anything the fast path refuses (which then says why, or accepts a lax form that only
+pydantic takes, such as `"true"` for a boolean).
+
+The rule that makes this safe: whatever `decode_event` accepts, `parse_event` accepts too, with the same
+values. The fast path may be stricter, never looser. tests/ingest/test_fastparse.py checks it with
+hypothesis over generated good and bad messages, and checks that both describe the same fields.
+
+The structs quack like the pydantic events where ingest and its batch hooks look: `type`, `event_id`,
+`ts`, `cluster_id`, `job_id` and `payload`, whose fields read as attributes or, like a mapping, through
+`dict(payload)`.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+from typing import Annotated, ClassVar, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from ingest.events import MAX_MESSAGE_BYTES
+from twin.domain import Rule
+
+# `allow_inf_nan=False` needs no counterpart: msgspec never decodes a JSON number to inf or nan.
+PositiveInt = Annotated[int, Meta(ge=1)]  # msgspec ints are strict: 1.0 and true are refused, as pydantic's
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+NonNegativeFloat = Annotated[float, Meta(ge=0)]
+Percent = Annotated[float, Meta(ge=0, le=1000)]
+Name = Annotated[str, Meta(min_length=1, max_length=200)]  # lengths count characters, as pydantic's do
+GpuModel = Annotated[str, Meta(min_length=1, max_length=100)]
+Text50 = Annotated[str, Meta(max_length=50)]
+Text200 = Annotated[str, Meta(max_length=200)]
+Text2000 = Annotated[str, Meta(max_length=2000)]
+
+
+# RFC 3339 with an offset: the form every producer writes, and one that `datetime.fromisoformat` and pydantic
+# read alike (both truncate a fraction beyond microseconds; msgspec's own datetime would round it).
+_RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})\Z"
+Timestamp = Annotated[str, Meta(pattern=_RFC3339)]
+
+
+class _Payload(Struct, frozen=True, forbid_unknown_fields=True):
+    """A payload reads as a mapping too (`dict(payload)`), as batch hooks read pydantic payloads."""
+
+    def keys(self) -> tuple[str, ...]:
+        return self.__struct_fields__
+
+    def __getitem__(self, name: str) -> object:
+        return getattr(self, name)
+
+
+class JobSubmitted(_Payload, frozen=True):
+    model_name: Name
+    method: Literal["full", "lora", "gptq-lora"]
+    gpu_model: GpuModel
+    number_gpus: PositiveInt
+    number_nodes: PositiveInt
+    batch_size: PositiveInt
+    tokens_per_sample: PositiveInt
+    enable_roce: bool = False
+    fast_moe: NonNegativeInt = 0
+    fast_kernels: bool = False
+    time_limit_s: PositiveFloat | None = None
+    tenant: Text200 | None = None
+    dataset_tokens: PositiveFloat | None = None
+    experiment_id: Text2000 | None = None
+    identifier: Text2000 | None = None
+    fms_hf_tuning_version: Text50 | None = None
+    torch_dtype: Text50 | None = None
+
+
+class JobRejected(_Payload, frozen=True):
+    rule: Rule
+    message: Text2000 | None = None
+
+
+class JobStarted(_Payload, frozen=True):
+    node_ids: Annotated[list[Name], Meta(min_length=1, max_length=64)]
+
+
+class JobProgress(_Payload, frozen=True):
+    tokens_processed: NonNegativeFloat
+    tokens_per_second: NonNegativeFloat
+    gpu_memory_peak_pct: Percent | None = None
+    power_watts: NonNegativeFloat | None = None
+
+
+class JobCompleted(_Payload, frozen=True):
+    train_runtime: PositiveFloat
+    dataset_tokens_per_second: PositiveFloat
+    train_tokens_per_second: NonNegativeFloat | None = None
+    train_samples_per_second: NonNegativeFloat | None = None
+    train_steps_per_second: NonNegativeFloat | None = None
+    # Unconstrained in the contract, so pydantic takes inf and nan here; msgspec cannot decode them from JSON,
+    # which only sends such messages to the slow path.
+    model_load_time: float | None = None
+    gpu_memory_utilization_avg: Percent | None = None
+    gpu_memory_utilization_min: Percent | None = None
+    gpu_memory_utilization_max: Percent | None = None
+    gpu_memory_utilization_peak: Percent | None = None
+    gpu_compute_utilization_avg: Percent | None = None
+    gpu_compute_utilization_min: Percent | None = None
+    gpu_compute_utilization_max: Percent | None = None
+    cpu_compute_utilization: Percent | None = None
+    cpu_memory_utilization: Percent | None = None
+    gpu_power_watts_avg: NonNegativeFloat | None = None
+    gpu_power_watts_min: NonNegativeFloat | None = None
+    gpu_power_watts_max: NonNegativeFloat | None = None
+    gpu_power_percent_avg: Percent | None = None
+    gpu_power_percent_max: Percent | None = None
+
+
+class JobFailed(_Payload, frozen=True):
+    reason: Literal["oom", "other"]
+    seconds_into_run: NonNegativeFloat
+    message: Text2000 | None = None
+
+
+class NodeStatus(_Payload, frozen=True):
+    node_id: Name
+    gpu_model: GpuModel
+    gpu_count: PositiveInt
+    status: Literal["up", "down", "drain"]
+
+
+class _Envelope(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
+    """Not frozen only so that `decode_event` can put the parsed time in `ts`; treat it as read-only."""
+
+    type: ClassVar[str]
+    # No default, unlike the pydantic envelope's: `parse_event` refuses a message without it.
+    schema_version: Literal[1]
+    event_id: uuid.UUID
+    ts: Timestamp  # the text as decoded; `decode_event` replaces it with its datetime
+    cluster_id: Name = "default"
+
+
+class _JobEnvelope(_Envelope, kw_only=True):
+    job_id: Name  # job events must name their job (pydantic: a model validator)
+
+
+class JobSubmittedEvent(_JobEnvelope, kw_only=True, tag="job.submitted"):
+    type: ClassVar[str] = "job.submitted"
+    payload: JobSubmitted
+
+
+class JobRejectedEvent(_JobEnvelope, kw_only=True, tag="job.rejected"):
+    type: ClassVar[str] = "job.rejected"
+    payload: JobRejected
+
+
+class JobStartedEvent(_JobEnvelope, kw_only=True, tag="job.started"):
+    type: ClassVar[str] = "job.started"
+    payload: JobStarted
+
+
+class JobProgressEvent(_JobEnvelope, kw_only=True, tag="job.progress"):
+    type: ClassVar[str] = "job.progress"
+    payload: JobProgress
+
+
+class JobCompletedEvent(_JobEnvelope, kw_only=True, tag="job.completed"):
+    type: ClassVar[str] = "job.completed"
+    payload: JobCompleted
+
+
+class JobFailedEvent(_JobEnvelope, kw_only=True, tag="job.failed"):
+    type: ClassVar[str] = "job.failed"
+    payload: JobFailed
+
+
+class NodeStatusEvent(_Envelope, kw_only=True, tag="node.status"):
+    type: ClassVar[str] = "node.status"
+    job_id: Name | None = None
+    payload: NodeStatus
+
+
+FastEvent = (
+    JobSubmittedEvent
+    | JobRejectedEvent
+    | JobStartedEvent
+    | JobProgressEvent
+    | JobCompletedEvent
+    | JobFailedEvent
+    | NodeStatusEvent
+)
+FAST_EVENT_TYPES: tuple[type[_Envelope], ...] = (
+    JobSubmittedEvent, JobRejectedEvent, JobStartedEvent, JobProgressEvent, JobCompletedEvent,
+    JobFailedEvent, NodeStatusEvent,
+)  # fmt: skip
+_DECODER = msgspec.json.Decoder(FastEvent)
+_TIMESTAMP = re.compile(_RFC3339)
+_parse_time = datetime.fromisoformat
+
+
+class NotFast(ValueError):
+    """The fast path does not take this message; `parse_event` decides what it is."""
+
+
+def decode_event(raw: bytes) -> FastEvent:
+    """A valid event in its common form, or `NotFast`. Never accepts what `parse_event` refuses."""
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise NotFast("too large")
+    try:
+        event: FastEvent = _DECODER.decode(raw)
+        event.ts = _parse_time(event.ts)  # type: ignore[arg-type]
+    except (msgspec.DecodeError, ValueError) as exc:  # msgspec.ValidationError is a DecodeError
+        raise NotFast(str(exc)) from None
+    return event
+
+
+def is_timestamp(text: str) -> bool:
+    """Whether `decode_event` takes this `ts` text (for tests)."""
+    return _TIMESTAMP.match(text) is not None

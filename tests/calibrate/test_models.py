@@ -1,0 +1,222 @@
+"""The calibrated models on the real benchmark sample: exact admission rules, a prediction for every row,
+unseen model names, the physics the models must respect, and persistence through skops.
+
+One fit on the whole sample is shared by the module (a few seconds); accuracy itself is measured in
+`bench/accuracy.py`, not here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import skops.io as sio
+
+from calibrate.features import UNKNOWN_SIZE_NOTE, UNSEEN_NAME_NOTE
+from calibrate.fit import (
+    SKOPS_TRUSTED_TYPES,
+    CalibratedModels,
+    config_from_row,
+    fit_models,
+    holdout_metrics,
+)
+from calibrate.loader import CONFIG_COLUMNS, load_benchmark, load_configs
+from twin.domain import GPU_TYPES, JobConfig, Outcome
+from twin.models import JobModels
+
+A100_SXM = "NVIDIA-A100-SXM4-80GB"
+BAND = ["tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90"]
+
+
+@pytest.fixture(scope="module")
+def sample(sample_csv) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+    return load_benchmark(sample_csv)
+
+
+@pytest.fixture(scope="module")
+def models(sample: pd.DataFrame) -> CalibratedModels:
+    return fit_models(sample, seed=0)
+
+
+@pytest.fixture(scope="module")
+def predicted(models: CalibratedModels, sample: pd.DataFrame) -> pd.DataFrame:
+    return models.predict_frame(sample)
+
+
+def job(**changes: object) -> JobConfig:
+    base: dict[str, object] = {
+        "model_name": "llama3.1-8b",
+        "method": "full",
+        "gpu_model": A100_SXM,
+        "number_gpus": 1,
+        "number_nodes": 1,
+        "batch_size": 8,
+        "tokens_per_sample": 2048,
+    }
+    return JobConfig(**(base | changes))  # type: ignore[arg-type]
+
+
+def test_the_admission_rules_are_exact_on_every_real_row(
+    sample: pd.DataFrame, predicted: pd.DataFrame
+) -> None:
+    assert (predicted["rule"].fillna("") == sample["rule"].fillna("")).all()
+    rejected = sample["outcome"] == Outcome.REJECTED.value
+    assert ((predicted["outcome"] == Outcome.REJECTED.value) == rejected).all()
+    assert (predicted.loc[rejected, "p_valid"] == 0.0).all()
+    assert rejected.sum() == 1299  # the sample's rejected rows, so the check above is not vacuous
+
+
+def test_every_real_row_gets_a_complete_ordered_prediction(
+    sample: pd.DataFrame, predicted: pd.DataFrame
+) -> None:
+    assert predicted.index.equals(sample.index)
+    assert set(predicted["outcome"]) <= {o.value for o in Outcome}
+    numbers = predicted[["p_valid", *BAND]]
+    assert np.isfinite(numbers.to_numpy()).all()
+    assert ((predicted["p_valid"] >= 0) & (predicted["p_valid"] <= 1)).all()
+    p10, p50, p90 = (predicted[c].to_numpy() for c in BAND)
+    assert (p10 > 0).all() and (p10 <= p50).all() and (p50 <= p90).all()
+    assert (predicted["note"] == "").all()  # every model of the sample is known
+
+
+def test_the_models_fit_the_sample_they_learned_from(sample: pd.DataFrame, predicted: pd.DataFrame) -> None:
+    valid = (sample["outcome"] == Outcome.VALID.value).to_numpy()
+    error = np.abs(predicted["tokens_per_second_p50"][valid] / sample["dataset_tokens_per_second"][valid] - 1)
+    assert np.median(error) < 0.05
+    passed = sample["outcome"] != Outcome.REJECTED.value
+    agree = (predicted.loc[passed, "outcome"] == sample.loc[passed, "outcome"]).mean()
+    assert agree > 0.95
+
+
+def test_an_unseen_model_name_is_predicted_from_its_size_and_flagged(
+    models: CalibratedModels, sample: pd.DataFrame
+) -> None:
+    rows = sample[sample["model_name"] == "llama3.1-8b"].head(20).copy()
+    small, large, nameless = rows.copy(), rows.copy(), rows.copy()
+    small["model_name"] = "acme-1b-chat"
+    large["model_name"] = "acme-70b-chat"
+    nameless["model_name"] = "acme-chat"
+    out_small, out_large, out_nameless = (models.predict_frame(t) for t in (small, large, nameless))
+    assert (out_small["note"] == UNSEEN_NAME_NOTE).all()
+    assert (out_nameless["note"] == UNKNOWN_SIZE_NOTE).all()
+    for out in (out_small, out_large, out_nameless):
+        assert np.isfinite(out[["p_valid", *BAND]].to_numpy()).all()
+    # Size decides: the 70B model runs far slower and fails more than the 1B one in the same configuration.
+    assert (out_large["tokens_per_second_p50"] < out_small["tokens_per_second_p50"] / 5).all()
+    assert (out_large["p_valid"] <= out_small["p_valid"] + 1e-9).all()
+
+
+def test_throughput_grows_with_gpus_at_equal_batch_per_gpu_and_falls_with_model_size(
+    models: CalibratedModels,
+) -> None:
+    by_gpus = models.predict_throughput([job(number_gpus=g, batch_size=4 * g) for g in (1, 2, 4, 8)])[:, 1]
+    assert np.all(np.diff(by_gpus) > 0)
+    assert by_gpus[-1] / by_gpus[0] > 4  # near-linear inside a node (paper: efficiency 0.94-1.00)
+    sizes = ("llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b")
+    by_size = models.predict_throughput([job(model_name=m, method="lora") for m in sizes])[:, 1]
+    assert np.all(np.diff(by_size) < 0)
+
+
+def test_more_gpus_sharding_the_state_never_lower_p_valid_of_a_memory_bound_job(
+    models: CalibratedModels,
+) -> None:
+    # Full fine-tuning of a 70B model, one sample per GPU: FSDP spreads its ~1.1 TB of state over the GPUs.
+    gpus = (1, 2, 4, 8, 16, 32)
+    configs = [
+        job(model_name="llama3.1-70b", number_gpus=g, number_nodes=max(1, g // 8), batch_size=g) for g in gpus
+    ]
+    p_valid = models.predict_failure(configs)
+    assert np.all(np.diff(p_valid) >= -1e-9)
+    assert p_valid[0] < 0.05  # 1.1 TB of state on one 80 GB GPU cannot run
+    assert models.predict_failure([job(model_name="llama3.2-1b", method="lora", batch_size=1)])[0] > 0.9
+
+
+def test_larger_batches_never_raise_p_valid(models: CalibratedModels) -> None:
+    p_valid = models.predict_failure([job(number_gpus=4, batch_size=b) for b in (4, 16, 64, 256, 1024)])
+    assert np.all(np.diff(p_valid) <= 1e-3)  # (the smallest probabilities wobble in the fifth decimal)
+    assert p_valid[0] > 0.5 > p_valid[-1]
+
+
+def test_job_configs_and_frames_go_through_the_same_features(
+    models: CalibratedModels, sample: pd.DataFrame, predicted: pd.DataFrame
+) -> None:
+    assert isinstance(models, JobModels)
+    rows = sample.iloc[::97]
+    configs = [config_from_row(row) for _, row in rows.iterrows()]
+    band = models.predict_throughput(configs)
+    assert np.allclose(band, predicted.loc[rows.index, BAND].to_numpy())
+    p_valid = models.predict_failure(configs)
+    passed = (rows["outcome"] != Outcome.REJECTED.value).to_numpy()
+    assert np.allclose(p_valid[passed], predicted.loc[rows.index, "p_valid"].to_numpy()[passed])
+
+
+def test_power_is_positive_and_falls_back_to_a_share_of_tdp_without_telemetry(
+    models: CalibratedModels,
+) -> None:
+    gpus = list(GPU_TYPES)
+    watts = models.predict_power_watts([job(gpu_model=g) for g in gpus])
+    tdp = np.array([GPU_TYPES[g].tdp_watts for g in gpus])
+    assert np.all(watts > 0) and np.all(watts <= 1.3 * tdp)
+    pcie = gpus.index("NVIDIA-A100-80GB-PCIe")  # the sample has no power telemetry for it
+    assert watts[pcie] == pytest.approx(tdp[pcie] * models.power.tdp_fraction)
+
+
+def test_a_configs_csv_is_predicted_row_for_row(models: CalibratedModels, sample_csv, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    configs_only = pd.read_csv(sample_csv, dtype=str, keep_default_na=False)[list(CONFIG_COLUMNS)].iloc[:50]
+    path = tmp_path / "configs.csv"
+    configs_only.to_csv(path, index=False)
+    table = load_configs(path)
+    out = models.predict_frame(table)
+    assert len(out) == 50 and out.index.equals(table.index)
+    assert np.isfinite(out[BAND].to_numpy()).all()
+
+
+def test_parts_survive_skops_and_json_with_identical_predictions(
+    models: CalibratedModels, sample: pd.DataFrame, predicted: pd.DataFrame
+) -> None:
+    estimators, params = models.to_parts()
+    stored = {}
+    for name, estimator in estimators.items():
+        blob = sio.dumps(estimator)
+        assert set(sio.get_untrusted_types(data=blob)) <= set(SKOPS_TRUSTED_TYPES), name
+        stored[name] = sio.loads(blob, trusted=list(SKOPS_TRUSTED_TYPES))
+    text = io.StringIO()
+    json.dump(params, text, allow_nan=False)
+    restored = CalibratedModels.from_parts(stored, json.loads(text.getvalue()))
+    again = restored.predict_frame(sample)
+    pd.testing.assert_frame_equal(again, predicted)
+    assert restored.feature_names == models.feature_names
+
+
+def test_from_parts_refuses_missing_estimators(models: CalibratedModels) -> None:
+    estimators, params = models.to_parts()
+    del estimators["failure_0"]
+    with pytest.raises(ValueError, match="failure_0"):
+        CalibratedModels.from_parts(estimators, params)
+
+
+def test_bad_configurations_name_the_column(models: CalibratedModels, sample: pd.DataFrame) -> None:
+    bad = sample.head(3).copy()
+    bad["method"] = ["full", "qlora", "lora"]
+    with pytest.raises(ValueError, match=r"row 1: column 'method'"):
+        models.predict_frame(bad)
+    bad = sample.head(3).copy()
+    bad.loc[bad.index[2], "tokens_per_sample"] = 0
+    with pytest.raises(ValueError, match=r"row 2: column 'tokens_per_sample'"):
+        models.predict_frame(bad)
+
+
+@pytest.mark.slow
+def test_holdout_metrics_are_deterministic_for_a_seed(sample: pd.DataFrame) -> None:
+    table = sample.iloc[::3]  # a third of the sample keeps this quick; determinism does not depend on size
+    first = holdout_metrics(table, seed=3)
+    second = holdout_metrics(table, seed=3)
+    assert first == second
+    for key in ("throughput_mdape", "throughput_mape", "band_coverage", "failure_balanced_accuracy"):
+        assert math.isfinite(first[key]), key
+    assert first["n_test"] == pytest.approx(round(len(table) * 0.15))
+    assert first["n_train"] + first["n_test"] == len(table)
