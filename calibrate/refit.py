@@ -340,6 +340,13 @@ class RefitScheduler:
             self.check_drift, "interval", seconds=self.settings.drift_check_seconds, id=DRIFT_CHECK_JOB_ID,
             replace_existing=True, coalesce=True, max_instances=1,
         )  # fmt: skip
+        if self.registry.in_use() is None:
+            # A fresh installation has no model: fit the first one now rather than in an hour, so forecasts
+            # and advice use calibrated models (they fall back to uncalibrated ones until it lands).
+            self.scheduler.add_job(
+                self.refit, next_run_time=self.clock(), id=REFIT_NOW_JOB_ID, kwargs={"reason": "first model"},
+                replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=None,
+            )  # fmt: skip
 
     def on_drift(self, report: DriftReport) -> bool:
         """Refit now (at most once per cooldown); returns whether a refit was scheduled."""

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, select
 from sqlmodel import Session
 
@@ -157,7 +158,6 @@ def test_the_hook_follows_the_version_in_use_and_skips_when_there_is_none(
 def test_drift_in_the_live_error_triggers_a_refit(
     sqlite_url: str, registry_copy: Path, sample_csv: Path
 ) -> None:
-    from apscheduler.schedulers.background import BackgroundScheduler
 
     engine = make_engine(sqlite_url)
     migrate(engine)
@@ -290,4 +290,24 @@ def test_the_hourly_refit_does_nothing_without_new_rows(sqlite_url: str, registr
     assert result is not None and result.error is None, result
     assert result.version is None and result.message.startswith("nothing new since v0001 (same 3983 rows)")
     assert ModelRegistry(registry_copy).versions() == ["v0001"]
+    engine.dispose()
+
+
+def test_a_fresh_installation_fits_its_first_model_at_once(sqlite_url: str, tmp_path: Path) -> None:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    scheduler = BackgroundScheduler(timezone="UTC")  # not started: we only look at what it would run
+    refits = RefitScheduler(Settings(), engine, scheduler, models_dir=tmp_path / "empty", clock=lambda: T0)
+    refits.install()
+    first = scheduler.get_job(REFIT_NOW_JOB_ID)
+    assert first is not None and first.kwargs == {"reason": "first model"}
+    engine.dispose()
+
+
+def test_an_installation_with_a_model_waits_for_the_schedule(sqlite_url: str, registry_copy: Path) -> None:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    RefitScheduler(Settings(), engine, scheduler, models_dir=registry_copy, clock=lambda: T0).install()
+    assert scheduler.get_job(REFIT_NOW_JOB_ID) is None
     engine.dispose()
