@@ -34,7 +34,7 @@ CLASSIFIER_PARAMS: dict[str, Any] = {
     "max_features": 0.3,
     "early_stopping": False,
 }
-MEMBERS = 5
+MEMBERS = 4
 VALID_THRESHOLD = 0.5  # p_valid at or above: predicted to run
 _EPSILON = 1e-6
 

@@ -19,8 +19,8 @@ from calibrate.features import FEATURE_NAMES
 from twin.domain import GPU_TYPES
 
 POWER_PARAMS: dict[str, Any] = {
-    "max_iter": 150,
-    "learning_rate": 0.1,
+    "max_iter": 80,
+    "learning_rate": 0.2,
     "max_leaf_nodes": 15,
     "min_samples_leaf": 20,
     "early_stopping": False,
