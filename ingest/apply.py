@@ -5,10 +5,10 @@ the batch), and only the events it actually inserted change jobs, observed runs 
 out of order (a completion before its submission): a job row is created by whichever event comes first,
 its state never moves backwards, and its configuration is filled in whenever `job.submitted` arrives.
 
-Everything is written with a handful of SQLAlchemy Core bulk statements per batch, never row by row:
-INSERT ... ON CONFLICT (the dialect's own) and UPDATE, fed on PostgreSQL from one JSON document per
-statement (`json_populate_recordset`, the document encoded by msgspec in one call) and by executemany on
-SQLite. Ingest throughput is bounded by these statements and by decoding (bench/ingest.py).
+Everything is written with a handful of bulk statements per batch, never row by row: INSERT ... ON CONFLICT
+(the dialect's own) and UPDATE, fed on PostgreSQL from a binary COPY into a staging table and on SQLite by
+executemany (`ingest.bulk`). Ingest throughput is bounded by these statements and by decoding
+(bench/ingest.py).
 
 Events are the validated pydantic events of `ingest.events` or their msgspec mirrors from the worker's fast
 path (`ingest.fastparse`); both are read the same way here, and hooks get whichever they were given.
@@ -20,24 +20,24 @@ read FOR UPDATE, in one order (by id) for every writer.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 import msgspec
 import sqlalchemy
 from psycopg.types.json import Json
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine, Table, Text, any_, bindparam, func, literal_column, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, Engine, Table, Text, any_, bindparam, select
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from ingest.bulk import insert_rows, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
 from twin.store import JOB_STATE_RANK, TERMINAL_STATES, Job, Node, ObservedRun, TelemetryEvent
@@ -56,6 +56,7 @@ JOBS: Table = Job.__table__  # type: ignore[attr-defined]
 RUNS: Table = ObservedRun.__table__  # type: ignore[attr-defined]
 NODES: Table = Node.__table__  # type: ignore[attr-defined]
 
+EVENT_COLUMNS: tuple[str, ...] = tuple(c.name for c in EVENTS.columns)
 JOB_COLUMNS: tuple[str, ...] = tuple(c.name for c in JOBS.columns)
 # Bound parameters per IN (...) list: well under SQLite's limit, small enough for PostgreSQL's planner.
 _IN_CHUNK = 900
@@ -132,164 +133,45 @@ def apply_batch(
 # --- raw events -------------------------------------------------------------------------------------------
 
 
-def _insert(connection: Connection, table: Table) -> Any:
-    """The dialect's INSERT, which knows ON CONFLICT (PostgreSQL and SQLite spell it the same way)."""
-    dialect = connection.dialect.name
-    if dialect == "postgresql":
-        return postgresql.insert(table)
-    if dialect == "sqlite":
-        return sqlite.insert(table)
-    raise NotImplementedError(f"ingest supports PostgreSQL and SQLite, not {dialect}")
-
-
-def _bulk(
-    connection: Connection, table: Table, rows: list[dict[str, Any]], finish: Callable[[Any], Any], kind: str
-) -> Any:
-    """Execute `finish(INSERT INTO table ...)` (which adds ON CONFLICT / RETURNING) for all `rows` at once;
-    `kind` names what `finish` adds (statements are compiled once per table, columns and kind).
-
-    PostgreSQL gets one short statement whose rows come from a single JSON document: the statement's text
-    never changes, whatever the batch size, and the client's work is one msgspec call for the whole batch.
-    (Binary arrays, one per column, cost psycopg ~1 µs of Python per cell: a 33-column job row took 30 µs.)
-    SQLite gets an executemany, which SQLAlchemy batches into multi-row VALUES statements.
-    """
-    names = tuple(rows[0])
-    if connection.dialect.name != "postgresql":
-        return connection.execute(finish(_insert(connection, table)), rows)
-
-    def build() -> Any:
-        source = _recordset(connection, table)
-        return finish(_insert(connection, table).from_select(names, select(*[source.c[n] for n in names])))
-
-    sql = _pg_sql(connection, ("insert", table.name, names, kind), build)
-    return connection.exec_driver_sql(sql, {"rows": _json_rows(rows)})
-
-
-def _bulk_update(
-    connection: Connection, table: Table, key: str, names: tuple[str, ...], rows: list[dict[str, Any]]
-) -> None:
-    """UPDATE the columns `names` of every row, matched on the `key` column; one statement for all rows
-    (PostgreSQL: UPDATE ... FROM the rows' JSON document, as in `_bulk`; SQLite: an executemany)."""
-    if connection.dialect.name != "postgresql":
-        stmt = update(table).where(table.c[key] == bindparam(f"b_{key}"))
-        stmt = stmt.values({name: bindparam(f"b_{name}") for name in names})
-        connection.execute(stmt, [{f"b_{name}": row[name] for name in (key, *names)} for row in rows])
-        return
-
-    def build() -> Any:
-        source = _recordset(connection, table)
-        values = {name: source.c[name] for name in names}
-        return update(table).values(values).where(table.c[key] == source.c[key])
-
-    sql = _pg_sql(connection, ("update", table.name, (key, *names), ""), build)
-    connection.exec_driver_sql(sql, {"rows": _json_rows(rows)})
-
-
-_PG_SQL: dict[tuple[str, str, tuple[str, ...], str], str] = {}
-
-
-def _pg_sql(
-    connection: Connection, key: tuple[str, str, tuple[str, ...], str], build: Callable[[], Any]
-) -> str:
-    """The statement `build()` makes, compiled once."""
-    if key not in _PG_SQL:
-        _PG_SQL[key] = str(build().compile(dialect=connection.dialect))
-    return _PG_SQL[key]
-
-
-def _recordset(connection: Connection, table: Table) -> Any:
-    """`json_populate_recordset(NULL::table, %(rows)s) AS src`: the rows of a JSON array of objects, as
-    rows of `table` (PostgreSQL converts each value to its column's type; keys it does not know are
-    ignored, missing ones are NULL)."""
-    row_type = literal_column(f"NULL::{connection.dialect.identifier_preparer.format_table(table)}")
-    columns = [column.name for column in table.columns]
-    return func.json_populate_recordset(row_type, bindparam("rows")).table_valued(*columns).alias("src")
-
-
-_ENCODER = msgspec.json.Encoder(enc_hook=lambda value: _to_builtins(value))
-
-
-def _to_builtins(value: Any) -> Any:
-    """What msgspec cannot encode by itself: pydantic events and payloads (from `parse_event`)."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
-
-
-def _json_rows(rows: Sequence[Any]) -> Json:
-    """The rows as one JSON document, ready to send (psycopg's JSON parameter, with msgspec's bytes)."""
-    try:
-        document = _ENCODER.encode(rows)
-    except OverflowError:
-        # An integer beyond 64 bits (pydantic takes any size): let PostgreSQL refuse it, as it would refuse
-        # a smaller one too big for its column, so that the event is dead-lettered with its reason.
-        document = json.dumps(rows, default=_json_default).encode()
-    return Json(document, dumps=_already_json)
-
-
-def _already_json(document: bytes) -> bytes:
-    return document
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime | uuid.UUID):
-        return str(value)
-    return _to_builtins(value)
-
-
-# Floats the contract lets be inf or nan (`JobCompleted.model_load_time`, unconstrained there). JSON cannot
-# spell them, and msgspec writes null; PostgreSQL reads its own spellings from a JSON string instead.
-_NON_FINITE_COLUMNS = ("model_load_time",)
-
-
-def _spell_non_finite(rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        for name in _NON_FINITE_COLUMNS:
-            value = row.get(name)
-            if value is not None and not math.isfinite(value):
-                row[name] = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-
-
 def _insert_new_events(
     connection: Connection, unique: dict[int, AnyEvent], now: datetime, stamp: Stamp
 ) -> set[int]:
     """Insert the raw events the store does not have yet; returns the ids (as ints) actually inserted."""
     ordered = [unique[key] for key in sorted(unique)]  # one lock order for every writer: no deadlocks
-    if connection.dialect.name == "postgresql":
-        # The events themselves are the JSON rows: their envelope fields are the table's columns, and the
-        # payload lands in its JSON column as it is.
-        key = ("insert", EVENTS.name, (), "new-events")
-        sql = _pg_sql(connection, key, lambda: _events_from_json(connection))
-        result = connection.exec_driver_sql(sql, {"rows": _json_rows(ordered), "received_at": now})
-        return {event_id.int for event_id in result.scalars()}
-    rows = [
-        {
-            "event_id": str(event.event_id),
-            "type": event.type,
-            "ts": stamp(event.ts),
-            "cluster_id": event.cluster_id,
-            "job_id": event.job_id,
-            "payload": _payload_builtins(event.payload),
-            "received_at": now,
-        }
-        for event in ordered
-    ]
-    result = _bulk(
-        connection, EVENTS, rows,
-        lambda insert: insert.on_conflict_do_nothing(index_elements=["event_id"])
-        .returning(EVENTS.c.event_id),
-        "insert-new",
+    if connection.dialect.name == "postgresql":  # native UUIDs, times as given, payloads as JSON text
+        rows = [
+            (e.event_id, e.type, e.ts, e.cluster_id, e.job_id, _payload_json(e.payload), now) for e in ordered
+        ]
+    else:  # SQLite: text ids, UTC times, payloads serialized by the column type
+        rows = [
+            (str(e.event_id), e.type, stamp(e.ts), e.cluster_id, e.job_id, _payload_builtins(e.payload), now)
+            for e in ordered
+        ]
+    result = insert_rows(
+        connection, EVENTS, EVENT_COLUMNS, rows,
+        lambda insert: insert.on_conflict_do_nothing(index_elements=["event_id"]).returning(EVENTS.c.event_id),
+        "new",
     )  # fmt: skip
-    return {uuid.UUID(event_id).int for event_id in result.scalars()}
+    return {_id_value(event_id) for event_id in result.scalars()}
 
 
-def _events_from_json(connection: Connection) -> Any:
-    """INSERT the events of a JSON document, received now, unless their id is in the store already."""
-    source = _recordset(connection, EVENTS)
-    copied = [column.name for column in EVENTS.columns if column.name != "received_at"]
-    query = select(*[source.c[name] for name in copied], bindparam("received_at"))
-    insert = postgresql.insert(EVENTS).from_select([*copied, "received_at"], query)
-    return insert.on_conflict_do_nothing(index_elements=["event_id"]).returning(EVENTS.c.event_id)
+def _id_value(event_id: uuid.UUID | str) -> int:
+    return event_id.int if isinstance(event_id, uuid.UUID) else uuid.UUID(event_id).int
+
+
+_PAYLOAD_ENCODER = msgspec.json.Encoder()
+
+
+def _payload_json(payload: Any) -> Json:
+    """A payload as JSON text for PostgreSQL's JSON column (a fast-path struct by msgspec, a pydantic model
+    by pydantic; both write what the model holds, defaults included)."""
+    if isinstance(payload, BaseModel):
+        return Json(payload.model_dump_json().encode(), dumps=_as_is)
+    return Json(_PAYLOAD_ENCODER.encode(payload), dumps=_as_is)
+
+
+def _as_is(document: bytes) -> bytes:
+    return document
 
 
 def _payload_builtins(payload: Any) -> dict[str, Any]:
@@ -304,6 +186,24 @@ def _payload_fields(payload: Any) -> dict[str, Any]:
     if isinstance(payload, msgspec.Struct):
         return msgspec.structs.asdict(payload)
     return dict(payload)  # a pydantic model iterates as (field, value) pairs
+
+
+def _insert_dicts(connection: Connection, table: Table, rows: list[dict[str, Any]], finish: Any) -> Any:
+    names = tuple(rows[0])
+    values = itemgetter(*names)
+    return insert_rows(connection, table, names, [values(row) for row in rows], finish, "new")
+
+
+def _update_dicts(
+    connection: Connection,
+    table: Table,
+    key: str,
+    names: tuple[str, ...],
+    rows: list[dict[str, Any]],
+    kind: str,
+) -> None:
+    values = itemgetter(key, *names)
+    update_rows(connection, table, key, names, [values(row) for row in rows], kind)
 
 
 # --- jobs -------------------------------------------------------------------------------------------------
@@ -329,10 +229,9 @@ def _apply_job_events(
     if new_ids:
         # A concurrent worker may create the same job between our SELECT and this INSERT; the ids it took
         # are re-read under lock and folded again, so neither worker's events are lost.
-        result = _bulk(
+        result = _insert_dicts(
             connection, JOBS, [merged[job_id] for job_id in new_ids],
             lambda insert: insert.on_conflict_do_nothing(index_elements=["job_id"]).returning(JOBS.c.job_id),
-            "insert-new",
         )  # fmt: skip
         created = set(result.scalars())
         raced = [job_id for job_id in new_ids if job_id not in created]
@@ -344,18 +243,11 @@ def _apply_job_events(
         changed = {
             name for row in existing for name, value in row.items() if value != stored[row["job_id"]][name]
         }
-        _bulk_update(
-            connection, JOBS, "job_id", tuple(name for name in JOB_COLUMNS if name in changed), existing
-        )
+        names = tuple(name for name in JOB_COLUMNS if name in changed)
+        _update_dicts(connection, JOBS, "job_id", names, existing, "changed")
     if runs:
-        if connection.dialect.name == "postgresql":
-            _spell_non_finite(runs)
-        _bulk(
-            connection,
-            RUNS,
-            runs,
-            lambda insert: insert.on_conflict_do_nothing(index_elements=["job_id"]),
-            "insert-new",
+        _insert_dicts(
+            connection, RUNS, runs, lambda insert: insert.on_conflict_do_nothing(index_elements=["job_id"])
         )
 
 
@@ -375,7 +267,7 @@ def _refold_raced_jobs(
         row["updated_at"] = now
         merged[job_id] = row
         rows.append(row)
-    _bulk_update(connection, JOBS, "job_id", tuple(name for name in JOB_COLUMNS if name != "job_id"), rows)
+    _update_dicts(connection, JOBS, "job_id", tuple(n for n in JOB_COLUMNS if n != "job_id"), rows, "raced")
 
 
 def _lock_jobs(connection: Connection, job_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -475,14 +367,13 @@ def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp
         if before is None or row["updated_at"] >= before["updated_at"]:
             latest[row["node_id"]] = row
     updated = ("cluster_id", "gpu_model", "gpu_count", "status", "updated_at")
-    _bulk(
+    _insert_dicts(
         connection, NODES, [latest[node_id] for node_id in sorted(latest)],
         lambda insert: insert.on_conflict_do_update(
             index_elements=["node_id"],
             set_={name: insert.excluded[name] for name in updated},
             where=NODES.c.updated_at <= insert.excluded.updated_at,
         ),
-        "upsert-newer",
     )  # fmt: skip
 
 

@@ -186,7 +186,7 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
         ingest_thread.start()
         parts.callback(ingest_thread.join)
         parts.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
-        url = _serve_api(args, settings, engine, parts)
+        url = _serve_api(args, settings, engine, parts, getattr(bus, "bootstrap", None))
         print(f"finetwin is up: API on {url} (docs at {url}/docs); Ctrl-C stops", file=sys.stderr)
         if plan is not None:
             producer = bus.producer()
@@ -232,16 +232,21 @@ def _up_bus(args: argparse.Namespace, settings: Settings, parts: contextlib.Exit
 
 
 def _serve_api(
-    args: argparse.Namespace, settings: Settings, engine: Engine, parts: contextlib.ExitStack
+    args: argparse.Namespace,
+    settings: Settings,
+    engine: Engine,
+    parts: contextlib.ExitStack,
+    bootstrap: str | None,
 ) -> str:
-    """Serve the API in a thread; returns its URL once it accepts connections."""
+    """Serve the API in a thread; returns its URL once it accepts connections. `bootstrap` is the broker the
+    API's outbox relay publishes approved actions to (None with the in-process bus: actions wait)."""
     import uvicorn
 
     from twin.cli import CommandError, build_api_app
 
     host = args.host or settings.api_host
     port = settings.api_port if args.port is None else args.port
-    app = build_api_app(settings, engine, run_migrations=False)
+    app = build_api_app(settings, engine, run_migrations=False, kafka_bootstrap=bootstrap)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name="api", daemon=True)
     thread.start()

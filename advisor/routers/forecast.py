@@ -17,6 +17,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from pydantic import Field
 
 from advisor.auth import Role, access
+from advisor.slos import current_slos
 from calibrate.registry import InUseModels, RegistryError
 from twin.cluster import ClusterFormatError
 from twin.forecast import ForecastOptions, forecast
@@ -27,7 +28,7 @@ from twin.plan import PlanOptions
 from twin.policies import Policy
 from twin.settings import Settings
 from twin.simple_models import FallbackModels
-from twin.slo import SloFormatError, load_slos
+from twin.slo import SloFormatError
 from twin.tuning import Admission
 from twin.whatif import WhatIf, run_whatif
 
@@ -71,9 +72,10 @@ def _options(settings: Settings) -> ForecastOptions:
     )
 
 
-def _slos(settings: Settings) -> Any:
+def _slos(app: FastAPI) -> Any:
+    """The SLOs in force: the last set declared with PUT /v1/slos, else the file, else the defaults."""
     try:
-        return load_slos(settings.slo_file)
+        return current_slos(app.state.engine, app.state.settings).slos
     except SloFormatError as exc:
         raise HTTPException(NO_STATE, str(exc)) from None
 
@@ -94,7 +96,7 @@ def compute_standing_forecast(app: FastAPI) -> dict[str, Any]:
     """A forecast from the live state with the cluster's settings, stored as the standing one."""
     settings: Settings = app.state.settings
     models, source = _job_models(app)
-    document = forecast(_live(app), models, _options(settings), _slos(settings), model_source=source)
+    document = forecast(_live(app), models, _options(settings), _slos(app), model_source=source)
     document["id"] = save_forecast(app.state.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
     return document
 
@@ -164,7 +166,7 @@ def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
     models, source = _job_models(app)
     try:
         return run_whatif(
-            inputs, models, body, _slos(settings), workers=settings.forecast_workers, model_source=source
+            inputs, models, body, _slos(app), workers=settings.forecast_workers, model_source=source
         )
     except (ClusterFormatError, ValueError) as exc:  # e.g. removing more nodes than the cluster has
         raise HTTPException(422, str(exc)) from None
