@@ -147,12 +147,13 @@ def _insert_new_events(
             (str(e.event_id), e.type, stamp(e.ts), e.cluster_id, e.job_id, _payload_builtins(e.payload), now)
             for e in ordered
         ]
-    result = insert_rows(
-        connection, EVENTS, EVENT_COLUMNS, rows,
-        lambda insert: insert.on_conflict_do_nothing(index_elements=["event_id"]).returning(EVENTS.c.event_id),
-        "new",
-    )  # fmt: skip
+    result = insert_rows(connection, EVENTS, EVENT_COLUMNS, rows, _unless_known, "new")
     return {_id_value(event_id) for event_id in result.scalars()}
+
+
+def _unless_known(insert: Any) -> Any:
+    """Skip the ids already in the store, and say which ones were inserted."""
+    return insert.on_conflict_do_nothing(index_elements=["event_id"]).returning(EVENTS.c.event_id)
 
 
 def _id_value(event_id: uuid.UUID | str) -> int:
