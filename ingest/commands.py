@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import gc
 import json
 import logging
 import signal
@@ -39,7 +41,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ingest.add_argument(
         "--batch-size", type=int, help="messages per transaction (default FINETWIN_INGEST_BATCH_SIZE)"
     )
-    ingest.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    ingest.add_argument(
+        "--metrics-port", type=int,
+        help="serve Prometheus metrics on this port (with --processes N: process i on this port + i)",
+    )  # fmt: skip
+    ingest.add_argument(
+        "--processes", type=int, default=1,
+        help="consumers to run in the group, each a child process (default 1): more use more cores",
+    )  # fmt: skip
     ingest.set_defaults(handler=run_ingest)
 
     replay = subparsers.add_parser("replay", help="replay a benchmark CSV as job telemetry on Kafka")
@@ -108,17 +117,51 @@ def _replay_options(
 
 
 def run_ingest(args: argparse.Namespace, settings: Settings) -> int:
+    from ingest.bus import KafkaBus
+    from twin.cli import CommandError
+
+    if args.processes < 1:
+        raise CommandError(f"--processes must be 1 or more, not {args.processes}")
+    bootstrap = _bootstrap(args, settings)
+    topic = args.topic or settings.telemetry_topic
+    engine = _store(settings)  # migrated here, once, before any consumer starts
+    _ensure_topics(KafkaBus(bootstrap), settings, topic)
+    if args.processes == 1:
+        return _consume(args, settings, engine, args.metrics_port)
+    engine.dispose()  # each child opens connections of its own
+    from ingest.processes import run_children
+
+    child = functools.partial(_consume_in_child, args, settings, logging.getLogger().level)
+    return run_children(args.processes, child, "ingest")
+
+
+def _consume_in_child(args: argparse.Namespace, settings: Settings, log_level: int, index: int) -> None:
+    """One of `finetwin ingest --processes N`'s consumers (runs in a spawned child process)."""
+    from twin.db import engine_from_settings
+
+    logging.basicConfig(
+        level=log_level, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+    )
+    logging.getLogger("kafka").setLevel(max(log_level, logging.WARNING))
+    metrics_port = args.metrics_port + index if args.metrics_port else None
+    try:
+        status = _consume(args, settings, engine_from_settings(settings), metrics_port)
+    except KeyboardInterrupt:  # a second Ctrl-C
+        status = 130
+    sys.exit(status)
+
+
+def _consume(args: argparse.Namespace, settings: Settings, engine: Engine, metrics_port: int | None) -> int:
+    """Run one ingest worker in this process until SIGTERM / Ctrl-C."""
     from ingest.bus import ConsumerTuning, KafkaBus
 
     bootstrap = _bootstrap(args, settings)
     topic = args.topic or settings.telemetry_topic
-    engine = _store(settings)
     bus = KafkaBus(bootstrap, ConsumerTuning.from_settings(settings))
-    _ensure_topics(bus, settings, topic)
-    if args.metrics_port:
+    if metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port, addr=settings.api_host)
+        start_http_server(metrics_port, addr=settings.api_host)
     stop = threading.Event()
     worker = _worker(bus, engine, settings, topic, args.group, args.batch_size)
     log.info(
@@ -128,6 +171,21 @@ def run_ingest(args: argparse.Namespace, settings: Settings) -> int:
         engine.url.render_as_string(),
         args.group or settings.consumer_group,
     )
+    # What exists now (modules, schemas, pools) lives as long as the process. Freezing it keeps the cyclic
+    # garbage collector from re-scanning it on every full collection: with ~140k objects that is ~0.1 s a
+    # time, a few times a minute under load (bench/ingest.py).
+    gc.freeze()
+    import os as _os  # TEMP-EXPERIMENT
+    if _os.environ.get("FT_SEQ"):  # TEMP-EXPERIMENT
+        def _seq(stop):  # TEMP-EXPERIMENT
+            try:
+                while not stop.is_set():
+                    msgs = worker._poll(stop)
+                    if msgs:
+                        worker.process(msgs, stop)
+            finally:
+                worker.close()
+        worker.run = _seq  # TEMP-EXPERIMENT
     with stop_on_signals(stop):
         worker.run(stop)
     stats = worker.stats
@@ -174,6 +232,9 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     if args.exit_when_done and args.no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
     plan = None if args.no_replay else _plan(args, settings, args.bench)
+    if args.exit_when_done:
+        # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
+        settings = settings.model_copy(update={"scheduler_enabled": False})
     stop = threading.Event()
     with stop_on_signals(stop), contextlib.ExitStack() as parts:
         bus = _up_bus(args, settings, parts)
