@@ -182,7 +182,9 @@ def run(table: pd.DataFrame, splits: list[Split], predictors: dict[str, Predicto
 def ratio(metric: str, ours: float, baseline: float) -> float:
     if metric in HIGHER_IS_BETTER:
         ours, baseline = 1.0 - ours, 1.0 - baseline
-    return ours / baseline if baseline > 0 else (0.0 if ours == 0 else float("inf"))
+    if baseline == 0:
+        return 1.0 if ours == 0 else float("inf")  # both exact: a tie
+    return ours / baseline
 
 
 def print_table(results: dict[str, dict], n_rows: dict[str, int]) -> bool:

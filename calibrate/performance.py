@@ -4,10 +4,10 @@ A gradient-boosted regressor learns log(tokens/s) minus the physics bound of `ca
 (`log_physics_tokens_per_second`): an efficiency, which carries over to model sizes and GPU counts the
 benchmark never ran, where a model of raw names would be lost.
 
-The band comes from out-of-fold residuals (split conformal), kept apart by how new a configuration is to the
-training rows: a model and protocol it has seen, a protocol it has seen with another model, or neither. The
-out-of-fold rows come from random folds and from contiguous blocks of the table, so the novel levels get the
-wider residuals of configuration regions the model had not seen.
+The band comes from out-of-fold residuals (split conformal), kept apart by whether the training rows hold the
+configuration's region (the same model under the same protocol) or not. The out-of-fold rows come from
+random folds and from contiguous blocks of the table, so a new region gets the wider residuals of
+configuration regions the model had not seen.
 """
 
 from __future__ import annotations
@@ -38,16 +38,21 @@ RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS | {"max_iter": 100, "learning
 # contiguous blocks spread over the table (each fold holds out one part, so its model sees most rows).
 RESIDUAL_PARTS = 6
 RANDOM_FOLDS = 2
-BLOCK_FOLDS = 2
+BLOCK_FOLDS = 3
 # Each out-of-fold fit sees at most this many rows, so the band costs the same on the full benchmark as on
 # the sample (on 30,920 rows the band is then slightly conservative).
 RESIDUAL_MAX_TRAIN_ROWS = 4000
 BAND_QUANTILES = (0.10, 0.90)
+# Novel configurations take a wider nominal band: the held-out blocks of one table are less novel than the
+# regions a prediction meets later, so their residuals understate the error there.
+NOVEL_BAND_QUANTILES = (0.05, 0.95)
 MIN_RESIDUALS_PER_LEVEL = 30
 
-# How new a configuration is to the training rows.
-SEEN_MODEL_AND_PROTOCOL, SEEN_PROTOCOL, NEW_REGION = 0, 1, 2
-_PROTOCOL_KEY = (
+# Whether the training rows hold the configuration's region: the same model under the same protocol (tuning
+# stack, method, GPU, time cap, nodes, RoCE). A model new to a protocol and a new protocol are pooled: the
+# benchmark has too few rows of the first kind to size a band of its own.
+SEEN_REGION, NEW_REGION = 0, 1
+_REGION_KEY = (
     "method",
     "gpu_model",
     "protocol",
@@ -55,6 +60,7 @@ _PROTOCOL_KEY = (
     "time_limited",
     "multi_node",
     "enable_roce",
+    "model_family",
 )
 
 
@@ -62,7 +68,6 @@ _PROTOCOL_KEY = (
 class ThroughputModel:
     regressor: HistGradientBoostingRegressor
     band: dict[str, list[float]]  # level -> [low, high] offsets of log(tokens/s) from the prediction
-    seen_protocols: list[str]
     seen_regions: list[str]
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
@@ -70,17 +75,17 @@ class ThroughputModel:
         center = (
             self.regressor.predict(features[list(FEATURE_NAMES)]) + features[THROUGHPUT_OFFSET].to_numpy()
         )
-        levels = novelty_levels(features, set(self.seen_protocols), set(self.seen_regions))
+        levels = novelty_levels(features, set(self.seen_regions))
         low = np.array([self.band[str(level)][0] for level in levels])
         high = np.array([self.band[str(level)][1] for level in levels])
         return np.exp(np.column_stack([center + low, center, center + high]))
 
     def params(self) -> dict[str, Any]:
-        return {"band": self.band, "seen_protocols": self.seen_protocols, "seen_regions": self.seen_regions}
+        return {"band": self.band, "seen_regions": self.seen_regions}
 
     @classmethod
     def from_params(cls, regressor: HistGradientBoostingRegressor, params: dict[str, Any]) -> ThroughputModel:
-        return cls(regressor, params["band"], list(params["seen_protocols"]), list(params["seen_regions"]))
+        return cls(regressor, params["band"], list(params["seen_regions"]))
 
 
 def fit_throughput(
@@ -93,40 +98,42 @@ def fit_throughput(
     X = features[list(FEATURE_NAMES)]
     regressor = boosting.regressor(FEATURE_NAMES, seed, REGRESSOR_PARAMS)
     regressor.fit(boosting.trainable(X), target, sample_weight=weight)
-    residuals, levels = _out_of_fold_residuals(features, target, weight, seed=seed)
-    protocols, regions = region_keys(features)
-    return ThroughputModel(regressor, _band(residuals, levels), sorted(set(protocols)), sorted(set(regions)))
+    residuals, levels, from_blocks = _out_of_fold_residuals(features, target, weight, seed=seed)
+    return ThroughputModel(
+        regressor, _band(residuals, levels, from_blocks), sorted(set(region_keys(features)))
+    )
 
 
-def region_keys(features: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """A key for the protocol region of each row and one for the model within it."""
-    protocol = features[_PROTOCOL_KEY[0]].astype(str)
-    for column in _PROTOCOL_KEY[1:]:
-        protocol = protocol + "|" + features[column].astype(str)
-    model = features["model_family"].astype(str) + "|" + features["log_params"].round(3).astype(str)
-    return protocol.to_numpy(), (protocol + "|" + model).to_numpy()
+def region_keys(features: pd.DataFrame) -> np.ndarray:
+    """The region of each row: its protocol and its model (family and size)."""
+    key = features[_REGION_KEY[0]].astype(str)
+    for column in _REGION_KEY[1:]:
+        key = key + "|" + features[column].astype(str)
+    return (key + "|" + features["log_params"].round(3).astype(str)).to_numpy()
 
 
-def novelty_levels(features: pd.DataFrame, seen_protocols: set[str], seen_regions: set[str]) -> np.ndarray:
-    protocols, regions = region_keys(features)
-    region_seen = np.array([r in seen_regions for r in regions], dtype=bool)
-    protocol_seen = np.array([p in seen_protocols for p in protocols], dtype=bool)
-    return np.where(region_seen, SEEN_MODEL_AND_PROTOCOL, np.where(protocol_seen, SEEN_PROTOCOL, NEW_REGION))
+def novelty_levels(features: pd.DataFrame, seen_regions: set[str]) -> np.ndarray:
+    seen = np.array([key in seen_regions for key in region_keys(features)], dtype=bool)
+    return np.where(seen, SEEN_REGION, NEW_REGION)
 
 
 def _out_of_fold_residuals(
     features: pd.DataFrame, target: np.ndarray, weight: np.ndarray | None, *, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Residuals of log(tokens/s), each row's novelty level, and whether it was held out in a block."""
     n = len(features)
     rng = np.random.default_rng(seed)
     random_part = rng.permutation(n) % RESIDUAL_PARTS
     block_part = np.arange(n) * RESIDUAL_PARTS // n
     spread = np.linspace(0, RESIDUAL_PARTS - 1, BLOCK_FOLDS).round().astype(int)
-    folds = [random_part == k for k in range(RANDOM_FOLDS)] + [block_part == k for k in spread]
+    folds = [(random_part == k, False) for k in range(RANDOM_FOLDS)] + [
+        (block_part == k, True) for k in spread
+    ]
     X = features[list(FEATURE_NAMES)]
     residuals: list[np.ndarray] = []
     levels: list[np.ndarray] = []
-    for held_out in folds:
+    from_blocks: list[np.ndarray] = []
+    for held_out, is_block in folds:
         train = ~held_out
         if train.sum() < 10 or held_out.sum() == 0:
             continue
@@ -141,27 +148,27 @@ def _out_of_fold_residuals(
             sample_weight=None if weight is None else weight[train],
         )
         residuals.append(target[held_out] - model.predict(X[held_out]))
-        protocols, regions = region_keys(features[train])
-        levels.append(novelty_levels(features[held_out], set(protocols), set(regions)))
-    return np.concatenate(residuals), np.concatenate(levels)
+        levels.append(novelty_levels(features[held_out], set(region_keys(features[train]))))
+        from_blocks.append(np.full(int(held_out.sum()), is_block))
+    return np.concatenate(residuals), np.concatenate(levels), np.concatenate(from_blocks)
 
 
-def _band(residuals: np.ndarray, levels: np.ndarray) -> dict[str, list[float]]:
-    """Residual quantiles per novelty level; a level with too few residuals borrows the pooled residuals of
-    it and every less novel level, and a band never narrows as novelty grows."""
+def _band(residuals: np.ndarray, levels: np.ndarray, from_blocks: np.ndarray) -> dict[str, list[float]]:
+    """Residual quantiles per novelty level, as [low, high] offsets that contain 0 (the prediction).
+
+    A seen region takes its band from the random folds alone: a held-out block makes even its seen rows'
+    neighbourhood sparser than any prediction from the full table will be. A level with too few residuals
+    borrows all of them, and a new region's band is never narrower than a seen one's.
+    """
+    seen = levels == SEEN_REGION
+    pools = {
+        SEEN_REGION: (residuals[seen & ~from_blocks], residuals[seen], BAND_QUANTILES),
+        NEW_REGION: (residuals[~seen], residuals[~seen], NOVEL_BAND_QUANTILES),
+    }
     band: dict[str, list[float]] = {}
-    previous: list[float] | None = None
-    for level in (SEEN_MODEL_AND_PROTOCOL, SEEN_PROTOCOL, NEW_REGION):
-        chosen = residuals[levels == level]
-        if chosen.size < MIN_RESIDUALS_PER_LEVEL:
-            chosen = (
-                residuals[levels <= level]
-                if (levels <= level).sum() >= MIN_RESIDUALS_PER_LEVEL
-                else residuals
-            )
-        low, high = (float(q) for q in np.quantile(chosen, BAND_QUANTILES))
-        if previous is not None:
-            low, high = min(low, previous[0]), max(high, previous[1])
-        # The band must contain the prediction itself.
-        band[str(level)] = previous = [min(low, 0.0), max(high, 0.0)]
+    previous = [0.0, 0.0]
+    for level, (preferred, fallback, quantiles) in pools.items():
+        chosen = next((p for p in (preferred, fallback) if p.size >= MIN_RESIDUALS_PER_LEVEL), residuals)
+        low, high = (float(q) for q in np.quantile(chosen, quantiles))
+        band[str(level)] = previous = [min(low, previous[0]), max(high, previous[1])]
     return band

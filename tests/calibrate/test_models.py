@@ -105,6 +105,10 @@ def test_an_unseen_model_name_is_predicted_from_its_size_and_flagged(
     assert (out_nameless["note"] == UNKNOWN_SIZE_NOTE).all()
     for out in (out_small, out_large, out_nameless):
         assert np.isfinite(out[["p_valid", *BAND]].to_numpy()).all()
+    # A region the models never saw gets a wider band than the rows they learned from.
+    seen = models.predict_frame(rows)
+    width = out_large["tokens_per_second_p90"] / out_large["tokens_per_second_p10"]
+    assert (width > seen["tokens_per_second_p90"] / seen["tokens_per_second_p10"]).all()
     # Size decides: the 70B model runs far slower and fails more than the 1B one in the same configuration.
     assert (out_large["tokens_per_second_p50"] < out_small["tokens_per_second_p50"] / 5).all()
     assert (out_large["p_valid"] <= out_small["p_valid"] + 1e-9).all()
@@ -208,6 +212,20 @@ def test_bad_configurations_name_the_column(models: CalibratedModels, sample: pd
     bad.loc[bad.index[2], "tokens_per_sample"] = 0
     with pytest.raises(ValueError, match=r"row 2: column 'tokens_per_sample'"):
         models.predict_frame(bad)
+
+
+def test_heavier_observed_runs_pull_the_throughput_towards_them(sample: pd.DataFrame) -> None:
+    table = sample.iloc[::3]
+    valid = table[table["outcome"] == Outcome.VALID.value]
+    observed = valid[valid["model_name"] == "mistral-7b-v0.1"].copy()
+    observed["dataset_tokens_per_second"] *= 2.0  # the cluster runs this model twice as fast as the benchmark
+    combined = pd.concat([table, observed], ignore_index=True)
+    equal = fit_models(combined, seed=0).predict_frame(observed)["tokens_per_second_p50"]
+    weight = np.r_[np.ones(len(table)), np.full(len(observed), 20.0)]
+    heavier = fit_models(combined, weight, seed=0).predict_frame(observed)["tokens_per_second_p50"]
+    assert len(observed) >= 10
+    assert np.median(heavier / observed["dataset_tokens_per_second"]) > 0.9
+    assert np.median(heavier / equal) > 1.15
 
 
 @pytest.mark.slow
