@@ -37,7 +37,7 @@ from sqlalchemy import Connection, Engine, Table, Text, any_, bindparam, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from ingest.bulk import insert_rows, update_rows
+from ingest.bulk import insert_new_rows, insert_rows, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
 from twin.store import JOB_STATE_RANK, TERMINAL_STATES, Job, Node, ObservedRun, TelemetryEvent
@@ -112,8 +112,8 @@ def apply_batch(
     now = datetime.now(UTC)
     # SQLite stores a datetime's fields without its offset, so times go in as UTC; psycopg sends the offset.
     stamp: Stamp = _utc if connection.dialect.name == "sqlite" else _as_given
-    inserted = _insert_new_events(connection, unique, now, stamp)
-    fresh = tuple(event for key, event in unique.items() if key in inserted)  # in the order they came
+    known = _insert_new_events(connection, unique, now, stamp)
+    fresh = tuple(event for key, event in unique.items() if key not in known)  # in the order they came
     job_events: dict[str, list[AnyEvent]] = {}
     node_events: list[AnyEvent] = []
     for event in fresh:
@@ -136,7 +136,7 @@ def apply_batch(
 def _insert_new_events(
     connection: Connection, unique: dict[int, AnyEvent], now: datetime, stamp: Stamp
 ) -> set[int]:
-    """Insert the raw events the store does not have yet; returns the ids (as ints) actually inserted."""
+    """Insert the raw events the store does not have yet; returns the ids (as ints) it already had."""
     ordered = [unique[key] for key in sorted(unique)]  # one lock order for every writer: no deadlocks
     if connection.dialect.name == "postgresql":  # native UUIDs, times as given, payloads as JSON text
         rows = [
@@ -147,13 +147,10 @@ def _insert_new_events(
             (str(e.event_id), e.type, stamp(e.ts), e.cluster_id, e.job_id, _payload_builtins(e.payload), now)
             for e in ordered
         ]
-    result = insert_rows(connection, EVENTS, EVENT_COLUMNS, rows, _unless_known, "new")
-    return {_id_value(event_id) for event_id in result.scalars()}
-
-
-def _unless_known(insert: Any) -> Any:
-    """Skip the ids already in the store, and say which ones were inserted."""
-    return insert.on_conflict_do_nothing(index_elements=["event_id"]).returning(EVENTS.c.event_id)
+    return {
+        _id_value(event_id)
+        for event_id in insert_new_rows(connection, EVENTS, EVENT_COLUMNS, rows, "event_id")
+    }
 
 
 def _id_value(event_id: uuid.UUID | str) -> int:
@@ -234,7 +231,7 @@ def _apply_job_events(
             connection, JOBS, [merged[job_id] for job_id in new_ids],
             lambda insert: insert.on_conflict_do_nothing(index_elements=["job_id"]).returning(JOBS.c.job_id),
         )  # fmt: skip
-        created = set(result.scalars())
+        created = set(result.scalars().all())
         raced = [job_id for job_id in new_ids if job_id not in created]
         if raced:
             _refold_raced_jobs(connection, raced, job_events, merged, runs, now, stamp)

@@ -33,9 +33,11 @@ from sqlalchemy import (
     Integer,
     String,
     Table,
+    TypeDecorator,
     Uuid,
     bindparam,
     column,
+    exists,
     select,
     table,
     update,
@@ -70,6 +72,36 @@ def insert_rows(
         return finish(postgresql.insert(target).from_select(names, select(*[stage.c[n] for n in names])))
 
     return connection.exec_driver_sql(_compiled(connection, ("insert", target.name, names, kind), build))
+
+
+def insert_new_rows(
+    connection: Connection, target: Table, names: Sequence[str], rows: Sequence[Row], key: str
+) -> list[Any]:
+    """INSERT the rows whose `key` (a unique column) is not in `target` yet, skipping the others; returns
+    the keys of the rows it skipped. Usually there are none, so next to nothing travels back (RETURNING the
+    inserted keys sent every id back, and loading 5,000 UUIDs a batch was ~10 % of writing the events)."""
+    names = tuple(names)
+    at = names.index(key)
+    if connection.dialect.name == "sqlite":
+        insert = sqlite.insert(target).on_conflict_do_nothing(index_elements=[key]).returning(target.c[key])
+        result = connection.execute(insert, [dict(zip(names, row, strict=True)) for row in rows])
+        inserted = set(result.scalars().all())
+        return [row[at] for row in rows if row[at] not in inserted]
+    _require_postgresql(connection)
+    stage = _stage(connection, target, names, rows, "new")
+
+    def build() -> Any:
+        # WITH inserted AS (INSERT ... ON CONFLICT DO NOTHING RETURNING key)
+        # SELECT key FROM stage WHERE NOT EXISTS (SELECT FROM inserted WHERE inserted.key = stage.key)
+        query = select(*[stage.c[n] for n in names])
+        inserted = (
+            postgresql.insert(target).from_select(names, query)
+            .on_conflict_do_nothing(index_elements=[key]).returning(target.c[key]).cte("inserted")
+        )  # fmt: skip
+        return select(stage.c[key]).where(~exists().where(inserted.c[key] == stage.c[key]))
+
+    sql = _compiled(connection, ("insert-new", target.name, names, key), build)
+    return list(connection.exec_driver_sql(sql).scalars().all())
 
 
 def update_rows(
@@ -154,6 +186,8 @@ def _stage_types(connection: Connection, target: Table) -> dict[str, str]:
 
 def _stage_type(col: Any, connection: Connection) -> str:
     kind = col.type.dialect_impl(connection.dialect)  # a type's PostgreSQL variant, if it has one
+    if isinstance(kind, TypeDecorator):  # say, sqlmodel's AutoString
+        kind = kind.load_dialect_impl(connection.dialect)
     if isinstance(kind, Uuid):
         return "uuid"
     if isinstance(kind, Boolean):

@@ -16,6 +16,7 @@ import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, NamedTuple, Protocol
 
 from twin.settings import Settings
@@ -26,12 +27,35 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 
 
-class Message(NamedTuple):  # a tuple: cheap to make, one per record polled
+class Message(Protocol):
+    """A record a consumer hands out. kafka-python's ConsumerRecord is one as it is: the Kafka consumer
+    passes those on rather than copy each into a tuple of ours (~0.5 µs a record)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None:  # None: a tombstone
+        ...
+
+
+class Record(NamedTuple):
+    """A `Message` of the in-process bus."""
+
     topic: str
     partition: int
     offset: int
     key: bytes | None
-    value: bytes | None  # None: a tombstone
+    value: bytes | None
 
 
 class DeliveryFailed(RuntimeError):
@@ -192,11 +216,7 @@ class KafkaBusConsumer:
 
     def poll(self, max_records: int, timeout_ms: int) -> list[Message]:
         records = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-        return [
-            Message(r.topic, r.partition, r.offset, r.key, r.value)
-            for batch in records.values()
-            for r in batch
-        ]
+        return list(chain.from_iterable(records.values()))
 
     def partitions(self) -> int:
         return len(self._consumer.assignment())
@@ -272,7 +292,7 @@ class InProcessBus:
         with self._changed:
             partitions = self._topics.get(topic, [])
             return [
-                Message(topic, p, offset, key, value)
+                Record(topic, p, offset, key, value)
                 for p, log_ in enumerate(partitions)
                 for offset, (key, value) in enumerate(log_)
             ]
@@ -315,7 +335,7 @@ class InProcessConsumer:
             for p, log_ in enumerate(self._bus._topics[self._topic]):
                 while self._positions[p] < len(log_) and len(out) < max_records:
                     key, value = log_[self._positions[p]]
-                    out.append(Message(self._topic, p, self._positions[p], key, value))
+                    out.append(Record(self._topic, p, self._positions[p], key, value))
                     self._positions[p] += 1
             return out
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gc
 import json
 import logging
 import signal
@@ -157,6 +156,8 @@ def _consume(args: argparse.Namespace, settings: Settings, engine: Engine, metri
 
     bootstrap = _bootstrap(args, settings)
     topic = args.topic or settings.telemetry_topic
+    from ingest.worker import settle_garbage_collector
+
     bus = KafkaBus(bootstrap, ConsumerTuning.from_settings(settings))
     if metrics_port:
         from prometheus_client import start_http_server
@@ -171,21 +172,7 @@ def _consume(args: argparse.Namespace, settings: Settings, engine: Engine, metri
         engine.url.render_as_string(),
         args.group or settings.consumer_group,
     )
-    # What exists now (modules, schemas, pools) lives as long as the process. Freezing it keeps the cyclic
-    # garbage collector from re-scanning it on every full collection: with ~140k objects that is ~0.1 s a
-    # time, a few times a minute under load (bench/ingest.py).
-    gc.freeze()
-    import os as _os  # TEMP-EXPERIMENT
-    if _os.environ.get("FT_SEQ"):  # TEMP-EXPERIMENT
-        def _seq(stop):  # TEMP-EXPERIMENT
-            try:
-                while not stop.is_set():
-                    msgs = worker._poll(stop)
-                    if msgs:
-                        worker.process(msgs, stop)
-            finally:
-                worker.close()
-        worker.run = _seq  # TEMP-EXPERIMENT
+    settle_garbage_collector()
     with stop_on_signals(stop):
         worker.run(stop)
     stats = worker.stats

@@ -215,7 +215,7 @@ def parse_event(raw: bytes | str) -> Event:
     if not isinstance(document, dict):
         raise InvalidEvent("schema", f"expected a JSON object, got {type(document).__name__}")
     kind = document.get("type")
-    if kind not in EVENT_TYPES:
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:  # a list or an object here is unhashable
         raise InvalidEvent("unknown_type", f"type {kind!r} is not one of {', '.join(EVENT_TYPES)}")
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:

@@ -47,7 +47,9 @@ _RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})\Z"
 Timestamp = Annotated[str, Meta(pattern=_RFC3339)]
 
 
-class _Payload(Struct, frozen=True, forbid_unknown_fields=True):
+# gc=False: the garbage collector does not track these structs (they hold scalars, strings and lists of
+# strings, so they can never be part of a reference cycle); a batch is thousands of them.
+class _Payload(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     """A payload reads as a mapping too (`dict(payload)`), as batch hooks read pydantic payloads."""
 
     def keys(self) -> tuple[str, ...]:
@@ -131,7 +133,7 @@ class NodeStatus(_Payload, frozen=True):
     status: Literal["up", "down", "drain"]
 
 
-class _Envelope(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
+class _Envelope(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", gc=False):
     """Not frozen only so that `decode_event` can put the parsed time in `ts`; treat it as read-only."""
 
     type: ClassVar[str]

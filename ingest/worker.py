@@ -11,6 +11,7 @@ retried with backoff, without committing, until it clears or the worker is stopp
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import logging
 import threading
@@ -115,6 +116,19 @@ def parse_message(raw: bytes) -> AnyEvent:
         return decode_event(raw)
     except NotFast:
         return parse_event(raw)
+
+
+def settle_garbage_collector() -> None:
+    """Make the cyclic garbage collector cheap for a process that now does nothing but ingest.
+
+    Measured (bench/ingest.py, tmp profiles): it cost ~11 µs of the worker's CPU per event. Everything that
+    exists when the worker starts (modules, schemas, pools: ~140k objects) lives as long as the process, yet
+    each full collection re-scanned it (~0.1 s a time): frozen, it is never scanned again. And a batch
+    allocates tens of thousands of objects that reference counting frees anyway, each 700 of which started
+    a collection: every 10,000 is enough to catch the odd reference cycle. Together: ~1.5 µs per event.
+    """
+    gc.freeze()
+    gc.set_threshold(10_000, *gc.get_threshold()[1:])
 
 
 class IngestWorker:

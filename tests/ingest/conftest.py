@@ -12,7 +12,9 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pandas as pd
 import pytest
 from sqlalchemy import Engine, func, select
@@ -103,6 +105,17 @@ def worker_thread(
         assert not thread.is_alive(), "the worker did not stop"
 
 
+def same_event(event: Any, model: Any) -> bool:
+    """The same event, field by field, whether each is a pydantic event (`parse_event`) or the worker's
+    fast-path struct (`ingest.fastparse`); floats are compared by their JSON text, so -0.0 is not 0.0."""
+    envelope = ("type", "schema_version", "event_id", "cluster_id", "job_id")
+    if any(getattr(event, name) != getattr(model, name) for name in envelope):
+        return False
+    if event.ts != model.ts or event.ts.utcoffset() != model.ts.utcoffset():
+        return False
+    return msgspec.json.encode(dict(event.payload)) == msgspec.json.encode(dict(model.payload))
+
+
 def store_count(engine: Engine, table: type = TelemetryEvent) -> int:
     with engine.connect() as connection:
         return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
@@ -122,10 +135,12 @@ def pg_engine(postgres_url: str) -> Iterator[Engine]:
 class IngestProcess:
     """`finetwin ingest` as a child process, with its Prometheus metrics on a port of its own."""
 
-    def __init__(self, database_url: str, bootstrap: str, topic: str, group: str, tmp: Path) -> None:
+    def __init__(
+        self, database_url: str, bootstrap: str, topic: str, group: str, tmp: Path, processes: int = 1
+    ) -> None:
         from ingest.broker import free_port
 
-        self.metrics_port = free_port()
+        self.metrics_port = free_port()  # with --processes N: consumer i serves on metrics_port + i
         self.log_path = tmp / f"ingest-{self.metrics_port}.log"
         env = {
             **os.environ,
@@ -136,15 +151,16 @@ class IngestProcess:
         }
         command = [
             FINETWIN, "ingest", "--bootstrap", bootstrap, "--topic", topic,
-            "--group", group, "--metrics-port", str(self.metrics_port),
+            "--group", group, "--metrics-port", str(self.metrics_port), "--processes", str(processes),
         ]  # fmt: skip
         self.log = open(self.log_path, "wb")  # noqa: SIM115
         self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
-    def metric(self, name: str) -> float | None:
-        """A metric's current value, or None while the process is not serving them (yet)."""
+    def metric(self, name: str, consumer: int = 0) -> float | None:
+        """A metric's current value (of consumer i of --processes N), or None while it is not served (yet)."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as reply:
+            url = f"http://127.0.0.1:{self.metrics_port + consumer}/metrics"
+            with urllib.request.urlopen(url, timeout=2) as reply:
                 text = reply.read().decode()
         except OSError:
             return None

@@ -3,11 +3,13 @@ a broker restart on durable storage, and the one-command smoke run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -70,6 +72,49 @@ def test_two_ingest_processes_split_the_topic_and_apply_every_event_once(
     assert applied_by_stopped(first) + second.metric(APPLIED) == total  # each event applied exactly once
     assert 0 < applied_by_stopped(first) < total
     assert_store_matches_benchmark(pg_engine, sample_table, sample_plan, "replay-0-")
+
+
+def test_one_command_runs_two_consumers_that_split_the_topic_and_drain_on_sigterm(
+    kafka_bootstrap: str, postgres_url: str, pg_engine: Engine, sample_table: pd.DataFrame,
+    sample_plan: ReplayPlan, ingest_processes: list[IngestProcess], tmp_path: Path,
+) -> None:  # fmt: skip
+    """`finetwin ingest --processes 2`: two consumers of one group in child processes, every event applied
+    once; SIGTERM to the command stops both, each after committing what it applied."""
+    topic = new_topic(kafka_bootstrap, unique("procs"))
+    command = IngestProcess(postgres_url, kafka_bootstrap, topic, unique("g"), tmp_path, processes=2)
+    ingest_processes.append(command)
+
+    def assigned() -> list[float]:
+        return [command.metric(ASSIGNED, consumer) or 0 for consumer in (0, 1)]
+
+    wait_for(lambda: min(assigned()) > 0 and sum(assigned()) == PARTITIONS, 60, "both consumers to share")
+    total = len(sample_plan.events)
+    produce(kafka_bootstrap, topic, as_messages([event for _, event in sample_plan.events]))
+    wait_for(lambda: store_count(pg_engine) == total, 120, "every event in the store")
+
+    def applied() -> list[float]:  # counted after each batch's offsets are committed, so a moment later
+        return [command.metric(APPLIED, consumer) or 0 for consumer in (0, 1)]
+
+    wait_for(lambda: sum(applied()) >= total, 30, "the counters")
+    assert sum(applied()) == total and min(applied()) > 0  # both took part, and applied each event once
+    command.process.send_signal(signal.SIGTERM)
+    assert command.wait(30) == 0
+    assert len(re.findall(r"stopped: \d+ messages", command.output())) == 2  # both drained and said so
+    assert_store_matches_benchmark(pg_engine, sample_table, sample_plan, "replay-0-")
+
+
+def _exit_or_wait(statuses: dict[int, int], index: int) -> None:
+    """A child for `run_children`: exits with its status, or waits until a signal stops it."""
+    if index in statuses:
+        sys.exit(statuses[index])
+    signal.pause()
+
+
+def test_a_failing_consumer_stops_the_others_and_the_command_reports_it() -> None:
+    from ingest.processes import run_children
+
+    assert run_children(3, functools.partial(_exit_or_wait, {1: 3}), "test") == 3
+    assert run_children(2, functools.partial(_exit_or_wait, {0: 0, 1: 0}), "test") == 0
 
 
 def test_sigkill_mid_replay_then_restart_loses_nothing_and_applies_nothing_twice(
