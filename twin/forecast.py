@@ -7,12 +7,10 @@ once, here, before the runs fan out.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
 
 import numpy as np
 
@@ -20,6 +18,7 @@ from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster
 from twin.domain import JobConfig
 from twin.ensemble import EnsembleSpec, RunOutput, run_ensemble, summarize
+from twin.jsonsafe import json_safe
 from twin.models import JobModels
 from twin.plan import PlanOptions, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
@@ -135,16 +134,3 @@ def forecast(
         out["jobs"] = outputs[0].jobs
     out["wall_s"] = round(time.perf_counter() - began, 3)
     return json_safe(out)
-
-
-def json_safe(value: Any) -> Any:
-    """The document with numpy scalars as Python numbers and NaN/inf as None (JSON has neither)."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

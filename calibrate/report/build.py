@@ -18,8 +18,9 @@ from calibrate.report.figures import draw_all
 from calibrate.report.optimizations import optimizations
 from calibrate.report.render import render
 from calibrate.report.scaling import MEMORY_STARVED_PCT, scaling
-from calibrate.report.stats import THROUGHPUT, THROUGHPUT_UNIT, json_safe
+from calibrate.report.stats import THROUGHPUT, THROUGHPUT_UNIT
 from calibrate.report.throughput import throughput
+from twin.jsonsafe import json_safe
 
 REPORT_FILE = "report.md"
 NUMBERS_FILE = "numbers.json"

@@ -4,7 +4,7 @@ campaign is named, and how numbers become JSON that says what it means."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -53,19 +53,6 @@ def campaigns(time_limits: pd.Series) -> pd.Series:
 
 def pct(part: float, whole: float) -> float | None:
     return None if not whole else 100.0 * part / whole
-
-
-def json_safe(value: Any) -> Any:
-    """numpy scalars to Python, NaN/inf to None, keys to str: what `json.dumps(allow_nan=False)` accepts."""
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def key_str(value: Any) -> str:
