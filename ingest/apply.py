@@ -14,8 +14,9 @@ Events are the validated pydantic events of `ingest.events` or their msgspec mir
 path (`ingest.fastparse`); both are read the same way here, and hooks get whichever they were given.
 
 Concurrency: workers of one group own disjoint partitions, so they rarely touch the same rows; when a
-rebalance makes them overlap, PostgreSQL's ON CONFLICT waits for the other transaction and the job rows are
-read FOR UPDATE, in one order (by id) for every writer.
+rebalance makes them overlap, PostgreSQL's unique keys make the second writer wait for the first one's
+transaction (then skip what it committed), and the job rows are read FOR UPDATE, in one order (by id) for
+every writer.
 """
 
 from __future__ import annotations
@@ -192,6 +193,15 @@ def _insert_dicts(connection: Connection, table: Table, rows: list[dict[str, Any
     return insert_rows(connection, table, names, [values(row) for row in rows], finish, "new")
 
 
+def _insert_new_dicts(
+    connection: Connection, table: Table, rows: list[dict[str, Any]], key: str
+) -> list[Any]:
+    """Insert the rows whose `key` is not in `table` yet; returns the keys of those that were."""
+    names = tuple(rows[0])
+    values = itemgetter(*names)
+    return insert_new_rows(connection, table, names, [values(row) for row in rows], key)
+
+
 def _update_dicts(
     connection: Connection,
     table: Table,
@@ -227,12 +237,7 @@ def _apply_job_events(
     if new_ids:
         # A concurrent worker may create the same job between our SELECT and this INSERT; the ids it took
         # are re-read under lock and folded again, so neither worker's events are lost.
-        result = _insert_dicts(
-            connection, JOBS, [merged[job_id] for job_id in new_ids],
-            lambda insert: insert.on_conflict_do_nothing(index_elements=["job_id"]).returning(JOBS.c.job_id),
-        )  # fmt: skip
-        created = set(result.scalars().all())
-        raced = [job_id for job_id in new_ids if job_id not in created]
+        raced = _insert_new_dicts(connection, JOBS, [merged[job_id] for job_id in new_ids], "job_id")
         if raced:
             _refold_raced_jobs(connection, raced, job_events, merged, runs, now, stamp)
     existing = [merged[job_id] for job_id in job_ids if job_id in stored]
@@ -244,9 +249,7 @@ def _apply_job_events(
         names = tuple(name for name in JOB_COLUMNS if name in changed)
         _update_dicts(connection, JOBS, "job_id", names, existing, "changed")
     if runs:
-        _insert_dicts(
-            connection, RUNS, runs, lambda insert: insert.on_conflict_do_nothing(index_elements=["job_id"])
-        )
+        _insert_new_dicts(connection, RUNS, runs, "job_id")  # a run another worker recorded first stays
 
 
 def _refold_raced_jobs(

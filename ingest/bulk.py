@@ -1,18 +1,22 @@
 """Many rows in one statement: how ingest writes a batch, on PostgreSQL and on SQLite.
 
-PostgreSQL: the rows are COPYed in binary into a temporary staging table shaped like the target (one per
-target and purpose, private to the connection, emptied at commit), then one INSERT ... SELECT (with the
-caller's ON CONFLICT and RETURNING) or UPDATE ... FROM moves them into place. psycopg formats a binary COPY
-row in C, so the client's work is one call per row; the statements' text never changes with the batch size.
-Measured on bench/ingest.py's events against the alternatives:
+PostgreSQL: rows travel by binary COPY, which psycopg formats in C: the client's work is one call per row,
+and no statement's text grows with the batch. New rows (`insert_new_rows`) are COPYed straight into their
+table when none of them is there yet, the usual case; otherwise, and for updates and upserts, they are
+COPYed into a temporary staging table shaped like the target (one per target and purpose, private to the
+connection, emptied at commit), and one INSERT ... SELECT ... ON CONFLICT or UPDATE ... FROM moves them into
+place. Measured against the alternatives (bench/ingest.py, tmp profiles):
 - `unnest()` of one binary array per column: psycopg dumps arrays element by element in Python, ~1 µs per
   cell (a 33-column job row cost 30 µs);
 - one JSON document (`json_populate_recordset`): cheapest for the client, but PostgreSQL parses every row
-  as JSON and the raw event's payload twice, which doubled the server's CPU per event.
+  as JSON and the raw event's payload twice, which doubled the server's CPU per event;
+- staging every batch: ~40 % more of the server's CPU for the raw events than COPYing them straight in.
 
 Staging columns are lenient (integers as numeric, strings as unbounded text) so that a value the target
 refuses is refused by the INSERT itself, with the target's error (say, NumericValueOutOfRange for a GPU
-count beyond `integer`): ingest dead-letters such an event with that reason.
+count beyond `integer`): ingest dead-letters such an event with that reason. A straight COPY gets the same
+error for what the server checks; integers it would not see (psycopg's binary COPY wraps one too big for
+its column without a word) make the rows take the staged path.
 
 SQLite: an executemany, which SQLAlchemy batches into multi-row VALUES statements.
 """
@@ -25,12 +29,14 @@ from typing import Any
 import psycopg
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Connection,
     CursorResult,
     DateTime,
     Float,
     Integer,
+    SmallInteger,
     String,
     Table,
     TypeDecorator,
@@ -43,7 +49,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
 Row = Sequence[Any]  # a row's values, in the order of the `names` that come with it
 Finish = Callable[[Any], Any]  # adds ON CONFLICT / RETURNING to an INSERT
@@ -78,8 +84,14 @@ def insert_new_rows(
     connection: Connection, target: Table, names: Sequence[str], rows: Sequence[Row], key: str
 ) -> list[Any]:
     """INSERT the rows whose `key` (a unique column) is not in `target` yet, skipping the others; returns
-    the keys of the rows it skipped. Usually there are none, so next to nothing travels back (RETURNING the
-    inserted keys sent every id back, and loading 5,000 UUIDs a batch was ~10 % of writing the events)."""
+    the keys of the rows it skipped.
+
+    Usually none is there yet, so on PostgreSQL the rows are first COPYed straight into `target`, in a
+    savepoint: less of the server's work than staging them and INSERTing from the stage. If one
+    was there already (a redelivery, or another worker's insert during a rebalance), or PostgreSQL refuses a
+    value, the savepoint is rolled back and the staged INSERT ... ON CONFLICT DO NOTHING decides, row by row.
+    Either way only the skipped keys travel back: usually none (RETURNING the inserted keys sent every id
+    back, and loading 5,000 UUIDs a batch was ~10 % of the client's work on the events)."""
     names = tuple(names)
     at = names.index(key)
     if connection.dialect.name == "sqlite":
@@ -88,6 +100,14 @@ def insert_new_rows(
         inserted = set(result.scalars().all())
         return [row[at] for row in rows if row[at] not in inserted]
     _require_postgresql(connection)
+    exact = _column_types(connection, target, exact=True)
+    if _integers_fit(exact, names, rows):
+        try:
+            with connection.begin_nested():
+                _copy(connection, target.name, names, exact, rows)
+            return []
+        except (IntegrityError, DataError):
+            pass  # rolled back to the savepoint: nothing of this COPY is left
     stage = _stage(connection, target, names, rows, "new")
 
     def build() -> Any:
@@ -152,39 +172,66 @@ def _stage(
 ) -> Any:
     """COPY the rows into this connection's staging table for `target` and `kind`; returns that table."""
     name = f"ingest_stage_{target.name}_{kind.replace('-', '_')}"
-    types = _stage_types(connection, target)
-    columns = ", ".join(f'"{n}"' for n in names)
+    types = _column_types(connection, target, exact=False)
     definition = ", ".join(f'"{n}" {t}' for n, t in types.items())
     # The DELETE empties it should one transaction stage twice; each commit empties it anyway.
     setup = (
         f'CREATE TEMP TABLE IF NOT EXISTS "{name}" ({definition}) ON COMMIT DELETE ROWS; DELETE FROM "{name}"'
     )
+    _copy(connection, name, names, types, rows, setup)
+    if name not in _STAGES:
+        _STAGES[name] = table(name, *[column(n) for n in types])
+    return _STAGES[name]
+
+
+_STAGES: dict[str, Any] = {}
+
+
+def _copy(
+    connection: Connection, into: str, names: tuple[str, ...], types: dict[str, str], rows: Sequence[Row],
+    setup: str | None = None,
+) -> None:  # fmt: skip
+    """Binary COPY of the rows (values of the columns `names`) into the table `into`, after `setup`."""
+    columns = ", ".join(f'"{n}"' for n in names)
     driver = connection.connection.driver_connection
     try:
         with driver.cursor() as cursor:  # type: ignore[union-attr]
-            cursor.execute(setup)
-            with cursor.copy(f'COPY "{name}" ({columns}) FROM STDIN (FORMAT BINARY)') as copy:
+            if setup:
+                cursor.execute(setup)
+            with cursor.copy(f'COPY "{into}" ({columns}) FROM STDIN (FORMAT BINARY)') as copy:
                 copy.set_types([types[n] for n in names])
                 for row in rows:
                     copy.write_row(row)
-    except psycopg.Error as exc:  # what the connection raises when SQLAlchemy runs the statements
+    except psycopg.Error as exc:  # as SQLAlchemy raises it for the statements it runs
         raise DBAPIError.instance(
-            f"COPY {name}", None, exc, psycopg.Error, dialect=connection.dialect
-        ) from exc  # fmt: skip
-    return table(name, *[column(n) for n in types])
+            f"COPY {into}", None, exc, psycopg.Error, dialect=connection.dialect
+        ) from exc
 
 
-_STAGE_TYPES: dict[str, dict[str, str]] = {}
+_INTEGER_LIMITS = {"int2": 2**15, "int4": 2**31, "int8": 2**63}
 
 
-def _stage_types(connection: Connection, target: Table) -> dict[str, str]:
-    """Each column's type in the staging table, by name."""
-    if target.name not in _STAGE_TYPES:
-        _STAGE_TYPES[target.name] = {c.name: _stage_type(c, connection) for c in target.columns}
-    return _STAGE_TYPES[target.name]
+def _integers_fit(types: dict[str, str], names: tuple[str, ...], rows: Sequence[Row]) -> bool:
+    """Whether every integer fits its column's type: psycopg's binary COPY silently wraps one that does not
+    (2**31 went in as -2**31), where the staged path lets PostgreSQL refuse it."""
+    limits = [
+        (at, _INTEGER_LIMITS[types[name]]) for at, name in enumerate(names) if types[name] in _INTEGER_LIMITS
+    ]
+    return all(-limit <= row[at] < limit for row in rows for at, limit in limits if row[at] is not None)
 
 
-def _stage_type(col: Any, connection: Connection) -> str:
+_COLUMN_TYPES: dict[tuple[str, bool], dict[str, str]] = {}
+
+
+def _column_types(connection: Connection, target: Table, *, exact: bool) -> dict[str, str]:
+    """Each column's type, by name: its own (`exact`), or as a staging table holds it."""
+    if (target.name, exact) not in _COLUMN_TYPES:
+        types = {c.name: _column_type(c, connection, exact) for c in target.columns}
+        _COLUMN_TYPES[target.name, exact] = types
+    return _COLUMN_TYPES[target.name, exact]
+
+
+def _column_type(col: Any, connection: Connection, exact: bool) -> str:
     kind = col.type.dialect_impl(connection.dialect)  # a type's PostgreSQL variant, if it has one
     if isinstance(kind, TypeDecorator):  # say, sqlmodel's AutoString
         kind = kind.load_dialect_impl(connection.dialect)
@@ -193,13 +240,17 @@ def _stage_type(col: Any, connection: Connection) -> str:
     if isinstance(kind, Boolean):
         return "bool"
     if isinstance(kind, Integer):
-        return "numeric"
+        if not exact:
+            return "numeric"
+        return (
+            "int8" if isinstance(kind, BigInteger) else "int2" if isinstance(kind, SmallInteger) else "int4"
+        )
     if isinstance(kind, Float):
         return "float8"
     if isinstance(kind, DateTime):
-        return "timestamptz"
+        return "timestamptz" if kind.timezone else "timestamp"
     if isinstance(kind, JSON):
         return "json"
     if isinstance(kind, String):
         return "text"
-    raise TypeError(f"no staging type for column {col.name} ({kind})")
+    raise TypeError(f"no COPY type for column {col.name} ({kind})")

@@ -110,7 +110,7 @@ class _Batch:
 
 def parse_message(raw: bytes) -> AnyEvent:
     """`parse_event`'s verdict, fast: a valid event in its common form is decoded by msgspec (`decode_event`,
-    ~3x less CPU); anything else goes through `parse_event`, which accepts it or says why not. Whatever the
+    half the CPU); anything else goes through `parse_event`, which accepts it or says why not. Whatever the
     fast path accepts, `parse_event` accepts too, with the same values (tests/ingest/test_fastparse.py)."""
     try:
         return decode_event(raw)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 from sqlalchemy import Connection, Engine, select, text
+from sqlalchemy.exc import DataError
 
 from ingest.apply import apply_events
 from ingest.events import (
@@ -247,6 +248,18 @@ def test_two_workers_racing_on_the_same_events_apply_each_once(postgres_url: str
 
 def _aware(ts: datetime | None) -> datetime | None:
     return ts.replace(tzinfo=UTC) if ts is not None and ts.tzinfo is None else ts
+
+
+def test_a_number_too_big_for_its_column_is_refused_not_wrapped(pg_engine: Engine) -> None:
+    """The largest GPU count PostgreSQL's `integer` holds is stored as it is; one more is refused, with the
+    database's reason (ingest dead-letters such an event), and its batch leaves nothing behind."""
+    largest = SUBMITTED.model_copy(update={"number_gpus": 2**31 - 1})
+    apply_events(pg_engine, [new_event("job.submitted", largest, job_id="largest")])
+    assert job(pg_engine, "largest").number_gpus == 2**31 - 1
+    too_big = SUBMITTED.model_copy(update={"number_gpus": 2**31})
+    with pytest.raises(DataError, match="NumericValueOutOfRange"):
+        apply_events(pg_engine, [new_event("job.submitted", too_big, job_id="too-big")])
+    assert store_count(pg_engine) == 1 and store_count(pg_engine, Job) == 1
 
 
 def test_event_ids_are_the_idempotency_key_not_the_content(engine: Engine) -> None:
