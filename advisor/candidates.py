@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twin.domain import GPUS_PER_NODE, MOE_MODELS, JobConfig, Rule, config_rule
+from twin.domain import GPUS_PER_NODE, MOE_MODELS, JobConfig, Rule, config_rule, nearest_multiple
 
 BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # the benchmark's sweep
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # up to 4 nodes of 8, as in the benchmark
@@ -29,15 +29,6 @@ def is_moe(config: JobConfig) -> bool:
 def nodes_for(gpus: int) -> int:
     """Placement: up to 8 GPUs stay in one node; beyond, full nodes of 8."""
     return max(1, -(-gpus // GPUS_PER_NODE))
-
-
-def nearest_multiple(value: int, step: int) -> int:
-    """The multiple of `step` nearest to `value` (at least `step`); ties go up (a batch is rarely cut)."""
-    down = (value // step) * step
-    up = down + step
-    if down < step:
-        return up
-    return down if value - down < up - value else up
 
 
 def repair(config: JobConfig) -> tuple[JobConfig, list[Change]]:

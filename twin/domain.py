@@ -153,6 +153,18 @@ def broken_rule(number_gpus: int, batch_size: int, fast_moe: int, number_nodes: 
     return None
 
 
+def nearest_multiple(value: int, step: int) -> int:
+    """The multiple of `step` nearest to `value` (at least `step`); ties go up (a batch is rarely cut).
+
+    How a batch is repaired to satisfy the first admission rule, by the twin's admission control and by the
+    advisor alike."""
+    down = (value // step) * step
+    up = down + step
+    if down < step:
+        return up
+    return down if value - down < up - value else up
+
+
 def config_rule(config: JobConfig) -> Rule | None:
     return broken_rule(config.number_gpus, config.batch_size, config.fast_moe, config.number_nodes)
 

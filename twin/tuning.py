@@ -13,7 +13,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from twin.domain import GPUS_PER_NODE, MOE_MODELS, JobConfig, Rule, config_rule
+from twin.domain import GPUS_PER_NODE, MOE_MODELS, JobConfig, Rule, config_rule, nearest_multiple
 from twin.models import FailureModel
 
 # Below this predicted chance of running, admission control `reject` turns the job away, and batch
@@ -35,15 +35,14 @@ class Optimization(StrEnum):
 
 def repair_config(config: JobConfig) -> JobConfig:
     """The nearest configuration the actuator accepts, as the paper suggests (round the batch to a multiple
-    of the GPUs; an expert-parallel degree that divides the GPUs; nodes that divide the GPUs)."""
+    of the GPUs; an expert-parallel degree that divides the GPUs; nodes that divide the GPUs).
+
+    Unlike the advisor's repair (which proposes another GPU count to the user), admission control keeps the
+    job's GPUs: the cluster has already sized the job's request, so it lowers the expert-parallel degree."""
     cfg = config
     gpus = max(1, cfg.number_gpus)
     if config_rule(cfg) is Rule.BATCH_NOT_MULTIPLE_OF_GPUS:
-        down = (cfg.batch_size // gpus) * gpus
-        up = down + gpus
-        # The nearest multiple; a tie goes up (a batch is rarely cut), never below one sample per GPU.
-        batch = down if down >= gpus and cfg.batch_size - down < up - cfg.batch_size else up
-        cfg = cfg.with_changes(batch_size=batch)
+        cfg = cfg.with_changes(batch_size=nearest_multiple(cfg.batch_size, gpus))
     if config_rule(cfg) is Rule.GPUS_NOT_MULTIPLE_OF_EXPERT_PARALLEL:
         cfg = cfg.with_changes(fast_moe=math.gcd(cfg.fast_moe, gpus))
     if config_rule(cfg) is Rule.GPUS_NOT_MULTIPLE_OF_NODES:

@@ -11,11 +11,11 @@ from fastapi.testclient import TestClient
 
 from advisor import findings
 from advisor.advice import NEAR_BEST, RECOMMEND_P_VALID, advise_job
-from advisor.candidates import nearest_multiple, repair
+from advisor.candidates import repair
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.conftest import SHARED_REFERENCE
-from twin.domain import JobConfig, config_rule
+from twin.domain import JobConfig, config_rule, nearest_multiple
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 
