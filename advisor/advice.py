@@ -4,14 +4,15 @@ the finding of the paper it rests on (`advisor.findings`).
 
 Every configuration the answer weighs (the job as asked, its repair, placement and optimization
 variants, the fewest-GPU ladder and the batch x GPUs x nodes grid) is predicted in ONE vectorized call
-of the models, so an answer costs one model evaluation of ~100 rows.
+of the models, so an answer costs one model evaluation of ~100 rows; `advise_many` answers several
+configurations with one call for all their rows.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -67,30 +68,38 @@ class Predicted:
 
     p_valid: np.ndarray  # (n,)
     tps: np.ndarray  # (n, 3): p10, p50, p90 tokens/s
-    watts: np.ndarray | None  # (n,) per GPU; None: ask the power model for the reported rows only
+    watts: np.ndarray  # (n,) per GPU
     notes: list[str | None]
+
+    def rows(self, start: int, stop: int) -> Predicted:
+        """The predictions of rows start..stop-1 (one answer's share of a batch)."""
+        return Predicted(
+            self.p_valid[start:stop], self.tps[start:stop], self.watts[start:stop], self.notes[start:stop]
+        )
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(JobConfig) if f.name != "extra")
 
 
 def _record(config: JobConfig) -> dict[str, Any]:
-    record = asdict(config)
-    record.pop("extra", None)
-    return record
+    # Shallow, not dataclasses.asdict: its deep copy cost a third of a batch of answers.
+    return {name: getattr(config, name) for name in _RECORD_FIELDS}
 
 
 def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
-    """One vectorized evaluation of every configuration (`predict_frame` when the models have it; its
-    frame has no power today, which `_Answer.load_power` then asks for the few reported rows)."""
+    """One vectorized evaluation of every configuration, power included (`predict_frame` when the models
+    have it)."""
     n = len(configs)
     if hasattr(models, "predict_frame"):
         from calibrate.frames import configs_frame
 
         try:
-            frame = models.predict_frame(configs_frame(_record(c) for c in configs))
+            frame = models.predict_frame(configs_frame(_record(c) for c in configs), power=True)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
         p_valid = frame["p_valid"].to_numpy(dtype=float)
         tps = frame[list(BAND_COLUMNS)].to_numpy(dtype=float)
-        watts = frame["power_watts"].to_numpy(dtype=float) if "power_watts" in frame else None
+        watts = frame["power_watts"].to_numpy(dtype=float)
         notes = [n if isinstance(n, str) and n else None for n in frame.get("note", [None] * n)]
     else:
         p_valid = np.asarray(models.predict_failure(configs), dtype=float)
@@ -142,23 +151,10 @@ class _Answer:
         self.rows = rows
         self.p = predicted
         self.work = work_tokens
-        self.watts: dict[int, float] = {}
 
-    def load_power(self, models: Any, indices: set[int]) -> None:
-        """Watts per GPU for the rows the answer reports: from the one call when it gave them, else one
-        small call for those rows only (energy is reported for a handful of configurations, not the grid)."""
-        wanted = sorted(indices)
-        if self.p.watts is not None:
-            values = [float(self.p.watts[i]) for i in wanted]
-        elif wanted:
-            configs = [self.rows.configs[i] for i in wanted]
-            values = [float(w) for w in np.asarray(models.predict_power_watts(configs), dtype=float)]
-        else:
-            values = []
-        for i, watts in zip(wanted, values, strict=True):
-            self.watts[i] = (
-                watts if math.isfinite(watts) else gpu_type(self.rows.configs[i].gpu_model).tdp_watts
-            )
+    def watts_per_gpu(self, i: int) -> float:
+        watts = float(self.p.watts[i])
+        return watts if math.isfinite(watts) else gpu_type(self.rows.configs[i].gpu_model).tdp_watts
 
     def p_valid(self, i: int) -> float:
         return float(self.p.p_valid[i])
@@ -178,7 +174,7 @@ class _Answer:
         config = self.rows.configs[i]
         run = Band(p10=self.work / high, p50=self.work / mid, p90=self.work / low)
         gpu_hours = config.number_gpus * run.p50 / 3600.0
-        watts = self.watts[i]
+        watts = self.watts_per_gpu(i)
         return Prediction(
             p_valid=_num(self.p_valid(i)),
             tokens_per_second=Band(p10=low, p50=mid, p90=high),
@@ -215,10 +211,32 @@ def _near_best(candidates: list[int], score: dict[int, float], higher_is_better:
     return [i for i in candidates if score[i] <= best * (1 + NEAR_BEST)]
 
 
-def advise_job(
-    config: JobConfig, dataset_tokens: float | None, models: Any, model_version: str | None = None
-) -> AdviceOut:
-    """The whole answer for one configuration (see the module docstring)."""
+@dataclass
+class _Plan:
+    """Everything one answer weighs, before any prediction: the configurations and where each sits."""
+
+    config: JobConfig
+    dataset_tokens: float | None
+    work: float
+    notes: list[str]
+    rule: Any
+    repaired: JobConfig
+    changes: list[Any]
+    placed: JobConfig
+    tuned: JobConfig
+    rows: _Rows
+    i_asked: int | None
+    i_repaired: int | None
+    i_placed: int
+    i_repaired_nodes: int
+    kernels: dict[bool, int]
+    roce: dict[bool, int]
+    moe: dict[int, int]
+    ladder: list[int]
+    searched: list[int]
+
+
+def _plan(config: JobConfig, dataset_tokens: float | None) -> _Plan:
     if model_params_b(config.model_name) is None:
         notes = [f"model size of {config.model_name!r} unknown: the models use a typical size"]
     else:
@@ -257,45 +275,87 @@ def advise_job(
         rows.add(c) for c in with_batch_gpus(tuned.with_changes(fast_moe=_moe_choice(tuned)), MIN_GPU_LADDER)
     ]
     searched = [rows.add(c) for c in grid(tuned.with_changes(fast_moe=0))]
+    return _Plan(
+        config, dataset_tokens, work, notes, rule, repaired, changes, placed, tuned, rows,
+        i_asked, i_repaired, i_placed, i_repaired_nodes, kernels, roce, moe, ladder, searched,
+    )  # fmt: skip
 
-    answer = _Answer(rows, predict(models, rows.configs), work)
+
+def _compose(plan: _Plan, predicted: Predicted, model_version: str | None) -> AdviceOut:
+    answer = _Answer(plan.rows, predicted, plan.work)
+    notes = list(plan.notes)
     for i, note in enumerate(answer.p.notes):
-        if note and note not in notes and i in (i_asked, i_repaired, i_placed):
+        if note and note not in notes and i in (plan.i_asked, plan.i_repaired, plan.i_placed):
             notes.append(note)
 
-    fewest = _fewest_gpus(answer, ladder, searched)
-    fastest = _best_throughput(answer, searched + ladder)
-    cheapest = _best_cost(answer, searched + ladder)
-    reported = {i for i in (i_asked, i_repaired) if i is not None}
-    reported |= {choice[0] for choice in (fewest, fastest, cheapest) if choice is not None}
-    answer.load_power(models, reported)
+    fewest = _fewest_gpus(answer, plan.ladder, plan.searched)
+    fastest = _best_throughput(answer, plan.searched + plan.ladder)
+    cheapest = _best_cost(answer, plan.searched + plan.ladder)
 
     repair_out = None
-    if changes:
-        assert i_repaired is not None
+    if plan.changes:
+        assert plan.i_repaired is not None
         repair_out = Repair(
-            config=ConfigOut.of(repaired),
-            changes=[ChangeOut(field=c.field, old=c.old, new=c.new, why=c.why) for c in changes],
-            prediction=answer.prediction(i_repaired),
-            evidence=[_evidence(findings.ADMISSION, repaired_p_valid=answer.p_valid(i_repaired))],
+            config=ConfigOut.of(plan.repaired),
+            changes=[ChangeOut(field=c.field, old=c.old, new=c.new, why=c.why) for c in plan.changes],
+            prediction=answer.prediction(plan.i_repaired),
+            evidence=[_evidence(findings.ADMISSION, repaired_p_valid=answer.p_valid(plan.i_repaired))],
         )
+    config = plan.config
     return AdviceOut(
         model_version=model_version,
         config=ConfigOut.of(config),
-        work=Work(dataset_tokens=work, assumed=dataset_tokens is None),
-        verdict=_verdict(answer, config, rule, i_asked, i_repaired),
+        work=Work(dataset_tokens=plan.work, assumed=plan.dataset_tokens is None),
+        verdict=_verdict(answer, config, plan.rule, plan.i_asked, plan.i_repaired),
         repair=repair_out,
         fewest_gpus=answer.option(fewest),
         best_throughput=answer.option(fastest),
         best_cost=answer.option(cheapest),
-        placement=_placement(answer, repaired, placed, i_repaired_nodes, i_placed),
+        placement=_placement(answer, plan.repaired, plan.placed, plan.i_repaired_nodes, plan.i_placed),
         optimizations=[
-            _fast_kernels(answer, kernels, config),
-            _fast_moe(answer, moe, config),
-            _roce(answer, roce, tuned),
+            _fast_kernels(answer, plan.kernels, config),
+            _fast_moe(answer, plan.moe, config),
+            _roce(answer, plan.roce, plan.tuned),
         ],
         notes=notes,
     )
+
+
+def advise_job(
+    config: JobConfig, dataset_tokens: float | None, models: Any, model_version: str | None = None
+) -> AdviceOut:
+    """The whole answer for one configuration (see the module docstring)."""
+    answer = advise_many([(config, dataset_tokens)], models, model_version)[0]
+    if isinstance(answer, AdviceError):
+        raise answer
+    return answer
+
+
+def advise_many(
+    jobs: Sequence[tuple[JobConfig, float | None]], models: Any, model_version: str | None = None
+) -> list[AdviceOut | AdviceError]:
+    """Answers for several configurations with ONE model call for all their rows: the models' fixed cost
+    per call (~40 ms) dwarfs the cost per row, so concurrent requests answered together cost little more
+    than one. A configuration the advisor cannot reason about gets its AdviceError in its place; the
+    others are answered. ModelsUnusable fails them all."""
+    plans: list[_Plan | AdviceError] = []
+    for config, dataset_tokens in jobs:
+        try:
+            plans.append(_plan(config, dataset_tokens))
+        except AdviceError as exc:
+            plans.append(exc)
+    configs = [c for plan in plans if isinstance(plan, _Plan) for c in plan.rows.configs]
+    predicted = predict(models, configs)
+    answers: list[AdviceOut | AdviceError] = []
+    start = 0
+    for plan in plans:
+        if isinstance(plan, AdviceError):
+            answers.append(plan)
+            continue
+        stop = start + len(plan.rows.configs)
+        answers.append(_compose(plan, predicted.rows(start, stop), model_version))
+        start = stop
+    return answers
 
 
 def _moe_choice(config: JobConfig) -> int:

@@ -70,21 +70,23 @@ class CalibratedModels:
         self.power = power
         self.info = dict(info or {})
 
-    def predict_frame(self, table: pd.DataFrame) -> pd.DataFrame:
-        """Loader output (benchmark or configs) -> one prediction per row, same index and order."""
+    def predict_frame(self, table: pd.DataFrame, *, power: bool = False) -> pd.DataFrame:
+        """Loader output (benchmark or configs) -> one prediction per row, same index and order; with
+        `power`, also `power_watts` per GPU from the same features (one feature build, not two)."""
         features, notes = build_features(table)
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)
         with _quiet_threads():
             p_valid = self.failure.predict(features) if len(features) else np.zeros(0)
             band = self.throughput.predict(features) if len(features) else np.zeros((0, 3))
+            watts = self.power.predict(features) if power and len(features) else np.zeros(len(features))
         p_valid = np.where(rejected, 0.0, p_valid)
         outcome = np.where(
             rejected,
             Outcome.REJECTED.value,
             np.where(p_valid >= VALID_THRESHOLD, Outcome.VALID.value, Outcome.RUNTIME.value),
         )
-        return pd.DataFrame(
+        frame = pd.DataFrame(
             {
                 "outcome": outcome,
                 "rule": pd.Series(rules, index=table.index, dtype=object),
@@ -96,6 +98,9 @@ class CalibratedModels:
             },
             index=table.index,
         )
+        if power:
+            frame["power_watts"] = watts
+        return frame
 
     def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:

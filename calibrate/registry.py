@@ -350,6 +350,24 @@ class InUseModels:
         self._lock = threading.Lock()
         self._key: tuple[str, str | None] | None = None
         self._models: CalibratedModels | None = None
+        self._pointer_stamp: tuple[int, int, int] | None = None
+        self._pointer_version: str | None = None
+
+    def version_in_use(self) -> str | None:
+        """The version the pointer names, without loading it. The pointer is re-read only when its file
+        changed (it is replaced atomically: a new inode and mtime), so a call costs one stat: cheap enough
+        for every request."""
+        try:
+            status = (self.registry.root / POINTER).stat()
+        except FileNotFoundError:
+            return None
+        stamp = (status.st_ino, status.st_mtime_ns, status.st_size)
+        if stamp != self._pointer_stamp:
+            pointer = self.registry.pointer()
+            # Stamp first read, version second: a pointer replaced in between is read again next call.
+            self._pointer_version = None if pointer is None else str(pointer["version"])
+            self._pointer_stamp = stamp
+        return self._pointer_version
 
     def get(self) -> tuple[str, CalibratedModels] | None:
         pointer = self.registry.pointer()

@@ -1,50 +1,24 @@
 """`POST /v1/advise`: advice for one job configuration (see `advisor.advice`).
 
-Answers are cached per model version: the same configuration asked again under the same models gets
-the same bytes back without evaluating the models (the cache forgets everything when the version in use
-changes, and holds at most `advice_cache_size` answers).
+Answers are cached per model version (`advisor.answer_cache`; a repeated request is answered by
+`advisor.fastpath` before it reaches this router). Answers not in the cache are computed in
+batches (`advisor.batching`): concurrent requests share one model call, at most `advice_max_batch`
+configurations per call, and the same configuration asked twice at once is computed once.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 from fastapi import APIRouter, HTTPException, Request, Response
-from fastapi.concurrency import run_in_threadpool
 
-from advisor.advice import AdviceError, ModelsUnusable, advise_job
+from advisor.advice import AdviceError, ModelsUnusable, advise_many
 from advisor.advice_io import AdviceOut, AdviceRequest
+from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
 from advisor.auth import Role, access
+from advisor.batching import Batcher
 from advisor.routers.models import NO_MODEL, models_in_use
 from calibrate.registry import InUseModels, RegistryError
 
 router = APIRouter(prefix="/v1/advise", tags=["advice"])
-
-
-class AnswerCache:
-    """A small LRU of serialized answers keyed by (model version, canonical request)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._entries: OrderedDict[tuple[str, str], bytes] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str]) -> bytes | None:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-            return found
-
-    def put(self, key: tuple[str, str], value: bytes) -> None:
-        if self.size <= 0:
-            return
-        with self._lock:
-            self._entries[key] = value
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
 
 
 def answer_cache(request: Request) -> AnswerCache:
@@ -53,6 +27,18 @@ def answer_cache(request: Request) -> AnswerCache:
         cache = AnswerCache(request.app.state.settings.advice_cache_size)
         request.app.state.advice_cache = cache
     return cache
+
+
+def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]]:
+    batcher = getattr(request.app.state, "advice_batcher", None)
+    if batcher is None:
+        app = request.app
+        # The models in use are looked up per batch (`models_in_use` has run for the request by then).
+        batcher = Batcher(
+            lambda bodies: _answers(app.state.models_in_use, bodies), app.state.settings.advice_max_batch
+        )
+        app.state.advice_batcher = batcher
+    return batcher
 
 
 @router.post(
@@ -67,31 +53,28 @@ def answer_cache(request: Request) -> AnswerCache:
 )
 async def advise(body: AdviceRequest, request: Request) -> Response:
     # Async: a cached answer (the same configuration under the same models) never leaves the event loop;
-    # loading models and computing an answer run in the thread pool.
+    # loading models and computing answers run in the thread pool, in batches.
     models = models_in_use(request)
     cache = answer_cache(request)
-    pointer = _pointer(models)
     request_key = body.model_dump_json()
-    if pointer is not None:
-        cached = cache.get((pointer, request_key))
+    raw = await request.body()  # already read by FastAPI: the exact bytes, for advisor.fastpath
+    raw_key = raw if len(raw) <= MAX_RAW_KEY_BYTES else None
+    version = version_in_use(models)
+    if version is not None:
+        cached = cache.get((version, request_key))
         if cached is not None:
+            if raw_key is not None:
+                cache.put((version, raw_key), cached)
             return Response(content=cached, media_type="application/json")
-    version, content = await run_in_threadpool(_answer, models, body)
+    version, content = await answer_batcher(request).submit(request_key, body)
     cache.put((version, request_key), content)
+    if raw_key is not None:
+        cache.put((version, raw_key), content)
     return Response(content=content, media_type="application/json")
 
 
-def _pointer(models: InUseModels) -> str | None:
-    """The version in use as the registry's pointer says (a small file read), without loading it."""
-    registry = getattr(models, "registry", None)
-    try:
-        pointer = registry.pointer() if registry is not None else None
-    except (RegistryError, OSError, ValueError):
-        return None
-    return None if pointer is None else str(pointer.get("version"))
-
-
-def _answer(models: InUseModels, body: AdviceRequest) -> tuple[str, bytes]:
+def _answers(models: InUseModels, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
+    """(model version, answer JSON) per request, or the HTTP error for that request alone."""
     try:
         loaded = models.get()
     except RegistryError as exc:
@@ -101,11 +84,13 @@ def _answer(models: InUseModels, body: AdviceRequest) -> tuple[str, bytes]:
             status_code=NO_MODEL, detail="no calibrated model is in use; run `finetwin calibrate` first"
         )
     version, job_models = loaded
-    config, dataset_tokens = body.to_job()
     try:
-        answer = advise_job(config, dataset_tokens, job_models, model_version=version)
-    except AdviceError as exc:
-        raise HTTPException(status_code=422, detail=str(exc)) from None
+        answers = advise_many([body.to_job() for body in bodies], job_models, model_version=version)
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
-    return version, answer.model_dump_json().encode("utf-8")
+    return [
+        HTTPException(status_code=422, detail=str(answer))
+        if isinstance(answer, AdviceError)
+        else (version, answer.model_dump_json().encode("utf-8"))
+        for answer in answers
+    ]

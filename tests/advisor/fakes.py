@@ -65,10 +65,9 @@ class FakeInUse:
     def __init__(self, models: object | None, version: str = "v-test") -> None:
         self.models = models
         self.version = version
-        self.registry = self  # the registry's pointer says which version is in use
 
-    def pointer(self) -> dict[str, str] | None:
-        return None if self.models is None else {"version": self.version}
+    def version_in_use(self) -> str | None:
+        return None if self.models is None else self.version
 
     def get(self) -> tuple[str, object] | None:
         return None if self.models is None else (self.version, self.models)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from advisor.advice import advise_job, advise_many
+from advisor.advice_io import AdviceRequest
 from advisor.app import create_app
 from advisor.routers.models import models_in_use
 from tests.advisor.conftest import advisor_settings
@@ -57,33 +59,49 @@ def test_advice_with_the_calibrated_models(client: TestClient) -> None:
     assert kinds["fast_kernels"]["recommended"] and kinds["fast_kernels"]["evidence"][0]["paper"]
 
 
-def test_one_model_call_per_answer(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    request = type("R", (), {"app": client.app})()
-    _version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+def _count_predict_frame(models: object, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows of each predict_frame call; the per-quantity methods raise (everything goes through the one
+    vectorized call, power included)."""
     calls: list[int] = []
-    original = type(models).predict_frame
+    original = type(models).predict_frame  # type: ignore[attr-defined]
 
     def counting(self, frame, *args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(len(frame))
         return original(self, frame, *args, **kwargs)
 
     monkeypatch.setattr(type(models), "predict_frame", counting)
-    power_rows: list[int] = []
-    power = type(models).predict_power_watts
-
-    def counting_power(self, configs):  # type: ignore[no-untyped-def]
-        power_rows.append(len(configs))
-        return power(self, configs)
-
-    monkeypatch.setattr(type(models), "predict_power_watts", counting_power)
-    for name in ("predict_throughput", "predict_failure"):
+    for name in ("predict_throughput", "predict_failure", "predict_power_watts"):
         monkeypatch.setattr(type(models), name, _forbidden(name))
+    return calls
+
+
+def test_one_model_call_per_answer(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    request = type("R", (), {"app": client.app})()
+    _version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+    calls = _count_predict_frame(models, monkeypatch)
     response = client.post("/v1/advise", json={**JOB, "batch_size": 6})
     assert response.status_code == 200, response.text
     assert len(calls) == 1 and calls[0] > 50, calls  # every candidate in one call
-    # predict_frame has no power column: one more small call for the (at most 5) reported rows' energy.
-    assert len(power_rows) <= 1 and sum(power_rows) <= 5, power_rows
     assert response.json()["repair"]["config"]["batch_size"] == 8
+    assert response.json()["repair"]["prediction"]["energy_kwh"] > 0
+
+
+def test_several_answers_share_one_model_call(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """advise_many answers each configuration exactly as advise_job does alone, with one call for all."""
+    request = type("R", (), {"app": client.app})()
+    version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+    bodies = [
+        JOB,
+        {**JOB, "batch_size": 6},
+        {**JOB, "model_name": "mixtral-8x7b-instruct-v0.1", "number_gpus": 16},
+    ]
+    jobs = [AdviceRequest.model_validate(body).to_job() for body in bodies]
+    alone = [advise_job(config, work, models, model_version=version) for config, work in jobs]
+    calls = _count_predict_frame(models, monkeypatch)
+    together = advise_many(jobs, models, model_version=version)
+    assert len(calls) == 1 and calls[0] > 3 * 50, calls
+    assert [a.model_dump() for a in together] == [a.model_dump() for a in alone]  # type: ignore[union-attr]
+    assert len({a.config.model_name for a in together}) == 2  # type: ignore[union-attr]
 
 
 def _forbidden(name: str):  # type: ignore[no-untyped-def]
