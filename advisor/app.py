@@ -82,7 +82,8 @@ def create_app(settings: Settings, engine: Engine | None = None, *, run_migratio
 
     # A repeated advice request (same bytes, same models, a key verified moments ago) is answered before
     # FastAPI parses it: see advisor.fastpath.
-    app.add_middleware(RepeatedAdviceFastPath, state=app.state)
+    if settings.advice_fast_path:
+        app.add_middleware(RepeatedAdviceFastPath, state=app.state)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

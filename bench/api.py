@@ -4,13 +4,19 @@
 
 Runs `finetwin api` (uvicorn) in a subprocess on a fresh store with the calibrated models in use (fitted
 on the bundled benchmark sample unless --models-dir points at a registry), and loads it from this process
-with httpx + asyncio: each client sends its next request as soon as its previous answer arrives (closed
-loop), or one request per second each (paced: 50 requests per second offered). Scenarios:
+with one keep-alive connection per client (a minimal HTTP/1.1 client: httpx would spend more CPU per
+request than the server does, on the same two cores). Each client sends its next request as soon as its
+previous answer arrives (closed loop), or one request per second each (paced: 50 requests per second
+offered, latency counted from when a request was due). Scenarios:
 
 - in process, without HTTP: what computing one answer costs (mostly the models' one call);
-- baseline: GET /healthz, the HTTP stack and the clients alone;
-- the same configuration from every client: the target (answers are cached per model version);
-- a different configuration each time: the worst case (every answer computed).
+- baseline: GET /healthz (one `SELECT 1` in the thread pool), the HTTP stack and the clients;
+- the same configuration from every client: the target (answers are cached per model version, and a
+  repeated request is answered before FastAPI parses it, see advisor.fastpath);
+- a different configuration each time: the worst case (every answer computed; concurrent ones share
+  one model call, see advisor.batching);
+- the baseline both are compared with: the same server with FINETWIN_ADVICE_FAST_PATH=false and
+  FINETWIN_ADVICE_MAX_BATCH=1 (every request through FastAPI, one model call per answer).
 
 Prints p50 / p99 latency, the 25 ms p99 target and the ratio p99 / target, and throughput. Server and
 clients share the machine's cores, so the clients' own CPU time is inside the latencies; closed-loop
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -30,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -210,6 +218,41 @@ def in_process(models_dir: Path, n: int = 30) -> tuple[str, float, float, float,
     return ("in process: advise_job, uncached (no HTTP)", 1000.0 / p50, p50, p99, p99 / TARGET_P99_MS, 0)
 
 
+@contextlib.contextmanager
+def api_server(env: dict[str, str]) -> Iterator[int]:
+    """`finetwin api` on a free port, warmed up (models loaded, BASE answered); yields the port."""
+    port = free_port()
+    server = subprocess.Popen(
+        [FINETWIN, "api", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the API did not start")
+            time.sleep(0.1)  # waiting for another process's port: nothing to await
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def measure(
+    port: int, key: str, name: str, clients: int, seconds: float, bodies: Iterator, interval: float | None
+) -> tuple[str, float, float, float, float, int]:
+    latencies, errors = uvloop.run(load(port, key, clients, seconds, bodies, interval))
+    p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
+    return (name, len(latencies) / seconds, p50, p99, p99 / TARGET_P99_MS, errors)
+
+
+def warm_up(port: int, key: str) -> None:
+    url = f"http://127.0.0.1:{port}"
+    check = httpx.post(url + "/v1/advise", json=BASE, headers={"X-API-Key": key}, timeout=60)
+    if check.status_code != 200:
+        raise SystemExit(f"advise failed: {check.status_code} {check.text[:300]}")
+    uvloop.run(load(port, key, 4, 2.0, itertools.repeat(BASE)))  # models loaded, answer cached
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -218,6 +261,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--models-dir", type=Path, default=None)
     args = parser.parse_args()
+    n, seconds = args.clients, args.seconds
 
     with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
         work = Path(tmp)
@@ -232,30 +276,12 @@ def main() -> int:
             [FINETWIN, "keys", "create", "--role", "viewer", "--name", "bench"],
             env=env, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
-        port = free_port()
-        server = subprocess.Popen(
-            [FINETWIN, "api", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not port_open(port):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the API did not start")
-                time.sleep(0.1)  # waiting for another process's port: nothing to await
-            url = f"http://127.0.0.1:{port}"
-            check = httpx.post(url + "/v1/advise", json=BASE, headers={"X-API-Key": key}, timeout=60)
-            if check.status_code != 200:
-                raise SystemExit(f"advise failed: {check.status_code} {check.text[:300]}")
-            uvloop.run(load(port, key, 4, 2.0, itertools.repeat(BASE)))  # warm up: models loaded, cached
-
-            n = args.clients
-            uncached = iter(distinct_configs(1_000_000, seed=1))
+        uncached = iter(distinct_configs(1_000_000, seed=1))
+        with api_server(env) as port:
+            warm_up(port, key)
             scenarios = [
-                (f"baseline: {n} clients, GET /healthz", n, itertools.repeat(None), None),
-                (f"baseline: {n} clients x 1 req/s, GET /healthz", n, itertools.repeat(None), 1.0),
+                (f"baseline: {n} clients, GET /healthz (DB)", n, itertools.repeat(None), None),
+                (f"baseline: {n} clients x 1 req/s, /healthz (DB)", n, itertools.repeat(None), 1.0),
                 ("1 client, distinct configs (uncached)", 1, uncached, None),
                 (f"{n} clients, one config (cached)", n, itertools.repeat(BASE), None),
                 (f"{n} clients x 1 req/s, one config (cached)", n, itertools.repeat(BASE), 1.0),
@@ -263,18 +289,31 @@ def main() -> int:
                 (f"{n} clients x 1 req/s, distinct (uncached)", n, uncached, 1.0),
             ]
             for name, clients, bodies, interval in scenarios:
-                latencies, errors = uvloop.run(load(port, key, clients, args.seconds, bodies, interval))
-                p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-                rows.append((name, len(latencies) / args.seconds, p50, p99, p99 / TARGET_P99_MS, errors))
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+                rows.append(measure(port, key, name, clients, seconds, bodies, interval))
+        # The baseline: the same server without the fast path and without batching (one answer per call).
+        plain = {**env, "FINETWIN_ADVICE_FAST_PATH": "false", "FINETWIN_ADVICE_MAX_BATCH": "1"}
+        with api_server(plain) as port:
+            warm_up(port, key)
+            for name, clients, bodies, interval in [
+                (f"no fast path: {n} clients, one config", n, itertools.repeat(BASE), None),
+                (f"no batching: {n} clients, distinct configs", n, uncached, None),
+            ]:
+                rows.append(measure(port, key, name, clients, seconds, bodies, interval))
 
     print(
         f"{'scenario':<46}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'target p99':>12}{'ratio':>8}{'errors':>8}"
     )
     for name, rate, p50, p99, ratio, errors in rows:
         print(f"{name:<46}{rate:>8.0f}{p50:>9.1f}{p99:>9.1f}{TARGET_P99_MS:>10.0f}ms{ratio:>8.2f}{errors:>8}")
+    by_name = {row[0]: row for row in rows}
+    for fast, plain_name in [
+        (f"{n} clients, one config (cached)", f"no fast path: {n} clients, one config"),
+        (f"{n} clients, distinct configs (uncached)", f"no batching: {n} clients, distinct configs"),
+    ]:
+        print(
+            f"{fast}: {by_name[fast][1] / by_name[plain_name][1]:.1f}x the requests/s of '{plain_name}', "
+            f"p99 {by_name[fast][3]:.1f} vs {by_name[plain_name][3]:.1f} ms"
+        )
     return 0
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
@@ -120,16 +120,22 @@ def test_everything_else_reaches_the_app_with_its_body(case: str, kwargs: dict, 
     assert inner.bodies == [body], case  # nothing lost to the middleware's read
 
 
-@pytest.fixture
-def routed_client(engine: Engine, settings: Settings) -> Iterator[tuple[TestClient, list[str]]]:
+def _routed_app(settings: Settings, engine: Engine) -> tuple[FastAPI, list[str]]:
+    """The app, recording every request that reaches FastAPI's dependencies."""
     app = create_app(settings, engine, run_migrations=False)
     routed: list[str] = []
 
-    async def counting(request: Request) -> Principal | None:  # reached only through FastAPI
+    async def counting(request: Request) -> Principal | None:
         routed.append(request.url.path)
         return await authorize(request, request.headers.get("X-API-Key"))
 
     app.dependency_overrides[authorize] = counting
+    return app, routed
+
+
+@pytest.fixture
+def routed_client(engine: Engine, settings: Settings) -> Iterator[tuple[TestClient, list[str]]]:
+    app, routed = _routed_app(settings, engine)
     with TestClient(app) as test_client:
         test_client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
         yield test_client, routed
@@ -154,3 +160,16 @@ def test_over_http_only_the_repeat_skips_the_app(
     assert wrong.status_code == 401
     reformatted = test_client.post("/v1/advise", content=json.dumps(body, indent=1).encode(), headers=viewer)
     assert reformatted.content == first.content and routed.count("/v1/advise") == 4
+
+
+def test_the_fast_path_can_be_turned_off(engine: Engine, settings: Settings, keys: dict) -> None:
+    app, routed = _routed_app(settings.model_copy(update={"advice_fast_path": False}), engine)
+    with TestClient(app) as test_client:
+        test_client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
+        body = {
+            "model_name": "llama3-8b", "method": "lora", "gpu_model": "A100-SXM", "number_gpus": 4,
+            "batch_size": 8, "tokens_per_sample": 2048,
+        }  # fmt: skip
+        answers = [test_client.post("/v1/advise", json=body, headers=keys["viewer"]) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200] and answers[0].content == answers[1].content
+    assert routed == ["/v1/advise", "/v1/advise"]  # both through FastAPI (the second from its cache)
