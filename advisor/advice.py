@@ -32,8 +32,9 @@ from advisor.advice_io import (
     Verdict,
     Work,
 )
-from advisor.candidates import grid, is_moe, nodes_for, repair, with_batch_gpus
-from twin.domain import GPUS_PER_NODE, JobConfig, config_rule, gpu_type, model_params_b
+from advisor.candidates import Change, grid, is_moe, nodes_for, repair, with_batch_gpus
+from advisor.prediction_memo import Predicted, PredictionMemo
+from twin.domain import GPUS_PER_NODE, JobConfig, Rule, config_rule, gpu_type, model_params_b
 
 # A configuration is recommended only if the failure model gives it at least this chance to run.
 RECOMMEND_P_VALID = 0.7
@@ -60,22 +61,6 @@ class AdviceError(ValueError):
 
 class ModelsUnusable(RuntimeError):
     """The models in use failed to predict (e.g. saved by a version of finetwin with other features)."""
-
-
-@dataclass(frozen=True)
-class Predicted:
-    """Predictions aligned with a list of configurations."""
-
-    p_valid: np.ndarray  # (n,)
-    tps: np.ndarray  # (n, 3): p10, p50, p90 tokens/s
-    watts: np.ndarray  # (n,) per GPU
-    notes: list[str | None]
-
-    def rows(self, start: int, stop: int) -> Predicted:
-        """The predictions of rows start..stop-1 (one answer's share of a batch)."""
-        return Predicted(
-            self.p_valid[start:stop], self.tps[start:stop], self.watts[start:stop], self.notes[start:stop]
-        )
 
 
 _RECORD_FIELDS = tuple(f.name for f in fields(JobConfig) if f.name != "extra")
@@ -219,9 +204,9 @@ class _Plan:
     dataset_tokens: float | None
     work: float
     notes: list[str]
-    rule: Any
+    rule: Rule | None
     repaired: JobConfig
-    changes: list[Any]
+    changes: list[Change]
     placed: JobConfig
     tuned: JobConfig
     rows: _Rows
@@ -234,6 +219,9 @@ class _Plan:
     moe: dict[int, int]
     ladder: list[int]
     searched: list[int]
+    # Not weighed by this answer, but by the next one in the same family: the asked job without fast
+    # kernels (for the kernels' speedup) is one of these. Predicted only alongside rows that need a call.
+    prefetch: list[JobConfig]
 
 
 def _plan(config: JobConfig, dataset_tokens: float | None) -> _Plan:
@@ -275,9 +263,12 @@ def _plan(config: JobConfig, dataset_tokens: float | None) -> _Plan:
         rows.add(c) for c in with_batch_gpus(tuned.with_changes(fast_moe=_moe_choice(tuned)), MIN_GPU_LADDER)
     ]
     searched = [rows.add(c) for c in grid(tuned.with_changes(fast_moe=0))]
+    prefetch = [
+        rows.configs[i].with_changes(fast_kernels=False) for i in searched if not rows.configs[i].enable_roce
+    ]
     return _Plan(
         config, dataset_tokens, work, notes, rule, repaired, changes, placed, tuned, rows,
-        i_asked, i_repaired, i_placed, i_repaired_nodes, kernels, roce, moe, ladder, searched,
+        i_asked, i_repaired, i_placed, i_repaired_nodes, kernels, roce, moe, ladder, searched, prefetch,
     )  # fmt: skip
 
 
@@ -332,12 +323,16 @@ def advise_job(
 
 
 def advise_many(
-    jobs: Sequence[tuple[JobConfig, float | None]], models: Any, model_version: str | None = None
+    jobs: Sequence[tuple[JobConfig, float | None]],
+    models: Any,
+    model_version: str | None = None,
+    memo: PredictionMemo | None = None,
 ) -> list[AdviceOut | AdviceError]:
     """Answers for several configurations with ONE model call for all their rows: the models' fixed cost
     per call (~40 ms) dwarfs the cost per row, so concurrent requests answered together cost little more
     than one. A configuration the advisor cannot reason about gets its AdviceError in its place; the
-    others are answered. ModelsUnusable fails them all."""
+    others are answered. ModelsUnusable fails them all. With a `memo` (of these models' version), rows
+    predicted before are not predicted again."""
     plans: list[_Plan | AdviceError] = []
     for config, dataset_tokens in jobs:
         try:
@@ -345,7 +340,11 @@ def advise_many(
         except AdviceError as exc:
             plans.append(exc)
     configs = [c for plan in plans if isinstance(plan, _Plan) for c in plan.rows.configs]
-    predicted = predict(models, configs)
+    if memo is None:
+        predicted = predict(models, configs)
+    else:
+        prefetch = [c for plan in plans if isinstance(plan, _Plan) for c in plan.prefetch]
+        predicted = memo.predict(configs, lambda missing: predict(models, missing), prefetch)
     answers: list[AdviceOut | AdviceError] = []
     start = 0
     for plan in plans:

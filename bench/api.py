@@ -13,10 +13,12 @@ offered, latency counted from when a request was due). Scenarios:
 - baseline: GET /healthz (one `SELECT 1` in the thread pool), the HTTP stack and the clients;
 - the same configuration from every client: the target (answers are cached per model version, and a
   repeated request is answered before FastAPI parses it, see advisor.fastpath);
-- a different configuration each time: the worst case (every answer computed; concurrent ones share
-  one model call, see advisor.batching);
-- the baseline both are compared with: the same server with FINETWIN_ADVICE_FAST_PATH=false and
-  FINETWIN_ADVICE_MAX_BATCH=1 (every request through FastAPI, one model call per answer).
+- a new configuration each time, cold: the worst case (every answer needs the models; concurrent ones
+  share one model call, see advisor.batching);
+- a new configuration each time whose candidate rows were predicted for earlier answers (the usual
+  case once a provider's model x GPU x sequence-length families have been asked, advisor.prediction_memo);
+- the baseline: the same server with FINETWIN_ADVICE_FAST_PATH=false, FINETWIN_ADVICE_MAX_BATCH=1 and
+  FINETWIN_ADVICE_MEMO_ROWS=0 (every request through FastAPI, one model call per answer).
 
 Prints p50 / p99 latency, the 25 ms p99 target and the ratio p99 / target, and throughput. Server and
 clients share the machine's cores, so the clients' own CPU time is inside the latencies; closed-loop
@@ -57,20 +59,39 @@ MODELS = ("llama3-8b", "granite-3-8b", "mistral-7b-v0.1", "llama3.1-70b", "mixtr
 GPUS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe", "L40S", "NVIDIA-H100-PCIe")
 
 
-def distinct_configs(n: int, seed: int = 0) -> list[dict[str, object]]:
+SEQUENCE_LENGTHS = (1024, 2048, 4096)
+EXHAUSTED = object()
+COLD_SPAN = 200_000  # configurations per seed (more than a run asks); seeds 0-3 keep sequences <= 1e6
+
+
+def distinct_configs(seed: int, *, cold: bool) -> Iterator[dict[str, object]]:
+    """Configurations never asked before (each has its own dataset_tokens: no answer is cached).
+
+    cold: each also has its own sequence length, so none of its ~100 candidate rows was predicted for an
+    earlier answer (every answer costs a model call). Otherwise the sequence length is one of three, and
+    after `families()` has been asked most of its rows were predicted before (advisor.prediction_memo)."""
     rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        out.append(
+    for i in range(COLD_SPAN):
+        yield (
             BASE | {
                 "model_name": rng.choice(MODELS), "method": rng.choice(("full", "lora")),
                 "gpu_model": rng.choice(GPUS), "number_gpus": rng.choice((1, 2, 4, 8)),
                 "batch_size": rng.choice((4, 8, 16, 32, 64, 128)),
-                "tokens_per_sample": rng.choice((1024, 2048, 4096)),
-                "dataset_tokens": 1e8 + i,  # never the same twice: no cache hit
+                "tokens_per_sample": 513 + seed * COLD_SPAN + i if cold else rng.choice(SEQUENCE_LENGTHS),
+                "dataset_tokens": 1e8 + seed * COLD_SPAN + i,
             }
         )  # fmt: skip
-    return out
+
+
+def families() -> list[dict[str, object]]:
+    """One request per (model, method, GPU, sequence length): together they predict the batch x GPUs x
+    nodes grid that the warm configurations of `distinct_configs` search."""
+    combinations = itertools.product(MODELS, ("full", "lora"), GPUS, SEQUENCE_LENGTHS)
+    return [
+        BASE
+        | {"model_name": m, "method": method, "gpu_model": g, "tokens_per_sample": t, "dataset_tokens": 1}
+        for m, method, g, t in combinations
+    ]
 
 
 def free_port() -> int:
@@ -135,11 +156,19 @@ class RawClient:
 
 
 async def load(  # type: ignore[no-untyped-def]
-    port: int, key: str, clients: int, seconds: float, bodies, interval_s: float | None = None
+    port: int,
+    key: str,
+    clients: int,
+    seconds: float,
+    bodies,
+    interval_s: float | None = None,
+    *,
+    until_exhausted: bool = False,
 ) -> tuple[list[float], int]:
     """Each client has its own connection. Closed loop (`interval_s` None): a client sends its next request
     when its previous answer is in. Paced: a client sends one request every `interval_s` (random phase),
-    so `clients / interval_s` requests per second are offered; latency is measured from the moment the
+    so `clients / interval_s` requests per second are offered; `until_exhausted`: until `bodies` runs
+    out instead of for `seconds`; latency is measured from the moment the
     request was due, so a client held up by a slow answer counts the delay (no coordinated omission).
     A body of None means GET /healthz (the baseline: the HTTP stack and the clients, without advice)."""
     latencies: list[float] = []
@@ -169,9 +198,12 @@ async def load(  # type: ignore[no-untyped-def]
                     await asyncio.sleep(delay)  # the pacing of the offered load, not a wait for a result
             else:
                 due = time.perf_counter()
-            if due >= stop:
+            if due >= stop and not until_exhausted:
                 return
-            request = encoded(client, next(bodies))
+            body = next(bodies, EXHAUSTED)
+            if body is EXHAUSTED:
+                return
+            request = encoded(client, body)
             status = await client.send(request)
             latencies.append((time.perf_counter() - due) * 1000.0)
             errors += status != 200
@@ -209,7 +241,7 @@ def in_process(models_dir: Path, n: int = 30) -> tuple[str, float, float, float,
 
     models = load_models_in_use(models_dir)
     timings = []
-    for body in distinct_configs(n, seed=3):
+    for body in itertools.islice(distinct_configs(seed=3, cold=True), n):
         config, work = AdviceRequest.model_validate(body).to_job()
         began = time.perf_counter()
         advise_job(config, work, models)
@@ -276,27 +308,39 @@ def main() -> int:
             [FINETWIN, "keys", "create", "--role", "viewer", "--name", "bench"],
             env=env, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
-        uncached = iter(distinct_configs(1_000_000, seed=1))
+        cold = distinct_configs(seed=1, cold=True)
+        warm = distinct_configs(seed=2, cold=False)
         with api_server(env) as port:
             warm_up(port, key)
             scenarios = [
                 (f"baseline: {n} clients, GET /healthz (DB)", n, itertools.repeat(None), None),
                 (f"baseline: {n} clients x 1 req/s, /healthz (DB)", n, itertools.repeat(None), 1.0),
-                ("1 client, distinct configs (uncached)", 1, uncached, None),
                 (f"{n} clients, one config (cached)", n, itertools.repeat(BASE), None),
                 (f"{n} clients x 1 req/s, one config (cached)", n, itertools.repeat(BASE), 1.0),
-                (f"{n} clients, distinct configs (uncached)", n, uncached, None),
-                (f"{n} clients x 1 req/s, distinct (uncached)", n, uncached, 1.0),
+                ("1 client, new configs (cold)", 1, cold, None),
+                (f"{n} clients, new configs (cold)", n, cold, None),
+                (f"{n} clients x 1 req/s, new configs (cold)", n, cold, 1.0),
             ]
             for name, clients, bodies, interval in scenarios:
                 rows.append(measure(port, key, name, clients, seconds, bodies, interval))
-        # The baseline: the same server without the fast path and without batching (one answer per call).
-        plain = {**env, "FINETWIN_ADVICE_FAST_PATH": "false", "FINETWIN_ADVICE_MAX_BATCH": "1"}
+            # A few clients: small batches, into which the family's rows without fast kernels ride along.
+            uvloop.run(load(port, key, 4, 0.0, iter(families()), None, until_exhausted=True))
+            for name, clients, bodies, interval in [
+                ("1 client, new configs (family asked before)", 1, warm, None),
+                (f"{n} clients, new configs (family asked before)", n, warm, None),
+                (f"{n} clients x 1 req/s, new (family asked)", n, warm, 1.0),
+            ]:
+                rows.append(measure(port, key, name, clients, seconds, bodies, interval))
+        # The baseline: the same server without the fast path, batching or memo (one model call per answer).
+        plain = {
+            **env, "FINETWIN_ADVICE_FAST_PATH": "false", "FINETWIN_ADVICE_MAX_BATCH": "1",
+            "FINETWIN_ADVICE_MEMO_ROWS": "0",
+        }  # fmt: skip
         with api_server(plain) as port:
             warm_up(port, key)
             for name, clients, bodies, interval in [
-                (f"no fast path: {n} clients, one config", n, itertools.repeat(BASE), None),
-                (f"no batching: {n} clients, distinct configs", n, uncached, None),
+                (f"plain: {n} clients, one config (cached)", n, itertools.repeat(BASE), None),
+                (f"plain: {n} clients, new configs (cold)", n, cold, None),
             ]:
                 rows.append(measure(port, key, name, clients, seconds, bodies, interval))
 
@@ -307,8 +351,8 @@ def main() -> int:
         print(f"{name:<46}{rate:>8.0f}{p50:>9.1f}{p99:>9.1f}{TARGET_P99_MS:>10.0f}ms{ratio:>8.2f}{errors:>8}")
     by_name = {row[0]: row for row in rows}
     for fast, plain_name in [
-        (f"{n} clients, one config (cached)", f"no fast path: {n} clients, one config"),
-        (f"{n} clients, distinct configs (uncached)", f"no batching: {n} clients, distinct configs"),
+        (f"{n} clients, one config (cached)", f"plain: {n} clients, one config (cached)"),
+        (f"{n} clients, new configs (cold)", f"plain: {n} clients, new configs (cold)"),
     ]:
         print(
             f"{fast}: {by_name[fast][1] / by_name[plain_name][1]:.1f}x the requests/s of '{plain_name}', "

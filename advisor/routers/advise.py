@@ -3,18 +3,20 @@
 Answers are cached per model version (`advisor.answer_cache`; a repeated request is answered by
 `advisor.fastpath` before it reaches this router). Answers not in the cache are computed in
 batches (`advisor.batching`): concurrent requests share one model call, at most `advice_max_batch`
-configurations per call, and the same configuration asked twice at once is computed once.
+configurations per call, and the same configuration asked twice at once is computed once. Rows predicted
+for earlier answers are not predicted again (`advisor.prediction_memo`, `advice_memo_rows` rows).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 
 from advisor.advice import AdviceError, ModelsUnusable, advise_many
 from advisor.advice_io import AdviceOut, AdviceRequest
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
 from advisor.auth import Role, access
 from advisor.batching import Batcher
+from advisor.prediction_memo import PredictionMemo
 from advisor.routers.models import NO_MODEL, models_in_use
 from calibrate.registry import InUseModels, RegistryError
 
@@ -34,9 +36,7 @@ def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]
     if batcher is None:
         app = request.app
         # The models in use are looked up per batch (`models_in_use` has run for the request by then).
-        batcher = Batcher(
-            lambda bodies: _answers(app.state.models_in_use, bodies), app.state.settings.advice_max_batch
-        )
+        batcher = Batcher(lambda bodies: _answers(app, bodies), app.state.settings.advice_max_batch)
         app.state.advice_batcher = batcher
     return batcher
 
@@ -73,8 +73,20 @@ async def advise(body: AdviceRequest, request: Request) -> Response:
     return Response(content=content, media_type="application/json")
 
 
-def _answers(models: InUseModels, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
+def prediction_memo(app: FastAPI, version: str) -> PredictionMemo | None:
+    """The memo of the version in use (a new version starts an empty one); None when turned off."""
+    if app.state.settings.advice_memo_rows == 0:
+        return None
+    memo = getattr(app.state, "prediction_memo", None)
+    if memo is None or memo.version != version:
+        memo = PredictionMemo(version, app.state.settings.advice_memo_rows)
+        app.state.prediction_memo = memo
+    return memo
+
+
+def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
     """(model version, answer JSON) per request, or the HTTP error for that request alone."""
+    models: InUseModels = app.state.models_in_use  # `models_in_use` ran for the request before
     try:
         loaded = models.get()
     except RegistryError as exc:
@@ -85,7 +97,9 @@ def _answers(models: InUseModels, bodies: list[AdviceRequest]) -> list[tuple[str
         )
     version, job_models = loaded
     try:
-        answers = advise_many([body.to_job() for body in bodies], job_models, model_version=version)
+        answers = advise_many(
+            [body.to_job() for body in bodies], job_models, version, prediction_memo(app, version)
+        )
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
     return [
