@@ -312,6 +312,12 @@ def _compose(plan: _Plan, predicted: Predicted, model_version: str | None) -> Ad
     )
 
 
+def candidate_rows(config: JobConfig) -> tuple[list[JobConfig], list[JobConfig]]:
+    """(the configurations an answer for `config` weighs, those it prefetches for its family)."""
+    plan = _plan(config, None)
+    return plan.rows.configs, plan.prefetch
+
+
 def advise_job(
     config: JobConfig, dataset_tokens: float | None, models: Any, model_version: str | None = None
 ) -> AdviceOut:

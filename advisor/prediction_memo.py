@@ -47,6 +47,7 @@ class PredictionMemo:
         self.version = version
         self.max_rows = max_rows
         self.predicted_rows = 0  # rows the models were asked for (for tests and the bench)
+        self.warmed = threading.Event()  # set when a warm-up (advisor.warmup) of this memo has finished
         self._rows: OrderedDict[JobConfig, _Row] = OrderedDict()
         self._lock = threading.Lock()
 

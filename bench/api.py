@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import random
 import socket
@@ -250,6 +251,23 @@ def in_process(models_dir: Path, n: int = 30) -> tuple[str, float, float, float,
     return ("in process: advise_job, uncached (no HTTP)", 1000.0 / p50, p50, p99, p99 / TARGET_P99_MS, 0)
 
 
+def warm_up_cost(models_dir: Path) -> tuple[str, float, float, float, float, int]:
+    """What warming the memo with the bundled benchmark's families costs (advisor.warmup), in process."""
+    from advisor.prediction_memo import PredictionMemo
+    from advisor.warmup import benchmark_families, warm
+    from calibrate.loader import bundled_benchmark_path
+    from calibrate.registry import load_models_in_use
+
+    models = load_models_in_use(models_dir)
+    families = benchmark_families([bundled_benchmark_path()])
+    began = time.perf_counter()
+    rows = warm(PredictionMemo("bench", 1_000_000), models, families)
+    seconds = time.perf_counter() - began
+    print(f"warm-up: {len(families)} families, {rows:,} rows predicted in {seconds:.1f} s", file=sys.stderr)
+    name = f"in process: warm-up of {len(families)} families/s"
+    return (name, len(families) / seconds, seconds * 1000, seconds * 1000, math.nan, 0)
+
+
 @contextlib.contextmanager
 def api_server(env: dict[str, str]) -> Iterator[int]:
     """`finetwin api` on a free port, warmed up (models loaded, BASE answered); yields the port."""
@@ -298,11 +316,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
         work = Path(tmp)
         models_dir = prepare_models(args.models_dir, work)
-        rows = [in_process(models_dir)]
+        rows = [in_process(models_dir), warm_up_cost(models_dir)]
         env = {
             **os.environ, "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
             "FINETWIN_MODELS_DIR": str(models_dir),
             "FINETWIN_SCHEDULER_ENABLED": "false", "FINETWIN_KAFKA_BOOTSTRAP": "",
+            # No warm-up of the memo with the benchmark's families: it would run during the first scenarios,
+            # and the warm scenarios below ask their own families first (in_process times the warm-up).
+            "FINETWIN_ADVICE_WARM_MEMO": "false",
         }  # fmt: skip
         key = subprocess.run(
             [FINETWIN, "keys", "create", "--role", "viewer", "--name", "bench"],

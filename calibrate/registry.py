@@ -195,7 +195,8 @@ class ModelRegistry:
                 continue
             try:
                 # skops audits every type in the file against the list before it constructs anything.
-                estimator = sio.load(path / name, trusted=sorted(TRUSTED_TYPES))
+                with _SKOPS_LOAD_LOCK:
+                    estimator = sio.load(path / name, trusted=sorted(TRUSTED_TYPES))
             except UntrustedTypesFoundException as exc:
                 raise RegistryError(
                     f"version {version}: {name} contains types finetwin does not trust "
@@ -339,6 +340,12 @@ class ModelRegistry:
                 yield
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+# One skops load at a time in a process: its numpy headers go through ast.literal_eval, and CPython before
+# 3.11.8 / 3.12.1 can raise "SystemError: AST constructor recursion depth mismatch" when two threads parse
+# at once (gh-106905), e.g. the advice memo's warm-up and a refit loading models together.
+_SKOPS_LOAD_LOCK = threading.Lock()
 
 
 class InUseModels:

@@ -9,6 +9,10 @@ for earlier answers are not predicted again (`advisor.prediction_memo`, `advice_
 
 from __future__ import annotations
 
+import logging
+import threading
+from typing import Any
+
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 
 from advisor.advice import AdviceError, ModelsUnusable, advise_many
@@ -17,8 +21,13 @@ from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
 from advisor.auth import Role, access
 from advisor.batching import Batcher
 from advisor.prediction_memo import PredictionMemo
-from advisor.routers.models import NO_MODEL, models_in_use
+from advisor.routers.models import NO_MODEL, app_models_in_use, models_in_use
+from advisor.warmup import warm_in_background
+from calibrate.refit import refit_benchmarks
 from calibrate.registry import InUseModels, RegistryError
+from twin.settings import Settings
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/advise", tags=["advice"])
 
@@ -73,15 +82,56 @@ async def advise(body: AdviceRequest, request: Request) -> Response:
     return Response(content=content, media_type="application/json")
 
 
-def prediction_memo(app: FastAPI, version: str) -> PredictionMemo | None:
-    """The memo of the version in use (a new version starts an empty one); None when turned off."""
-    if app.state.settings.advice_memo_rows == 0:
+def prediction_memo(app: FastAPI, version: str, models: Any) -> PredictionMemo | None:
+    """The memo of the version in use (a new version starts an empty one, warmed in the background when
+    `advice_warm_memo`); None when turned off."""
+    settings: Settings = app.state.settings
+    if settings.advice_memo_rows == 0:
         return None
-    memo = getattr(app.state, "prediction_memo", None)
-    if memo is None or memo.version != version:
-        memo = PredictionMemo(version, app.state.settings.advice_memo_rows)
-        app.state.prediction_memo = memo
+    with _memo_lock:
+        memo = getattr(app.state, "prediction_memo", None)
+        if memo is None or memo.version != version:
+            memo = PredictionMemo(version, settings.advice_memo_rows)
+            app.state.prediction_memo = memo
+            if settings.advice_warm_memo:
+                registry = app_models_in_use(app).registry
+                warm_in_background(
+                    memo, models, lambda: refit_benchmarks(settings, registry), _warm_stop(app)
+                )
     return memo
+
+
+_memo_lock = threading.Lock()
+
+
+def _warm_stop(app: FastAPI) -> threading.Event:
+    stop = getattr(app.state, "advice_warm_stop", None)
+    if stop is None:
+        stop = app.state.advice_warm_stop = threading.Event()
+    return stop
+
+
+def startup(app: FastAPI) -> None:
+    """Warm the memo of the version in use at once, not at the first request (loading the models takes a
+    second, so it happens on a thread too)."""
+    settings: Settings = app.state.settings
+    if not (settings.advice_warm_memo and settings.advice_memo_rows):
+        return
+
+    def load_and_warm() -> None:
+        try:
+            loaded = app_models_in_use(app).get()
+        except RegistryError as exc:
+            log.warning("no advice memo warm-up: the model in use cannot load: %s", exc)
+            return
+        if loaded is not None:
+            prediction_memo(app, loaded[0], loaded[1])
+
+    threading.Thread(target=load_and_warm, name="warm-advice", daemon=True).start()
+
+
+def shutdown(app: FastAPI) -> None:
+    _warm_stop(app).set()
 
 
 def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
@@ -98,7 +148,7 @@ def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes
     version, job_models = loaded
     try:
         answers = advise_many(
-            [body.to_job() for body in bodies], job_models, version, prediction_memo(app, version)
+            [body.to_job() for body in bodies], job_models, version, prediction_memo(app, version, job_models)
         )
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None

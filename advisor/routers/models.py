@@ -138,10 +138,14 @@ class LiveErrorOut(BaseModel):
 
 
 def models_in_use(request: Request) -> InUseModels:
-    cache = getattr(request.app.state, "models_in_use", None)
+    return app_models_in_use(request.app)
+
+
+def app_models_in_use(app: FastAPI) -> InUseModels:
+    cache = getattr(app.state, "models_in_use", None)
     if cache is None:
-        cache = InUseModels(request.app.state.settings.resolved_models_dir())
-        request.app.state.models_in_use = cache
+        cache = InUseModels(app.state.settings.resolved_models_dir())
+        app.state.models_in_use = cache
     return cache
 
 
