@@ -26,7 +26,8 @@ FAMILY_COLUMNS = ["model_name", "method", "gpu_model", "tokens_per_sample"]
 # Families per model call: ~65-130 rows each plus as many prefetched, so a call stays within the memo's
 # prefetch limit and holds the memo (and a waiting request) for tens of milliseconds, not seconds.
 FAMILIES_PER_CALL = 4
-# The representative of a family asks what a user asks by default: one node, fast kernels, no cap.
+# A family's representative: any batch and GPU count would do (its answer searches every batch x GPUs x
+# nodes of the family); the other fields keep JobConfig's defaults, as a user's request does (no time cap).
 _REPRESENTATIVE = {"number_gpus": 1, "number_nodes": 1, "batch_size": 8}
 
 
@@ -36,9 +37,8 @@ def benchmark_families(paths: Iterable[Path]) -> list[JobConfig]:
     for path in paths:
         table = load_benchmark(path)
         for row in table[FAMILY_COLUMNS].drop_duplicates().itertuples(index=False):
-            seen[(str(row.model_name), str(row.method), str(row.gpu_model), int(row.tokens_per_sample))] = (
-                None
-            )
+            key = (str(row.model_name), str(row.method), str(row.gpu_model), int(row.tokens_per_sample))
+            seen[key] = None
     return [
         JobConfig(model_name=m, method=method, gpu_model=gpu, tokens_per_sample=tokens, **_REPRESENTATIVE)
         for m, method, gpu, tokens in seen

@@ -93,8 +93,8 @@ def prediction_memo(app: FastAPI, version: str, models: Any) -> PredictionMemo |
         if memo is None or memo.version != version:
             memo = PredictionMemo(version, settings.advice_memo_rows)
             app.state.prediction_memo = memo
-            if settings.advice_warm_memo:
-                registry = app_models_in_use(app).registry
+            registry = getattr(app_models_in_use(app), "registry", None)  # which benchmark it learned from
+            if settings.advice_warm_memo and registry is not None:
                 warm_in_background(
                     memo, models, lambda: refit_benchmarks(settings, registry), _warm_stop(app)
                 )
