@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvloop
@@ -234,13 +235,11 @@ def prepare_models(models_dir: Path | None, work: Path) -> Path:
     return target
 
 
-def in_process(models_dir: Path, n: int = 30) -> tuple[str, float, float, float, float, int]:
+def in_process(models: Any, n: int = 30) -> tuple[str, float, float, float, float, int]:
     """advise_job itself, without HTTP: what one uncached answer costs (mostly the models' call)."""
     from advisor.advice import advise_job
     from advisor.advice_io import AdviceRequest
-    from calibrate.registry import load_models_in_use
 
-    models = load_models_in_use(models_dir)
     timings = []
     for body in itertools.islice(distinct_configs(seed=3, cold=True), n):
         config, work = AdviceRequest.model_validate(body).to_job()
@@ -251,14 +250,12 @@ def in_process(models_dir: Path, n: int = 30) -> tuple[str, float, float, float,
     return ("in process: advise_job, uncached (no HTTP)", 1000.0 / p50, p50, p99, p99 / TARGET_P99_MS, 0)
 
 
-def warm_up_cost(models_dir: Path) -> tuple[str, float, float, float, float, int]:
+def warm_up_cost(models: Any) -> tuple[str, float, float, float, float, int]:
     """What warming the memo with the bundled benchmark's families costs (advisor.warmup), in process."""
     from advisor.prediction_memo import PredictionMemo
     from advisor.warmup import benchmark_families, warm
     from calibrate.loader import bundled_benchmark_path
-    from calibrate.registry import load_models_in_use
 
-    models = load_models_in_use(models_dir)
     families = benchmark_families([bundled_benchmark_path()])
     began = time.perf_counter()
     rows = warm(PredictionMemo("bench", 1_000_000), models, families)
@@ -316,7 +313,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
         work = Path(tmp)
         models_dir = prepare_models(args.models_dir, work)
-        rows = [in_process(models_dir), warm_up_cost(models_dir)]
+        from calibrate.registry import load_models_in_use
+
+        models = load_models_in_use(models_dir)
+        rows = [in_process(models), warm_up_cost(models)]
         env = {
             **os.environ, "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
             "FINETWIN_MODELS_DIR": str(models_dir),

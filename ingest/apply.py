@@ -187,10 +187,19 @@ def _payload_fields(payload: Any) -> dict[str, Any]:
     return dict(payload)  # a pydantic model iterates as (field, value) pairs
 
 
-def _insert_dicts(connection: Connection, table: Table, rows: list[dict[str, Any]], finish: Any) -> Any:
-    names = tuple(rows[0])
+def _tuples(rows: list[dict[str, Any]], names: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """Each row's values in the order of `names` (what `ingest.bulk` takes)."""
+    if len(names) == 1:  # itemgetter of one name gives a value, not a 1-tuple
+        return [(row[names[0]],) for row in rows]
     values = itemgetter(*names)
-    return insert_rows(connection, table, names, [values(row) for row in rows], finish, "new")
+    return [values(row) for row in rows]
+
+
+def _insert_dicts(
+    connection: Connection, table: Table, rows: list[dict[str, Any]], finish: Any, kind: str
+) -> Any:
+    names = tuple(rows[0])
+    return insert_rows(connection, table, names, _tuples(rows, names), finish, kind)
 
 
 def _insert_new_dicts(
@@ -198,8 +207,7 @@ def _insert_new_dicts(
 ) -> list[Any]:
     """Insert the rows whose `key` is not in `table` yet; returns the keys of those that were."""
     names = tuple(rows[0])
-    values = itemgetter(*names)
-    return insert_new_rows(connection, table, names, [values(row) for row in rows], key)
+    return insert_new_rows(connection, table, names, _tuples(rows, names), key)
 
 
 def _update_dicts(
@@ -210,8 +218,7 @@ def _update_dicts(
     rows: list[dict[str, Any]],
     kind: str,
 ) -> None:
-    values = itemgetter(key, *names)
-    update_rows(connection, table, key, names, [values(row) for row in rows], kind)
+    update_rows(connection, table, key, names, _tuples(rows, (key, *names)), kind)
 
 
 # --- jobs -------------------------------------------------------------------------------------------------
@@ -375,6 +382,7 @@ def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp
             set_={name: insert.excluded[name] for name in updated},
             where=NODES.c.updated_at <= insert.excluded.updated_at,
         ),
+        "upsert-newer",
     )  # fmt: skip
 
 

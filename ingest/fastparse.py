@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -135,7 +135,7 @@ class NodeStatus(_Payload, frozen=True):
 class _Envelope(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", gc=False):
     """Not frozen only so that `decode_event` can put the parsed time in `ts`; treat it as read-only."""
 
-    type: ClassVar[str]
+    type: ClassVar[str]  # the event type: set from the subclass's tag below
     # No default, unlike the pydantic envelope's: `parse_event` refuses a message without it.
     schema_version: Literal[1]
     event_id: uuid.UUID
@@ -148,37 +148,30 @@ class _JobEnvelope(_Envelope, kw_only=True):
 
 
 class JobSubmittedEvent(_JobEnvelope, kw_only=True, tag="job.submitted"):
-    type: ClassVar[str] = "job.submitted"
     payload: JobSubmitted
 
 
 class JobRejectedEvent(_JobEnvelope, kw_only=True, tag="job.rejected"):
-    type: ClassVar[str] = "job.rejected"
     payload: JobRejected
 
 
 class JobStartedEvent(_JobEnvelope, kw_only=True, tag="job.started"):
-    type: ClassVar[str] = "job.started"
     payload: JobStarted
 
 
 class JobProgressEvent(_JobEnvelope, kw_only=True, tag="job.progress"):
-    type: ClassVar[str] = "job.progress"
     payload: JobProgress
 
 
 class JobCompletedEvent(_JobEnvelope, kw_only=True, tag="job.completed"):
-    type: ClassVar[str] = "job.completed"
     payload: JobCompleted
 
 
 class JobFailedEvent(_JobEnvelope, kw_only=True, tag="job.failed"):
-    type: ClassVar[str] = "job.failed"
     payload: JobFailed
 
 
 class NodeStatusEvent(_Envelope, kw_only=True, tag="node.status"):
-    type: ClassVar[str] = "node.status"
     job_id: Name | None = None
     payload: NodeStatus
 
@@ -192,10 +185,10 @@ FastEvent = (
     | JobFailedEvent
     | NodeStatusEvent
 )
-FAST_EVENT_TYPES: tuple[type[_Envelope], ...] = (
-    JobSubmittedEvent, JobRejectedEvent, JobStartedEvent, JobProgressEvent, JobCompletedEvent,
-    JobFailedEvent, NodeStatusEvent,
-)  # fmt: skip
+FAST_EVENT_TYPES: tuple[type[_Envelope], ...] = get_args(FastEvent)
+for _event_type in FAST_EVENT_TYPES:
+    # `type` reads as on the pydantic events; its one spelling is the tag msgspec decodes by.
+    _event_type.type = _event_type.__struct_config__.tag  # type: ignore[misc]
 _DECODER = msgspec.json.Decoder(FastEvent)
 
 

@@ -82,9 +82,7 @@ class Settings(BaseSettings):
     advice_cache_size: int = 2048  # advice answers remembered per model version (same config, same answer)
     advice_max_batch: int = Field(64, ge=1)  # uncached advice requests answered together in one model call
     advice_memo_rows: int = Field(200_000, ge=0)  # predicted configurations remembered (0 = off)
-    advice_warm_memo: bool = (
-        True  # predict the benchmark's families into the memo when a version comes into use
-    )
+    advice_warm_memo: bool = True  # fill the memo with the benchmark's families when a version comes in
     advice_fast_path: bool = True  # answer repeated advice before FastAPI parses it (advisor.fastpath)
 
     # Fail instead of skipping when a test service is missing (CI).

@@ -96,7 +96,7 @@ def prediction_memo(app: FastAPI, version: str, models: Any) -> PredictionMemo |
             registry = getattr(app_models_in_use(app), "registry", None)  # which benchmark it learned from
             if settings.advice_warm_memo and registry is not None:
                 warm_in_background(
-                    memo, models, lambda: refit_benchmarks(settings, registry), _warm_stop(app)
+                    memo, models, lambda: refit_benchmarks(settings, registry), _new_warm_stop(app)
                 )
     return memo
 
@@ -104,10 +104,12 @@ def prediction_memo(app: FastAPI, version: str, models: Any) -> PredictionMemo |
 _memo_lock = threading.Lock()
 
 
-def _warm_stop(app: FastAPI) -> threading.Event:
-    stop = getattr(app.state, "advice_warm_stop", None)
-    if stop is None:
-        stop = app.state.advice_warm_stop = threading.Event()
+def _new_warm_stop(app: FastAPI) -> threading.Event:
+    """A stop signal for a new warm-up; the previous one's is set: its memo is of a retired version."""
+    previous = getattr(app.state, "advice_warm_stop", None)
+    if previous is not None:
+        previous.set()
+    stop = app.state.advice_warm_stop = threading.Event()
     return stop
 
 
@@ -131,7 +133,9 @@ def startup(app: FastAPI) -> None:
 
 
 def shutdown(app: FastAPI) -> None:
-    _warm_stop(app).set()
+    stop = getattr(app.state, "advice_warm_stop", None)
+    if stop is not None:
+        stop.set()
 
 
 def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:

@@ -26,22 +26,26 @@ class Gate:
         return [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items]
 
 
-async def _started(gate: Gate) -> None:
-    await asyncio.to_thread(gate.first_started.wait, 30)
+def _submit_during_first_batch(
+    gate: Gate, batcher: Batcher[int, int], first: tuple[str, int], later: list[tuple[str, int]]
+) -> list[object]:
+    """Submits `first`; once its batch is computing, submits `later`, then lets the computation go on.
+    Returns every caller's result (or exception), `first` first."""
+
+    async def scenario() -> list[object]:
+        submitted = [asyncio.ensure_future(batcher.submit(*first))]
+        await asyncio.to_thread(gate.first_started.wait, 30)
+        submitted += [asyncio.ensure_future(batcher.submit(*item)) for item in later]
+        gate.release.set()
+        return await asyncio.gather(*submitted, return_exceptions=True)
+
+    return asyncio.run(scenario())
 
 
 def test_requests_arriving_during_a_batch_go_together_into_the_next() -> None:
     gate = Gate()
     batcher: Batcher[int, int] = Batcher(gate, max_batch=3)
-
-    async def scenario() -> list[object]:
-        first = asyncio.ensure_future(batcher.submit("k0", 0))
-        await _started(gate)
-        later = [asyncio.ensure_future(batcher.submit(f"k{i}", i)) for i in (2, 4, 6, 8, 1)]
-        gate.release.set()
-        return await asyncio.gather(first, *later, return_exceptions=True)
-
-    results = asyncio.run(scenario())
+    results = _submit_during_first_batch(gate, batcher, ("k0", 0), [(f"k{i}", i) for i in (2, 4, 6, 8, 1)])
     assert gate.batches == [[0], [2, 4, 6], [8, 1]]  # lone request at once; then at most max_batch per call
     assert results[:5] == [0, 20, 40, 60, 80]
     assert isinstance(results[5], ValueError) and "odd 1" in str(results[5])  # its own error, nobody else's
@@ -51,15 +55,7 @@ def test_requests_arriving_during_a_batch_go_together_into_the_next() -> None:
 def test_the_same_key_in_flight_is_computed_once() -> None:
     gate = Gate()
     batcher: Batcher[int, int] = Batcher(gate, max_batch=10)
-
-    async def scenario() -> list[object]:
-        first = asyncio.ensure_future(batcher.submit("same", 4))
-        await _started(gate)
-        again = [asyncio.ensure_future(batcher.submit("same", 4)) for _ in range(5)]
-        gate.release.set()
-        return await asyncio.gather(first, *again)
-
-    assert asyncio.run(scenario()) == [40] * 6
+    assert _submit_during_first_batch(gate, batcher, ("same", 4), [("same", 4)] * 5) == [40] * 6
     assert gate.batches == [[4]]
 
 
