@@ -13,8 +13,10 @@ from typing import Any
 import pandas as pd
 
 from calibrate.loader import load_benchmark
+from calibrate.report.batch import batch_doubling
 from calibrate.report.feasibility import feasibility
 from calibrate.report.figures import draw_all
+from calibrate.report.inventory import inventory
 from calibrate.report.optimizations import optimizations
 from calibrate.report.render import render
 from calibrate.report.scaling import MEMORY_STARVED_PCT, scaling
@@ -42,6 +44,14 @@ DEFINITIONS = {
     "are left out",
     "strong scaling efficiency": "the same at equal total batch",
     "campaign": "runs without a time limit vs runs capped by stop_after_seconds in their experiment_id",
+    "batch doubling": "matched pairs of one-GPU valid runs that differ only in batch size, b and 2b; ratio = "
+    "throughput(2b) / throughput(b). Figure 3's medians per batch size mix different models at each batch, "
+    "the matched ratio does not",
+    "log2 fit": "least squares of Figure 3's median throughput on log2(batch size): slope = tokens/s one "
+    "doubling adds, r2 = squared Pearson correlation of log2(batch) and the medians",
+    "share faster": "fraction of the matched pairs whose ratio is above 1 (0-1)",
+    "rounded shares": "Table 1 prints each row's shares with one decimal, rounded by largest remainder so "
+    "the row sums to exactly 100.0",
 }
 
 
@@ -77,8 +87,10 @@ def compute_numbers(table: pd.DataFrame, *, source: str, generated_at: str | Non
             },
             "definitions": DEFINITIONS,
         },
+        "inventory": inventory(table),
         **feasibility(table),
         **throughput(table),
+        "batch_doubling": batch_doubling(table),
         **scaling(table),
         **optimizations(table),
     }

@@ -49,6 +49,14 @@ def render(numbers: dict[str, Any], figures: dict[str, str | None]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _table1_shares(row: dict[str, Any]) -> list[str]:
+    """valid, rejected and runtime %, rounded by largest remainder so they add up to 100.0."""
+    shares = row["pct_rounded"]
+    if shares is None:
+        return ["—", "—", "—"]
+    return [f"{shares[k]:.1f}" for k in ("valid", "rejected", "runtime")]
+
+
 def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     o = n["outcomes"]
     if not o["experiments"]:
@@ -59,9 +67,7 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
             f"`{gpu}`",
             _f(r["memory_gb"], 0, " GB"),
             f"{r['experiments']:,}",
-            _f(r["valid_pct"], 1),
-            _f(r["rejected_pct"], 1),
-            _f(r["runtime_pct"], 1),
+            *_table1_shares(r),
             str(r["llms"]),
             "{}–{}".format(*r["gpus"]),
             "{}–{}".format(*r["nodes"]),
@@ -75,9 +81,7 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
             "",
             "",
             f"{d['experiments']:,}",
-            _f(d["valid_pct"], 1),
-            _f(d["rejected_pct"], 1),
-            _f(d["runtime_pct"], 1),
+            *_table1_shares(d),
             str(d["llms"]),
             "{}–{}".format(*d["gpus"]),
             "{}–{}".format(*d["nodes"]),
