@@ -16,6 +16,7 @@ from calibrate.loader import load_benchmark
 from calibrate.report.batch import batch_doubling
 from calibrate.report.feasibility import feasibility
 from calibrate.report.figures import draw_all
+from calibrate.report.html import HTML_FILE, render_html
 from calibrate.report.inventory import inventory
 from calibrate.report.optimizations import optimizations
 from calibrate.report.render import render
@@ -55,6 +56,9 @@ DEFINITIONS = {
 }
 
 
+FORMATS = ("md", "html")
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     """Where a report was written and what it says."""
@@ -66,6 +70,7 @@ class Report:
     numbers: dict[str, Any]
     generated_at: str
     source: str
+    report_html: Path | None = None
 
 
 def compute_numbers(table: pd.DataFrame, *, source: str, generated_at: str | None = None) -> dict[str, Any]:
@@ -98,10 +103,18 @@ def compute_numbers(table: pd.DataFrame, *, source: str, generated_at: str | Non
 
 
 def build_report(
-    table: pd.DataFrame | str | Path, out_dir: str | Path, *, source: str | None = None
+    table: pd.DataFrame | str | Path,
+    out_dir: str | Path,
+    *,
+    source: str | None = None,
+    formats: tuple[str, ...] = ("md",),
 ) -> Report:
     """Write report.md, numbers.json and the figures into `out_dir` (created); `table` is a loader-shaped
-    table or the path of a benchmark CSV."""
+    table or the path of a benchmark CSV. With "html" in `formats`, also report.html: the same report in one
+    self-contained file, figures embedded."""
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise ValueError(f"unknown report format(s) {sorted(unknown)}; known: {', '.join(FORMATS)}")
     if not isinstance(table, pd.DataFrame):
         source = source or str(table)
         table = load_benchmark(table)
@@ -112,7 +125,17 @@ def build_report(
     figures = draw_all(numbers, out)
     numbers["figures"] = figures
     _write_atomic(out / NUMBERS_FILE, json.dumps(numbers, indent=2, allow_nan=False) + "\n")
-    _write_atomic(out / REPORT_FILE, render(numbers, figures))
+    markdown = render(numbers, figures)
+    _write_atomic(out / REPORT_FILE, markdown)
+    html_path = None
+    if "html" in formats:
+        html_path = out / HTML_FILE
+        _write_atomic(
+            html_path, render_html(markdown, out, title=f"Characterization report: {source or 'table'}")
+        )
+    elif (out / HTML_FILE).exists():
+        # An HTML file left by an earlier report in the same directory would say something this one does not.
+        (out / HTML_FILE).unlink()
     return Report(
         out_dir=out.resolve(),
         report_md=(out / REPORT_FILE).resolve(),
@@ -121,6 +144,7 @@ def build_report(
         numbers=numbers,
         generated_at=generated_at,
         source=numbers["meta"]["source"],
+        report_html=html_path.resolve() if html_path else None,
     )
 
 

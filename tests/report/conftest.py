@@ -33,6 +33,7 @@ def row(
     version: str = "2.4.0",
     peak: float = 50.0,
     identifier_extra: str = "",
+    power: float | None = None,
 ) -> dict[str, str]:
     """One benchmark row; `tps` (dataset tokens/s) given = a valid run, None = a run that did not happen."""
     identifier = (
@@ -69,6 +70,8 @@ def row(
             gpu_memory_utilization_peak=repr(float(peak)),
             gpu_memory_utilization_max=repr(float(peak)),
         )
+        if power is not None:  # some GPU types report no power at all
+            values.update(gpu_power_watts_avg=repr(float(power)), gpu_power_watts_max=repr(float(power)))
     return values
 
 
