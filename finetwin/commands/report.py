@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -44,6 +44,14 @@ def report(
     out: Annotated[
         Path | None, typer.Option(metavar="DIR", help="output directory (default <data_dir>/reports/<time>)")
     ] = None,
+    report_format: Annotated[
+        Literal["md", "html"],
+        typer.Option(
+            "--format",
+            help="md: report.md, figures, numbers.json; html: also report.html, one self-contained file with "
+            "the figures inside, for sharing by mail",
+        ),
+    ] = "md",
 ) -> int:
     import pandas as pd
 
@@ -75,9 +83,12 @@ def report(
         sources.append(f"observed runs in {engine.url.render_as_string(hide_password=True)}")
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
     directory = out or reports_root(settings) / pd.Timestamp.now(tz="UTC").strftime("%Y%m%dT%H%M%SZ")
-    built = build_report(table, directory, source=" + ".join(sources))
+    formats = ("md", "html") if report_format == "html" else ("md",)
+    built = build_report(table, directory, source=" + ".join(sources), formats=formats)
     pointer = record_latest(built, reports_root(settings))
     written = [p.name for p in built.figures.values() if p is not None]
     output.say(f"wrote {built.report_md}, {built.numbers_json.name} and {len(written)} figure(s)")
+    if built.report_html is not None:
+        output.say(f"wrote {built.report_html} (self-contained: figures inside)")
     output.say(f"latest report pointer: {pointer.resolve()}")
     return 0
