@@ -5,6 +5,7 @@ Never `ray stop`: it kills every Ray process on the machine, other developers' a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -41,6 +42,7 @@ class RayHead:
             "--disable-usage-stats", "--temp-dir", str(self.temp_dir),
             # Every other port on loopback too, chosen free, so parallel sessions do not collide.
             "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
+            "--dashboard-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
             "--min-worker-port", "0", "--max-worker-port", "0",
         ]  # fmt: skip
         env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
@@ -60,18 +62,12 @@ class RayHead:
     def stop(self) -> None:
         """SIGTERM to the head's process group (the head, GCS, raylet, workers), SIGKILL if it lingers."""
         if self.process is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=3)  # `ray start --block` lingers on SIGTERM
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.process.wait(timeout=5)
             self.process = None
         shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -342,8 +342,9 @@ def summarize_scenario(
 
 
 def weakest_met_share(row: dict[str, Any]) -> float:
-    """The share of runs in which the weakest SLO held (1 when there are no SLOs; 0 for a failed one)."""
-    if "error" in row:
+    """The share of runs in which the weakest SLO held (1 when there are no SLOs). A failed scenario, or
+    one that cannot place every job, scores 0: like `meets_slos`, it does not serve the workload."""
+    if "error" in row or row.get("unplaceable_share"):
         return 0.0
     shares = [s["met_share"] for s in row["slos"].values()]
     return min(shares) if shares else 1.0
