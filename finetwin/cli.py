@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from finetwin.commands import advise, api, calibrate, keys, migrate, models, report, telemetry, twin, up
+from finetwin.commands import advise, api, calibrate, keys, migrate, models, plan, report, telemetry, twin, up
 from twin.settings import Settings
 
 app = typer.Typer(
@@ -41,7 +41,7 @@ def _root(ctx: typer.Context, verbose: Verbose = 0) -> None:
     ctx.obj = Settings()  # the one settings object, passed down to every part
 
 
-for group in (telemetry, up, calibrate, models, twin, api, keys, advise, report, migrate):
+for group in (telemetry, up, calibrate, models, twin, plan, api, keys, advise, report, migrate):
     group.register(app)
 
 

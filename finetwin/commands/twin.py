@@ -179,7 +179,14 @@ def whatif(
     with output.progress(2 * what.runs, "what-if", "runs", quiet=as_json) as tick:
         document = checked(
             lambda: run_whatif(
-                inputs, job_models_, what, slos, workers=workers, model_source=source, progress=tick
+                inputs,
+                job_models_,
+                what,
+                slos,
+                workers=workers,
+                model_source=source,
+                progress=tick,
+                ray_address=settings.ray_address,
             )
         )
     twin_output.emit(document, as_json, twin_output.print_whatif)
@@ -235,6 +242,7 @@ def backtest(
             lambda: run_backtest(
                 table, job_models_, cluster=nodes, window=span, policy=Policy(policy), runs=runs,
                 seed=seed, load=load, workers=workers, model_source=source, progress=tick,
+                ray_address=settings.ray_address,
             )
         )  # fmt: skip
     twin_output.emit(document, as_json, twin_output.print_backtest)

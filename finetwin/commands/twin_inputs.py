@@ -76,6 +76,7 @@ def forecast_options(
             optimizations=frozenset(Optimization(o) for o in choices.optimize),
         ),
         workers=choices.workers if choices.workers is not None else settings.forecast_workers,
+        ray_address=settings.ray_address,
     )
 
 
