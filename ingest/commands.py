@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +110,19 @@ def _replay_options(
     parser.add_argument(
         "--mean-interarrival", type=float, default=60.0, help="mean seconds between submissions (default 60)"
     )
+    parser.add_argument(
+        "--epoch", type=_epoch, metavar="TIME",
+        help="RFC 3339 time the replay's timeline starts at (default: now; pin it for reproducible runs)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _epoch(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an RFC 3339 time: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 # --- finetwin ingest --------------------------------------------------------------------------------------
@@ -457,7 +470,7 @@ def _plan(args: argparse.Namespace, settings: Settings, bench: Path | None) -> R
         table = load_benchmark_table(path)
         return plan_replay(
             table, seed=args.seed, job_prefix=_job_prefix(args), mean_interarrival_s=args.mean_interarrival,
-            cluster_id=settings.cluster_id,
+            cluster_id=settings.cluster_id, epoch=args.epoch or datetime.now(UTC),
         )  # fmt: skip
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from exc

@@ -41,3 +41,12 @@ class PowerModel(Protocol):
 @runtime_checkable
 class JobModels(PerformanceModel, FailureModel, PowerModel, Protocol):
     """Everything the twin and the advisor ask of the calibrated models."""
+
+
+@runtime_checkable
+class ErrorCorrelationModel(Protocol):
+    def predict_error_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Per config, the share of its throughput error (in the band's standard units) that it shares with
+        the other configurations of its error family (`twin.families`), shape (n,), in [0, 1): 0 means
+        independent errors per job, as a model without this method is taken to have."""
+        ...
