@@ -1,8 +1,8 @@
 """forecast skill (issue 12): a stored forecast's start on the twin's clock, its scores, and an index on
 the telemetry's event time (the twin's clock reads the newest one; a backtest rebuilds the state at T).
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sqlalchemy as sa
 import sqlmodel
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
