@@ -1,4 +1,5 @@
-"""How much of the throughput model's error is shared within an error family, from held-out residuals.
+"""How much of the throughput model's error is shared within an error family, and how that error is
+distributed, from held-out residuals.
 
 The twin's ensemble draws one error per family and run (`twin.plan`), mixed with each job's own:
 z = sqrt(rho) z_family + sqrt(1 - rho) z_job. rho is measured here on out-of-fold residuals, standardized
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from twin.families import ERROR_QUANTILE_LEVELS
+
 # z of the band's p10/p90 (the band holds the 10th-90th percentile of the residuals).
 Z90 = 1.2815515655446004
 # Standardized residuals beyond this are outliers of the band's tails, not evidence of shared error.
@@ -20,15 +23,29 @@ Z_CLIP = 3.0
 MIN_FAMILY_ROWS = 2
 MIN_FAMILIES = 5
 MAX_SHARE = 0.95
+# Fewer residuals than this do not describe a distribution's tails: the twin keeps a normal's.
+MIN_QUANTILE_ROWS = 50
 
 
-def standardize(residuals: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+def standardize(
+    residuals: np.ndarray, low: np.ndarray, high: np.ndarray, clip: float | None = Z_CLIP
+) -> np.ndarray:
     """Residuals of log(tokens/s) in the band's standard units: `low` < 0 < `high` are the band's offsets."""
     low = np.minimum(np.asarray(low, dtype=float), -1e-9)
     high = np.maximum(np.asarray(high, dtype=float), 1e-9)
     r = np.asarray(residuals, dtype=float)
     z = np.where(r < 0, r / -low, r / high) * Z90
-    return np.clip(z, -Z_CLIP, Z_CLIP)
+    return z if clip is None else np.clip(z, -clip, clip)
+
+
+def error_quantiles(z: np.ndarray) -> np.ndarray | None:
+    """The standardized errors' quantiles at ERROR_QUANTILE_LEVELS (None with too few): the twin reads a
+    job's error from them, tails as heavy as the held-out residuals had them."""
+    z = np.asarray(z, dtype=float)
+    z = z[np.isfinite(z)]
+    if len(z) < MIN_QUANTILE_ROWS:
+        return None
+    return np.maximum.accumulate(np.quantile(z, ERROR_QUANTILE_LEVELS))
 
 
 def shared_share(z: np.ndarray, families: np.ndarray) -> float | None:

@@ -27,7 +27,7 @@ from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
 from twin.domain import JobConfig, Outcome, broken_rule
-from twin.families import error_family
+from twin.families import ERROR_QUANTILE_LEVELS, error_family
 
 __all__ = [
     "SKOPS_TRUSTED_TYPES",
@@ -125,6 +125,14 @@ class CalibratedModels:
             return np.zeros(0)
         features, _ = build_features(configs_to_frame(configs))
         return self.throughput.predict_error_correlation(features)
+
+    def predict_error_quantiles(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.models.ErrorDistributionModel: each config's standardized throughput error at
+        twin.families.ERROR_QUANTILE_LEVELS, from held-out residuals of its novelty level."""
+        if not configs:
+            return np.zeros((0, len(ERROR_QUANTILE_LEVELS)))
+        features, _ = build_features(configs_to_frame(configs))
+        return self.throughput.predict_error_quantiles(features)
 
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
@@ -244,6 +252,7 @@ def fit_models(
         # For the twin's ensembles (twin.plan): by novelty level (0 seen, 1 new region), the share of the
         # throughput error that an error family shares, from held-out residuals.
         "error_correlation": dict(throughput_model.error_correlation),
+        "error_quantiles": dict(throughput_model.error_quantiles),
     }
     return CalibratedModels(throughput_model, failure_model, power_model, info)
 

@@ -9,8 +9,9 @@ configuration's region (the same model under the same protocol) or not. The out-
 random folds and from contiguous blocks of the table, so a new region gets the wider residuals of
 configuration regions the model had not seen.
 
-The same out-of-fold residuals say how much of the error the rows of one error family share
-(`calibrate.correlation`, per novelty level): the twin's ensembles draw that share once per family and run.
+The same out-of-fold residuals say how much of the error the rows of one error family share, and how the
+error is distributed in units of the band (`calibrate.correlation`, per novelty level): the twin's ensembles
+draw the shared share once per family and run, and read each job's error from that distribution.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.special import ndtri
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
-from calibrate.correlation import shared_share, standardize
+from calibrate.correlation import error_quantiles, shared_share, standardize
 from calibrate.features import FEATURE_NAMES, THROUGHPUT_OFFSET
+from twin.families import ERROR_QUANTILE_LEVELS
 
 # Shallow trees on a random half of the features at each split: the physics features carry most of the
 # signal, and the block cross-validation (unseen configuration regions) prefers the smoother fit.
@@ -75,6 +78,8 @@ class ThroughputModel:
     seen_regions: list[str]
     # level -> share of the (standardized) error shared within an error family (twin.families)
     error_correlation: dict[str, float] = field(default_factory=dict)
+    # level -> the standardized error at twin.families.ERROR_QUANTILE_LEVELS (absent: a normal's)
+    error_quantiles: dict[str, list[float]] = field(default_factory=dict)
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         """(n, 3) tokens/s: p10, p50, p90."""
@@ -92,17 +97,27 @@ class ThroughputModel:
         levels = novelty_levels(features, set(self.seen_regions))
         return np.array([self.error_correlation.get(str(level), 0.0) for level in levels], dtype=float)
 
+    def predict_error_quantiles(self, features: pd.DataFrame) -> np.ndarray:
+        """(n, levels) each row's standardized error at ERROR_QUANTILE_LEVELS (a normal's where its level's
+        distribution was not measured)."""
+        levels = novelty_levels(features, set(self.seen_regions))
+        normal = ndtri(ERROR_QUANTILE_LEVELS)
+        tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
+        return np.array([tables.get(str(level), normal) for level in levels]).reshape(len(levels), -1)
+
     def params(self) -> dict[str, Any]:
         return {
             "band": self.band,
             "seen_regions": self.seen_regions,
             "error_correlation": self.error_correlation,
+            "error_quantiles": self.error_quantiles,
         }
 
     @classmethod
     def from_params(cls, regressor: HistGradientBoostingRegressor, params: dict[str, Any]) -> ThroughputModel:
         correlation = {str(k): float(v) for k, v in (params.get("error_correlation") or {}).items()}
-        return cls(regressor, params["band"], list(params["seen_regions"]), correlation)
+        quantiles = {str(k): [float(x) for x in v] for k, v in (params.get("error_quantiles") or {}).items()}
+        return cls(regressor, params["band"], list(params["seen_regions"]), correlation, quantiles)
 
 
 def fit_throughput(
@@ -123,36 +138,42 @@ def fit_throughput(
     regressor.fit(boosting.trainable(X), target, sample_weight=weight)
     residuals, levels, from_blocks, rows = _out_of_fold_residuals(features, target, weight, seed=seed)
     band = _band(residuals, levels, from_blocks)
-    correlation = (
-        _error_correlation(residuals, levels, from_blocks, np.asarray(families)[rows], band)
-        if families is not None
-        else {}
-    )
-    return ThroughputModel(regressor, band, sorted(set(region_keys(features))), correlation)
+    row_families = np.asarray(families)[rows] if families is not None else None
+    correlation, quantiles = _error_structure(residuals, levels, from_blocks, row_families, band)
+    return ThroughputModel(regressor, band, sorted(set(region_keys(features))), correlation, quantiles)
 
 
-def _error_correlation(
+def _error_structure(
     residuals: np.ndarray,
     levels: np.ndarray,
     from_blocks: np.ndarray,
-    families: np.ndarray,
+    families: np.ndarray | None,
     band: dict[str, list[float]],
-) -> dict[str, float]:
-    """Per novelty level, the share of error a family shares, from the residuals the level's band came
-    from; a level without enough families takes the other's (seen: 0 when neither has)."""
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Per novelty level, from the residuals the level's band came from: the share of error a family
+    shares (a level without enough families takes the other's; seen: 0 when neither has), and the
+    distribution of the error in band units."""
     seen = levels == SEEN_REGION
     pools = {SEEN_REGION: seen & ~from_blocks, NEW_REGION: ~seen}
     shares: dict[str, float | None] = {}
+    quantiles: dict[str, list[float]] = {}
     for level, mask in pools.items():
         low, high = band[str(level)]
-        z = standardize(residuals[mask], np.full(mask.sum(), low), np.full(mask.sum(), high))
-        shares[str(level)] = shared_share(z, families[mask])
+        raw = standardize(residuals[mask], np.full(mask.sum(), low), np.full(mask.sum(), high), clip=None)
+        table = error_quantiles(raw)
+        if table is not None:
+            quantiles[str(level)] = [round(float(x), 4) for x in table]
+        clipped = standardize(residuals[mask], np.full(mask.sum(), low), np.full(mask.sum(), high))
+        shares[str(level)] = shared_share(clipped, families[mask]) if families is not None else None
+    if families is None:
+        return {}, quantiles
     seen_share = shares[str(SEEN_REGION)]
     new_share = shares[str(NEW_REGION)]
     seen_value = seen_share if seen_share is not None else 0.0
     # An unseen family never shares less error than a seen one (the model learned nothing about it).
     new_value = max(new_share if new_share is not None else seen_value, seen_value)
-    return {str(SEEN_REGION): round(seen_value, 4), str(NEW_REGION): round(new_value, 4)}
+    correlation = {str(SEEN_REGION): round(seen_value, 4), str(NEW_REGION): round(new_value, 4)}
+    return correlation, quantiles
 
 
 def region_keys(features: pd.DataFrame) -> np.ndarray:

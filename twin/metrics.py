@@ -229,3 +229,12 @@ def _count_in_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
     times = times[(times >= edges[0]) & (times <= edges[-1])]
     counts, _ = np.histogram(times, bins=edges) if edges[-1] > edges[0] else (np.zeros(len(edges) - 1), None)
     return counts.astype(float)
+
+
+def energy_of(plan: JobPlan, result: SimResult, window: float, subset: np.ndarray) -> float:
+    """kWh drawn in [0, window] by the jobs of `subset` (a boolean mask in plan order)."""
+    started = ~np.isnan(result.start_s) & subset
+    run_from = np.maximum(result.start_s[started], 0.0)
+    run_to = np.minimum(np.where(np.isnan(result.end_s[started]), window, result.end_s[started]), window)
+    busy = np.maximum(run_to - run_from, 0.0)
+    return float((busy * plan.gpus[started] * plan.power_w[started]).sum() / 3.6e6)

@@ -12,7 +12,9 @@ an error family (`twin.families`), so each run draws one standard-normal shock p
 each job's own draw, z = sqrt(rho) z_family + sqrt(1 - rho) z_job, with rho the share of the error that the
 models measured as shared (`twin.models.ErrorCorrelationModel`, from held-out residuals). Each job's
 marginal band is unchanged; what changes is that errors no longer average out over hundreds of jobs, so the
-ensemble's spread of GPU-hours and makespan carries the models' uncertainty as it behaves.
+ensemble's spread of GPU-hours and makespan carries the models' uncertainty as it behaves. The mixed draw
+is a quantile; where the models describe their error's distribution (`ErrorDistributionModel`, heavy tailed
+in practice) the quantile is read from it, else from a normal.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from scipy.special import ndtr, ndtri
 
 from twin.cluster import Cluster, gpu_tdp_watts
 from twin.domain import JobConfig, config_rule
-from twin.families import family_of
-from twin.models import ErrorCorrelationModel, JobModels
+from twin.families import ERROR_QUANTILE_LEVELS, family_of
+from twin.models import ErrorCorrelationModel, ErrorDistributionModel, JobModels
 from twin.randomness import job_keys, job_uniforms
 from twin.tuning import (
     DEFAULT_MIN_P_VALID,
@@ -96,6 +98,8 @@ class PreparedCatalog:
     error_correlation: np.ndarray | None = None
     # ... and each configuration's family, as a stable 64-bit key (the run's shared draw is keyed by it).
     family_keys: np.ndarray | None = None
+    # (k, levels) standardized error at ERROR_QUANTILE_LEVELS per configuration; None: normal errors.
+    error_quantiles: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> PreparedCatalog:
@@ -108,7 +112,7 @@ class PreparedCatalog:
         return PreparedCatalog(
             self.configs, self.throughput, self.p_valid, self.power_w, self.reject, self.changed,
             np.clip(rho, 0.0, MAX_CORRELATION), self.family_keys if self.family_keys is not None
-            else family_hashes(self.configs),
+            else family_hashes(self.configs), self.error_quantiles,
         )  # fmt: skip
 
 
@@ -158,8 +162,16 @@ def prepare_catalog(
     if isinstance(models, ErrorCorrelationModel):
         correlation = _checked(models.predict_error_correlation(configs), (k,), "error correlation")
         correlation = np.clip(np.nan_to_num(correlation, nan=0.0), 0.0, MAX_CORRELATION)
+    quantiles = None
+    if isinstance(models, ErrorDistributionModel):
+        shape = (k, len(ERROR_QUANTILE_LEVELS))
+        quantiles = np.maximum.accumulate(
+            _checked(models.predict_error_quantiles(configs), shape, "error quantiles"), axis=1
+        )
+        if not np.isfinite(quantiles).all():
+            raise ValueError("the model returned error quantiles that are not finite")
     return PreparedCatalog(
-        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs)
+        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles
     )
 
 
@@ -194,11 +206,28 @@ class JobPlan:
 
 def band_draw(band: np.ndarray, u: np.ndarray) -> np.ndarray:
     """A throughput at quantile u of a split log-normal through the band's p10, p50 and p90."""
+    return band_at(band, np.clip(ndtri(u), -_Z_CLIP, _Z_CLIP))
+
+
+def band_at(band: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """The throughput `z` band units from p50: log-scale, the lower half-band below it, the upper above."""
     band = np.sort(np.maximum(band, 1e-9), axis=1)
     log10, log50, log90 = np.log(band[:, 0]), np.log(band[:, 1]), np.log(band[:, 2])
-    z = np.clip(ndtri(u), -_Z_CLIP, _Z_CLIP)
     sigma = np.where(z < 0, log50 - log10, log90 - log50) / _Z90
     return np.exp(log50 + z * sigma)
+
+
+def error_z(catalog: PreparedCatalog, idx: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The standardized error at quantile `u` of each job's configuration: from the models' quantiles of
+    their error where they give them (interpolated; the extreme levels bound it), else a normal's."""
+    if catalog.error_quantiles is None:
+        return np.clip(ndtri(u), -_Z_CLIP, _Z_CLIP)
+    tables, which = np.unique(catalog.error_quantiles[idx], axis=0, return_inverse=True)
+    z = np.empty(len(u))
+    for t, table in enumerate(tables):
+        rows = which.reshape(-1) == t
+        z[rows] = np.interp(u[rows], ERROR_QUANTILE_LEVELS, table)
+    return z
 
 
 def pool_index(workload: Workload, cluster: Cluster) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -259,7 +288,8 @@ def build_plan(
         band = catalog.throughput[idx]
         runnable = catalog.reject[idx] == Reject.NONE
         band = np.where(runnable[:, None], band, 1.0)  # rejected jobs never run; keep the arithmetic finite
-        tokens_per_s = band_draw(band, shared_uniforms(catalog, idx, key, u[:, STREAM_BAND]))
+        quantile = shared_uniforms(catalog, idx, key, u[:, STREAM_BAND])
+        tokens_per_s = band_at(band, error_z(catalog, idx, quantile))
         p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
         limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
         run = np.minimum(work / tokens_per_s, limit)

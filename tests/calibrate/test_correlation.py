@@ -36,3 +36,10 @@ def test_a_fitted_version_carries_its_error_correlation(sample_csv) -> None:  # 
     assert set(shares) == {"0", "1"} and 0.0 <= shares["0"] <= shares["1"] < 1.0
     _, params = models.to_parts()
     assert params["throughput"]["error_correlation"] == shares
+    # The error's distribution in band units: rising, and about ±1.28 at the band's own p10 and p90.
+    seen = np.asarray(models.info["error_quantiles"]["0"])
+    assert np.all(np.diff(seen) >= 0) and seen[0] < -1.28 < seen[-1]
+    from twin.families import ERROR_QUANTILE_LEVELS
+
+    p10, p90 = np.interp([0.1, 0.9], ERROR_QUANTILE_LEVELS, seen)
+    assert p10 == pytest.approx(-Z90, abs=0.35) and p90 == pytest.approx(Z90, abs=0.35)
