@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -232,6 +232,12 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     if args.exit_when_done and args.no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
     plan = None if args.no_replay else _plan(args, settings, args.bench)
+    if plan is not None:
+        # The replay's timeline starts now and runs ahead of the wall clock (by up to its whole span at
+        # --speed 0): up's own worker takes the replay's clock as the cluster's. A separate `finetwin
+        # ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
+        ahead = timedelta(seconds=plan.duration_s) + timedelta(minutes=10)
+        settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
     if args.exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
@@ -448,6 +454,7 @@ def _worker(
         engine, bus.consumer(topic, group or settings.consumer_group), bus.producer(),
         dlq_topic=settings.dlq_topic, hooks=ingest_batch_hooks(settings),
         batch_size=batch_size or settings.ingest_batch_size, poll_timeout_ms=settings.ingest_poll_timeout_ms,
+        max_clock_skew=settings.max_clock_skew,
     )  # fmt: skip
 
 
