@@ -207,6 +207,14 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = _bootstrap(args, settings)
     topic = args.topic or settings.telemetry_topic
     plan = _plan(args, settings, args.bench)
+    ahead = _ahead_of_wall_s(plan, args.speed)
+    if ahead > settings.max_clock_skew.total_seconds():
+        log.warning(
+            "the replay's timeline starts at %s and runs up to %.0f s ahead of the wall clock: an ingest "
+            "bounded by FINETWIN_MAX_CLOCK_SKEW (%s) dead-letters what runs further ahead; raise it there, "
+            "or pin --epoch in the past",
+            plan.epoch.isoformat(), ahead, settings.max_clock_skew,
+        )  # fmt: skip
     bus = KafkaBus(bootstrap)
     _ensure_topics(bus, settings, topic)
     producer = bus.producer()
@@ -218,6 +226,13 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
         producer.close()
     print(f"replayed {sent} of {len(plan.events)} events ({plan.jobs} jobs) to {topic}", file=sys.stderr)
     return 0
+
+
+def _ahead_of_wall_s(plan: ReplayPlan, speed: float) -> float:
+    """How far the replay's last event is dated ahead of the wall clock when it is sent."""
+    sent_after = plan.duration_s / speed if speed > 0 else 0.0
+    last_sent = datetime.now(UTC) + timedelta(seconds=sent_after)
+    return (plan.epoch + timedelta(seconds=plan.duration_s) - last_sent).total_seconds()
 
 
 # --- finetwin up ------------------------------------------------------------------------------------------
