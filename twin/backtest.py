@@ -297,8 +297,10 @@ def run_backtest(
     workers: int | None = None,
     model_source: str = "calibrated",
     progress: Callable[[], object] | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """The twin against the replayed truth; errors are (twin mean - truth) / truth."""
+    """The twin against the replayed truth; errors are (twin mean - truth) / truth. The twin's ensemble
+    runs on Ray when `ray_address` is given."""
     cluster = cluster or demand_cluster(table)
     rng = np.random.default_rng(seed)
     replay = replay_benchmark(table, cluster, rng, load)
@@ -312,11 +314,13 @@ def run_backtest(
         raise ValueError(f"no job arrives or waits in the window {start:g}-{end:g} s (the replay spans "
                          f"{float(replay.workload.arrival_s[-1]):.0f} s)")  # fmt: skip
     truth_values = truth_figures(replay, plan, truth, rows, start)
-    options = ForecastOptions(horizon_s=None, runs=runs, seed=seed, policy=policy, workers=workers)
+    options = ForecastOptions(
+        horizon_s=None, runs=runs, seed=seed, policy=policy, workers=workers, ray_address=ray_address
+    )
     spec = make_spec(TwinInputs(cluster, workload), models, options, SloSet(slos=[]))
     measured = replay.truth_has_power[rows]
     spec.energy_jobs = frozenset(workload.job_ids[k] for k in np.flatnonzero(measured))
-    outputs = run_ensemble(spec, runs, workers, progress)
+    outputs = run_ensemble(spec, runs, workers, progress, ray_address=ray_address)
     figures: dict[str, Any] = {}
     for name in FIGURES:
         key = "energy_kwh_subset" if name == "energy_kwh" else name
