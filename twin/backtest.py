@@ -290,8 +290,10 @@ def run_backtest(
     workers: int | None = None,
     model_source: str = "calibrated",
     progress: Callable[[], object] | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """The twin against the replayed truth; errors are (twin mean - truth) / truth."""
+    """The twin against the replayed truth; errors are (twin mean - truth) / truth. The twin's ensemble
+    runs on Ray when `ray_address` is given."""
     cluster = cluster or demand_cluster(table)
     rng = np.random.default_rng(seed)
     replay = replay_benchmark(table, cluster, rng, load)
@@ -305,7 +307,9 @@ def run_backtest(
         raise ValueError(f"no job arrives or waits in the window {start:g}-{end:g} s (the replay spans "
                          f"{float(replay.workload.arrival_s[-1]):.0f} s)")  # fmt: skip
     truth_values = truth_figures(replay, plan, truth, rows, start)
-    options = ForecastOptions(horizon_s=None, runs=runs, seed=seed, policy=policy, workers=workers)
+    options = ForecastOptions(
+        horizon_s=None, runs=runs, seed=seed, policy=policy, workers=workers, ray_address=ray_address
+    )
     _, outputs = run_forecast(TwinInputs(cluster, workload), models, options, SloSet(slos=[]), progress)
     figures: dict[str, Any] = {}
     for name in FIGURES:

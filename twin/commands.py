@@ -231,6 +231,7 @@ def run_whatif_command(args: argparse.Namespace, settings: Settings) -> int:
                 workers=args.workers,
                 model_source=source,
                 progress=tick,
+                ray_address=settings.ray_address,
             )
         )
     _emit(document, args.json, _print_whatif)
@@ -274,6 +275,7 @@ def run_backtest_command(args: argparse.Namespace, settings: Settings) -> int:
             lambda: run_backtest(
                 table, models, cluster=cluster, window=window, policy=Policy(args.policy), runs=args.runs,
                 seed=args.seed, load=args.load, workers=args.workers, model_source=source, progress=tick,
+                ray_address=settings.ray_address,
             )
         )  # fmt: skip
     _emit(document, args.json, _print_backtest)
@@ -315,6 +317,7 @@ def _options(args: argparse.Namespace, settings: Settings, default_horizon: str 
             optimizations=frozenset(Optimization(o) for o in args.optimize),
         ),
         workers=args.workers if args.workers is not None else settings.forecast_workers,
+        ray_address=settings.ray_address,
     )
 
 

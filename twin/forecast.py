@@ -49,6 +49,7 @@ class ForecastOptions:
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH
     workers: int | None = None  # None: decide from the ensemble's size
     keep_jobs: bool = False  # include run 0's job table
+    ray_address: str | None = None  # run the ensemble on this Ray cluster instead of local processes
 
     def with_changes(self, **changes: object) -> ForecastOptions:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -115,7 +116,7 @@ def run_forecast(
     progress: Callable[[], object] | None = None,
 ) -> tuple[EnsembleSpec, list[RunOutput]]:
     spec = make_spec(inputs, models, options, slos)
-    return spec, run_ensemble(spec, options.runs, options.workers, progress)
+    return spec, run_ensemble(spec, options.runs, options.workers, progress, ray_address=options.ray_address)
 
 
 def forecast(

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     forecast_policy: str = "fifo"  # the cluster's scheduling policy: fifo | backfill | spf
     forecast_admission: str = "off"  # the cluster's admission control: off | reject | repair
     forecast_workers: int | None = None  # processes for an ensemble; unset = decided by its size
+    # A Ray cluster (`ray.init` address, e.g. 10.0.0.5:6379) for capacity-plan sweeps and the ensembles of
+    # forecast, whatif and backtest; unset = a local process pool. Needs the `finetwin[ray]` extra.
+    ray_address: str | None = None
 
     # Advisor: API keys, recommendations and the actions outbox.
     auth_cache_seconds: float = 5.0  # a verified key is trusted this long (revocation takes up to this)
