@@ -8,6 +8,7 @@ import logging
 import sys
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -36,6 +37,23 @@ Seed = Annotated[int, typer.Option(help="seed of the arrival process and event i
 JobPrefix = Annotated[str | None, typer.Option(help="job id prefix (default replay-<seed>-)")]
 MeanInterarrival = Annotated[float, typer.Option(help="mean seconds between submissions")]
 Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bar")]
+
+
+def _epoch(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"not an RFC 3339 time: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+Epoch = Annotated[
+    datetime | None,
+    typer.Option(
+        parser=_epoch, metavar="TIME",
+        help="RFC 3339 time the replay's timeline starts at (default: now; pin it for reproducible runs)",
+    ),
+]  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -167,6 +185,7 @@ def replay(
     seed: Seed = 0,
     job_prefix: JobPrefix = None,
     mean_interarrival: MeanInterarrival = 60.0,
+    epoch: Epoch = None,
     quiet: Quiet = False,
 ) -> int:
     from finetwin.wiring import ensure_topics, kafka_bootstrap
@@ -176,8 +195,18 @@ def replay(
     settings: Settings = ctx.obj
     address = kafka_bootstrap(bootstrap, settings)
     topic = topic or settings.telemetry_topic
-    plan = replay_plan(settings, bench, speed=speed, seed=seed, job_prefix=job_prefix,
-                       mean_interarrival=mean_interarrival)  # fmt: skip
+    plan = replay_plan(
+        settings, bench, speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival,
+        epoch=epoch,
+    )  # fmt: skip
+    ahead = _ahead_of_wall_s(plan, speed)
+    if ahead > settings.max_clock_skew.total_seconds():
+        log.warning(
+            "the replay's timeline starts at %s and runs up to %.0f s ahead of the wall clock: an ingest "
+            "bounded by FINETWIN_MAX_CLOCK_SKEW (%s) dead-letters what runs further ahead; raise it there, "
+            "or pin --epoch in the past",
+            plan.epoch.isoformat(), ahead, settings.max_clock_skew,
+        )  # fmt: skip
     bus = KafkaBus(address)
     ensure_topics(bus, settings, topic)
     producer = bus.producer()
@@ -194,6 +223,13 @@ def replay(
     return 0
 
 
+def _ahead_of_wall_s(plan: ReplayPlan, speed: float) -> float:
+    """How far the replay's last event is dated ahead of the wall clock when it is sent."""
+    sent_after = plan.duration_s / speed if speed > 0 else 0.0
+    last_sent = datetime.now(UTC) + timedelta(seconds=sent_after)
+    return (plan.epoch + timedelta(seconds=plan.duration_s) - last_sent).total_seconds()
+
+
 def job_prefix_of(job_prefix: str | None, seed: int) -> str:
     from ingest.replay import default_job_prefix
 
@@ -208,6 +244,7 @@ def replay_plan(
     seed: int,
     job_prefix: str | None,
     mean_interarrival: float,
+    epoch: datetime | None = None,
 ) -> ReplayPlan:
     """The benchmark's rows as timed telemetry events (the bundled sample when no file is given)."""
     from finetwin.wiring import bundled_benchmark_path, load_benchmark_table
@@ -223,6 +260,7 @@ def replay_plan(
         return plan_replay(
             table, seed=seed, job_prefix=job_prefix_of(job_prefix, seed),
             mean_interarrival_s=mean_interarrival, cluster_id=settings.cluster_id,
+            epoch=epoch or datetime.now(UTC),
         )  # fmt: skip
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from exc

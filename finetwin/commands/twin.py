@@ -3,6 +3,8 @@ from explicit files."""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -89,21 +91,60 @@ def forecast(
     models: ModelsDir = None,
     as_json: Json = False,
     store: Annotated[bool, typer.Option("--store", help="also store it in the database")] = False,
+    skill: Annotated[
+        bool,
+        typer.Option(
+            "--skill",
+            help="instead: how the stored forecasts did against what happened (error and p10-p90 coverage)",
+        ),
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(help="with --skill: intervals from this RFC 3339 time, or this long back (24h)"),
+    ] = None,
 ) -> int:
+    from finetwin.wiring import migrated_engine
+    from twin.clock import twin_clock
     from twin.forecast import forecast as run_forecast
     from twin.forecast_store import ON_DEMAND, save_forecast
 
     settings: Settings = ctx.obj
+    engine = migrated_engine(settings)
+    clock = twin_clock(engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds)
+    if skill:
+        return _skill(engine, settings, clock.now, since, as_json)
     choices = EnsembleChoices(horizon, interval, runs, seed, policy, admission, optimize or [], workers)
     options = forecast_options(choices, settings, default_horizon=f"{settings.forecast_horizon_hours}h")
     slos = declared_slos(settings)
-    engine, inputs = live_inputs(settings)
+    engine, inputs = live_inputs(settings, engine, clock)
     job_models_, source = job_models(models, settings, needed=needs_models(inputs))
     with output.progress(options.runs, "forecast", "runs", quiet=as_json) as tick:
         document = run_forecast(inputs, job_models_, options, slos, model_source=source, progress=tick)
     if store:
         save_forecast(engine, document, cluster_id=settings.cluster_id, kind=ON_DEMAND)
     twin_output.emit(document, as_json, twin_output.print_forecast)
+    return 0
+
+
+def _skill(engine: object, settings: Settings, now: datetime, since_text: str | None, as_json: bool) -> int:
+    """How the stored forecasts did against what the store then recorded (twin.skill)."""
+    from twin.skill import skill
+    from twin.units import parse_duration
+
+    since = None
+    if since_text:
+        try:
+            since = now - timedelta(seconds=parse_duration(since_text))
+        except ValueError:
+            try:
+                since = datetime.fromisoformat(since_text.replace("Z", "+00:00"))
+            except ValueError:
+                raise CommandError(f"--since: not a time or a duration: {since_text!r}") from None
+    document = skill(engine, settings.cluster_id, since)
+    if as_json:
+        print(json.dumps(document, indent=2))
+    else:
+        twin_output.print_skill(document)
     return 0
 
 

@@ -83,3 +83,15 @@ def print_backtest(doc: dict[str, Any]) -> None:
     columns = ["figure", ("truth", "right"), ("twin mean", "right"), ("p10", "right"), ("p90", "right"),
                ("error", "right")]  # fmt: skip
     output.show(output.table(columns, rows))
+
+
+def print_skill(doc: dict[str, Any]) -> None:
+    output.say(f"{doc['scored']} forecasts scored over {doc['intervals']} interval figures")
+    rows = []
+    for figure, stats in doc["figures"].items():
+        mape = "-" if stats["mape"] is None else f"{100 * stats['mape']:.1f}%"
+        rows.append([figure, stats["n"], mape, f"{stats['mae']:.3g}", f"{stats['bias']:.3g}",
+                     f"{stats['coverage']:.2f}"])  # fmt: skip
+    columns = ["figure", ("n", "right"), ("MAPE", "right"), ("MAE", "right"), ("bias", "right"),
+               ("p10-p90 coverage", "right")]  # fmt: skip
+    output.show(output.table(columns, rows))

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -14,7 +15,15 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.telemetry import JobPrefix, MeanInterarrival, Quiet, Seed, job_prefix_of, replay_plan
+from finetwin.commands.telemetry import (
+    Epoch,
+    JobPrefix,
+    MeanInterarrival,
+    Quiet,
+    Seed,
+    job_prefix_of,
+    replay_plan,
+)
 from finetwin.errors import CommandError
 from finetwin.signals import stop_on_signals
 from twin.settings import Settings
@@ -60,6 +69,7 @@ def up(
     seed: Seed = 0,
     job_prefix: JobPrefix = None,
     mean_interarrival: MeanInterarrival = 60.0,
+    epoch: Epoch = None,
     quiet: Quiet = False,
     exit_when_done: Annotated[
         bool,
@@ -86,8 +96,15 @@ def up(
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
     plan = None
     if not no_replay:
-        plan = replay_plan(settings, bench, speed=speed, seed=seed, job_prefix=job_prefix,
-                           mean_interarrival=mean_interarrival)  # fmt: skip
+        plan = replay_plan(
+            settings, bench, speed=speed, seed=seed, job_prefix=job_prefix,
+            mean_interarrival=mean_interarrival, epoch=epoch,
+        )  # fmt: skip
+        # The replay's timeline starts now and runs ahead of the wall clock (by up to its whole span at
+        # --speed 0): up's own worker takes the replay's clock as the cluster's. A separate `finetwin
+        # ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
+        ahead = timedelta(seconds=plan.duration_s) + timedelta(minutes=10)
+        settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
     if exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
