@@ -36,6 +36,7 @@ class TwinInputs:
     failure_times_s: np.ndarray | None = None  # observed seconds-to-failure of runtime failures
     start: datetime | None = None  # wall-clock time of simulation time 0 (live forecasts)
     notes: list[str] = field(default_factory=list)  # what was left out or assumed, for the reader
+    clock: dict[str, object] | None = None  # live forecasts: which clock `start` was read from (twin.clock)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def describe(inputs: TwinInputs, options: ForecastOptions, model_source: str) ->
     return {
         "generated_at": datetime.now(UTC).isoformat(),
         "start": inputs.start.isoformat() if inputs.start is not None else None,
+        "clock": inputs.clock,
         "horizon_s": options.horizon_s,
         "interval_s": options.interval_s,
         "runs": options.runs,
