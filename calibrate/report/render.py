@@ -267,7 +267,9 @@ def _scaling_section(block: dict[str, Any], header: list[str]) -> list[str]:
     if everything:
         parts.append(
             "Intra-node, every experiment (not only the campaigns): "
-            + "; ".join(f"{d}: {fmt(s['median'])} ({plural(s['pairs'], 'pair')})" for d, s in everything.items())
+            + "; ".join(
+                f"{d}: {fmt(s['median'])} ({plural(s['pairs'], 'pair')})" for d, s in everything.items()
+            )
             + "."
         )
     else:
