@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -114,7 +115,19 @@ def _replay_options(
     parser.add_argument(
         "--mean-interarrival", type=float, default=60.0, help="mean seconds between submissions (default 60)"
     )
+    parser.add_argument(
+        "--epoch", type=_epoch, metavar="TIME",
+        help="RFC 3339 time the replay's timeline starts at (default: now; pin it for reproducible runs)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _epoch(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an RFC 3339 time: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 # --- finetwin ingest --------------------------------------------------------------------------------------
@@ -204,6 +217,14 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = _bootstrap(args, settings)
     topic = args.topic or settings.telemetry_topic
     plan = _plan(args, settings, args.bench)
+    ahead = _ahead_of_wall_s(plan, args.speed)
+    if ahead > settings.max_clock_skew.total_seconds():
+        log.warning(
+            "the replay's timeline starts at %s and runs up to %.0f s ahead of the wall clock: an ingest "
+            "bounded by FINETWIN_MAX_CLOCK_SKEW (%s) dead-letters what runs further ahead; raise it there, "
+            "or pin --epoch in the past",
+            plan.epoch.isoformat(), ahead, settings.max_clock_skew,
+        )  # fmt: skip
     bus = KafkaBus(bootstrap)
     _ensure_topics(bus, settings, topic)
     producer = bus.producer()
@@ -215,6 +236,13 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
         producer.close()
     print(f"replayed {sent} of {len(plan.events)} events ({plan.jobs} jobs) to {topic}", file=sys.stderr)
     return 0
+
+
+def _ahead_of_wall_s(plan: ReplayPlan, speed: float) -> float:
+    """How far the replay's last event is dated ahead of the wall clock when it is sent."""
+    sent_after = plan.duration_s / speed if speed > 0 else 0.0
+    last_sent = datetime.now(UTC) + timedelta(seconds=sent_after)
+    return (plan.epoch + timedelta(seconds=plan.duration_s) - last_sent).total_seconds()
 
 
 # --- finetwin up ------------------------------------------------------------------------------------------
@@ -229,6 +257,12 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     if args.exit_when_done and args.no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
     plan = None if args.no_replay else _plan(args, settings, args.bench)
+    if plan is not None:
+        # The replay's timeline starts now and runs ahead of the wall clock (by up to its whole span at
+        # --speed 0): up's own worker takes the replay's clock as the cluster's. A separate `finetwin
+        # ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
+        ahead = timedelta(seconds=plan.duration_s) + timedelta(minutes=10)
+        settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
     if args.exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
@@ -479,7 +513,7 @@ def _plan(args: argparse.Namespace, settings: Settings, bench: Path | None) -> R
         table = load_benchmark_table(path)
         return plan_replay(
             table, seed=args.seed, job_prefix=_job_prefix(args), mean_interarrival_s=args.mean_interarrival,
-            cluster_id=settings.cluster_id,
+            cluster_id=settings.cluster_id, epoch=args.epoch or datetime.now(UTC),
         )  # fmt: skip
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from exc
