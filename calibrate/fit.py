@@ -3,7 +3,7 @@ use.
 
 `fit_models(table)` fits the throughput, runtime-failure and power models on a benchmark table (loader
 output, possibly with observed runs appended); `CalibratedModels` answers for frames (`predict_frame`) and
-for `JobConfig`s (`twin.models.JobModels`), and splits into scikit-learn estimators plus JSON-able
+for `JobConfig`s (`twin.protocols.JobModels`), and splits into scikit-learn estimators plus JSON-able
 parameters (`to_parts` / `from_parts`) so the registry can store it with skops, which never runs code on
 load.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from calibrate import metrics
+from calibrate import accuracy
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure
 from calibrate.features import FEATURE_NAMES, build_features, config_from_row, configs_to_frame
@@ -54,7 +54,7 @@ _RULE_COLUMNS = ("number_gpus", "batch_size", "fast_moe", "number_nodes")
 
 
 class CalibratedModels:
-    """Implements `twin.models.JobModels` (throughput, runtime failure, power)."""
+    """Implements `twin.protocols.JobModels` (throughput, runtime failure, power)."""
 
     feature_names: list[str] = list(FEATURE_NAMES)
 
@@ -248,18 +248,18 @@ def score(models: CalibratedModels, test: pd.DataFrame) -> dict[str, float]:
     actual = test["dataset_tokens_per_second"].to_numpy(dtype=float)
     p50 = predicted["tokens_per_second_p50"].to_numpy()
     return {
-        "throughput_mdape": metrics.mdape(actual[valid], p50[valid]),
-        "throughput_mape": metrics.mape(actual[valid], p50[valid]),
-        "band_coverage": metrics.band_coverage(
+        "throughput_mdape": accuracy.mdape(actual[valid], p50[valid]),
+        "throughput_mape": accuracy.mape(actual[valid], p50[valid]),
+        "band_coverage": accuracy.band_coverage(
             actual[valid],
             predicted["tokens_per_second_p10"].to_numpy()[valid],
             predicted["tokens_per_second_p90"].to_numpy()[valid],
         ),
-        "failure_balanced_accuracy": metrics.balanced_accuracy(
+        "failure_balanced_accuracy": accuracy.balanced_accuracy(
             valid[passed], predicted["p_valid"].to_numpy()[passed] >= VALID_THRESHOLD
         ),
-        "failure_brier": metrics.brier_score(valid[passed], predicted["p_valid"].to_numpy()[passed]),
-        "rules_exact": metrics.exact_share(
+        "failure_brier": accuracy.brier_score(valid[passed], predicted["p_valid"].to_numpy()[passed]),
+        "rules_exact": accuracy.exact_share(
             outcome == Outcome.REJECTED.value, predicted["outcome"].to_numpy() == Outcome.REJECTED.value
         ),
     }

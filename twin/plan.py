@@ -19,10 +19,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from twin.cluster import Cluster, gpu_tdp_watts
-from twin.domain import JobConfig, config_rule
-from twin.models import JobModels
-from twin.randomness import job_keys, job_uniforms
-from twin.tuning import (
+from twin.config_changes import (
     DEFAULT_MIN_P_VALID,
     Admission,
     Optimization,
@@ -30,6 +27,9 @@ from twin.tuning import (
     repair_config,
     right_size_batches,
 )
+from twin.domain import JobConfig, config_rule
+from twin.protocols import JobModels
+from twin.randomness import job_keys, job_uniforms
 from twin.workload import NO_CONFIG, Workload
 
 # A job with a fixed duration and no configuration draws this fraction of its GPUs' board power.

@@ -26,7 +26,7 @@ from calibrate.fit import (
 )
 from calibrate.loader import CONFIG_COLUMNS, load_benchmark, load_configs
 from twin.domain import GPU_TYPES, JobConfig, Outcome
-from twin.models import JobModels
+from twin.protocols import JobModels
 
 A100_SXM = "NVIDIA-A100-SXM4-80GB"
 BAND = ["tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90"]

@@ -29,7 +29,7 @@ _BAND = (0.7, 1.0, 1.3)
 
 
 class FallbackModels:
-    """Implements twin.models.JobModels without any fitted state."""
+    """Implements twin.protocols.JobModels without any fitted state."""
 
     def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
         p50 = np.array([self._tokens_per_second(c) for c in configs], dtype=float)

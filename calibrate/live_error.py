@@ -25,8 +25,8 @@ from sqlalchemy import Connection, Select, insert, select
 
 from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.frames import configs_frame
+from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.registry import InUseModels, RegistryError
-from calibrate.tables import JobPrediction, LiveError, ModelVersionRecord
 from twin.domain import Outcome
 from twin.settings import Settings
 from twin.store import Job, ObservedRun, utcnow
