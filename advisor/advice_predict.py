@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -18,23 +17,15 @@ class ModelsUnusable(RuntimeError):
     """The models in use failed to predict (e.g. saved by a version of finetwin with other features)."""
 
 
-_RECORD_FIELDS = tuple(f.name for f in fields(JobConfig) if f.name != "extra")
-
-
-def _record(config: JobConfig) -> dict[str, Any]:
-    # Shallow, not dataclasses.asdict: its deep copy cost a third of a batch of answers.
-    return {name: getattr(config, name) for name in _RECORD_FIELDS}
-
-
 def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
     """One vectorized evaluation of every configuration, power included (`predict_frame` when the models
     have it)."""
     n = len(configs)
     if hasattr(models, "predict_frame"):
-        from calibrate.frames import configs_frame
+        from calibrate.config_frame import configs_to_frame
 
         try:
-            frame = models.predict_frame(configs_frame(_record(c) for c in configs), power=True)
+            frame = models.predict_frame(configs_to_frame(configs), power=True)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
         p_valid = frame["p_valid"].to_numpy(dtype=float)

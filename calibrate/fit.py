@@ -21,8 +21,9 @@ from threadpoolctl import threadpool_limits
 
 from calibrate import accuracy
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
+from calibrate.config_frame import configs_to_frame
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure
-from calibrate.features import FEATURE_NAMES, build_features, config_from_row, configs_to_frame
+from calibrate.features import FEATURE_NAMES, build_features
 from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
@@ -31,8 +32,6 @@ from twin.domain import JobConfig, Outcome, broken_rule
 __all__ = [
     "SKOPS_TRUSTED_TYPES",
     "CalibratedModels",
-    "config_from_row",
-    "configs_to_frame",
     "fit_models",
     "holdout_metrics",
 ]

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from twin.cluster import Cluster, NodeSpec, gpu_tdp_watts
-from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
+from twin.cluster import Cluster, NodeSpec
+from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name, gpu_or_unknown
 from twin.ensemble import spread
 from twin.forecast import ForecastOptions, TwinInputs, json_safe, run_forecast
 from twin.plan import (
@@ -156,7 +156,9 @@ def replay_benchmark(
     rate = load * cluster.total_gpus / mean_gpu_seconds if mean_gpu_seconds > 0 else 1.0
     arrival = np.cumsum(rng.exponential(1.0 / rate, n))
     measured_power = table["gpu_power_watts_avg"].to_numpy(float)
-    tdp = np.array([gpu_tdp_watts(c.gpu_model) * DEFAULT_POWER_FRACTION for c in configs])[config_idx]
+    tdp = np.array([gpu_or_unknown(c.gpu_model).tdp_watts * DEFAULT_POWER_FRACTION for c in configs])[
+        config_idx
+    ]
     workload = Workload(
         job_ids=job_ids,
         arrival_s=arrival,

@@ -18,7 +18,7 @@ from enum import IntEnum
 import numpy as np
 from scipy.special import ndtri
 
-from twin.cluster import Cluster, gpu_tdp_watts
+from twin.cluster import Cluster
 from twin.config_changes import (
     DEFAULT_MIN_P_VALID,
     Admission,
@@ -27,7 +27,7 @@ from twin.config_changes import (
     repair_config,
     right_size_batches,
 )
-from twin.domain import JobConfig, config_rule
+from twin.domain import UNKNOWN_GPU, JobConfig, config_rule, gpu_or_unknown
 from twin.protocols import JobModels
 from twin.randomness import job_keys, job_uniforms
 from twin.workload import NO_CONFIG, Workload
@@ -119,7 +119,7 @@ def prepare_catalog(
     missing_power = ~np.isfinite(power)
     if missing_power.any():
         power[missing_power] = [
-            gpu_tdp_watts(c.gpu_model) * DEFAULT_POWER_FRACTION
+            gpu_or_unknown(c.gpu_model).tdp_watts * DEFAULT_POWER_FRACTION
             for c in np.asarray(configs, object)[missing_power]
         ]
     if options.admission is Admission.REJECT:
@@ -266,8 +266,8 @@ def build_plan(
         started = fixed & ~np.isnan(elapsed)
         hold[started] = np.maximum(hold[started] - elapsed[started], 0.0)
         estimate[fixed] = hold[fixed]
-        tdp = {name: gpu_tdp_watts(name) * DEFAULT_POWER_FRACTION for name in pools}
-        fallback = gpu_tdp_watts("") * DEFAULT_POWER_FRACTION
+        tdp = {name: gpu_or_unknown(name).tdp_watts * DEFAULT_POWER_FRACTION for name in pools}
+        fallback = UNKNOWN_GPU.tdp_watts * DEFAULT_POWER_FRACTION
         power[fixed] = [tdp.get(pools[p], fallback) if p >= 0 else fallback for p in pool[fixed]]
     if np.isnan(hold[reject == Reject.NONE]).any():
         raise ValueError("a job has neither a duration nor a configuration")

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from calibrate import accuracy
-from calibrate.features import FEATURE_NAMES, build_features, config_from_row, configs_to_frame
+from calibrate.config_frame import config_from_row, configs_to_frame
+from calibrate.features import FEATURE_NAMES, build_features
 from calibrate.loader import load_benchmark
 from calibrate.splits import BLOCK, RANDOM, block_folds, random_holdout
 from twin.domain import JobConfig
