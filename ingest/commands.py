@@ -435,6 +435,7 @@ def _worker(
         engine, bus.consumer(topic, group or settings.consumer_group), bus.producer(),
         dlq_topic=settings.dlq_topic, hooks=ingest_batch_hooks(settings),
         batch_size=batch_size or settings.ingest_batch_size, poll_timeout_ms=settings.ingest_poll_timeout_ms,
+        max_clock_skew=settings.max_clock_skew,
     )  # fmt: skip
 
 

@@ -87,6 +87,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     backtest.add_argument("--json", action="store_true", help="print JSON")
     backtest.set_defaults(handler=run_backtest_command)
 
+    migrate = subparsers.add_parser(
+        "migrate",
+        help="bring the store's schema to the newest version (run as the role that owns the schema)",
+        description="Applies the pending migrations to FINETWIN_DATABASE_URL. In production this runs as the "
+        "schema's owner, and the services connect as a role that owns nothing (docs/advisor.md).",
+    )
+    migrate.set_defaults(handler=run_migrate_command)
+
 
 def _models_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -110,6 +118,24 @@ def _ensemble_arguments(parser: argparse.ArgumentParser, runs: int | None) -> No
 
 
 # --- handlers
+
+
+def run_migrate_command(args: argparse.Namespace, settings: Settings) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from twin.cli import CommandError
+    from twin.db import engine_from_settings, migrate
+
+    engine = engine_from_settings(settings)
+    where = engine.url.render_as_string(hide_password=True)
+    try:
+        migrate(engine)
+    except SQLAlchemyError as exc:
+        raise CommandError(f"cannot migrate {where}: {exc}") from None
+    finally:
+        engine.dispose()
+    print(f"{where}: schema up to date")
+    return 0
 
 
 def run_forecast_command(args: argparse.Namespace, settings: Settings) -> int:

@@ -5,10 +5,13 @@ Built once by the CLI and passed down; nothing reads the environment on its own.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from twin.limits import DEFAULT_MAX_CLOCK_SKEW
 
 
 class Settings(BaseSettings):
@@ -29,6 +32,9 @@ class Settings(BaseSettings):
     # where bigger transactions go faster (bench/ingest.py: 1000 -> 6.4k, 5000 -> 8.7k events/s).
     ingest_batch_size: int = 5000
     ingest_poll_timeout_ms: int = 500
+    # Events dated further ahead of the ingest worker's clock go to the dead-letter topic (`clock_skew`):
+    # seconds, or an ISO 8601 duration such as PT1H.
+    max_clock_skew: timedelta = Field(DEFAULT_MAX_CLOCK_SKEW, ge=timedelta(0))
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
 
@@ -87,6 +93,17 @@ class Settings(BaseSettings):
 
     # Fail instead of skipping when a test service is missing (CI).
     require_services: bool = Field(default=False)
+
+    @field_validator("max_clock_skew", mode="before")
+    @classmethod
+    def _seconds_as_text(cls, value: object) -> object:
+        """`FINETWIN_MAX_CLOCK_SKEW=90` means 90 seconds (pydantic reads a bare number only when not text)."""
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return value
+        return value
 
     def resolved_database_url(self) -> str:
         if self.database_url:
