@@ -28,6 +28,7 @@ from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
 from twin.domain import JobConfig, Outcome, broken_rule
+from twin.families import ERROR_QUANTILE_LEVELS, error_family
 
 __all__ = [
     "SKOPS_TRUSTED_TYPES",
@@ -115,6 +116,22 @@ class CalibratedModels:
         features, _ = build_features(configs_to_frame(configs))
         with _quiet_threads():
             return self.failure.predict(features)
+
+    def predict_error_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.ErrorCorrelationModel: the share of each config's throughput error that its error
+        family shares (measured on held-out residuals when the version was fitted)."""
+        if not configs:
+            return np.zeros(0)
+        features, _ = build_features(configs_to_frame(configs))
+        return self.throughput.predict_error_correlation(features)
+
+    def predict_error_quantiles(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.ErrorDistributionModel: each config's standardized throughput error at
+        twin.families.ERROR_QUANTILE_LEVELS, from held-out residuals of its novelty level."""
+        if not configs:
+            return np.zeros((0, len(ERROR_QUANTILE_LEVELS)))
+        features, _ = build_features(configs_to_frame(configs))
+        return self.throughput.predict_error_quantiles(features)
 
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
@@ -209,8 +226,19 @@ def fit_models(
         else np.full(len(table), np.nan)
     )
     with _quiet_threads():
+        families = np.array(
+            [
+                error_family(str(m), str(k), str(g))
+                for m, k, g in zip(table["model_name"], table["method"], table["gpu_model"], strict=True)
+            ],
+            dtype=object,
+        )
         throughput_model = fit_throughput(
-            features[usable], throughput[usable], _subset(weight, usable), seed=seed
+            features[usable],
+            throughput[usable],
+            _subset(weight, usable),
+            seed=seed,
+            families=families[usable],
         )
         failure_model = fit_failure(features[passed], valid[passed], _subset(weight, passed), seed=seed)
         power_model = fit_power(features[usable], power_watts[usable], _subset(weight, usable), seed=seed)
@@ -220,6 +248,10 @@ def fit_models(
         "n_valid": int(usable.sum()),
         "n_runtime_failures": int((outcome == Outcome.RUNTIME.value).sum()),
         "n_rejected": int((outcome == Outcome.REJECTED.value).sum()),
+        # For the twin's ensembles (twin.plan): by novelty level (0 seen, 1 new region), the share of the
+        # throughput error that an error family shares, from held-out residuals.
+        "error_correlation": dict(throughput_model.error_correlation),
+        "error_quantiles": dict(throughput_model.error_quantiles),
     }
     return CalibratedModels(throughput_model, failure_model, power_model, info)
 

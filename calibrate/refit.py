@@ -271,6 +271,8 @@ def _metadata(
             "observed_half_life_days": weights.half_life_days,
         },
         "features": list(getattr(models, "feature_names", [])),
+        # How much throughput error an error family shares, by novelty level (the twin's ensembles use it).
+        "error_correlation": dict(getattr(models, "info", {}).get("error_correlation", {})),
         "libraries": library_versions(),
         "heldout_metrics": comparison.candidate,
         "comparison": comparison.to_json(),

@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "ingest.commands",
     "calibrate.commands",
     "twin.commands",
+    "twin.capacity_commands",
     "advisor.commands",
     "calibrate.report.commands",
 )

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from twin.domain import GPUS_PER_NODE, canonical_gpu_name
+from twin.domain import GPUS_PER_NODE, canonical_gpu_name, gpu_or_unknown
 
 
 class ClusterFormatError(ValueError):
@@ -116,6 +116,11 @@ def cluster_from_inventory(rows: Iterable[tuple[str, str, int, str]]) -> Cluster
         if status == "up" and int(count) > 0
     ]
     return Cluster(tuple(sorted(nodes, key=lambda n: n.node_id)))
+
+
+def gpu_tdp_watts(gpu_model: str) -> float:
+    """Board power of a GPU model in any known spelling; an unknown one draws the catalogue's largest."""
+    return gpu_or_unknown(gpu_model).tdp_watts
 
 
 def _positive_int(value: object, where: str) -> int:

@@ -33,6 +33,12 @@ def drawn(figure: Figure | None) -> Figure:
     return figure
 
 
+@pytest.fixture(scope="module")
+def figures(numbers: dict[str, Any]) -> dict[str, Figure]:
+    """Every figure of the sample, drawn once for the module (drawing is most of these tests' time)."""
+    return {name: drawn(draw(numbers)) for name, draw in DRAWERS.items()}
+
+
 def visible_texts(figure: Figure) -> list[Text]:
     texts = []
     for text in figure.findobj(Text):
@@ -56,8 +62,8 @@ def tick_labels_in_view(figure: Figure) -> set[int]:
 
 
 @pytest.mark.parametrize("name", list(DRAWERS))
-def test_no_text_overlaps_another_or_leaves_the_canvas(numbers: dict[str, Any], name: str) -> None:
-    figure = drawn(DRAWERS[name](numbers))
+def test_no_text_overlaps_another_or_leaves_the_canvas(figures: dict[str, Figure], name: str) -> None:
+    figure = figures[name]
     renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
     canvas = figure.bbox
     all_ticks = {
@@ -74,14 +80,16 @@ def test_no_text_overlaps_another_or_leaves_the_canvas(numbers: dict[str, Any], 
         assert not box_a.overlaps(box_b), f"{a.get_text()!r} overlaps {b.get_text()!r} in {name}"
 
 
-def test_line_charts_start_at_zero(numbers: dict[str, Any]) -> None:
+def test_line_charts_start_at_zero(figures: dict[str, Figure]) -> None:
     for name in ("single_gpu", "scaling"):
-        main = drawn(DRAWERS[name](numbers)).axes[0]
+        main = figures[name].axes[0]
         assert main.get_ylim()[0] == 0, name
 
 
-def test_figure3_shows_the_matched_doublings_and_marks_thin_medians(numbers: dict[str, Any]) -> None:
-    figure = drawn(DRAWERS["single_gpu"](numbers))
+def test_figure3_shows_the_matched_doublings_and_marks_thin_medians(
+    numbers: dict[str, Any], figures: dict[str, Figure]
+) -> None:
+    figure = figures["single_gpu"]
     medians_ax, doublings_ax, doublings_strip = figure.axes[0], figure.axes[1], figure.axes[3]
     assert "matched" in doublings_ax.get_title()
     doublings = {d for e in numbers["batch_doubling"].values() for d in e["doublings"]}
@@ -106,8 +114,10 @@ def bars(ax: Any) -> list[Rectangle]:
     return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() > 0]
 
 
-def test_figure5b_draws_rows_of_few_pairs_lighter_and_counts_in_the_singular(numbers: dict[str, Any]) -> None:
-    figure = drawn(DRAWERS["efficiency"](numbers))
+def test_figure5b_draws_rows_of_few_pairs_lighter_and_counts_in_the_singular(
+    figures: dict[str, Figure],
+) -> None:
+    figure = figures["efficiency"]
     colors = {to_hex(p.get_facecolor()) for ax in figure.axes for p in bars(ax)}
     assert colors == {BAR_COLOR, THIN_BAR_COLOR}
     labels = [t.get_text() for t in visible_texts(figure)]
@@ -115,8 +125,10 @@ def test_figure5b_draws_rows_of_few_pairs_lighter_and_counts_in_the_singular(num
     assert not any("1 pairs" in t for t in labels)
 
 
-def test_figure6_compares_on_one_scale_and_keeps_rows_without_pairs(numbers: dict[str, Any]) -> None:
-    figure = drawn(DRAWERS["speedups"](numbers))
+def test_figure6_compares_on_one_scale_and_keeps_rows_without_pairs(
+    numbers: dict[str, Any], figures: dict[str, Figure]
+) -> None:
+    figure = figures["speedups"]
     panels = [ax for ax in figure.axes if ax.get_yticklabels()]
     assert len(panels) == 3
     assert len({ax.get_xlim() for ax in panels}) == 1
