@@ -21,11 +21,11 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from sqlalchemy import Engine
 
-    from calibrate.live import DriftCallback
+    from calibrate.live_error import DriftCallback
     from ingest.apply import BatchHook
     from ingest.bus import Bus
     from ingest.worker import IngestWorker
-    from twin.models import JobModels
+    from twin.protocols import JobModels
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ def ensure_topics(bus: Bus, settings: Settings, topic: str) -> None:
 
 def ingest_batch_hooks(settings: Settings, on_drift: DriftCallback | None = None) -> list[BatchHook]:
     """What ingest runs inside each batch's transaction after applying it: the models in use predict each
-    submitted job and score each ended one (calibrate.live); `on_drift` hears when that error drifts."""
-    from calibrate.live import prediction_hook
+    submitted job and score each ended one (calibrate.live_error); `on_drift` hears when that error drifts."""
+    from calibrate.live_error import prediction_hook
 
     return [prediction_hook(settings, on_drift=on_drift)]
 

@@ -26,8 +26,12 @@ def advise(
     config: Annotated[Path, typer.Argument(help="JSON or YAML file with one configuration ('-' = stdin)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the whole answer as JSON")] = False,
 ) -> int:
-    from advisor.advice import AdviceError, ModelsUnusable, advise_job
-    from advisor.advice_io import AdviceRequest, ConfigFileError, read_config_file, render_text
+    from advisor.advice import advise_job
+    from advisor.advice_plan import AdviceError
+    from advisor.advice_predict import ModelsUnusable
+    from advisor.advice_schemas import AdviceRequest
+    from advisor.advice_text import render_text
+    from advisor.config_file import ConfigFileError, read_config_file
     from calibrate.registry import ModelRegistry, RegistryError
 
     settings: Settings = ctx.obj

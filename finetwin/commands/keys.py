@@ -42,7 +42,7 @@ def create(
 def list_keys(ctx: typer.Context) -> int:
     from sqlmodel import Session, col, select
 
-    from advisor.tables import ApiKey
+    from advisor.records import ApiKey
     from finetwin.wiring import migrated_engine
 
     settings: Settings = ctx.obj

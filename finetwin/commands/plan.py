@@ -63,7 +63,7 @@ def plan(
 
     from twin.capacity import SweepError, SweepRequest, run_sweep
     from twin.executors import ExecutorUnavailable, close_executor, make_executor
-    from twin.slo import SloFormatError, load_slos
+    from twin.slo_attainment import SloFormatError, load_slos
 
     settings: Settings = ctx.obj
     live = workload is None
@@ -121,7 +121,7 @@ def _inputs(cluster: Path | None, workload: Path | None, settings: Settings) -> 
     from finetwin.wiring import migrated_engine
     from twin.cluster import ClusterFormatError, load_cluster
     from twin.forecast import TwinInputs
-    from twin.live import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_live_inputs
 
     if workload is not None:
         if cluster is None:

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+EXIT_UNDECODABLE = 3  # `finetwin ingest` stopped at a record batch it cannot decode
+# After SIGTERM / Ctrl-C, `finetwin ingest` finishes its batch and exits; if a broker or database that is
+# gone holds it up longer than this, it exits anyway (status 1): what it had not committed is redelivered.
+STOP_DEADLINE_S = 15.0
+
 Bootstrap = Annotated[
     str | None, typer.Option(help="Kafka bootstrap servers (default FINETWIN_KAFKA_BOOTSTRAP)")
 ]
@@ -140,7 +145,7 @@ def _consume_in_child(options: IngestOptions, settings: Settings, log_level: int
 def _consume(options: IngestOptions, settings: Settings, engine: Engine, metrics_port: int | None) -> int:
     """Run one ingest worker in this process until SIGTERM / Ctrl-C."""
     from finetwin.wiring import ingest_worker
-    from ingest.bus import ConsumerTuning, KafkaBus
+    from ingest.bus import ConsumerTuning, KafkaBus, UndecodableBatch
     from ingest.worker import settle_garbage_collector
 
     bus = KafkaBus(options.bootstrap, ConsumerTuning.from_settings(settings))
@@ -158,15 +163,19 @@ def _consume(options: IngestOptions, settings: Settings, engine: Engine, metrics
         options.group or settings.consumer_group,
     )
     settle_garbage_collector()
-    with stop_on_signals(stop):
-        worker.run(stop)
+    status = 0
+    with stop_on_signals(stop, deadline_s=STOP_DEADLINE_S):
+        try:
+            worker.run(stop)
+        except UndecodableBatch:  # logged by the worker, with where and why
+            status = EXIT_UNDECODABLE
     stats = worker.stats
     log.info(
         "stopped: %d messages, %d events applied, %d duplicates, %d dead letters",
         stats.messages, stats.applied, stats.duplicates, stats.dead_letters,
     )  # fmt: skip
     engine.dispose()
-    return 0
+    return status
 
 
 # --- finetwin replay

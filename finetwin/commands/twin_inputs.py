@@ -15,7 +15,7 @@ from twin.settings import Settings
 
 if TYPE_CHECKING:
     from twin.forecast import ForecastOptions
-    from twin.models import JobModels
+    from twin.protocols import JobModels
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,10 @@ class EnsembleChoices:
 def forecast_options(
     choices: EnsembleChoices, settings: Settings, default_horizon: str | None
 ) -> ForecastOptions:
+    from twin.config_changes import Admission, Optimization
     from twin.forecast import ForecastOptions
     from twin.plan import PlanOptions
     from twin.policies import Policy
-    from twin.tuning import Admission, Optimization
     from twin.units import parse_duration
 
     try:
@@ -81,7 +81,7 @@ def forecast_options(
 
 
 def declared_slos(settings: Settings) -> Any:
-    from twin.slo import SloFormatError, load_slos
+    from twin.slo_attainment import SloFormatError, load_slos
 
     try:
         return load_slos(settings.slo_file)
@@ -105,7 +105,7 @@ def live_inputs(settings: Settings, engine: Any = None, clock: Any = None) -> An
     from datetime import timedelta
 
     from finetwin.wiring import migrated_engine
-    from twin.live import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_live_inputs
 
     engine = engine if engine is not None else migrated_engine(settings)
     lookback = timedelta(days=settings.forecast_lookback_days)
@@ -128,7 +128,7 @@ def needs_models(inputs: Any) -> bool:
 def job_models(models: Path | None, settings: Settings, needed: bool) -> tuple[JobModels | None, str]:
     """The calibrated models in use; the uncalibrated fallback (with a warning) when none has been fitted."""
     from finetwin.wiring import load_job_models
-    from twin.simple_models import FallbackModels
+    from twin.uncalibrated import FallbackModels
 
     if not needed:
         return None, "none (fixed durations)"
