@@ -34,8 +34,8 @@ from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.loader import bundled_benchmark_path
 from calibrate.observed import observed_table
 from calibrate.promotion import Comparison, Incumbent, compare
+from calibrate.records import ModelVersionRecord
 from calibrate.registry import ModelRegistry, RegistryError
-from calibrate.tables import ModelVersionRecord
 from twin.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -271,6 +271,8 @@ def _metadata(
             "observed_half_life_days": weights.half_life_days,
         },
         "features": list(getattr(models, "feature_names", [])),
+        # How much throughput error an error family shares, by novelty level (the twin's ensembles use it).
+        "error_correlation": dict(getattr(models, "info", {}).get("error_correlation", {})),
         "libraries": library_versions(),
         "heldout_metrics": comparison.candidate,
         "comparison": comparison.to_json(),
@@ -280,7 +282,7 @@ def _metadata(
 
 
 def record_version(engine: Engine, metadata: dict[str, Any], *, promoted: bool) -> None:
-    from calibrate.live import version_record
+    from calibrate.live_error import version_record
 
     row = version_record({**metadata, "promoted": promoted})
     with engine.begin() as connection:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from twin.settings import Settings
 
 if TYPE_CHECKING:
-    from twin.models import JobModels
+    from twin.protocols import JobModels
 
 log = logging.getLogger("finetwin.twin")
 
@@ -38,6 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     forecast.add_argument("--horizon", default=None, help="how far ahead, e.g. 24h (default from settings)")
     _ensemble_arguments(forecast, runs=None)
     forecast.add_argument("--store", action="store_true", help="also store it in the database")
+    forecast.add_argument(
+        "--skill", action="store_true",
+        help="instead: how the stored forecasts did against what happened (error and p10-p90 coverage)",
+    )  # fmt: skip
+    forecast.add_argument(
+        "--since",
+        default=None,
+        help="with --skill: intervals from this RFC 3339 time, or this long back (24h)",
+    )
     forecast.set_defaults(handler=run_forecast_command)
 
     simulate = subparsers.add_parser(
@@ -142,18 +151,25 @@ def run_forecast_command(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import timedelta
 
     from twin.cli import CommandError
+    from twin.clock import twin_clock
     from twin.db import engine_from_settings, migrate
     from twin.forecast import forecast
     from twin.forecast_store import ON_DEMAND, save_forecast
-    from twin.live import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_live_inputs
 
-    options = _options(args, settings, default_horizon=f"{settings.forecast_horizon_hours}h")
-    slos = _slos(settings)
     engine = engine_from_settings(settings)
     migrate(engine)
+    clock = twin_clock(engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds)
+    if args.skill:
+        return _print_skill(engine, settings, clock.now, args.since, args.json)
+    options = _options(args, settings, default_horizon=f"{settings.forecast_horizon_hours}h")
+    slos = _slos(settings)
     try:
         inputs = load_live_inputs(
-            engine, cluster_id=settings.cluster_id, lookback=timedelta(days=settings.forecast_lookback_days)
+            engine,
+            cluster_id=settings.cluster_id,
+            lookback=timedelta(days=settings.forecast_lookback_days),
+            clock=clock,
         )
     except NoClusterError as exc:
         raise CommandError(str(exc)) from None
@@ -163,6 +179,37 @@ def run_forecast_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.store:
         save_forecast(engine, document, cluster_id=settings.cluster_id, kind=ON_DEMAND)
     _emit(document, args.json, _print_forecast)
+    return 0
+
+
+def _print_skill(engine: Any, settings: Settings, now: Any, since_text: str | None, as_json: bool) -> int:
+    from datetime import datetime, timedelta
+
+    from twin.cli import CommandError
+    from twin.skill import skill
+    from twin.units import parse_duration
+
+    since = None
+    if since_text:
+        try:
+            since = now - timedelta(seconds=parse_duration(since_text))
+        except ValueError:
+            try:
+                since = datetime.fromisoformat(since_text.replace("Z", "+00:00"))
+            except ValueError:
+                raise CommandError(f"--since: not a time or a duration: {since_text!r}") from None
+    document = skill(engine, settings.cluster_id, since)
+    if as_json:
+        print(json.dumps(document, indent=2))
+        return 0
+    print(f"{document['scored']} forecasts scored over {document['intervals']} interval figures")
+    print(f"{'figure':<44} {'n':>6} {'MAPE':>8} {'MAE':>10} {'bias':>10} {'p10-p90 coverage':>17}")
+    for figure, stats in document["figures"].items():
+        mape = "-" if stats["mape"] is None else f"{100 * stats['mape']:.1f}%"
+        print(
+            f"{figure:<44} {stats['n']:>6} {mape:>8} {stats['mae']:>10.3g} {stats['bias']:>10.3g} "
+            f"{stats['coverage']:>17.2f}"
+        )
     return 0
 
 
@@ -188,7 +235,7 @@ def run_whatif_command(args: argparse.Namespace, settings: Settings) -> int:
     from twin.cli import CommandError
     from twin.db import engine_from_settings, migrate
     from twin.forecast import TwinInputs
-    from twin.live import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_live_inputs
     from twin.whatif import WhatIf, run_whatif
 
     try:
@@ -287,10 +334,10 @@ def run_backtest_command(args: argparse.Namespace, settings: Settings) -> int:
 
 def _options(args: argparse.Namespace, settings: Settings, default_horizon: str | None) -> Any:
     from twin.cli import CommandError
+    from twin.config_changes import Admission, Optimization
     from twin.forecast import ForecastOptions
     from twin.plan import PlanOptions
     from twin.policies import Policy
-    from twin.tuning import Admission, Optimization
     from twin.units import parse_duration
 
     try:
@@ -323,7 +370,7 @@ def _options(args: argparse.Namespace, settings: Settings, default_horizon: str 
 
 def _slos(settings: Settings) -> Any:
     from twin.cli import CommandError
-    from twin.slo import SloFormatError, load_slos
+    from twin.slo_attainment import SloFormatError, load_slos
 
     try:
         return load_slos(settings.slo_file)
@@ -353,7 +400,7 @@ def _needs_models(inputs: Any) -> bool:
 def _job_models(args: argparse.Namespace, settings: Settings, needed: bool) -> tuple[JobModels | None, str]:
     """The calibrated models in use; the uncalibrated fallback (with a warning) when none has been fitted."""
     from twin.cli import CommandError, load_job_models
-    from twin.simple_models import FallbackModels
+    from twin.uncalibrated import FallbackModels
 
     if not needed:
         return None, "none (fixed durations)"

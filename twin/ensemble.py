@@ -21,12 +21,12 @@ import simpy
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster
-from twin.metrics import SERIES_FIGURES, SUMMARY_FIGURES, measure
 from twin.plan import JobPlan, PreparedCatalog, build_plan
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.randomness import run_key
+from twin.run_metrics import SERIES_FIGURES, SUMMARY_FIGURES, energy_of, measure
 from twin.simulator import End, SimResult, simulate
-from twin.slo import DEFAULT_SLOS, SloSet, evaluate
+from twin.slo_attainment import DEFAULT_SLOS, SloSet, evaluate
 from twin.workload import Workload, concat
 
 # Runs per Ray task: a task costs a few milliseconds of scheduling, a run tens to hundreds.
@@ -51,6 +51,9 @@ class EnsembleSpec:
     slos: SloSet = field(default_factory=lambda: DEFAULT_SLOS)
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH
     keep_jobs: bool = False  # keep run 0's job table
+    # Backtests: also the energy of these jobs alone (summary `energy_kwh_subset`), the ones whose truth is
+    # measured.
+    energy_jobs: frozenset[str] | None = None
 
 
 @dataclass
@@ -90,6 +93,10 @@ def run_one(spec: EnsembleSpec, index: int) -> RunOutput:
         backfill_depth=spec.backfill_depth,
     )
     metrics = measure(plan, result, spec.cluster.gpus_by_model(), spec.horizon_s, spec.interval_s)
+    if spec.energy_jobs is not None:
+        subset = np.fromiter((j in spec.energy_jobs for j in plan.job_ids), dtype=bool, count=len(plan))
+        window = spec.horizon_s if spec.horizon_s is not None else result.until_s
+        metrics.summary["energy_kwh_subset"] = energy_of(plan, result, window, subset)
     return RunOutput(
         summary=metrics.summary,
         utilization_by_type=metrics.utilization_by_type,

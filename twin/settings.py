@@ -68,7 +68,13 @@ class Settings(BaseSettings):
     slo_file: Path | None = None
 
     # Twin: forecasts from the live state, and the standing forecast the API refreshes and stores.
-    forecast_refresh_minutes: float = 5.0  # the standing forecast is recomputed this often
+    # The standing forecast is made every this much telemetry time (`5m`, `1h` or seconds; a replay at
+    # --speed 600 runs it 600 times faster than the wall clock) ...
+    forecast_every: float = 300.0
+    # ... but at most once per this many wall seconds (an ensemble costs seconds of CPU).
+    forecast_min_wall_seconds: float = 10.0
+    # The twin's clock leaves the wall clock for the telemetry's when the two disagree by more than this.
+    forecast_clock_tolerance_seconds: float = 300.0
     forecast_horizon_hours: float = 24.0
     forecast_interval_minutes: float = 60.0  # width of one step of the forecast's series
     forecast_runs: int = 32  # seeded runs per ensemble
@@ -96,6 +102,13 @@ class Settings(BaseSettings):
 
     # Fail instead of skipping when a test service is missing (CI).
     require_services: bool = Field(default=False)
+
+    @field_validator("forecast_every", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        from twin.units import parse_duration
+
+        return parse_duration(value)  # type: ignore[arg-type]
 
     @field_validator("max_clock_skew", mode="before")
     @classmethod

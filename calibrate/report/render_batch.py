@@ -39,7 +39,7 @@ def batch_section(numbers: dict[str, Any]) -> list[str]:
         "### Batch size on matched pairs (Figure 3b)",
         READ_MATCHED,
         table(
-            ["GPU type", "doubling", "pairs", "matched median ratio", "IQR (q25–q75)", "unmatched medians"],
+            ["GPU type", "doubling", "pairs", "matched median ratio", "IQR (q25–q75)", "unmatched step (3a)"],
             rows,
         ),
     ]

@@ -156,8 +156,11 @@ def test_the_whole_sample_through_kafka_into_postgresql(
         worker,
         _,
     ):
+        # Pinned to the plan's own epoch (in the past): a replay anchored now would run ahead of the worker's
+        # clock by its whole span at --speed 0, beyond the worker's bound on clock skew.
         assert main(["replay", "--bench", str(bundled_benchmark_path()), "--seed", "0", "--bootstrap",
-                     kafka_bootstrap, "--topic", topic, "--quiet"]) == 0  # fmt: skip
+                     kafka_bootstrap, "--topic", topic, "--quiet",
+                     "--epoch", sample_plan.epoch.isoformat()]) == 0  # fmt: skip
         total = len(sample_plan.events)
         wait_for(lambda: worker.stats.messages >= total, 120, "the whole replay to be ingested")
         assert (worker.stats.applied, worker.stats.dead_letters) == (total, 0)

@@ -33,6 +33,12 @@ def drawn(figure: Figure | None) -> Figure:
     return figure
 
 
+@pytest.fixture(scope="module")
+def figures(numbers: dict[str, Any]) -> dict[str, Figure]:
+    """Every figure of the sample, drawn once for the module (drawing is most of these tests' time)."""
+    return {name: drawn(draw(numbers)) for name, draw in DRAWERS.items()}
+
+
 def visible_texts(figure: Figure) -> list[Text]:
     texts = []
     for text in figure.findobj(Text):
@@ -56,8 +62,11 @@ def tick_labels_in_view(figure: Figure) -> set[int]:
 
 
 @pytest.mark.parametrize("name", list(DRAWERS))
-def test_no_text_overlaps_another_or_leaves_the_canvas(numbers: dict[str, Any], name: str) -> None:
-    figure = drawn(DRAWERS[name](numbers))
+def test_no_text_overlaps_another_or_leaves_the_canvas(figures: dict[str, Figure], name: str) -> None:
+    assert_texts_apart(figures[name], name)
+
+
+def assert_texts_apart(figure: Figure, name: str) -> None:
     renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
     canvas = figure.bbox
     all_ticks = {
@@ -74,14 +83,16 @@ def test_no_text_overlaps_another_or_leaves_the_canvas(numbers: dict[str, Any], 
         assert not box_a.overlaps(box_b), f"{a.get_text()!r} overlaps {b.get_text()!r} in {name}"
 
 
-def test_line_charts_start_at_zero(numbers: dict[str, Any]) -> None:
+def test_line_charts_start_at_zero(figures: dict[str, Figure]) -> None:
     for name in ("single_gpu", "scaling"):
-        main = drawn(DRAWERS[name](numbers)).axes[0]
+        main = figures[name].axes[0]
         assert main.get_ylim()[0] == 0, name
 
 
-def test_figure3_shows_the_matched_doublings_and_marks_thin_medians(numbers: dict[str, Any]) -> None:
-    figure = drawn(DRAWERS["single_gpu"](numbers))
+def test_figure3_shows_the_matched_doublings_and_marks_thin_medians(
+    numbers: dict[str, Any], figures: dict[str, Figure]
+) -> None:
+    figure = figures["single_gpu"]
     medians_ax, doublings_ax, doublings_strip = figure.axes[0], figure.axes[1], figure.axes[3]
     assert "matched" in doublings_ax.get_title()
     doublings = {d for e in numbers["batch_doubling"].values() for d in e["doublings"]}
@@ -106,8 +117,10 @@ def bars(ax: Any) -> list[Rectangle]:
     return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_width() > 0]
 
 
-def test_figure5b_draws_rows_of_few_pairs_lighter_and_counts_in_the_singular(numbers: dict[str, Any]) -> None:
-    figure = drawn(DRAWERS["efficiency"](numbers))
+def test_figure5b_draws_rows_of_few_pairs_lighter_and_counts_in_the_singular(
+    figures: dict[str, Figure],
+) -> None:
+    figure = figures["efficiency"]
     colors = {to_hex(p.get_facecolor()) for ax in figure.axes for p in bars(ax)}
     assert colors == {BAR_COLOR, THIN_BAR_COLOR}
     labels = [t.get_text() for t in visible_texts(figure)]
@@ -115,8 +128,10 @@ def test_figure5b_draws_rows_of_few_pairs_lighter_and_counts_in_the_singular(num
     assert not any("1 pairs" in t for t in labels)
 
 
-def test_figure6_compares_on_one_scale_and_keeps_rows_without_pairs(numbers: dict[str, Any]) -> None:
-    figure = drawn(DRAWERS["speedups"](numbers))
+def test_figure6_compares_on_one_scale_and_keeps_rows_without_pairs(
+    numbers: dict[str, Any], figures: dict[str, Figure]
+) -> None:
+    figure = figures["speedups"]
     panels = [ax for ax in figure.axes if ax.get_yticklabels()]
     assert len(panels) == 3
     assert len({ax.get_xlim() for ax in panels}) == 1
@@ -139,3 +154,18 @@ def test_figure6_without_moe_pairs_but_with_tried_degrees_still_lists_them(numbe
     # No MoE pair: the MoE panel goes (it has no bar), RoCE and fast kernels stay on their shared scale.
     titles = [ax.get_title(loc="left") for ax in figure.axes if ax.get_yticklabels()]
     assert titles == ["(a) RoCE (multi-node jobs)", "(c) fast kernels"]
+
+
+def test_figure3_without_any_matched_doubling_says_so(tmp_path: Path) -> None:
+    from tests.report.conftest import row, write_bench
+
+    # Batches 1 and 8 only: medians to plot, but no job ran at b and 2b.
+    bench = write_bench(
+        tmp_path / "b.csv", [row(tps=3000, gpu="L40S", batch=1), row(tps=4000, gpu="L40S", batch=8)]
+    )
+    numbers = compute_numbers(load_benchmark(bench), source="hand-made")
+    assert numbers["batch_doubling"]["L40S"]["doublings"] == []
+    figure = drawn(DRAWERS["single_gpu"](numbers))
+    assert any("no matched pair" in t.get_text() for t in figure.axes[1].texts)
+    assert not figure.axes[3].get_visible()  # no strip of pair counts without pairs
+    assert_texts_apart(figure, "single_gpu without pairs")

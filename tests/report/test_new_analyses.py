@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from calibrate.loader import load_benchmark
-from calibrate.report import build_report, compute_numbers
+from calibrate.report import compute_numbers
+from calibrate.report.render import render
 from calibrate.report.stats import largest_remainder_pct
 from tests.report.conftest import CAPPED, PCIE, SXM, UNCAPPED, pandas_ratios, row, write_bench
 
@@ -97,8 +98,8 @@ def test_batch_doubling_on_matched_pairs_and_the_log2_fit(tmp_path: Path) -> Non
 
 
 def test_report_says_to_believe_the_matched_doublings_where_the_medians_disagree(tmp_path: Path) -> None:
-    report = build_report(write_bench(tmp_path / "bench.csv", batch_rows()), tmp_path / "out")
-    text = report.report_md.read_text()
+    numbers, _ = written(tmp_path, batch_rows())
+    text = render(numbers, {})  # report.md's text; the figures are tested in test_figures.py
     assert "### Batch size on matched pairs (Figure 3b)" in text
     assert "believe the matched ratio" in text
     # Unmatched 1 -> 2 on A100-SXM: 1150 / 2000 = 0.575 falls, while the matched pairs gain 1.3x.
@@ -176,7 +177,7 @@ def test_fast_moe_degrees_without_a_valid_run(tmp_path: Path) -> None:
     tried = raw[raw.fast_moe > 0].groupby("fast_moe").is_valid.agg(["max", "size"])
     expected = {str(int(ep)): int(r["size"]) for ep, r in tried.iterrows() if r["max"] == 0}
     assert never == expected
-    text = build_report(tmp_path / "bench.csv", tmp_path / "out").report_md.read_text()
+    text = render(numbers, {})
     assert "EP 16 (2 experiments), EP 32 (1 experiment)" in text
 
 
@@ -231,7 +232,7 @@ def test_roce_per_model_on_four_nodes_per_campaign(tmp_path: Path) -> None:
     expected = frame.groupby(["campaign", "model_name"]).ratio.agg(["median", "size"])
     got = {(c, m): (s["median"], s["pairs"]) for c, by in per_model.items() for m, s in by.items()}
     assert got == {k: (pytest.approx(r["median"]), r["size"]) for k, r in expected.iterrows()}
-    text = build_report(tmp_path / "bench.csv", tmp_path / "out").report_md.read_text()
+    text = render(numbers, {})
     assert "### RoCE on 4 nodes, per model" in text
     assert "| no time limit | mixtral-8x7b-instruct-v0.1 | 1 | 2.50× |" in text
 
@@ -266,7 +267,7 @@ def test_inventory_counts_ids_sizes_the_a100_sxm_share_and_gpus_without_power(tm
     assert inventory["a100_sxm_rows_pct"] == pytest.approx(100 * (raw.gpu_model == SXM).mean())
     has_power = raw.groupby("gpu_model").gpu_power_watts_avg.apply(lambda p: p.notna().any())
     assert set(inventory["gpu_models_without_power_telemetry"]) == set(has_power[~has_power].index)
-    text = build_report(tmp_path / "bench.csv", tmp_path / "out").report_md.read_text()
+    text = render(numbers, {})
     assert "- 6 experiments in 3 distinct `experiment_id`s, 3 LLMs" in text
     assert "model sizes 1.2 B (llama3.2-1b) to 405 B (llama3.1-405b)" in text
     assert "without power telemetry in any experiment: A100-PCIe, L40S" in text
@@ -286,23 +287,23 @@ def plain_largest_remainder(counts: list[int]) -> list[float]:
 def test_table1_rows_sum_to_100_by_largest_remainder(tmp_path: Path) -> None:
     rows = [row(tps=1000)] * 3 + [row(gpus=2, batch=3)] * 2 + [row(batch=512)] * 2  # 3 valid, 2, 2 of 7
     rows += [row(tps=700, gpu="L40S"), row(gpus=2, batch=3, gpu="L40S"), row(batch=512, gpu="L40S")]
-    report = build_report(write_bench(tmp_path / "bench.csv", rows), tmp_path / "out")
-    sxm = report.numbers["table1"][SXM]
+    numbers, _ = written(tmp_path, rows)
+    sxm = numbers["table1"][SXM]
     # 3/7, 2/7, 2/7 = 42.857 %, 28.571 %, 28.571 %: rounded one by one they sum to 100.1; the largest
     # remainders (.71, .71 tenths) get the missing tenths, 42.8 + 28.6 + 28.6 = 100.0.
     assert sxm["pct_rounded"] == {"valid": 42.8, "rejected": 28.6, "runtime": 28.6}
     # 1/3 each: a tie; the first share takes the extra tenth.
-    assert report.numbers["table1"]["L40S"]["pct_rounded"] == {
+    assert numbers["table1"]["L40S"]["pct_rounded"] == {
         "valid": 33.4,
         "rejected": 33.3,
         "runtime": 33.3,
     }
-    assert report.numbers["table1_dataset"]["pct_rounded"] == {
+    assert numbers["table1_dataset"]["pct_rounded"] == {
         "valid": 40.0,
         "rejected": 30.0,
         "runtime": 30.0,
     }
-    text = report.report_md.read_text()
+    text = render(numbers, {})
     assert "| 7 | 42.8 | 28.6 | 28.6 |" in text and "| 3 | 33.4 | 33.3 | 33.3 |" in text
     table1 = text.split("### Table 1")[1].split("###")[0]
     for line in table1.splitlines():

@@ -8,13 +8,14 @@ inputs' notes; a job without its work (dataset tokens) gets the median work of t
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from twin.arrivals import fit_arrivals
+from twin.clock import TwinClock, as_utc, telemetry_span, twin_clock
 from twin.cluster import cluster_from_inventory
 from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
 from twin.forecast import TwinInputs
@@ -31,9 +32,7 @@ class NoClusterError(ValueError):
     """The store knows no node that is up, so there is no cluster to forecast."""
 
 
-def utc(ts: datetime) -> datetime:
-    """SQLite hands back naive datetimes; the store writes UTC."""
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+utc = as_utc
 
 
 def job_config(job: Job) -> JobConfig | None:
@@ -106,16 +105,36 @@ def load_live_inputs(
     cluster_id: str = "default",
     now: datetime | None = None,
     lookback: timedelta = timedelta(days=7),
+    clock: TwinClock | None = None,
 ) -> TwinInputs:
-    now = utc(now or datetime.now(UTC))
+    """The state at `now` (default: the twin's clock, i.e. the telemetry's newest time when it disagrees
+    with the wall clock). Arrivals and the job mix come from the last `lookback` of telemetry time, never
+    from before the telemetry began (a window that reached back before it would dilute the rate)."""
+    if now is None:
+        clock = clock or twin_clock(engine, cluster_id)
+        now = clock.now
+        earliest = clock.telemetry_earliest
+    else:
+        earliest = telemetry_span(engine, cluster_id)[0]
+    now = utc(now)
+    since = now - lookback
+    if earliest is not None and since < earliest < now:
+        since = earliest
     notes: list[str] = []
+    if clock is not None and clock.source == "telemetry" and clock.lag_s is not None:
+        ahead = "behind" if clock.lag_s > 0 else "ahead of"
+        notes.append(
+            f"starts at the telemetry's newest time, {abs(clock.lag_s):,.0f} s {ahead} the wall clock"
+        )
     with Session(engine) as session:
         nodes = session.exec(select(Node).where(Node.cluster_id == cluster_id)).all()
         active = session.exec(
             select(Job).where(Job.cluster_id == cluster_id, col(Job.state).in_(("submitted", "running")))
         ).all()
         history = session.exec(
-            select(Job).where(Job.cluster_id == cluster_id, col(Job.submitted_at) >= now - lookback)
+            select(Job).where(
+                Job.cluster_id == cluster_id, col(Job.submitted_at) >= since, col(Job.submitted_at) < now
+            )
         ).all()
         observed_work = dict(
             session.exec(
@@ -184,7 +203,7 @@ def load_live_inputs(
             mix.add(job.job_id, 0.0, config, work_of(job) or typical_work, None)
     if imputed or (not known_work and len(mix.ids)):
         notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical_work:,.0f} tokens")
-    arrivals = fit_arrivals(submitted_at, mix.build(), now, lookback) if submitted_at else None
+    arrivals = fit_arrivals(submitted_at, mix.build(), now, now - since) if submitted_at else None
     failure_times = np.asarray([f for f in failures if f is not None and f >= 0], dtype=float)
     if not len(failure_times):
         notes.append("no runtime failure observed yet: failures assumed 1-10 min into the run")
@@ -195,4 +214,5 @@ def load_live_inputs(
         failure_times_s=failure_times if len(failure_times) else None,
         start=now,
         notes=notes,
+        clock=clock.describe() if clock is not None else None,
     )
