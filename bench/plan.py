@@ -124,8 +124,8 @@ def large_run(jobs_per_day: float) -> tuple[float, float, float]:
     import tracemalloc
 
     from twin.capacity import SweepTask, prepare_inputs, run_sweep_task
+    from twin.config_changes import Admission
     from twin.policies import Policy
-    from twin.tuning import Admission
 
     inputs, models = build_inputs(jobs_per_day, reference_nodes=(1125, 125))
     shared = prepare_inputs(inputs, models, request(1), slos())
