@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UP_DEFAULT_SPEED = 600.0  # `finetwin up`: ten simulated minutes per second, so the dashboard moves
+EXIT_UNDECODABLE = 3  # `finetwin ingest` stopped at a record batch it cannot decode
+# After SIGTERM / Ctrl-C, `finetwin ingest` finishes its batch and exits; if a broker or database that is gone
+# holds it up longer than this, it exits anyway (status 1): what it had not committed is redelivered.
+STOP_DEADLINE_S = 15.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -169,6 +174,7 @@ def _consume(args: argparse.Namespace, settings: Settings, engine: Engine, metri
 
     bootstrap = _bootstrap(args, settings)
     topic = args.topic or settings.telemetry_topic
+    from ingest.bus import UndecodableBatch
     from ingest.worker import settle_garbage_collector
 
     bus = KafkaBus(bootstrap, ConsumerTuning.from_settings(settings))
@@ -186,15 +192,19 @@ def _consume(args: argparse.Namespace, settings: Settings, engine: Engine, metri
         args.group or settings.consumer_group,
     )
     settle_garbage_collector()
-    with stop_on_signals(stop):
-        worker.run(stop)
+    status = 0
+    with stop_on_signals(stop, deadline_s=STOP_DEADLINE_S):
+        try:
+            worker.run(stop)
+        except UndecodableBatch:  # logged by the worker, with where and why
+            status = EXIT_UNDECODABLE
     stats = worker.stats
     log.info(
         "stopped: %d messages, %d events applied, %d duplicates, %d dead letters",
         stats.messages, stats.applied, stats.duplicates, stats.dead_letters,
     )  # fmt: skip
     engine.dispose()
-    return 0
+    return status
 
 
 # --- finetwin replay --------------------------------------------------------------------------------------
@@ -400,13 +410,18 @@ def replayed_job_counts(engine: Engine, job_prefix: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM and the first Ctrl-C set `stop` (the loops drain and return); a second Ctrl-C interrupts."""
+def stop_on_signals(stop: threading.Event, deadline_s: float | None = None) -> Iterator[None]:
+    """SIGTERM and the first Ctrl-C set `stop` (the loops drain and return); a second Ctrl-C interrupts.
+    With `deadline_s`, the process exits (status 1) if it is still running that long after the signal."""
 
     def request_stop(signum: int, _frame: Any) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         log.info("%s: stopping", signal.Signals(signum).name)
+        if deadline_s is not None and not stop.is_set():
+            watchdog = threading.Timer(deadline_s, _exit_now, args=(deadline_s,))
+            watchdog.daemon = True
+            watchdog.start()
         stop.set()
 
     if threading.current_thread() is not threading.main_thread():
@@ -418,6 +433,12 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _exit_now(deadline_s: float) -> None:
+    log.error("not stopped %.0f s after the signal (a broker or database gone?): exiting now", deadline_s)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _bootstrap(args: argparse.Namespace, settings: Settings) -> str:

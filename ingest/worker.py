@@ -34,7 +34,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ingest.apply import AnyEvent, ApplyResult, BatchHook, apply_events
-from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message
+from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message, UndecodableBatch
 from ingest.events import InvalidEvent, parse_event
 from ingest.fastparse import NotFast, decode_event
 from twin.limits import DEFAULT_MAX_CLOCK_SKEW
@@ -51,6 +51,12 @@ DEAD_LETTERS = Counter(
     "finetwin_ingest_dead_letters", "Messages sent to the dead-letter topic, by reason", ["kind"]
 )
 BATCHES = Counter("finetwin_ingest_batches", "Batches applied and committed")
+UNDECODABLE = Counter(
+    "finetwin_ingest_undecodable_batches",
+    "Record batches the consumer could not decode (a compression codec it lacks, a corrupt batch); ingest "
+    "stops at the first",
+    ["topic", "partition"],
+)
 ASSIGNED = Gauge(
     "finetwin_ingest_assigned_partitions", "Telemetry partitions assigned to this process's ingest consumer"
 )
@@ -184,6 +190,7 @@ class IngestWorker:
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then finish the batch in hand; closes the consumer and producer.
+        Raises `UndecodableBatch` (after finishing the batch in hand) when the next batch cannot be decoded.
 
         While one batch is applied in a second thread, the next one is polled and validated: the database
         does its part of the work while this thread does its own (psycopg releases the GIL as it waits).
@@ -213,6 +220,13 @@ class IngestWorker:
                 messages = self.consumer.poll(self.batch_size, self.poll_timeout_ms)
                 ASSIGNED.set(self.consumer.partitions())  # how the group split the topic (scale-out)
                 return messages
+            except UndecodableBatch as exc:
+                # Nothing after this batch in its partition can be read, and skipping it would lose its
+                # events: stop, loudly, with its offset uncommitted, so that a supervisor shows the failure
+                # and a worker that can decode it (say, with the codec installed) takes it from there.
+                UNDECODABLE.labels(topic=str(exc.topic), partition=str(exc.partition)).inc()
+                log.critical("%s; ingest stops here (nothing is lost: the offset is not committed)", exc)
+                raise
             except Exception:  # the client reconnects by itself; keep polling
                 log.exception("poll failed; retrying in %.1f s", backoff)
                 stop.wait(backoff)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import base64
 import re
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from calibrate.report import build_report
+from calibrate.report import Report, build_report
 from calibrate.report.html import FigureMissingError, render_html
 from tests.report.conftest import row, write_bench
 from twin.cli import main
@@ -47,6 +48,13 @@ def small_bench(path: Path) -> Path:
     )
 
 
+@pytest.fixture(scope="module")
+def html_report(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    """One report with report.html, built once for the tests that only read it."""
+    directory = tmp_path_factory.mktemp("html")
+    return build_report(small_bench(directory / "b.csv"), directory / "out", formats=("md", "html"))
+
+
 def test_cli_format_html_writes_a_self_contained_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -77,12 +85,14 @@ def test_cli_format_html_writes_a_self_contained_report(
     assert (out / "report.md").is_file() and (out / "numbers.json").is_file()
 
 
-def test_markdown_format_removes_an_html_file_left_by_an_earlier_report(tmp_path: Path) -> None:
-    bench = small_bench(tmp_path / "b.csv")
-    first = build_report(bench, tmp_path / "out", formats=("md", "html"))
-    assert first.report_html is not None and first.report_html.is_file()
-    second = build_report(bench, tmp_path / "out")
-    assert second.report_html is None and not (tmp_path / "out" / "report.html").exists()
+def test_markdown_format_removes_an_html_file_left_by_an_earlier_report(
+    html_report: Report, tmp_path: Path
+) -> None:
+    assert html_report.report_html is not None and html_report.report_html.is_file()
+    out = tmp_path / "out"
+    shutil.copytree(html_report.out_dir, out)
+    again = build_report(small_bench(tmp_path / "b.csv"), out)
+    assert again.report_html is None and not (out / "report.html").exists()
 
 
 def test_unknown_format_and_a_missing_figure_are_clear_errors(tmp_path: Path) -> None:
@@ -96,10 +106,12 @@ def test_unknown_format_and_a_missing_figure_are_clear_errors(tmp_path: Path) ->
 
 
 @pytest.mark.browser
-def test_chromium_shows_every_figure_with_the_network_cut(tmp_path: Path, chromium_path: Path) -> None:
+def test_chromium_shows_every_figure_with_the_network_cut(
+    html_report: Report, tmp_path: Path, chromium_path: Path
+) -> None:
     from playwright.sync_api import sync_playwright
 
-    report = build_report(small_bench(tmp_path / "b.csv"), tmp_path / "out", formats=("md", "html"))
+    report = html_report
     assert report.report_html is not None
     # Alone in an empty directory: the PNG files beside report.md cannot help it.
     alone = tmp_path / "mail" / "report.html"
