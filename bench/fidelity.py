@@ -160,7 +160,7 @@ def live_scoring(every_s: float, runs: int, horizon_s: float, interval_s: float)
     from twin.db import make_engine, migrate
     from twin.forecast import ForecastOptions, forecast
     from twin.forecast_store import save_forecast
-    from twin.live import load_live_inputs
+    from twin.live_state import load_live_inputs
     from twin.skill import score_due, skill
 
     table = load_benchmark(bundled_benchmark_path())

@@ -41,7 +41,7 @@ def build_inputs(jobs_per_day: float, seed: int = 0):  # type: ignore[no-untyped
     from twin.domain import JobConfig
     from twin.forecast import TwinInputs
     from twin.plan import build_plan, prepare_catalog
-    from twin.simple_models import FallbackModels
+    from twin.uncalibrated import FallbackModels
     from twin.workload import Workload
 
     table = load_benchmark(bundled_benchmark_path())
@@ -91,7 +91,7 @@ def request(runs: int):  # type: ignore[no-untyped-def]
 
 
 def slos():  # type: ignore[no-untyped-def]
-    from twin.slo import Slo, SloSet
+    from twin.slo_attainment import Slo, SloSet
 
     return SloSet(
         slos=[

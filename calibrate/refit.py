@@ -34,8 +34,8 @@ from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.loader import bundled_benchmark_path
 from calibrate.observed import observed_table
 from calibrate.promotion import Comparison, Incumbent, compare
+from calibrate.records import ModelVersionRecord
 from calibrate.registry import ModelRegistry, RegistryError
-from calibrate.tables import ModelVersionRecord
 from twin.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ def _observed_through(table: pd.DataFrame) -> str | None:
 
 
 def record_version(engine: Engine, metadata: dict[str, Any], *, promoted: bool) -> None:
-    from calibrate.live import version_record
+    from calibrate.live_error import version_record
 
     row = version_record({**metadata, "promoted": promoted})
     with engine.begin() as connection:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from ingest.apply import BatchHook
-    from twin.models import JobModels
+    from twin.protocols import JobModels
 
 # Each module has `register(subparsers) -> None`; a subcommand sets `handler(args, settings) -> int`.
 COMMAND_MODULES = (
@@ -89,9 +89,9 @@ def fit_benchmark_models(path: Path, seed: int = 0) -> JobModels:
 def ingest_batch_hooks(settings: Settings) -> list[BatchHook]:
     """What ingest runs inside each batch's transaction after applying it (stored predictions, live error)."""
     try:
-        from calibrate.live import prediction_hook
-    except ModuleNotFoundError as exc:  # transitional until calibrate.live lands
-        if exc.name != "calibrate.live":
+        from calibrate.live_error import prediction_hook
+    except ModuleNotFoundError as exc:  # transitional until calibrate.live_error lands
+        if exc.name != "calibrate.live_error":
             raise
         return []
     return [prediction_hook(settings)]

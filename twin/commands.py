@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from twin.settings import Settings
 
 if TYPE_CHECKING:
-    from twin.models import JobModels
+    from twin.protocols import JobModels
 
 log = logging.getLogger("finetwin.twin")
 
@@ -166,7 +166,7 @@ def run_forecast_command(args: argparse.Namespace, settings: Settings) -> int:
     from twin.db import engine_from_settings, migrate
     from twin.forecast import forecast
     from twin.forecast_store import ON_DEMAND, save_forecast
-    from twin.live import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_live_inputs
 
     engine = engine_from_settings(settings)
     migrate(engine)
@@ -246,7 +246,7 @@ def run_whatif_command(args: argparse.Namespace, settings: Settings) -> int:
     from twin.cli import CommandError
     from twin.db import engine_from_settings, migrate
     from twin.forecast import TwinInputs
-    from twin.live import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_live_inputs
     from twin.whatif import WhatIf, run_whatif
 
     try:
@@ -350,10 +350,10 @@ def run_backtest_command(args: argparse.Namespace, settings: Settings) -> int:
 
 def _options(args: argparse.Namespace, settings: Settings, default_horizon: str | None) -> Any:
     from twin.cli import CommandError
+    from twin.config_changes import Admission, Optimization
     from twin.forecast import ForecastOptions
     from twin.plan import PlanOptions
     from twin.policies import Policy
-    from twin.tuning import Admission, Optimization
     from twin.units import parse_duration
 
     try:
@@ -386,7 +386,7 @@ def _options(args: argparse.Namespace, settings: Settings, default_horizon: str 
 
 def _slos(settings: Settings) -> Any:
     from twin.cli import CommandError
-    from twin.slo import SloFormatError, load_slos
+    from twin.slo_attainment import SloFormatError, load_slos
 
     try:
         return load_slos(settings.slo_file)
@@ -416,7 +416,7 @@ def _needs_models(inputs: Any) -> bool:
 def _job_models(args: argparse.Namespace, settings: Settings, needed: bool) -> tuple[JobModels | None, str]:
     """The calibrated models in use; the uncalibrated fallback (with a warning) when none has been fitted."""
     from twin.cli import CommandError, load_job_models
-    from twin.simple_models import FallbackModels
+    from twin.uncalibrated import FallbackModels
 
     if not needed:
         return None, "none (fixed durations)"
