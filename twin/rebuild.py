@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
-from twin.live import StoreRows
+from twin.live_state import StoreRows
 from twin.store import JOB_STATE_RANK, Job, Node, TelemetryEvent
 
 _JOB_FIELDS = frozenset(Job.model_fields) - {"job_id", "cluster_id", "state", "outcome", "updated_at"}

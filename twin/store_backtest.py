@@ -28,14 +28,14 @@ from twin.cluster import gpu_tdp_watts
 from twin.ensemble import run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.jsonsafe import json_safe
-from twin.live import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_config
-from twin.metrics import measure
-from twin.models import JobModels
+from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_config
 from twin.plan import DEFAULT_POWER_FRACTION, JobPlan, Reject, pool_index
 from twin.policies import Policy
+from twin.protocols import JobModels
 from twin.rebuild import RebuiltState, rebuild_at
+from twin.run_metrics import measure
 from twin.simulator import End, SimResult
-from twin.slo import SloSet
+from twin.slo_attainment import SloSet
 from twin.workload import Workload, concat
 
 FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s", "energy_kwh")
