@@ -21,8 +21,8 @@ from sqlmodel import Session, col, select
 from twin.clock import as_utc
 from twin.cluster import gpu_tdp_watts
 from twin.domain import canonical_gpu_name
-from twin.metrics import integrate_on_bins
 from twin.plan import DEFAULT_POWER_FRACTION
+from twin.run_metrics import integrate_on_bins
 from twin.store import Job, Node, ObservedRun
 
 OVERALL_FIGURES = (

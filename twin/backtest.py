@@ -28,7 +28,6 @@ from twin.cluster import Cluster, NodeSpec, gpu_tdp_watts
 from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
 from twin.ensemble import run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, json_safe, make_spec
-from twin.models import JobModels
 from twin.plan import (
     DEFAULT_FAILURE_TIMES_S,
     DEFAULT_POWER_FRACTION,
@@ -41,9 +40,10 @@ from twin.plan import (
     prepare_catalog,
 )
 from twin.policies import Policy
+from twin.protocols import JobModels
 from twin.randomness import job_keys, job_uniforms
 from twin.simulator import End, SimResult, simulate
-from twin.slo import SloSet
+from twin.slo_attainment import SloSet
 from twin.workload import RunningState, Workload, catalog_key
 
 # Offered load of the replayed arrivals: busy enough that queueing matters, not so busy it never drains.

@@ -32,16 +32,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster, NodeSpec
+from twin.config_changes import Admission
 from twin.domain import GPUS_PER_NODE, canonical_gpu_name
 from twin.ensemble import EnsembleSpec, run_one, spread
 from twin.executors import Executor, Progress, TaskFailure
 from twin.forecast import TwinInputs, catalog_of
 from twin.jsonsafe import json_safe
-from twin.models import JobModels
 from twin.plan import PlanOptions, PreparedCatalog, Reject, pool_index, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
-from twin.slo import SloSet
-from twin.tuning import Admission
+from twin.protocols import JobModels
+from twin.slo_attainment import SloSet
 from twin.units import parse_duration
 from twin.workload import NO_CONFIG, Workload
 

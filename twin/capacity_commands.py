@@ -58,7 +58,7 @@ def run_plan_command(args: argparse.Namespace, settings: Settings) -> int:
     from twin.cli import CommandError
     from twin.commands import _emit, _first_error, _job_models, _needs_models, _progress
     from twin.executors import ExecutorUnavailable, close_executor, make_executor
-    from twin.slo import SloFormatError, load_slos
+    from twin.slo_attainment import SloFormatError, load_slos
 
     live = args.workload is None
     horizon = (
@@ -127,7 +127,7 @@ def _inputs(args: argparse.Namespace, settings: Settings) -> Any:
             raise CommandError("--workload needs --cluster (the base cluster the ranges change)")
         return TwinInputs(*_explicit_inputs(args.cluster, args.workload))
     from twin.db import engine_from_settings, migrate
-    from twin.live import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_live_inputs
 
     engine = engine_from_settings(settings)
     migrate(engine)

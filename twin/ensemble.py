@@ -21,12 +21,12 @@ import simpy
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster
-from twin.metrics import SERIES_FIGURES, SUMMARY_FIGURES, energy_of, measure
 from twin.plan import JobPlan, PreparedCatalog, build_plan
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.randomness import run_key
+from twin.run_metrics import SERIES_FIGURES, SUMMARY_FIGURES, energy_of, measure
 from twin.simulator import End, SimResult, simulate
-from twin.slo import DEFAULT_SLOS, SloSet, evaluate
+from twin.slo_attainment import DEFAULT_SLOS, SloSet, evaluate
 from twin.workload import Workload, concat
 
 # Runs per Ray task: a task costs a few milliseconds of scheduling, a run tens to hundreds.

@@ -1,8 +1,8 @@
 """Forecasts: an ensemble of seeded runs from a starting state, reported as mean and p10/p90 across runs.
 
-The starting state is either the live one (`twin.live`: the store's nodes, queued and running jobs, and the
-observed arrival process) or an explicit cluster and workload (`finetwin simulate`). The models are asked
-once, here, before the runs fan out.
+The starting state is either the live one (`twin.live_state`: the store's nodes, queued and running jobs,
+and the observed arrival process) or an explicit cluster and workload (`finetwin simulate`). The models are
+asked once, here, before the runs fan out.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from twin.cluster import Cluster
 from twin.domain import JobConfig
 from twin.ensemble import EnsembleSpec, RunOutput, run_ensemble, summarize
 from twin.jsonsafe import json_safe
-from twin.models import JobModels
 from twin.plan import PlanOptions, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
-from twin.slo import DEFAULT_SLOS, SloSet
+from twin.protocols import JobModels
+from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.workload import Workload
 
 

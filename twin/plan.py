@@ -10,7 +10,7 @@ Two steps, so that an ensemble pays for the models once:
 Where a job lands in its band is not drawn independently per job: the model's error is shared by the jobs of
 an error family (`twin.families`), so each run draws one standard-normal shock per family and mixes it into
 each job's own draw, z = sqrt(rho) z_family + sqrt(1 - rho) z_job, with rho the share of the error that the
-models measured as shared (`twin.models.ErrorCorrelationModel`, from held-out residuals). Each job's
+models measured as shared (`twin.protocols.ErrorCorrelationModel`, from held-out residuals). Each job's
 marginal band is unchanged; what changes is that errors no longer average out over hundreds of jobs, so the
 ensemble's spread of GPU-hours and makespan carries the models' uncertainty as it behaves. The mixed draw
 is a quantile; where the models describe their error's distribution (`ErrorDistributionModel`, heavy tailed
@@ -28,11 +28,7 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 
 from twin.cluster import Cluster, gpu_tdp_watts
-from twin.domain import JobConfig, config_rule
-from twin.families import ERROR_QUANTILE_LEVELS, family_of
-from twin.models import ErrorCorrelationModel, ErrorDistributionModel, JobModels
-from twin.randomness import job_keys, job_uniforms
-from twin.tuning import (
+from twin.config_changes import (
     DEFAULT_MIN_P_VALID,
     Admission,
     Optimization,
@@ -40,6 +36,10 @@ from twin.tuning import (
     repair_config,
     right_size_batches,
 )
+from twin.domain import JobConfig, config_rule
+from twin.families import ERROR_QUANTILE_LEVELS, family_of
+from twin.protocols import ErrorCorrelationModel, ErrorDistributionModel, JobModels
+from twin.randomness import job_keys, job_uniforms
 from twin.workload import NO_CONFIG, Workload
 
 # A job with a fixed duration and no configuration draws this fraction of its GPUs' board power.

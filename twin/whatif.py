@@ -20,14 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from scipy import stats
 
 from twin.cluster import Cluster, ClusterFormatError
+from twin.config_changes import Admission, Optimization
 from twin.ensemble import RunOutput, run_ensemble, spread, summarize
 from twin.forecast import ForecastOptions, TwinInputs, describe, json_safe, make_spec
-from twin.metrics import SUMMARY_FIGURES
-from twin.models import JobModels
 from twin.plan import PlanOptions
 from twin.policies import Policy
-from twin.slo import DEFAULT_SLOS, SloSet
-from twin.tuning import Admission, Optimization
+from twin.protocols import JobModels
+from twin.run_metrics import SUMMARY_FIGURES
+from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.units import parse_duration
 
 MAX_RUNS = 256

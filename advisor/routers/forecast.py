@@ -22,21 +22,21 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from pydantic import Field
 
 from advisor.auth import Role, access
-from advisor.slos import current_slos
+from advisor.slos_in_force import current_slos
 from calibrate.registry import InUseModels, RegistryError
 from twin.clock import TwinClock, as_utc, twin_clock
 from twin.cluster import ClusterFormatError
+from twin.config_changes import Admission
 from twin.forecast import ForecastOptions, forecast
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
-from twin.live import NoClusterError, load_live_inputs
-from twin.models import JobModels
+from twin.live_state import NoClusterError, load_live_inputs
 from twin.plan import PlanOptions
 from twin.policies import Policy
+from twin.protocols import JobModels
 from twin.settings import Settings
-from twin.simple_models import FallbackModels
 from twin.skill import forecast_vs_actual, score_due, skill
-from twin.slo import SloFormatError
-from twin.tuning import Admission
+from twin.slo_attainment import SloFormatError
+from twin.uncalibrated import FallbackModels
 from twin.units import parse_duration
 from twin.whatif import WhatIf, run_whatif
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from calibrate.report.figures import short_gpu
+from calibrate.report.figures.style import plural
 from calibrate.report.markdown import NO_DATA, figure, fmt, summary_cells, table
 from calibrate.report.render_batch import batch_section
 from calibrate.report.render_inventory import inventory_section
@@ -266,7 +267,9 @@ def _scaling_section(block: dict[str, Any], header: list[str]) -> list[str]:
     if everything:
         parts.append(
             "Intra-node, every experiment (not only the campaigns): "
-            + "; ".join(f"{d}: {fmt(s['median'])} ({s['pairs']} pairs)" for d, s in everything.items())
+            + "; ".join(
+                f"{d}: {fmt(s['median'])} ({plural(s['pairs'], 'pair')})" for d, s in everything.items()
+            )
             + "."
         )
     else:
@@ -324,7 +327,7 @@ def _q3(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     lvf = n["lora_vs_full"]
     parts.append("### LoRA vs full fine-tuning, same job")
     parts.append(
-        f"LoRA / full throughput over {lvf['pairs']} pairs: median {fmt(lvf['median'])}× "
+        f"LoRA / full throughput over {plural(lvf['pairs'], 'pair')}: median {fmt(lvf['median'])}× "
         f"(IQR {fmt(lvf['q25'])}–{fmt(lvf['q75'])})."
         if lvf["pairs"]
         else f"{NO_DATA}: no job ran with both methods._"

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine
 
 from advisor import workflow
-from calibrate.tables import LiveError
+from calibrate.records import LiveError
 from ingest.broker import free_port
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.kafka_util import read_topic

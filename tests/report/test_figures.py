@@ -52,18 +52,24 @@ def visible_texts(figure: Figure) -> list[Text]:
 
 
 def tick_labels_in_view(figure: Figure) -> set[int]:
-    """ids of the tick labels matplotlib actually draws (a tick outside the view keeps a stale label)."""
+    """ids of the tick labels matplotlib draws: a tick outside the view keeps a label it does not draw."""
     drawn_ids = set()
     for ax in figure.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            for tick in axis._update_ticks():  # the ticks of this draw, the way Axis.draw picks them
-                drawn_ids.update({id(tick.label1), id(tick.label2)})
+            low, high = sorted(axis.get_view_interval())
+            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+                location = tick.get_loc()
+                if location is not None and low - 1e-9 <= location <= high + 1e-9:
+                    drawn_ids.update({id(tick.label1), id(tick.label2)})
     return drawn_ids
 
 
 @pytest.mark.parametrize("name", list(DRAWERS))
 def test_no_text_overlaps_another_or_leaves_the_canvas(figures: dict[str, Figure], name: str) -> None:
-    figure = figures[name]
+    assert_texts_apart(figures[name], name)
+
+
+def assert_texts_apart(figure: Figure, name: str) -> None:
     renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
     canvas = figure.bbox
     all_ticks = {
@@ -151,3 +157,18 @@ def test_figure6_without_moe_pairs_but_with_tried_degrees_still_lists_them(numbe
     # No MoE pair: the MoE panel goes (it has no bar), RoCE and fast kernels stay on their shared scale.
     titles = [ax.get_title(loc="left") for ax in figure.axes if ax.get_yticklabels()]
     assert titles == ["(a) RoCE (multi-node jobs)", "(c) fast kernels"]
+
+
+def test_figure3_without_any_matched_doubling_says_so(tmp_path: Path) -> None:
+    from tests.report.conftest import row, write_bench
+
+    # Batches 1 and 8 only: medians to plot, but no job ran at b and 2b.
+    bench = write_bench(
+        tmp_path / "b.csv", [row(tps=3000, gpu="L40S", batch=1), row(tps=4000, gpu="L40S", batch=8)]
+    )
+    numbers = compute_numbers(load_benchmark(bench), source="hand-made")
+    assert numbers["batch_doubling"]["L40S"]["doublings"] == []
+    figure = drawn(DRAWERS["single_gpu"](numbers))
+    assert any("no matched pair" in t.get_text() for t in figure.axes[1].texts)
+    assert not figure.axes[3].get_visible()  # no strip of pair counts without pairs
+    assert_texts_apart(figure, "single_gpu without pairs")

@@ -13,7 +13,7 @@ from twin.arrivals import ArrivalModel
 from twin.capacity import RunFigures, SweepInputs, SweepRequest, SweepTask, run_sweep_task
 from twin.cluster import cluster_from_spec
 from twin.forecast import TwinInputs
-from twin.slo import Slo, SloSet
+from twin.slo_attainment import Slo, SloSet
 
 
 def narrowed(request: SweepRequest, **changes: object) -> SweepRequest:

@@ -27,7 +27,7 @@ from twin.cluster import cluster_from_spec
 from twin.executors import LocalExecutor
 from twin.forecast import ForecastOptions, TwinInputs, forecast
 from twin.plan import PlanOptions
-from twin.slo import Slo, SloSet
+from twin.slo_attainment import Slo, SloSet
 from twin.workload import Workload, write_jobs_csv
 
 MEAN_SERVICE_S = 100.0

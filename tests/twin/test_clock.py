@@ -13,9 +13,9 @@ from tests.twin.test_store import NOW, populate
 from twin.clock import TELEMETRY, WALL, choose_now, twin_clock
 from twin.db import session_scope
 from twin.forecast import ForecastOptions, forecast
-from twin.live import load_live_inputs
-from twin.simple_models import FallbackModels
+from twin.live_state import load_live_inputs
 from twin.store import TelemetryEvent
+from twin.uncalibrated import FallbackModels
 
 
 def add_events(engine: Engine, times: list[datetime], cluster_id: str = "default") -> None:

@@ -12,7 +12,7 @@ from tests.twin.conftest import A100, one_node
 from twin.domain import JobConfig
 from twin.ensemble import EnsembleSpec, run_ensemble
 from twin.plan import _Z90, PreparedCatalog, prepare_catalog
-from twin.slo import SloSet
+from twin.slo_attainment import SloSet
 from twin.workload import Workload
 
 # The band: p10 and p90 at a factor 1.25 either side of p50 (a symmetric log-normal band).
