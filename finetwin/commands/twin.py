@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -69,10 +69,12 @@ def register(app: typer.Typer) -> None:
         app,
         backtest,
         "backtest",
-        help="replay a benchmark workload and compare the twin's forecast with what happened",
-        epilog="Every benchmark row becomes a job arriving by a seeded Poisson process; the twin, started "
-        "at the window's start, forecasts jobs completed, GPU-hours, mean wait and makespan of the window's "
-        "jobs from the models, and is compared with the replay of the measured runs.",
+        help="compare the twin's forecast with what happened: a benchmark replay, or the store's telemetry",
+        epilog="--bench: every benchmark row becomes a job arriving by a seeded Poisson process; the twin, "
+        "started at the window's start, forecasts jobs completed, GPU-hours, mean wait, makespan and energy "
+        "of the window's jobs from the models, and is compared with the replay of the measured runs. "
+        "--from-store --at T --horizon H: the cluster's state at telemetry time T is rebuilt from the stored "
+        "events and forecast with the model version in use at T, against what the store recorded after T.",
     )
 
 
@@ -236,7 +238,7 @@ def whatif(
 
 def backtest(
     ctx: typer.Context,
-    bench: Annotated[Path, typer.Option(metavar="FILE", help="benchmark CSV")],
+    bench: Annotated[Path | None, typer.Option(metavar="FILE", help="benchmark CSV")] = None,
     window: Annotated[
         str | None, typer.Option(help="START:END on the replay's clock, e.g. 0:24h (all)")
     ] = None,
@@ -252,6 +254,17 @@ def backtest(
             metavar="DIR", help="use the models in use under DIR (default: calibrate on --bench itself)"
         ),
     ] = None,
+    from_store: Annotated[
+        bool, typer.Option("--from-store", help="backtest the store's telemetry (with --at, --horizon)")
+    ] = False,
+    at: Annotated[str | None, typer.Option(metavar="T", help="--from-store: RFC 3339 telemetry time")] = None,
+    horizon: Annotated[str | None, typer.Option(metavar="H", help="--from-store: how far, e.g. 6h")] = None,
+    arrivals: Annotated[
+        Literal["observed", "model"],
+        typer.Option(
+            help="--from-store: the jobs submitted after T as they came, or drawn as a forecast would"
+        ),
+    ] = "observed",
     as_json: Json = False,
 ) -> int:
     from finetwin.wiring import fit_benchmark_models, load_benchmark_table
@@ -260,6 +273,13 @@ def backtest(
     from twin.policies import Policy
 
     settings: Settings = ctx.obj
+    if from_store:
+        return _backtest_from_store(
+            settings, at=at, horizon=horizon, runs=runs, seed=seed, policy=policy, arrivals=arrivals,
+            workers=workers, models=models, as_json=as_json,
+        )  # fmt: skip
+    if bench is None:
+        raise CommandError("give --bench FILE, or --from-store --at T --horizon H")
     try:
         span = parse_window(window)
     except ValueError as exc:
@@ -287,4 +307,52 @@ def backtest(
             )
         )  # fmt: skip
     twin_output.emit(document, as_json, twin_output.print_backtest)
+    return 0
+
+
+def _backtest_from_store(
+    settings: Settings, *, at: str | None, horizon: str | None, runs: int, seed: int, policy: str,
+    arrivals: str, workers: int | None, models: Path | None, as_json: bool,
+) -> int:  # fmt: skip
+    """Parse, pick the model version that was in use at T, hand over to twin.store_backtest."""
+    from finetwin.wiring import load_job_models_at, migrated_engine
+    from twin.clock import as_utc
+    from twin.policies import Policy
+    from twin.store_backtest import backtest_from_store
+    from twin.units import parse_duration
+
+    if at is None or horizon is None:
+        raise CommandError("--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h)")
+    try:
+        when = as_utc(datetime.fromisoformat(at.strip().replace("Z", "+00:00")))
+    except ValueError:
+        raise CommandError(f"--at: not an RFC 3339 time: {at!r}") from None
+    try:
+        horizon_s = parse_duration(horizon)
+    except ValueError as exc:
+        raise CommandError(f"--horizon: {exc}") from None
+    if runs < 1:
+        raise CommandError("--runs must be at least 1")
+    try:
+        loaded = load_job_models_at(settings, when, models)
+    except Exception as exc:  # the registry refuses a tampered or unreadable version: say so
+        raise CommandError(
+            f"the model version in use at {when.isoformat()} cannot be loaded: {exc}"
+        ) from None
+    if loaded is None:
+        raise CommandError(
+            f"no model version was in use at {when.isoformat()} (or every one then was fitted on later data)"
+        )
+    version, job_models_ = loaded
+    engine = migrated_engine(settings)
+    with output.progress(runs, "backtest", "runs", quiet=as_json) as tick:
+        document = checked(
+            lambda: backtest_from_store(
+                engine, job_models_, at=when, horizon_s=horizon_s, cluster_id=settings.cluster_id, runs=runs,
+                seed=seed, policy=Policy(policy), arrivals=arrivals, workers=workers,
+                model_source=f"calibrated {version} (in use at {when.isoformat()})", progress=tick,
+                ray_address=settings.ray_address,
+            )
+        )  # fmt: skip
+    twin_output.emit(document, as_json, twin_output.print_store_backtest)
     return 0

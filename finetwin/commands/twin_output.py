@@ -75,6 +75,18 @@ def print_backtest(doc: dict[str, Any]) -> None:
         f"backtest: {doc['jobs_in_window']} of {doc['jobs_in_benchmark']} jobs in the window, "
         f"{doc['runs']} run(s), policy {doc['policy']}, models: {doc['models']}"
     )
+    _print_figures(doc)
+
+
+def print_store_backtest(doc: dict[str, Any]) -> None:
+    output.say(
+        f"backtest from the store at {doc['at']} over {doc['horizon_s']:g} s: {doc['jobs_in_window']} jobs, "
+        f"{doc['runs']} run(s), arrivals {doc['arrivals']}, models: {doc['models']}"
+    )
+    _print_figures(doc)
+
+
+def _print_figures(doc: dict[str, Any]) -> None:
     rows = []
     for name, f in doc["figures"].items():
         error = "-" if f["error"] is None else f"{f['error']:+.1%}"
