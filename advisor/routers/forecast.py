@@ -77,6 +77,7 @@ def _options(settings: Settings) -> ForecastOptions:
         policy=Policy(settings.forecast_policy),
         plan=PlanOptions(admission=Admission(settings.forecast_admission)),
         workers=settings.forecast_workers,
+        ray_address=settings.ray_address,  # the standing forecast's ensemble on Ray when one is given
     )
 
 
@@ -255,7 +256,13 @@ def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
     models, source = _job_models(app)
     try:
         return run_whatif(
-            inputs, models, body, _slos(app), workers=settings.forecast_workers, model_source=source
+            inputs,
+            models,
+            body,
+            _slos(app),
+            workers=settings.forecast_workers,
+            model_source=source,
+            ray_address=settings.ray_address,
         )
     except (ClusterFormatError, ValueError) as exc:  # e.g. removing more nodes than the cluster has
         raise HTTPException(422, str(exc)) from None

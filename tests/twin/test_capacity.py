@@ -148,6 +148,22 @@ def test_a_failing_task_is_retried_and_a_broken_scenario_reported(tmp_path: Path
     assert [doc["scenarios"][k]["slos"] for k in others] == [clean["scenarios"][k]["slos"] for k in others]
 
 
+def test_in_process_the_same_retry_and_report(tmp_path: Path) -> None:
+    inputs, models, request, slos = mixed_sweep()
+    request = narrowed(request, vary=[f"{A100}=2..2", "L40S=1..1"], admissions=["off"], runs=2)
+    clean = run_sweep(inputs, models, request, slos, LocalExecutor(1))
+    retried = run_sweep(
+        inputs, models, request, slos, LocalExecutor(1), task_fn=FailingTask(str(tmp_path), flaky=True)
+    )
+    assert without_timings(retried) == without_timings(clean)
+    broken = run_sweep(
+        inputs, models, request, slos, LocalExecutor(1), task_fn=FailingTask(str(tmp_path), broken=1)
+    )
+    assert [f["scenario"] for f in broken["failed"]] == [1] and broken["scenarios"][0] == clean["scenarios"][
+        0
+    ]
+
+
 def test_a_worker_that_dies_does_not_hang_the_sweep(tmp_path: Path) -> None:
     inputs, models, request, slos = mixed_sweep()
     request = narrowed(request, vary=[f"{A100}=1..1"], runs=2, admissions=["off"])
