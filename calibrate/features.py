@@ -246,12 +246,20 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     `table` is loader output (benchmark or configs) or `configs_to_frame` output; missing optional columns
     take their defaults. Raises ValueError naming the row (position) and column of an impossible value.
     """
-    frame = _validated(table)
-    out = pd.DataFrame(index=table.index)
+    columns, notes = feature_columns(table)
+    return pd.DataFrame(columns, index=table.index, columns=list(FEATURE_NAMES)), notes
 
-    names = frame["model_name"].to_numpy()
+
+def feature_columns(table: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[str]]:
+    """`build_features` as one array per feature (FEATURE_NAMES order), without the frame around them: the
+    prediction path encodes these straight into a numeric matrix (`calibrate.encoding`). Building a frame
+    column by column cost most of a ~100-row prediction."""
+    frame = _validated(table)
+    out: dict[str, np.ndarray] = {}
+
+    names = frame["model_name"]
     params, active, notes = _model_sizes(names)
-    methods = frame["method"].to_numpy()
+    methods = frame["method"]
     gpus_named = [canonical_gpu_name(g) for g in frame["gpu_model"]]
     specs = [_gpu(g) for g in gpus_named]
     memory, tflops, relative_speed, intra_node_gbs = (np.array([s[i] for s in specs]) for i in range(4))
@@ -259,13 +267,13 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         if not spec[4]:
             notes[i] = "; ".join(x for x in (notes[i], UNKNOWN_GPU_NOTE) if x)
 
-    gpus = frame["number_gpus"].to_numpy(dtype=float)
-    nodes = frame["number_nodes"].to_numpy(dtype=float)
-    batch = frame["batch_size"].to_numpy(dtype=float)
-    tokens = frame["tokens_per_sample"].to_numpy(dtype=float)
-    roce = frame["enable_roce"].to_numpy(dtype=bool)
-    expert_parallel = frame["fast_moe"].to_numpy(dtype=float)
-    time_limit = frame["time_limit_s"].to_numpy(dtype=float)
+    gpus = frame["number_gpus"]
+    nodes = frame["number_nodes"]
+    batch = frame["batch_size"]
+    tokens = frame["tokens_per_sample"]
+    roce = frame["enable_roce"].astype(bool)
+    expert_parallel = frame["fast_moe"].astype(float)
+    time_limit = frame["time_limit_s"].astype(float)
     protocol = _protocols(frame["experiment_id"], frame["identifier"])
     families = np.array([_family(name) for name in names], dtype=object)
     vocabulary = np.array([VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in families], dtype=float)
@@ -313,10 +321,10 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     )
 
     out["method"] = methods
-    out["gpu_model"] = gpus_named
+    out["gpu_model"] = np.array(gpus_named, dtype=object)
     out["model_family"] = families
     out["protocol"] = protocol["protocol"]
-    out["tuning_version"] = frame["fms_hf_tuning_version"].to_numpy()
+    out["tuning_version"] = frame["fms_hf_tuning_version"]
     out["log_params"] = np.log(params)
     out["log_active_params"] = np.log(active)
     out["is_moe"] = (active < params * 0.95).astype(float)
@@ -339,7 +347,7 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     out["expert_parallel"] = expert_parallel
     # How many GPUs each expert group spans: the token exchange fast MoE pays for.
     out["experts_spread"] = np.where(expert_parallel > 0, np.minimum(expert_parallel, gpus), 0.0)
-    out["fast_kernels"] = frame["fast_kernels"].to_numpy(dtype=float)
+    out["fast_kernels"] = frame["fast_kernels"].astype(float)
     out["time_limited"] = (~np.isnan(time_limit)).astype(float)
     out["auto_stop"] = protocol["auto_stop"].astype(float)
     out["data_parallel_only"] = data_parallel_only
@@ -348,7 +356,7 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     # NaN where the protocol does not state the setting: the trees learn where "not stated" belongs.
     out["gradient_accumulation"] = protocol["gradient_accumulation"].astype(float)
     out["reentrant_checkpointing"] = protocol["reentrant"].astype(float)
-    out["version_number"] = out["tuning_version"].map(version_number).to_numpy(dtype=float)
+    out["version_number"] = np.array([version_number(v) for v in out["tuning_version"]], dtype=float)
     out["state_bytes_per_param"] = state_bytes
     out["log_state_gb"] = np.log(state_gb)
     out["log_activation_gb"] = np.log(activation_gb)
@@ -358,7 +366,7 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     out["log_flops_per_token"] = np.log(flops_per_token)
     out["log_communication_ratio"] = np.log((communication_s + 1e-6) / compute_s)
     out[THROUGHPUT_OFFSET] = np.log(physics_tokens_per_second)
-    return out[list(FEATURE_NAMES)], notes
+    return {name: out[name] for name in FEATURE_NAMES}, notes
 
 
 @lru_cache(maxsize=256)
@@ -371,38 +379,51 @@ def version_number(version: str) -> float:
     return float(sum(int(p) / 100.0**i for i, p in enumerate(parts[:4])))
 
 
-def _validated(table: pd.DataFrame) -> pd.DataFrame:
+def _validated(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The configuration columns as arrays (text stripped, numbers as floats, defaults filled). Plain
+    arrays, not a frame: pandas' per-column costs dominated small (advice-sized) tables."""
     missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"missing configuration columns: {', '.join(missing)}")
-    frame = pd.DataFrame(index=table.index)
+    frame: dict[str, np.ndarray] = {}
     for column in ("model_name", "method", "gpu_model"):
-        frame[column] = table[column].astype(str).str.strip()
-    frame["model_name"] = frame["model_name"].str.lower()
-    frame["method"] = frame["method"].str.lower()
-    _check(frame, ~frame["method"].isin(METHODS), "method", f"must be one of {', '.join(METHODS)}")
-    _check(frame, frame["model_name"] == "", "model_name", "is empty")
+        frame[column] = _text(table[column])
+    frame["model_name"] = np.array([name.lower() for name in frame["model_name"]], dtype=object)
+    frame["method"] = np.array([method.lower() for method in frame["method"]], dtype=object)
+    _check(~np.isin(frame["method"], METHODS), "method", f"must be one of {', '.join(METHODS)}")
+    _check(frame["model_name"] == "", "model_name", "is empty")
     for column in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
-        values = pd.to_numeric(table[column], errors="coerce")
-        _check(frame, ~(values >= 1), column, "must be a number of at least 1")
-        frame[column] = values.to_numpy(dtype=float)
+        values = _numbers(table[column])
+        _check(~(values >= 1), column, "must be a number of at least 1")
+        frame[column] = values
+    n = len(table)
     for column, default in _DEFAULTS.items():
         if column not in table.columns:
-            frame[column] = default
+            frame[column] = np.full(n, default, dtype=object if isinstance(default, str) else None)
         elif column in ("enable_roce", "fast_kernels"):
             frame[column] = table[column].fillna(False).astype(bool).to_numpy()
         elif column == "fast_moe":
-            values = pd.to_numeric(table[column], errors="coerce").fillna(0.0)
-            _check(frame, values < 0, column, "must not be negative")
-            frame[column] = values.to_numpy(dtype=float)
+            values = np.nan_to_num(_numbers(table[column]), nan=0.0)
+            _check(values < 0, column, "must not be negative")
+            frame[column] = values
         elif column == "time_limit_s":
-            frame[column] = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+            frame[column] = _numbers(table[column])
         else:
-            frame[column] = table[column].fillna(default).astype(str).str.strip().to_numpy()
+            frame[column] = _text(table[column].fillna(default))
     return frame
 
 
-def _check(frame: pd.DataFrame, bad: pd.Series, column: str, message: str) -> None:
+def _text(column: pd.Series) -> np.ndarray:
+    return np.array([str(value).strip() for value in column.to_numpy()], dtype=object)
+
+
+def _numbers(column: pd.Series) -> np.ndarray:
+    if column.dtype.kind in "iuf":
+        return column.to_numpy(dtype=float)
+    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+
+
+def _check(bad: np.ndarray, column: str, message: str) -> None:
     bad_array = np.asarray(bad, dtype=bool)
     if bad_array.any():
         row = int(np.argmax(bad_array))
@@ -466,23 +487,34 @@ def _family(name: str) -> str:
     return text + ("-h" if hybrid else "") + ("-code" if "code" in name else "")
 
 
-def _protocols(experiment_ids: pd.Series, identifiers: pd.Series) -> dict[str, np.ndarray]:
-    """The protocol columns of every row: parsed once per distinct experiment, and from the identifier for
-    settings the experiment does not state (vectorized: the full benchmark has 30,920 identifiers)."""
-    parsed = {e: dict(_experiment(e)) for e in experiment_ids.unique()}
-    columns = {key: np.array([parsed[e][key] for e in experiment_ids]) for key in _PROTOCOL_KEYS}
-    found = {
-        key: identifiers.str.extract(pattern, expand=False) for key, pattern in _IDENTIFIER_SETTINGS.items()
-    }
+def _protocols(experiment_ids: np.ndarray, identifiers: np.ndarray) -> dict[str, np.ndarray]:
+    """The protocol columns of every row: parsed once per distinct experiment and per distinct identifier
+    (for settings the experiment does not state)."""
+    experiments = _by_distinct(experiment_ids, lambda e: dict(_experiment(e)))
+    columns = {key: np.array([parsed[key] for parsed in experiments]) for key in _PROTOCOL_KEYS}
+    found = _by_distinct(identifiers, _identifier_settings)
     for column, key in (("gradient_accumulation", "gradient_accumulation_steps"),
                         ("reentrant", "gradient_checkpointing_use_reentrant")):  # fmt: skip
         stated = columns[column].astype(float)
-        columns[column] = np.where(
-            np.isnan(stated), pd.to_numeric(found[key], errors="coerce").to_numpy(dtype=float), stated
-        )
-    hybrid = (found["fsdp_sharding_strategy"] == "HYBRID_SHARD").fillna(False).to_numpy(dtype=bool)
+        columns[column] = np.where(np.isnan(stated), np.array([_number(f[key]) for f in found]), stated)
+    hybrid = np.array([f["fsdp_sharding_strategy"] == "HYBRID_SHARD" for f in found], dtype=bool)
     columns["hybrid_shard"] = columns["hybrid_shard"].astype(bool) | hybrid
     return columns
+
+
+def _by_distinct(values: np.ndarray, parse: Any) -> list[Any]:
+    """`parse` of each value, computed once per distinct value (the full benchmark repeats them)."""
+    parsed: dict[str, Any] = {}
+    return [parsed[v] if v in parsed else parsed.setdefault(v, parse(v)) for v in values]
+
+
+@lru_cache(maxsize=4096)
+def _identifier_settings(identifier: str) -> dict[str, str | None]:
+    settings: dict[str, str | None] = {}
+    for key, pattern in _IDENTIFIER_SETTINGS.items():
+        match = pattern.search(identifier)
+        settings[key] = match.group(1) if match else None
+    return settings
 
 
 @lru_cache(maxsize=256)
