@@ -11,21 +11,29 @@ many training rows share the row's region and its configuration); the band is th
 residual-over-difficulty quantiles times the row's difficulty. Narrow where the model has seen many
 neighbours, wide where it has not, with the coverage of the quantiles. The quantiles are kept apart by
 whether the training rows hold the configuration's region (the same model under the same protocol).
+
+The same out-of-fold residuals, in units of each row's band, say how much of the error the rows of one
+error family share, and how the error is distributed (`calibrate.correlation`, per novelty level): the
+twin's ensembles draw the shared share once per family and run, and read each job's error from that
+distribution.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtri
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
 from calibrate.compiled import CompiledTrees
+from calibrate.correlation import error_quantiles, shared_share, standardize
 from calibrate.encoding import column, columns
 from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES, THROUGHPUT_OFFSET
+from twin.families import ERROR_QUANTILE_LEVELS
 
 # Shallow trees on a random half of the features at each split: the physics features carry most of the
 # signal, and the block cross-validation (unseen configuration regions) prefers the smoother fit.
@@ -94,6 +102,10 @@ class ThroughputModel:
     band: dict[str, list[float]]  # level -> [low, high] quantiles of residual / difficulty
     region_rows: dict[str, int]  # training rows per region key
     config_rows: dict[str, int]  # training rows per configuration key
+    # level -> share of the (standardized) error shared within an error family (twin.families)
+    error_correlation: dict[str, float] = field(default_factory=dict)
+    # level -> the standardized error at twin.families.ERROR_QUANTILE_LEVELS (absent: a normal's)
+    error_quantiles: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._center = CompiledTrees(self.regressor)
@@ -114,8 +126,32 @@ class ThroughputModel:
         high = np.array([self.band[str(k)][1] for k in (SEEN_REGION, NEW_REGION)])[level]
         return np.exp(np.column_stack([center + low * scale, center, center + high * scale]))
 
+    def levels(self, X: np.ndarray) -> np.ndarray:
+        """Each row's novelty level: SEEN_REGION when the training rows hold its region."""
+        seen = neighbourhood(X, self.region_rows, self.config_rows)[:, 0] == 1.0
+        return np.where(seen, SEEN_REGION, NEW_REGION)
+
+    def predict_error_correlation(self, X: np.ndarray) -> np.ndarray:
+        """(n,) the share of each row's error its error family shares (0 where it was not measured:
+        independent errors)."""
+        return np.array([self.error_correlation.get(str(k), 0.0) for k in self.levels(X)], dtype=float)
+
+    def predict_error_quantiles(self, X: np.ndarray) -> np.ndarray:
+        """(n, levels) each row's standardized error at ERROR_QUANTILE_LEVELS (a normal's where its level's
+        distribution was not measured)."""
+        levels = self.levels(X)
+        normal = ndtri(ERROR_QUANTILE_LEVELS)
+        tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
+        return np.array([tables.get(str(k), normal) for k in levels]).reshape(len(levels), -1)
+
     def params(self) -> dict[str, Any]:
-        return {"band": self.band, "region_rows": self.region_rows, "config_rows": self.config_rows}
+        return {
+            "band": self.band,
+            "region_rows": self.region_rows,
+            "config_rows": self.config_rows,
+            "error_correlation": self.error_correlation,
+            "error_quantiles": self.error_quantiles,
+        }
 
     @classmethod
     def from_params(
@@ -128,22 +164,68 @@ class ThroughputModel:
             {str(k): [float(v) for v in pair] for k, pair in params["band"].items()},
             {str(k): int(v) for k, v in params["region_rows"].items()},
             {str(k): int(v) for k, v in params["config_rows"].items()},
+            {str(k): float(v) for k, v in (params.get("error_correlation") or {}).items()},
+            {str(k): [float(x) for x in v] for k, v in (params.get("error_quantiles") or {}).items()},
         )
 
 
 def fit_throughput(
-    X: np.ndarray, tokens_per_second: np.ndarray, weight: np.ndarray | None, *, seed: int
+    X: np.ndarray,
+    tokens_per_second: np.ndarray,
+    weight: np.ndarray | None,
+    *,
+    seed: int,
+    families: np.ndarray | None = None,
 ) -> ThroughputModel:
-    """Fit on valid runs: rows of the encoded feature matrix and their measured tokens/s (positive)."""
+    """Fit on valid runs: rows of the encoded feature matrix and their measured tokens/s (positive);
+    `families`, each row's error family (`twin.families`), to measure how much error a family shares."""
     if len(X) < 10:
         raise ValueError(f"need at least 10 valid runs to fit throughput, got {len(X)}")
     target = np.log(tokens_per_second) - X[:, _OFFSET]
     regressor = boosting.regressor(FEATURE_NAMES, seed, REGRESSOR_PARAMS)
     regressor.fit(boosting.trainable(X, FEATURE_NAMES), target, sample_weight=weight)
     residuals, contexts, from_blocks, rows = _out_of_fold_residuals(X, target, weight, seed=seed)
-    difficulty, band = _difficulty_and_band(X[rows], contexts, residuals, from_blocks, seed=seed)
-    return ThroughputModel(regressor, difficulty, band, _counts(keys(X, _REGION_COLUMNS)),
-                           _counts(keys(X, _CONFIG_COLUMNS)))  # fmt: skip
+    difficulty, band, scores = _difficulty_and_band(X[rows], contexts, residuals, from_blocks, seed=seed)
+    levels = np.where(contexts[:, 0] == 1.0, SEEN_REGION, NEW_REGION)
+    row_families = np.asarray(families)[rows] if families is not None else None
+    correlation, quantiles = _error_structure(scores, levels, from_blocks, row_families, band)
+    return ThroughputModel(
+        regressor, difficulty, band, _counts(keys(X, _REGION_COLUMNS)), _counts(keys(X, _CONFIG_COLUMNS)),
+        correlation, quantiles,
+    )  # fmt: skip
+
+
+def _error_structure(
+    scores: np.ndarray,
+    levels: np.ndarray,
+    from_blocks: np.ndarray,
+    families: np.ndarray | None,
+    band: dict[str, list[float]],
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Per novelty level, from the residuals (over each row's difficulty) the level's band came from: the
+    share of error a family shares (a level without enough families takes the other's; seen: 0 when
+    neither has), and the distribution of the error in band units."""
+    seen = levels == SEEN_REGION
+    pools = {SEEN_REGION: seen & ~from_blocks, NEW_REGION: ~seen}
+    shares: dict[str, float | None] = {}
+    quantiles: dict[str, list[float]] = {}
+    for level, mask in pools.items():
+        low, high = band[str(level)]
+        raw = standardize(scores[mask], np.full(mask.sum(), low), np.full(mask.sum(), high), clip=None)
+        table = error_quantiles(raw)
+        if table is not None:
+            quantiles[str(level)] = [round(float(x), 4) for x in table]
+        clipped = standardize(scores[mask], np.full(mask.sum(), low), np.full(mask.sum(), high))
+        shares[str(level)] = shared_share(clipped, families[mask]) if families is not None else None
+    if families is None:
+        return {}, quantiles
+    seen_share = shares[str(SEEN_REGION)]
+    new_share = shares[str(NEW_REGION)]
+    seen_value = seen_share if seen_share is not None else 0.0
+    # An unseen family never shares less error than a seen one (the model learned nothing about it).
+    new_value = max(new_share if new_share is not None else seen_value, seen_value)
+    correlation = {str(SEEN_REGION): round(seen_value, 4), str(NEW_REGION): round(new_value, 4)}
+    return correlation, quantiles
 
 
 def keys(X: np.ndarray, key_columns: np.ndarray) -> np.ndarray:
@@ -219,8 +301,9 @@ def _out_of_fold_residuals(
 
 def _difficulty_and_band(
     X: np.ndarray, contexts: np.ndarray, residuals: np.ndarray, from_blocks: np.ndarray, *, seed: int
-) -> tuple[HistGradientBoostingRegressor, dict[str, list[float]]]:
-    """The difficulty regressor (on all out-of-fold rows) and the band's quantiles of residual / difficulty.
+) -> tuple[HistGradientBoostingRegressor, dict[str, list[float]], np.ndarray]:
+    """The difficulty regressor (on all out-of-fold rows), the band's quantiles of residual / difficulty,
+    and each out-of-fold row's residual / difficulty.
 
     The quantiles come from difficulties cross-fitted in two halves (each half's from a regressor that did
     not see it): scored on its own training rows, a difficulty model would look surer than it is.
@@ -253,7 +336,7 @@ def _difficulty_and_band(
         low, high = (float(q) for q in np.quantile(chosen, quantiles))
         band[str(level)] = previous = [min(low, previous[0]), max(high, previous[1])]
     difficulty = _difficulty_regressor(seed).fit(boosting.trainable(design, DIFFICULTY_FEATURES), target)
-    return difficulty, band
+    return difficulty, band, scores
 
 
 def _difficulty_regressor(seed: int) -> HistGradientBoostingRegressor:

@@ -23,7 +23,7 @@ def _finetwin_commands() -> list[list[str]]:
         if str(service.get("image", "")).startswith("finetwin"):
             commands.append(service["command"])
     for document in yaml.safe_load_all((DEPLOY / "k8s" / "finetwin.yaml").read_text()):
-        if document["kind"] == "Deployment":
+        if document["kind"] in ("Deployment", "Job"):
             for container in document["spec"]["template"]["spec"]["containers"]:
                 commands.append(container["args"])
     dockerfile = (DEPLOY / "Dockerfile").read_text()
@@ -51,6 +51,8 @@ def test_service_environment_names_real_settings() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     known = {f"FINETWIN_{name.upper()}" for name in Settings.model_fields}
     for service in compose["services"].values():
+        if not str(service.get("image", "")).startswith("finetwin"):
+            continue  # e.g. PostgreSQL's FINETWIN_*_PASSWORD, read by deploy/postgres/roles.sql
         for name in service.get("environment", {}) if isinstance(service.get("environment"), dict) else []:
             if name.startswith("FINETWIN_"):
                 assert name in known, name
@@ -62,3 +64,31 @@ def test_dockerfile_copies_paths_that_exist() -> None:
             sources = line.split()[1:-1]
             for source in sources:
                 assert (REPO / source).exists(), source
+
+
+def test_services_connect_as_the_role_that_owns_nothing() -> None:
+    """Only `migrate` connects as the schema's owner (docs/advisor.md); roles.sql is what creates both."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    roles_sql = (DEPLOY / "postgres" / "roles.sql").read_text()
+    assert "\\set owner finetwin_owner" in roles_sql and "\\set service finetwin_app" in roles_sql
+    mounted = [v for v in compose["services"]["postgres"]["volumes"] if "roles.sql" in v]
+    assert mounted and mounted[0].split(":")[1].startswith("/docker-entrypoint-initdb.d/")
+    for name, service in compose["services"].items():
+        if not str(service.get("image", "")).startswith("finetwin"):
+            continue
+        url = service["environment"]["FINETWIN_DATABASE_URL"]
+        role = url.split("://", 1)[1].split(":", 1)[0]
+        assert role == ("finetwin_owner" if name == "migrate" else "finetwin_app"), name
+        if name != "migrate":
+            assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    roles, secret_of = {}, {}
+    for document in yaml.safe_load_all((DEPLOY / "k8s" / "finetwin.yaml").read_text()):
+        if document["kind"] == "Secret":
+            url = document["stringData"]["FINETWIN_DATABASE_URL"]
+            roles[document["metadata"]["name"]] = url.split("://", 1)[1].split(":", 1)[0]
+        if document["kind"] in ("Deployment", "Job"):
+            for container in document["spec"]["template"]["spec"]["containers"]:
+                secret_of[container["args"][0]] = container["envFrom"][0]["secretRef"]["name"]
+    assert {command: roles[secret] for command, secret in secret_of.items()} == {
+        "migrate": "finetwin_owner", "ingest": "finetwin_app", "api": "finetwin_app",
+    }  # fmt: skip
