@@ -180,13 +180,16 @@ def get_forecast(
             created = as_utc(stored.created_at)
             # Its age on the twin's clock (telemetry time since it started) and on the wall's.
             age = (clock.now - as_utc(stored.start)).total_seconds()
-            # Two periods: a missed refresh still serves the last one; an abandoned one does not.
-            if age <= 2 * settings.forecast_every:
+            age_wall = (datetime.now(UTC) - created).total_seconds()
+            # Two periods: a missed refresh still serves the last one; an abandoned one does not. Stale
+            # only on both clocks: a replay at --speed 600 passes two periods of telemetry time in a
+            # second, and every page load would otherwise recompute the ensemble.
+            if age <= 2 * settings.forecast_every or age_wall <= 2 * settings.forecast_min_wall_seconds:
                 return stored.document | {
                     "id": stored.id,
                     "stored_at": created.isoformat(),
                     "age_s": age,
-                    "age_wall_s": (datetime.now(UTC) - created).total_seconds(),
+                    "age_wall_s": age_wall,
                 }
     return compute_standing_forecast(app, clock) | {"age_s": 0.0, "age_wall_s": 0.0}
 

@@ -249,3 +249,36 @@ def test_plan_command_table_and_bad_input(
     cluster, _jobs, slo = plan_files
     assert main(["plan", "--workload", str(_jobs), "--vary", f"{A100}=1..2"]) == 2
     assert "--cluster" in capsys.readouterr().err
+
+
+def test_plan_command_on_the_live_arrival_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --workload: the store's queue and observed arrivals, over the forecast horizon."""
+    from tests.advisor.seed import seed_overloaded_cluster
+    from twin.db import make_engine, migrate
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    seed_overloaded_cluster(engine, jobs=4)  # one 8-GPU node, one job running and three queued
+    engine.dispose()
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", url)
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(tmp_path / "no-models"))
+    monkeypatch.delenv("FINETWIN_RAY_ADDRESS", raising=False)
+    # Four submissions over ten years of history: the arrival process is there but (nearly) silent, so
+    # the answer does not hang on whether a job happens to arrive (nor on the time of day).
+    monkeypatch.setenv("FINETWIN_FORECAST_LOOKBACK_DAYS", "3650")
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("slos:\n  - {name: p95 wait under 1 h, metric: wait_p95_s, max: 3600}\n")
+    argv = ["plan", "--slo", str(slo), "--vary", f"{A100}=1..4", "--runs", "2", "--horizon", "12h",
+            "--workers", "1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["horizon_s"] == 12 * 3600.0 and len(doc["scenarios"]) == 4
+    meets = [row["meets_slos"] for row in doc["scenarios"]]
+    # Four jobs of a whole node each, the queued ones waiting for up to half an hour already: only a
+    # cluster that starts them all at once keeps the p95 wait under an hour.
+    assert meets == [False, False, False, True]
+    assert doc["cheapest"]["nodes"] == {A100: 4}
