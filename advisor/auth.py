@@ -27,6 +27,7 @@ from fastapi.security import APIKeyHeader
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
+from advisor.deps import get_runtime
 from advisor.records import ApiKey
 from twin.store import utcnow
 
@@ -153,15 +154,6 @@ class KeyCache:
 _header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="finetwin keys create")
 
 
-def _key_cache(request: Request) -> KeyCache:
-    cache = getattr(request.app.state, "key_cache", None)
-    if cache is None:
-        settings = request.app.state.settings
-        cache = KeyCache(request.app.state.engine, ttl_s=settings.auth_cache_seconds)
-        request.app.state.key_cache = cache
-    return cache
-
-
 async def _authenticate(request: Request, key: str | None) -> Principal:
     """Async so that a request whose key is cached never leaves the event loop; the database is asked
     (in the thread pool) at most once per key per `auth_cache_seconds`."""
@@ -174,7 +166,7 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
             detail=f"missing API key: send it in the {API_KEY_HEADER} header",
             headers={"WWW-Authenticate": API_KEY_HEADER},
         )
-    cache = _key_cache(request)
+    cache = get_runtime(request).key_cache
     found, principal = cache.cached(key)
     if not found:
         principal = await run_in_threadpool(cache.lookup, key)

@@ -13,43 +13,26 @@ import logging
 import threading
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from advisor.advice import advise_many
 from advisor.advice_plan import AdviceError
 from advisor.advice_predict import ModelsUnusable
 from advisor.advice_schemas import AdviceOut, AdviceRequest
-from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
+from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
 from advisor.auth import Role, access
-from advisor.batching import Batcher
+from advisor.deps import get_runtime
+from advisor.parts import ApiRuntime
 from advisor.prediction_memo import PredictionMemo
-from advisor.routers.models import NO_MODEL, app_models_in_use, models_in_use
+from advisor.routers.models import NO_MODEL
 from advisor.warmup import warm_in_background
 from calibrate.refit import refit_benchmarks
-from calibrate.registry import InUseModels, RegistryError
+from calibrate.registry import RegistryError
 from twin.settings import Settings
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/advise", tags=["advice"])
-
-
-def answer_cache(request: Request) -> AnswerCache:
-    cache = getattr(request.app.state, "advice_cache", None)
-    if cache is None:
-        cache = AnswerCache(request.app.state.settings.advice_cache_size)
-        request.app.state.advice_cache = cache
-    return cache
-
-
-def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]]:
-    batcher = getattr(request.app.state, "advice_batcher", None)
-    if batcher is None:
-        app = request.app
-        # The models in use are looked up per batch (`models_in_use` has run for the request by then).
-        batcher = Batcher(lambda bodies: _answers(app, bodies), app.state.settings.advice_max_batch)
-        app.state.advice_batcher = batcher
-    return batcher
 
 
 @router.post(
@@ -62,11 +45,13 @@ def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]
     },
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-async def advise(body: AdviceRequest, request: Request) -> Response:
+async def advise(
+    body: AdviceRequest, request: Request, runtime: ApiRuntime = Depends(get_runtime)
+) -> Response:
     # Async: a cached answer (the same configuration under the same models) never leaves the event loop;
     # loading models and computing answers run in the thread pool, in batches.
-    models = models_in_use(request)
-    cache = answer_cache(request)
+    models = runtime.models_in_use
+    cache = runtime.answer_cache
     request_key = body.model_dump_json()
     raw = await request.body()  # already read by FastAPI: the exact bytes, for advisor.fastpath
     raw_key = raw if len(raw) <= MAX_RAW_KEY_BYTES else None
@@ -77,74 +62,69 @@ async def advise(body: AdviceRequest, request: Request) -> Response:
             if raw_key is not None:
                 cache.put((version, raw_key), cached)
             return Response(content=cached, media_type="application/json")
-    version, content = await answer_batcher(request).submit(request_key, body)
+    assert runtime.batcher is not None  # set by create_app
+    version, content = await runtime.batcher.submit(request_key, body)
     cache.put((version, request_key), content)
     if raw_key is not None:
         cache.put((version, raw_key), content)
     return Response(content=content, media_type="application/json")
 
 
-def prediction_memo(app: FastAPI, version: str, models: Any) -> PredictionMemo | None:
+def prediction_memo(runtime: ApiRuntime, version: str, models: Any) -> PredictionMemo | None:
     """The memo of the version in use (a new version starts an empty one, warmed in the background when
     `advice_warm_memo`); None when turned off."""
-    settings: Settings = app.state.settings
+    settings: Settings = runtime.settings
     if settings.advice_memo_rows == 0:
         return None
-    with _memo_lock:
-        memo = getattr(app.state, "prediction_memo", None)
+    with runtime.memo_lock:
+        memo = runtime.prediction_memo
         if memo is None or memo.version != version:
             memo = PredictionMemo(version, settings.advice_memo_rows)
-            app.state.prediction_memo = memo
-            registry = getattr(app_models_in_use(app), "registry", None)  # which benchmark it learned from
+            runtime.prediction_memo = memo
+            registry = getattr(runtime.models_in_use, "registry", None)  # which benchmark it learned from
             if settings.advice_warm_memo and registry is not None:
                 warm_in_background(
-                    memo, models, lambda: refit_benchmarks(settings, registry), _new_warm_stop(app)
+                    memo, models, lambda: refit_benchmarks(settings, registry), _new_warm_stop(runtime)
                 )
     return memo
 
 
-_memo_lock = threading.Lock()
-
-
-def _new_warm_stop(app: FastAPI) -> threading.Event:
+def _new_warm_stop(runtime: ApiRuntime) -> threading.Event:
     """A stop signal for a new warm-up; the previous one's is set: its memo is of a retired version."""
-    previous = getattr(app.state, "advice_warm_stop", None)
-    if previous is not None:
-        previous.set()
-    stop = app.state.advice_warm_stop = threading.Event()
-    return stop
+    if runtime.advice_warm_stop is not None:
+        runtime.advice_warm_stop.set()
+    runtime.advice_warm_stop = threading.Event()
+    return runtime.advice_warm_stop
 
 
-def startup(app: FastAPI) -> None:
+def warm_memo_at_start(runtime: ApiRuntime) -> None:
     """Warm the memo of the version in use at once, not at the first request (loading the models takes a
     second, so it happens on a thread too)."""
-    settings: Settings = app.state.settings
+    settings: Settings = runtime.settings
     if not (settings.advice_warm_memo and settings.advice_memo_rows):
         return
 
     def load_and_warm() -> None:
         try:
-            loaded = app_models_in_use(app).get()
+            loaded = runtime.models_in_use.get()
         except RegistryError as exc:
             log.warning("no advice memo warm-up: the model in use cannot load: %s", exc)
             return
         if loaded is not None:
-            prediction_memo(app, loaded[0], loaded[1])
+            prediction_memo(runtime, loaded[0], loaded[1])
 
     threading.Thread(target=load_and_warm, name="warm-advice", daemon=True).start()
 
 
-def shutdown(app: FastAPI) -> None:
-    stop = getattr(app.state, "advice_warm_stop", None)
-    if stop is not None:
-        stop.set()
+def stop_warming(runtime: ApiRuntime) -> None:
+    if runtime.advice_warm_stop is not None:
+        runtime.advice_warm_stop.set()
 
 
-def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
+def answers(runtime: ApiRuntime, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
     """(model version, answer JSON) per request, or the HTTP error for that request alone."""
-    models: InUseModels = app.state.models_in_use  # `models_in_use` ran for the request before
     try:
-        loaded = models.get()
+        loaded = runtime.models_in_use.get()
     except RegistryError as exc:
         raise HTTPException(status_code=NO_MODEL, detail=f"the model in use cannot load: {exc}") from None
     if loaded is None:
@@ -153,9 +133,8 @@ def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes
         )
     version, job_models = loaded
     try:
-        answers = advise_many(
-            [body.to_job() for body in bodies], job_models, version, prediction_memo(app, version, job_models)
-        )
+        memo = prediction_memo(runtime, version, job_models)
+        answers = advise_many([body.to_job() for body in bodies], job_models, version, memo)
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
     return [

@@ -5,7 +5,7 @@ stale on the twin's clock, or `refresh=true`); `POST /v1/whatif` compares a scen
 paired seeds. `GET /v1/forecast/skill` is how well the stored forecasts did against what then happened, and
 `GET /v1/forecast/vs-actual` one stored forecast with the actuals drawn over it (the dashboard's charts).
 
-The twin's clock is the telemetry's (`twin.clock`): `startup` puts a tick on the app's scheduler every
+The twin's clock is the telemetry's (`twin.clock`): the lifespan puts a tick on the app's scheduler every
 `FINETWIN_FORECAST_MIN_WALL_SECONDS`; a tick makes a new standing forecast once `FINETWIN_FORECAST_EVERY`
 of telemetry time has passed since the last one's start, and scores every stored interval that telemetry
 time has passed (`twin.skill`). A replay at --speed 600 is so forecast and scored within minutes.
@@ -18,12 +18,14 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import Field
 
 from advisor.auth import Role, access
+from advisor.deps import get_runtime
+from advisor.parts import ApiRuntime
 from advisor.slos_in_force import current_slos
-from calibrate.registry import InUseModels, RegistryError
+from calibrate.registry import RegistryError
 from twin.clock import TwinClock, as_utc, twin_clock
 from twin.cluster import ClusterFormatError
 from twin.config_changes import Admission
@@ -53,11 +55,8 @@ class WhatIfRequest(WhatIf):
     runs: int = Field(default=16, ge=1, le=MAX_API_RUNS)
 
 
-def _job_models(app: FastAPI) -> tuple[JobModels | None, str]:
-    cache = getattr(app.state, "models_in_use", None)
-    if cache is None:  # shared with the models router: one registry cache per app
-        cache = InUseModels(app.state.settings.resolved_models_dir())
-        app.state.models_in_use = cache
+def _job_models(runtime: ApiRuntime) -> tuple[JobModels | None, str]:
+    cache = runtime.models_in_use
     try:
         loaded = cache.get()
     except RegistryError as exc:
@@ -81,63 +80,64 @@ def _options(settings: Settings) -> ForecastOptions:
     )
 
 
-def _slos(app: FastAPI) -> Any:
+def _slos(runtime: ApiRuntime) -> Any:
     """The SLOs in force: the last set declared with PUT /v1/slos, else the file, else the defaults."""
     try:
-        return current_slos(app.state.engine, app.state.settings).slos
+        return current_slos(runtime.engine, runtime.settings).slos
     except SloFormatError as exc:
         raise HTTPException(NO_STATE, str(exc)) from None
 
 
-def _clock(app: FastAPI) -> TwinClock:
-    settings: Settings = app.state.settings
+def _clock(runtime: ApiRuntime) -> TwinClock:
+    settings: Settings = runtime.settings
     return twin_clock(
-        app.state.engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds
+        runtime.engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds
     )
 
 
-def _live(app: FastAPI, clock: TwinClock | None = None) -> Any:
-    settings: Settings = app.state.settings
+def _live(runtime: ApiRuntime, clock: TwinClock | None = None) -> Any:
+    settings: Settings = runtime.settings
     try:
         return load_live_inputs(
-            app.state.engine,
+            runtime.engine,
             cluster_id=settings.cluster_id,
             lookback=timedelta(days=settings.forecast_lookback_days),
-            clock=clock or _clock(app),
+            clock=clock or _clock(runtime),
         )
     except NoClusterError as exc:
         raise HTTPException(NO_STATE, str(exc)) from None
 
 
-def compute_standing_forecast(app: FastAPI, clock: TwinClock | None = None) -> dict[str, Any]:
+def compute_standing_forecast(runtime: ApiRuntime, clock: TwinClock | None = None) -> dict[str, Any]:
     """A forecast from the live state with the cluster's settings, stored as the standing one."""
-    settings: Settings = app.state.settings
-    models, source = _job_models(app)
-    document = forecast(_live(app, clock), models, _options(settings), _slos(app), model_source=source)
-    document["id"] = save_forecast(app.state.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
+    settings: Settings = runtime.settings
+    models, source = _job_models(runtime)
+    inputs = _live(runtime, clock)
+    document = forecast(inputs, models, _options(settings), _slos(runtime), model_source=source)
+    document["id"] = save_forecast(runtime.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
     return document
 
 
-def forecast_due(app: FastAPI, clock: TwinClock) -> bool:
+def forecast_due(runtime: ApiRuntime, clock: TwinClock) -> bool:
     """Whether `FINETWIN_FORECAST_EVERY` of the twin's time has passed since the last standing forecast."""
-    settings: Settings = app.state.settings
-    last = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
+    settings: Settings = runtime.settings
+    last = latest_forecast(runtime.engine, cluster_id=settings.cluster_id, kind=STANDING)
     if last is None or last.start is None:
         return True
     return (clock.now - as_utc(last.start)).total_seconds() >= settings.forecast_every
 
 
-def standing_tick(app: FastAPI) -> None:
+def standing_tick(runtime: ApiRuntime) -> None:
     """One tick of the scheduler: a standing forecast when one is due, then score what telemetry passed."""
-    lock: threading.Lock = app.state.forecast_lock
+    lock: threading.Lock = runtime.forecast_lock
     if not lock.acquire(blocking=False):
         return  # the previous tick is still running: skip this one rather than pile up
-    settings: Settings = app.state.settings
+    settings: Settings = runtime.settings
     try:
-        clock = _clock(app)
-        if forecast_due(app, clock):
-            compute_standing_forecast(app, clock)
-        score_due(app.state.engine, settings.cluster_id, clock.now)
+        clock = _clock(runtime)
+        if forecast_due(runtime, clock):
+            compute_standing_forecast(runtime, clock)
+        score_due(runtime.engine, settings.cluster_id, clock.now)
     except HTTPException as exc:
         log.info("standing forecast not refreshed: %s", exc.detail)
     except Exception:  # the scheduler must keep running; the next tick tries again
@@ -146,13 +146,13 @@ def standing_tick(app: FastAPI) -> None:
         lock.release()
 
 
-def startup(app: FastAPI) -> None:
-    settings: Settings = app.state.settings
-    app.state.forecast_lock = threading.Lock()
-    app.state.scheduler.add_job(
+def schedule_standing_forecast(runtime: ApiRuntime) -> None:
+    """The standing forecast's tick on the API's scheduler (started by the lifespan)."""
+    settings: Settings = runtime.settings
+    runtime.scheduler.add_job(
         standing_tick,
         "interval",
-        args=[app],
+        args=[runtime],
         seconds=settings.forecast_min_wall_seconds,
         id="standing-forecast",
         next_run_time=datetime.now(UTC),
@@ -168,14 +168,13 @@ def startup(app: FastAPI) -> None:
     responses={409: {"description": "nothing to forecast yet (no node up) or the models fail verification"}},
 )
 def get_forecast(
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     refresh: bool = Query(default=False, description="compute a new one now instead of the stored one"),
 ) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    clock = _clock(app)
+    settings: Settings = runtime.settings
+    clock = _clock(runtime)
     if not refresh:
-        stored = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
+        stored = latest_forecast(runtime.engine, cluster_id=settings.cluster_id, kind=STANDING)
         if stored is not None and stored.start is not None:
             created = as_utc(stored.created_at)
             # Its age on the twin's clock (telemetry time since it started) and on the wall's.
@@ -191,7 +190,7 @@ def get_forecast(
                     "age_s": age,
                     "age_wall_s": age_wall,
                 }
-    return compute_standing_forecast(app, clock) | {"age_s": 0.0, "age_wall_s": 0.0}
+    return compute_standing_forecast(runtime, clock) | {"age_s": 0.0, "age_wall_s": 0.0}
 
 
 def parse_since(text: str | None, now: datetime) -> datetime | None:
@@ -215,15 +214,14 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
     summary="How the stored forecasts did: per figure, error and p10-p90 coverage over the scored intervals",
 )
 def get_skill(
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     since: str | None = Query(
         default=None, description="only intervals from this time on: RFC 3339, or a duration back (24h)"
     ),
 ) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    clock = _clock(app)
-    out = skill(app.state.engine, settings.cluster_id, parse_since(since, clock.now))
+    settings: Settings = runtime.settings
+    clock = _clock(runtime)
+    out = skill(runtime.engine, settings.cluster_id, parse_since(since, clock.now))
     return out | {"clock": clock.describe()}
 
 
@@ -231,11 +229,10 @@ def get_skill(
     "/v1/forecast/vs-actual",
     summary="A stored forecast's bands with what then happened, per figure, and its age on the twin's clock",
 )
-def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    clock = _clock(app)
-    out = forecast_vs_actual(app.state.engine, settings.cluster_id, clock.now)
+def get_forecast_vs_actual(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
+    settings: Settings = runtime.settings
+    clock = _clock(runtime)
+    out = forecast_vs_actual(runtime.engine, settings.cluster_id, clock.now)
     if out is None:
         raise HTTPException(
             404, "no stored forecast yet: the standing forecast is made once the store has a cluster"
@@ -249,17 +246,16 @@ def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
     responses={409: {"description": "nothing to forecast yet (no node up) or the models fail verification"}},
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    inputs = _live(app)
-    models, source = _job_models(app)
+def post_whatif(body: WhatIfRequest, runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
+    settings: Settings = runtime.settings
+    inputs = _live(runtime)
+    models, source = _job_models(runtime)
     try:
         return run_whatif(
             inputs,
             models,
             body,
-            _slos(app),
+            _slos(runtime),
             workers=settings.forecast_workers,
             model_source=source,
             ray_address=settings.ray_address,

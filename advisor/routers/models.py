@@ -1,6 +1,7 @@
 """Calibrated models over HTTP: predictions for configurations, the registry's versions, and the live error.
 
-`startup` puts the hourly refit and the drift check on the app's scheduler (see `calibrate.refit`).
+The hourly refit and the drift check run on the app's scheduler (`calibrate.refit`, installed by the
+lifespan of `advisor.app`).
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ import math
 from datetime import datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Engine
 
 from advisor.auth import Role, access
-from advisor.deps import get_engine, get_settings
+from advisor.deps import get_engine, get_models_in_use, get_settings
+from advisor.parts import ModelsInUse
 from calibrate.config_frame import records_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
-from calibrate.refit import RefitScheduler
-from calibrate.registry import InUseModels, ModelRegistry, RegistryError
+from calibrate.registry import ModelRegistry, RegistryError
 from twin.settings import Settings
 
 router = APIRouter(tags=["models"])
@@ -137,18 +138,6 @@ class LiveErrorOut(BaseModel):
     points: list[LiveErrorPointOut]
 
 
-def models_in_use(request: Request) -> InUseModels:
-    return app_models_in_use(request.app)
-
-
-def app_models_in_use(app: FastAPI) -> InUseModels:
-    cache = getattr(app.state, "models_in_use", None)
-    if cache is None:
-        cache = InUseModels(app.state.settings.resolved_models_dir())
-        app.state.models_in_use = cache
-    return cache
-
-
 @router.post(
     "/v1/predict",
     response_model=PredictResponse,
@@ -156,7 +145,7 @@ def app_models_in_use(app: FastAPI) -> InUseModels:
     responses={409: {"description": "no calibrated model is in use (or it failed verification)"}},
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-def predict(body: PredictRequest, cache: InUseModels = Depends(models_in_use)) -> PredictResponse:
+def predict(body: PredictRequest, cache: ModelsInUse = Depends(get_models_in_use)) -> PredictResponse:
     try:
         loaded = cache.get()
     except RegistryError as exc:
@@ -242,13 +231,6 @@ def live_error(
         current=current,
         points=[LiveErrorPointOut(**vars(p)) for p in points],
     )
-
-
-def startup(app: FastAPI) -> None:
-    """The hourly refit and the drift check, on the app's one scheduler."""
-    refits = RefitScheduler(app.state.settings, app.state.engine, app.state.scheduler)
-    refits.install()
-    app.state.refits = refits
 
 
 def _version(registry: ModelRegistry, version: str, in_use: bool) -> ModelVersionOut:

@@ -1,8 +1,8 @@
 """Recommendations: the queue a person works through (approve / reject), and cluster steering runs.
 
 Approving needs the approver role (checked before the recommendation is looked up); the approval and the
-outbox message for `finetwin.actions` commit together, and the outbox relay (started here when a Kafka
-bootstrap is configured) publishes it.
+outbox message for `finetwin.actions` commit together, and the outbox relay (one of the API's parts, when
+the application gave it a Kafka) publishes it, woken by the approval.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine
 from sqlmodel import Session, col, func, select
 
 from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
-from advisor.deps import get_engine, get_settings
-from advisor.outbox import OutboxRelay, RelayThread
+from advisor.deps import get_runtime, get_settings
+from advisor.parts import ApiRuntime
 from advisor.records import OutboxMessage, Recommendation
+from advisor.steering import SteeringResult, SteeringUnavailable, run_steering
 from twin.db import session_scope
 from twin.settings import Settings
 
@@ -91,12 +93,12 @@ def _out(session: Session, rec: Recommendation) -> RecommendationOut:
 
 @router.get("", response_model=RecommendationPage, summary="Recommendations, pending first, best first")
 def list_recommendations(
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     state: RecommendationState | None = Query(default=None),
     limit: int = Query(default=100, ge=1, le=1000),
     offset: int = Query(default=0, ge=0, le=1_000_000_000),
 ) -> RecommendationPage:
-    engine = request.app.state.engine
+    engine = runtime.engine
     with session_scope(engine) as session:
         workflow.expire_due(session)  # a reader never sees a pending one past its TTL
     with Session(engine) as session:
@@ -124,8 +126,10 @@ def list_recommendations(
     summary="One recommendation",
     responses={404: {"description": "no such recommendation"}},
 )
-def get_recommendation(recommendation_id: str, request: Request) -> RecommendationOut:
-    with Session(request.app.state.engine) as session:
+def get_recommendation(
+    recommendation_id: str, runtime: ApiRuntime = Depends(get_runtime)
+) -> RecommendationOut:
+    with Session(runtime.engine) as session:
         rec = session.get(Recommendation, recommendation_id)
         if rec is None:
             raise HTTPException(status_code=404, detail=f"no recommendation {recommendation_id!r}")
@@ -149,12 +153,12 @@ _DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
 )
 def approve(
     recommendation_id: str,
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     body: ApproveIn | None = None,
     principal: Principal = Depends(require_role(Role.APPROVER)),
     settings: Settings = Depends(get_settings),
 ) -> RecommendationOut:
-    engine = request.app.state.engine
+    engine = runtime.engine
     try:
         with session_scope(engine) as session:
             workflow.expire_due(session)
@@ -169,9 +173,8 @@ def approve(
             out = _out(session, rec)
     except workflow.TransitionError as exc:
         raise HTTPException(status_code=exc.status, detail=exc.message) from exc
-    relay: RelayThread | None = getattr(request.app.state, "relay", None)
-    if relay is not None:
-        relay.wake()
+    if runtime.relay is not None:
+        runtime.relay.wake()
     return out
 
 
@@ -185,10 +188,10 @@ def approve(
 def reject(
     recommendation_id: str,
     body: RejectIn,
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     principal: Principal = Depends(require_role(Role.APPROVER)),
 ) -> RecommendationOut:
-    engine = request.app.state.engine
+    engine = runtime.engine
     try:
         with session_scope(engine) as session:
             workflow.expire_due(session)
@@ -205,68 +208,47 @@ def reject(
     response_model=RunOut,
     summary="Run cluster steering now: what-ifs against the SLOs, recording those that help (operator)",
 )
-def run_now(request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))) -> RunOut:
-    from advisor.steering import SteeringUnavailable, run_steering
-
+def run_now(
+    runtime: ApiRuntime = Depends(get_runtime), principal: Principal = Depends(require_role(Role.OPERATOR))
+) -> RunOut:
     try:
-        result = run_steering(request.app, actor=principal.actor, source="on-demand")
+        result = _steer(runtime, actor=principal.actor, source="on-demand")
     except SteeringUnavailable as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from exc
-    with Session(get_engine(request)) as session:
+    with Session(runtime.engine) as session:
         recs = [_out(session, r) for r in result.recommendations]
     return RunOut(evaluated=result.evaluated, recommended=len(recs), recommendations=recs, notes=result.notes)
 
 
-# --- lifespan: the outbox relay and the scheduled steering ---------------------------------------------
+# --- the scheduled expiry and steering (put on the scheduler by the lifespan) ------------------------------
 
 
-def startup(app: FastAPI) -> None:
-    settings: Settings = app.state.settings
-    app.state.relay = None
-    if settings.kafka_bootstrap:
-        relay = OutboxRelay(app.state.engine, settings.kafka_bootstrap)
-        app.state.relay = RelayThread(relay, poll_s=settings.relay_poll_seconds).start()
-        app.state.relay.wake()  # publish whatever an earlier process left unsent
-    scheduler = app.state.scheduler
+def schedule_expiry_and_steering(runtime: ApiRuntime) -> None:
+    scheduler = runtime.scheduler
     scheduler.add_job(
-        _expire_job,
-        "interval",
-        minutes=5,
-        args=[app],
-        id="recommendations-expire",
-        max_instances=1,
-        coalesce=True,
-    )
+        _expire_job, "interval", minutes=5, args=[runtime.engine], id="recommendations-expire",
+        max_instances=1, coalesce=True, replace_existing=True,
+    )  # fmt: skip
     scheduler.add_job(
-        _steering_job,
-        "interval",
-        minutes=settings.steering_interval_minutes,
-        args=[app],
-        id="recommendations-steering",
-        max_instances=1,
-        coalesce=True,
-    )
+        _steering_job, "interval", minutes=runtime.settings.steering_interval_minutes, args=[runtime],
+        id="recommendations-steering", max_instances=1, coalesce=True, replace_existing=True,
+    )  # fmt: skip
 
 
-def shutdown(app: FastAPI) -> None:
-    relay: RelayThread | None = getattr(app.state, "relay", None)
-    if relay is not None:
-        relay.stop()
-        app.state.relay = None
-
-
-def _expire_job(app: FastAPI) -> None:
-    with session_scope(app.state.engine) as session:
+def _expire_job(engine: Engine) -> None:
+    with session_scope(engine) as session:
         expired = workflow.expire_due(session)
     if expired:
         log.info("expired %d recommendations", len(expired))
 
 
-def _steering_job(app: FastAPI) -> None:
-    from advisor.steering import SteeringUnavailable, run_steering
+def _steer(runtime: ApiRuntime, *, actor: str, source: str) -> SteeringResult:
+    return run_steering(runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source)
 
+
+def _steering_job(runtime: ApiRuntime) -> None:
     try:
-        result = run_steering(app, actor="system", source="schedule")
+        result = _steer(runtime, actor="system", source="schedule")
     except SteeringUnavailable as exc:
         log.info("scheduled steering skipped: %s", exc)
         return

@@ -86,7 +86,14 @@ def up(
         ),
     ] = False,
 ) -> int:
-    from finetwin.wiring import build_api_app, ensure_topics, ingest_worker, migrated_engine
+    from finetwin.wiring import (
+        api_app,
+        api_parts,
+        ensure_topics,
+        hand_out_first_key,
+        ingest_worker,
+        migrated_engine,
+    )
     from ingest.replay import send_replay
 
     settings: Settings = ctx.obj
@@ -109,25 +116,27 @@ def up(
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
     stop = threading.Event()
-    with stop_on_signals(stop), contextlib.ExitStack() as parts:
-        bus = _bus(bootstrap, settings, parts)
+    with stop_on_signals(stop), contextlib.ExitStack() as cleanup:
+        bus = _bus(bootstrap, settings, cleanup)
         engine = migrated_engine(settings)
-        parts.callback(engine.dispose)
+        cleanup.callback(engine.dispose)
         topic = settings.telemetry_topic
         ensure_topics(bus, settings, topic)
-        worker = ingest_worker(bus, engine, settings, topic)
+        # The API's parts first: ingest's drift hook calls the API's refit scheduler (one process).
+        api = api_parts(settings, engine, kafka_bootstrap=getattr(bus, "bootstrap", None))
+        on_drift = api.refits.on_drift if api.refits is not None else None
+        worker = ingest_worker(bus, engine, settings, topic, on_drift=on_drift)
         ingest_thread = threading.Thread(target=worker.run, args=(stop,), name="ingest")
         ingest_thread.start()
-        parts.callback(ingest_thread.join)
-        parts.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
-        app = build_api_app(
-            settings, engine, run_migrations=False, kafka_bootstrap=getattr(bus, "bootstrap", None)
-        )
-        url = _serve_api(app, host or settings.api_host, settings.api_port if port is None else port, parts)
+        cleanup.callback(ingest_thread.join)
+        cleanup.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
+        hand_out_first_key(engine)
+        app = api_app(api)
+        url = _serve_api(app, host or settings.api_host, settings.api_port if port is None else port, cleanup)
         output.say(f"finetwin is up: API on {url} (docs at {url}/docs); Ctrl-C stops", stderr=True)
         if plan is not None:
             producer = bus.producer()
-            parts.callback(producer.close)
+            cleanup.callback(producer.close)
             with output.progress(len(plan.events), "replay", "events", quiet=quiet or as_json) as tick:
                 sent = send_replay(plan, producer, topic, speed=speed, stop=stop, progress=tick)
             log.info("replayed %d of %d events (%d jobs)", sent, len(plan.events), plan.jobs)
@@ -144,7 +153,7 @@ def up(
     return 0
 
 
-def _bus(bootstrap: str | None, settings: Settings, parts: contextlib.ExitStack) -> Bus:
+def _bus(bootstrap: str | None, settings: Settings, cleanup: contextlib.ExitStack) -> Bus:
     """The given Kafka, else an embedded Tansu broker, else (no Tansu for this platform) an in-process bus."""
     from ingest.broker import BrokerUnavailable, EmbeddedBroker, tansu_binary
     from ingest.bus import ConsumerTuning, InProcessBus, KafkaBus
@@ -163,12 +172,12 @@ def _bus(bootstrap: str | None, settings: Settings, parts: contextlib.ExitStack)
         broker = EmbeddedBroker().start()
     except BrokerUnavailable as exc:
         raise CommandError(f"cannot start the embedded broker: {exc}") from exc
-    parts.callback(broker.stop)
+    cleanup.callback(broker.stop)
     log.info("embedded Kafka-protocol broker (Tansu, in memory) on %s", broker.bootstrap)
     return KafkaBus(broker.bootstrap, tuning)
 
 
-def _serve_api(app: object, host: str, port: int, parts: contextlib.ExitStack) -> str:
+def _serve_api(app: object, host: str, port: int, cleanup: contextlib.ExitStack) -> str:
     """Serve the API in a thread; returns its URL once it accepts connections."""
     import uvicorn
 
@@ -180,7 +189,7 @@ def _serve_api(app: object, host: str, port: int, parts: contextlib.ExitStack) -
         server.should_exit = True
         thread.join(timeout=10)
 
-    parts.callback(stop_api)
+    cleanup.callback(stop_api)
     # uvicorn offers no event for "listening"; its `started` flag is set once the socket is bound.
     while not server.started:
         if not thread.is_alive():

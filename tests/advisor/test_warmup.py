@@ -10,14 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from advisor.advice_plan import candidate_rows
-from advisor.app import create_app
 from advisor.prediction_memo import PredictionMemo
 from advisor.warmup import benchmark_families, warm
 from calibrate.loader import bundled_benchmark_path, load_benchmark
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeModels
-from tests.conftest import api_headers
+from tests.conftest import api_app, api_headers
 from twin.db import make_engine
 
 
@@ -49,7 +48,7 @@ def warming_client(sqlite_url: str, calibrated_models_dir: Path, tmp_path: Path)
     engine = make_engine(sqlite_url)
     migrate(engine)
     settings = advisor_settings(tmp_path, models_dir=calibrated_models_dir, advice_warm_memo=True)
-    with TestClient(create_app(settings, engine), headers=api_headers(engine, "viewer")) as c:
+    with TestClient(api_app(settings, engine), headers=api_headers(engine, "viewer")) as c:
         yield c
 
 
@@ -63,9 +62,10 @@ def test_after_the_warm_up_a_new_question_in_a_benchmark_family_needs_no_model_c
         "tokens_per_sample": first.tokens_per_sample, "number_gpus": 2, "batch_size": 16,
     }  # fmt: skip
     assert warming_client.post("/v1/advise", json=body).status_code == 200
-    memo = warming_client.app.state.prediction_memo  # type: ignore[attr-defined]
+    runtime = warming_client.app.state.runtime  # type: ignore[attr-defined]  # what create_app built
+    memo = runtime.prediction_memo
     assert memo.warmed.wait(timeout=120), "the warm-up did not finish"
-    _version, models = warming_client.app.state.models_in_use.get()  # type: ignore[attr-defined]
+    _version, models = runtime.models_in_use.get()
     calls: list[int] = []
     original = type(models).predict_frame
 
