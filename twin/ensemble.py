@@ -144,7 +144,8 @@ def run_ensemble(
     spec: EnsembleSpec, runs: int, workers: int | None = None, progress: Callable[[], object] | None = None
 ) -> list[RunOutput]:
     """Runs 0..runs-1, in order; the same outputs whatever the number of worker processes.
-    `progress` is called once per finished run (a progress bar's update)."""
+    `progress` is called once per finished run (a progress bar's update); an exception it raises stops
+    the ensemble, after the runs in flight, and propagates."""
     if runs < 1:
         raise ValueError("an ensemble needs at least one run")
     workers = default_workers(spec, runs) if workers is None else max(1, min(workers, runs))
@@ -158,10 +159,16 @@ def run_ensemble(
     # forkserver: workers start from a clean process, safe even when the caller runs threads (the API).
     context = get_context("forkserver")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(spec,)) as pool:
-        for output in pool.map(_run_in_worker, range(runs)):
-            outputs.append(output)
-            if progress is not None:
-                progress()
+        try:
+            for output in pool.map(_run_in_worker, range(runs)):
+                outputs.append(output)
+                if progress is not None:
+                    progress()
+        except BaseException:
+            # `progress` may raise to stop the ensemble (the API's client left): the runs not started are
+            # dropped instead of being waited for when the pool closes.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return outputs
 
 
