@@ -29,6 +29,7 @@ ROUTER_MODULES: tuple[str, ...] = (
     "advisor.routers.advise",
     "advisor.routers.slos",
     "advisor.routers.recommendations",
+    "advisor.routers.plan",
     "advisor.routers.audit",
     "advisor.routers.dashboard",
 )

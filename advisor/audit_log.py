@@ -11,7 +11,7 @@ from datetime import datetime
 
 from sqlmodel import Session, col, func, select
 
-from advisor.tables import AuditEntry
+from advisor.records import AuditEntry
 from twin.store import utcnow
 
 SYSTEM_ACTOR = "system"

@@ -29,7 +29,7 @@ from fastapi.security import APIKeyHeader
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from advisor.tables import ApiKey
+from advisor.records import ApiKey
 from twin.store import utcnow
 
 API_KEY_HEADER = "X-API-Key"

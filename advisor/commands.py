@@ -81,7 +81,7 @@ def run_keys_create(args: argparse.Namespace, settings: Settings) -> int:
 def run_keys_list(args: argparse.Namespace, settings: Settings) -> int:
     from sqlmodel import Session, col, select
 
-    from advisor.tables import ApiKey
+    from advisor.records import ApiKey
 
     engine = _migrated_engine(settings)
     with Session(engine) as session:
@@ -108,8 +108,12 @@ def run_advise(args: argparse.Namespace, settings: Settings) -> int:
     import json
     import sys
 
-    from advisor.advice import AdviceError, ModelsUnusable, advise_job
-    from advisor.advice_io import AdviceRequest, ConfigFileError, read_config_file, render_text
+    from advisor.advice import advise_job
+    from advisor.advice_plan import AdviceError
+    from advisor.advice_predict import ModelsUnusable
+    from advisor.advice_schemas import AdviceRequest
+    from advisor.advice_text import render_text
+    from advisor.config_file import ConfigFileError, read_config_file
     from twin.cli import CommandError
 
     try:

@@ -40,7 +40,7 @@ from typing import IO, Any
 from sqlalchemy import Connection, Engine, text, update
 from sqlmodel import Session, col, select
 
-from advisor.tables import OutboxMessage
+from advisor.records import OutboxMessage
 from twin.store import utcnow
 
 log = logging.getLogger(__name__)

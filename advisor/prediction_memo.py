@@ -10,11 +10,11 @@ a new model version gets a new memo.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from cachetools import LRUCache
 
 from twin.domain import JobConfig
 
@@ -48,7 +48,7 @@ class PredictionMemo:
         self.max_rows = max_rows
         self.predicted_rows = 0  # rows the models were asked for (for tests and the bench)
         self.warmed = threading.Event()  # set when a warm-up (advisor.warmup) of this memo has finished
-        self._rows: OrderedDict[JobConfig, _Row] = OrderedDict()
+        self._rows: LRUCache[JobConfig, _Row] = LRUCache(maxsize=max(max_rows, 1))
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -68,22 +68,23 @@ class PredictionMemo:
         One caller at a time: the model call is the expensive part and the machine's cores are few, so
         nothing is lost, and a row is never evicted between being found and being read."""
         with self._lock:
-            wanted = dict.fromkeys(c for c in configs if c not in self._rows)
+            # Reading a remembered row marks it recently used; the rows are read from `found` and `fresh`
+            # afterwards, because an answer larger than the memo evicts its own first rows.
+            found = {c: self._rows[c] for c in configs if c in self._rows}
+            wanted = dict.fromkeys(c for c in configs if c not in found)
             if wanted and len(wanted) + len(prefetch) <= PREFETCH_MAX_ROWS:
                 wanted |= dict.fromkeys(c for c in prefetch if c not in self._rows)
+            fresh: dict[JobConfig, _Row] = {}
             if wanted:
                 missing = list(wanted)
                 new = predict(missing)
                 self.predicted_rows += len(missing)
                 for i, config in enumerate(missing):
                     low, mid, high = (float(v) for v in new.tps[i])
-                    p_valid, watts = float(new.p_valid[i]), float(new.watts[i])
-                    self._rows[config] = (p_valid, low, mid, high, watts, new.notes[i])
-            rows = [self._rows[c] for c in configs]
-            for config in configs:
-                self._rows.move_to_end(config)
-            while len(self._rows) > max(self.max_rows, len(configs)):
-                self._rows.popitem(last=False)
+                    fresh[config] = (float(new.p_valid[i]), low, mid, high, float(new.watts[i]), new.notes[i])
+                if self.max_rows > 0:
+                    self._rows.update(fresh)
+            rows = [found[c] if c in found else fresh[c] for c in configs]
         table = np.array([row[:5] for row in rows], dtype=float).reshape(len(rows), 5)
         return Predicted(
             p_valid=table[:, 0], tps=table[:, 1:4], watts=table[:, 4], notes=[row[5] for row in rows]

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 
 from advisor import workflow
-from advisor.slos import current_slos
-from advisor.tables import Recommendation
+from advisor.records import Recommendation
+from advisor.slos_in_force import current_slos
 from twin.db import session_scope
 from twin.domain import GPUS_PER_NODE, JobConfig, gpu_type
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.settings import Settings
-from twin.slo import SloSet
+from twin.slo_attainment import SloSet
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ def _cap_sequence(gpu_model: str, tokens: int):  # type: ignore[no-untyped-def]
 
 
 def candidates(inputs: TwinInputs, options: ForecastOptions) -> list[Candidate]:
+    from twin.config_changes import Admission, Optimization
     from twin.policies import Policy
-    from twin.tuning import Admission, Optimization
 
     out: list[Candidate] = []
     by_type = inputs.cluster.gpus_by_model()
@@ -239,8 +239,8 @@ def proposals(evaluated: list[tuple[Candidate, dict[str, Any]]], runs: int) -> l
 
 def run_steering(app: Any, *, actor: str, source: str) -> SteeringResult:
     """Load the live state and the models, evaluate the candidates, record the helpful ones."""
-    from twin.live import NoClusterError, load_live_inputs
-    from twin.slo import SloFormatError
+    from twin.live_state import NoClusterError, load_live_inputs
+    from twin.slo_attainment import SloFormatError
 
     settings: Settings = app.state.settings
     engine = app.state.engine
@@ -276,9 +276,9 @@ def run_steering(app: Any, *, actor: str, source: str) -> SteeringResult:
 
 def baseline_options(settings: Settings) -> ForecastOptions:
     """The cluster as it is run today (its policy and admission control), over the steering horizon."""
+    from twin.config_changes import Admission
     from twin.plan import PlanOptions
     from twin.policies import Policy
-    from twin.tuning import Admission
 
     return ForecastOptions(
         horizon_s=settings.steering_horizon_hours * 3600.0,

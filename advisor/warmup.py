@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from advisor.advice import candidate_rows, predict
+from advisor.advice_plan import candidate_rows
+from advisor.advice_predict import predict
 from advisor.prediction_memo import PredictionMemo
 from calibrate.loader import load_benchmark
 from twin.domain import JobConfig

@@ -23,7 +23,7 @@ from sqlmodel import Session, col, select
 
 from advisor import audit_log
 from advisor.outbox import enqueue
-from advisor.tables import Recommendation
+from advisor.records import Recommendation
 from twin.store import utcnow
 
 

@@ -34,7 +34,7 @@ import pandas as pd  # noqa: E402
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-from calibrate import metrics  # noqa: E402
+from calibrate import accuracy  # noqa: E402
 from calibrate.fit import fit_models  # noqa: E402
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
 from calibrate.splits import BLOCK, RANDOM, Split, block_folds, random_holdouts  # noqa: E402
@@ -139,18 +139,18 @@ def pooled_metrics(table: pd.DataFrame, predictions: pd.DataFrame, has_rules: bo
     actual = truth["dataset_tokens_per_second"].to_numpy()
     p50 = predictions["tokens_per_second_p50"].to_numpy()
     result = {
-        "throughput_mdape": metrics.mdape(actual[valid], p50[valid]),
-        "throughput_mape": metrics.mape(actual[valid], p50[valid]),
-        "failure_balanced_accuracy": metrics.balanced_accuracy(
+        "throughput_mdape": accuracy.mdape(actual[valid], p50[valid]),
+        "throughput_mape": accuracy.mape(actual[valid], p50[valid]),
+        "failure_balanced_accuracy": accuracy.balanced_accuracy(
             valid[passed], predictions["p_valid"].to_numpy()[passed] >= 0.5
         ),
-        "failure_brier": metrics.brier_score(valid[passed], predictions["p_valid"].to_numpy()[passed]),
-        "rules_exact": metrics.exact_share(
+        "failure_brier": accuracy.brier_score(valid[passed], predictions["p_valid"].to_numpy()[passed]),
+        "rules_exact": accuracy.exact_share(
             outcome == "rejected", predictions["outcome"].to_numpy() == "rejected"
         )
         if has_rules
         else float("nan"),
-        "band_coverage": metrics.band_coverage(
+        "band_coverage": accuracy.band_coverage(
             actual[valid],
             predictions["tokens_per_second_p10"].to_numpy()[valid],
             predictions["tokens_per_second_p90"].to_numpy()[valid],

@@ -238,7 +238,7 @@ def prepare_models(models_dir: Path | None, work: Path) -> Path:
 def in_process(models: Any, n: int = 30) -> tuple[str, float, float, float, float, int]:
     """advise_job itself, without HTTP: what one uncached answer costs (mostly the models' call)."""
     from advisor.advice import advise_job
-    from advisor.advice_io import AdviceRequest
+    from advisor.advice_schemas import AdviceRequest
 
     timings = []
     for body in itertools.islice(distinct_configs(seed=3, cold=True), n):

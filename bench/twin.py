@@ -39,7 +39,7 @@ def build_spec(jobs: int, days: float, policy: str, seed: int = 0):  # type: ign
     from twin.cluster import cluster_from_spec
     from twin.ensemble import EnsembleSpec
     from twin.plan import build_plan, prepare_catalog
-    from twin.simple_models import FallbackModels
+    from twin.uncalibrated import FallbackModels
     from twin.workload import Workload
 
     cluster = cluster_from_spec({"nodes": [{"gpu_model": g, "count": c} for g, c in NODES]})

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, select
 
-from calibrate.tables import LiveError
+from calibrate.records import LiveError
 from twin.settings import Settings
 
 

@@ -15,61 +15,17 @@ The features are physics first (what decides memory and speed), names second:
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Mapping, Sequence
-from functools import lru_cache
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
-from twin.domain import GPU_TYPES, METHODS, MODEL_PARAMS_B, JobConfig, canonical_gpu_name, model_params_b
+from calibrate.config_frame import validated_configs
+from calibrate.experiment_protocol import protocol_columns, version_number
+from calibrate.model_sizes import DEFAULT_VOCABULARY, VOCABULARY_BY_FAMILY, model_family, model_sizes
+from twin.domain import GPU_TYPES, UNKNOWN_GPU, canonical_gpu_name
 
-# Active parameters (billions) of the benchmark's mixture-of-experts models: what a token computes with.
-# Total parameters (MODEL_PARAMS_B) size the memory; active ones size the FLOPs.
-MOE_ACTIVE_PARAMS_B: dict[str, float] = {
-    "granite-3.1-3b-a800m-instruct": 0.8,
-    "granite-4.0-h-small": 9.0,
-    "granite-4.0-h-tiny": 1.0,
-    "mixtral-8x7b-instruct-v0.1": 12.9,
-}
-
-# Vocabulary size by model family: the logits (batch x tokens x vocabulary, in fp32) are often the largest
-# single activation, and llama3's 128k vocabulary is four times llama2's.
-VOCABULARY_BY_FAMILY: dict[str, int] = {
-    "llama": 32000,
-    "llama2": 32000,
-    "llama3": 128256,
-    "llama3.1": 128256,
-    "llama3.2": 128256,
-    "mistral": 32768,
-    "mixtral": 32000,
-    "allam": 64000,
-    "granite": 50304,
-    "granite-code": 49152,
-    "granite-3": 49155,
-    "granite-3.1": 49155,
-    "granite-3.3": 49159,
-    "granite-4.0": 100352,
-    "granite-4.0-h": 100352,
-}
-DEFAULT_VOCABULARY = 50000
-
-
-# Per GPU type: dense bf16 TFLOPS (data sheet); speed relative to A100-PCIe as the paper's matched pairs
-# measure it (A100-SXM 1.18x, L40S 0.68x; H100-PCIe has no pairs: 1.6x is an estimate between the A100-SXM
-# and its data-sheet ratio, corrected by the regressor where H100 runs exist); GPU-to-GPU bandwidth inside a
-# node in GB/s (NVLink on SXM boards, PCIe otherwise), as achieved by collectives.
-GPU_SPECS: dict[str, tuple[float, float, float]] = {
-    "NVIDIA-A100-SXM4-80GB": (312.0, 1.18, 200.0),
-    "NVIDIA-A100-80GB-PCIe": (312.0, 1.0, 16.0),
-    "L40S": (362.0, 0.68, 16.0),
-    "NVIDIA-H100-PCIe": (756.0, 1.6, 16.0),
-}
-# A GPU type finetwin does not know is taken as an A100-PCIe (and flagged in the note).
-UNKNOWN_GPU_SPEC = (80.0, 312.0, 1.0, 16.0)
-_REFERENCE_TFLOPS = 312.0  # the A100-PCIe's, the unit of the relative speeds
+_REFERENCE_TFLOPS = GPU_TYPES["NVIDIA-A100-80GB-PCIe"].dense_tflops  # the unit of the relative speeds
 # Between nodes: RoCE moves data NIC to NIC without the CPU; without it, collectives go over TCP.
 INTER_NODE_GBS = {True: 25.0, False: 3.0}
 # The share of peak FLOPs a well-fed GPU reaches; only sets the scale of compute time against
@@ -95,10 +51,7 @@ _ACTIVATION_BYTES = 34.0
 # fp32 logits and their gradient.
 _LOGIT_BYTES = 8.0
 
-UNSEEN_NAME_NOTE = "unseen model name: size from name"
-UNKNOWN_SIZE_NOTE = "unknown model size"
 UNKNOWN_GPU_NOTE = "unknown GPU model: taken as an A100-PCIe"
-FALLBACK_PARAMS_B = 7.0  # a typical size, used only when a name says nothing about it (and flagged)
 
 CATEGORICAL_FEATURES: tuple[str, ...] = ("method", "gpu_model", "model_family", "protocol", "tuning_version")
 NUMERIC_FEATURES: tuple[str, ...] = (
@@ -156,89 +109,6 @@ MEMORY_FEATURES: tuple[str, ...] = tuple(f for f in FEATURE_NAMES if f not in SP
 # The throughput regressor learns log(tokens/s) minus this bound.
 THROUGHPUT_OFFSET = "log_physics_tokens_per_second"
 
-# Columns a frame needs for `build_features`; the others have defaults.
-REQUIRED_COLUMNS: tuple[str, ...] = (
-    "model_name",
-    "method",
-    "gpu_model",
-    "number_gpus",
-    "number_nodes",
-    "batch_size",
-    "tokens_per_sample",
-)
-_DEFAULTS: dict[str, Any] = {
-    "enable_roce": False,
-    "fast_moe": 0,
-    "fast_kernels": False,
-    "time_limit_s": np.nan,
-    "experiment_id": "",
-    "identifier": "",
-    "fms_hf_tuning_version": "",
-    "torch_dtype": "bfloat16",
-}
-_PROTOCOL_KEYS = (
-    "protocol",
-    "data_parallel_only",
-    "hybrid_shard",
-    "auto_stop",
-    "gradient_accumulation",
-    "reentrant",
-)
-_EXTRA_KEYS = ("experiment_id", "identifier", "fms_hf_tuning_version", "torch_dtype")
-_SETTING_SPLIT = re.compile(r"-(?=[a-z_]+\.)")
-_PROTOCOL_VERSION = re.compile(r"-v\d+(?:\.\d+)*$")
-_IDENTIFIER_SETTINGS = {
-    key: re.compile(rf"(?:^|-){key}\.([A-Za-z0-9_.]+?)(?=-[a-z_]+\.|$)")
-    for key in (
-        "fsdp_sharding_strategy",
-        "gradient_accumulation_steps",
-        "gradient_checkpointing_use_reentrant",
-    )
-}
-
-
-def config_from_row(row: Mapping[str, Any]) -> JobConfig:
-    """A JobConfig from one loader row (a pandas row or a dict); protocol columns go to `extra`."""
-    limit = row.get("time_limit_s")
-    extra = {key: str(row[key]) for key in _EXTRA_KEYS if key in row and _present(row[key])}
-    return JobConfig(
-        model_name=str(row["model_name"]),
-        method=str(row["method"]),
-        gpu_model=str(row["gpu_model"]),
-        number_gpus=int(row["number_gpus"]),
-        number_nodes=int(row["number_nodes"]),
-        batch_size=int(row["batch_size"]),
-        tokens_per_sample=int(row["tokens_per_sample"]),
-        enable_roce=bool(row.get("enable_roce", False)),
-        fast_moe=int(row.get("fast_moe", 0)),
-        fast_kernels=bool(row.get("fast_kernels", False)),
-        time_limit_s=float(limit) if _present(limit) else None,
-        extra=extra,
-    )
-
-
-def configs_to_frame(configs: Sequence[JobConfig]) -> pd.DataFrame:
-    """The loader's column layout for a list of JobConfigs, so they go through the same features."""
-    rows = []
-    for config in configs:
-        row: dict[str, Any] = {
-            "model_name": config.model_name,
-            "method": config.method,
-            "gpu_model": config.gpu_model,
-            "number_gpus": config.number_gpus,
-            "number_nodes": config.number_nodes,
-            "batch_size": config.batch_size,
-            "tokens_per_sample": config.tokens_per_sample,
-            "enable_roce": config.enable_roce,
-            "fast_moe": config.fast_moe,
-            "fast_kernels": config.fast_kernels,
-            "time_limit_s": np.nan if config.time_limit_s is None else float(config.time_limit_s),
-        }
-        for key in _EXTRA_KEYS:
-            row[key] = config.extra.get(key, _DEFAULTS[key])
-        rows.append(row)
-    return pd.DataFrame(rows, columns=[*REQUIRED_COLUMNS, *_DEFAULTS])
-
 
 def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The feature frame (FEATURE_NAMES, same index as `table`) and a note per row saying what was guessed.
@@ -246,17 +116,21 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     `table` is loader output (benchmark or configs) or `configs_to_frame` output; missing optional columns
     take their defaults. Raises ValueError naming the row (position) and column of an impossible value.
     """
-    frame = _validated(table)
+    frame = validated_configs(table)
     out = pd.DataFrame(index=table.index)
 
     names = frame["model_name"].to_numpy()
-    params, active, notes = _model_sizes(names)
+    params, active, notes = model_sizes(names)
     methods = frame["method"].to_numpy()
     gpus_named = [canonical_gpu_name(g) for g in frame["gpu_model"]]
-    specs = [_gpu(g) for g in gpus_named]
-    memory, tflops, relative_speed, intra_node_gbs = (np.array([s[i] for s in specs]) for i in range(4))
-    for i, spec in enumerate(specs):
-        if not spec[4]:
+    gpus_known = [GPU_TYPES.get(g) for g in gpus_named]
+    catalogue = [g or UNKNOWN_GPU for g in gpus_known]
+    memory = np.array([g.memory_gb for g in catalogue])
+    tflops = np.array([g.dense_tflops for g in catalogue])
+    relative_speed = np.array([g.relative_speed for g in catalogue])
+    intra_node_gbs = np.array([g.intra_node_gbs for g in catalogue])
+    for i, known in enumerate(gpus_known):
+        if known is None:
             notes[i] = "; ".join(x for x in (notes[i], UNKNOWN_GPU_NOTE) if x)
 
     gpus = frame["number_gpus"].to_numpy(dtype=float)
@@ -266,8 +140,8 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     roce = frame["enable_roce"].to_numpy(dtype=bool)
     expert_parallel = frame["fast_moe"].to_numpy(dtype=float)
     time_limit = frame["time_limit_s"].to_numpy(dtype=float)
-    protocol = _protocols(frame["experiment_id"], frame["identifier"])
-    families = np.array([_family(name) for name in names], dtype=object)
+    protocol = protocol_columns(frame["experiment_id"], frame["identifier"])
+    families = np.array([model_family(name) for name in names], dtype=object)
     vocabulary = np.array([VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in families], dtype=float)
 
     gpus_per_node = gpus / nodes
@@ -361,161 +235,5 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return out[list(FEATURE_NAMES)], notes
 
 
-@lru_cache(maxsize=256)
-def version_number(version: str) -> float:
-    """A number that orders tuning-stack versions, including the benchmark's mangled ones
-    (`0.4.0.1.0` is older than `2.0.1`; `3` is `3.0.0`); NaN when there is none."""
-    parts = re.findall(r"\d+", version)
-    if not parts:
-        return float("nan")
-    return float(sum(int(p) / 100.0**i for i, p in enumerate(parts[:4])))
-
-
-def _validated(table: pd.DataFrame) -> pd.DataFrame:
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
-    if missing:
-        raise ValueError(f"missing configuration columns: {', '.join(missing)}")
-    frame = pd.DataFrame(index=table.index)
-    for column in ("model_name", "method", "gpu_model"):
-        frame[column] = table[column].astype(str).str.strip()
-    frame["model_name"] = frame["model_name"].str.lower()
-    frame["method"] = frame["method"].str.lower()
-    _check(frame, ~frame["method"].isin(METHODS), "method", f"must be one of {', '.join(METHODS)}")
-    _check(frame, frame["model_name"] == "", "model_name", "is empty")
-    for column in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
-        values = pd.to_numeric(table[column], errors="coerce")
-        _check(frame, ~(values >= 1), column, "must be a number of at least 1")
-        frame[column] = values.to_numpy(dtype=float)
-    for column, default in _DEFAULTS.items():
-        if column not in table.columns:
-            frame[column] = default
-        elif column in ("enable_roce", "fast_kernels"):
-            frame[column] = table[column].fillna(False).astype(bool).to_numpy()
-        elif column == "fast_moe":
-            values = pd.to_numeric(table[column], errors="coerce").fillna(0.0)
-            _check(frame, values < 0, column, "must not be negative")
-            frame[column] = values.to_numpy(dtype=float)
-        elif column == "time_limit_s":
-            frame[column] = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
-        else:
-            frame[column] = table[column].fillna(default).astype(str).str.strip().to_numpy()
-    return frame
-
-
-def _check(frame: pd.DataFrame, bad: pd.Series, column: str, message: str) -> None:
-    bad_array = np.asarray(bad, dtype=bool)
-    if bad_array.any():
-        row = int(np.argmax(bad_array))
-        raise ValueError(f"row {row}: column {column!r} {message}")
-
-
-@lru_cache(maxsize=64)
-def _gpu(name: str) -> tuple[float, float, float, float, bool]:
-    """(memory GB, dense bf16 TFLOPS, relative speed, GPU-to-GPU GB/s inside a node, known)."""
-    spec = GPU_SPECS.get(name)
-    if spec is None:
-        return (*UNKNOWN_GPU_SPEC, False)
-    return (GPU_TYPES[name].memory_gb, *spec, True)
-
-
 def _per_method(methods: np.ndarray, table: Mapping[str, float]) -> np.ndarray:
     return np.array([table[m] for m in methods], dtype=float)
-
-
-def _model_sizes(names: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    sizes = [_model_size(str(name)) for name in names]
-    params = np.array([s[0] for s in sizes], dtype=float)
-    active = np.array([s[1] for s in sizes], dtype=float)
-    return params, active, [s[2] for s in sizes]
-
-
-@lru_cache(maxsize=1024)
-def _model_size(name: str) -> tuple[float, float, str]:
-    total = model_params_b(name)
-    if total is None or not math.isfinite(total) or total <= 0:
-        return FALLBACK_PARAMS_B, FALLBACK_PARAMS_B, UNKNOWN_SIZE_NOTE
-    note = "" if name in MODEL_PARAMS_B else UNSEEN_NAME_NOTE
-    active = MOE_ACTIVE_PARAMS_B.get(name)
-    if active is None:
-        active = _active_from_name(name, total)
-    return float(total), float(min(active, total)), note
-
-
-def _active_from_name(name: str, total: float) -> float:
-    """Active parameters of an unseen MoE name: `a800m` says it; `8x7b` routes each token to 2 of 8."""
-    said = re.search(r"-a(\d+(?:\.\d+)?)([bm])(?![a-z])", name)
-    if said:
-        return float(said.group(1)) / (1000.0 if said.group(2) == "m" else 1.0)
-    experts = re.search(r"(\d+)x\d+(?:\.\d+)?b", name)
-    if experts and int(experts.group(1)) > 2:
-        return total * 2.0 / int(experts.group(1)) * 1.1  # shared attention is always active
-    return total
-
-
-@lru_cache(maxsize=1024)
-def _family(name: str) -> str:
-    """The model family and generation (`llama3.1`, `granite-4.0-h`, `granite-code`): shared by sizes of
-    one generation, so an unseen size of a known family still gets the family's tokenizer and layout."""
-    found = re.match(r"([a-z]+)-?(\d+(?:\.\d+)?(?=-|$))?(-h(?=-))?", name)
-    if not found:
-        return name
-    family, generation, hybrid = found.groups()
-    if family in ("mistral", "mixtral", "allam"):
-        return family
-    text = family + (("-" if family == "granite" else "") + generation if generation else "")
-    return text + ("-h" if hybrid else "") + ("-code" if "code" in name else "")
-
-
-def _protocols(experiment_ids: pd.Series, identifiers: pd.Series) -> dict[str, np.ndarray]:
-    """The protocol columns of every row: parsed once per distinct experiment, and from the identifier for
-    settings the experiment does not state (vectorized: the full benchmark has 30,920 identifiers)."""
-    parsed = {e: dict(_experiment(e)) for e in experiment_ids.unique()}
-    columns = {key: np.array([parsed[e][key] for e in experiment_ids]) for key in _PROTOCOL_KEYS}
-    found = {
-        key: identifiers.str.extract(pattern, expand=False) for key, pattern in _IDENTIFIER_SETTINGS.items()
-    }
-    for column, key in (("gradient_accumulation", "gradient_accumulation_steps"),
-                        ("reentrant", "gradient_checkpointing_use_reentrant")):  # fmt: skip
-        stated = columns[column].astype(float)
-        columns[column] = np.where(
-            np.isnan(stated), pd.to_numeric(found[key], errors="coerce").to_numpy(dtype=float), stated
-        )
-    hybrid = (found["fsdp_sharding_strategy"] == "HYBRID_SHARD").fillna(False).to_numpy(dtype=bool)
-    columns["hybrid_shard"] = columns["hybrid_shard"].astype(bool) | hybrid
-    return columns
-
-
-@lru_cache(maxsize=256)
-def _experiment(experiment_id: str) -> tuple[tuple[str, Any], ...]:
-    experiment = experiment_id.removeprefix("SFTTrainer.")
-    base, *overrides = _SETTING_SPLIT.split(experiment) if experiment else [""]
-    settings: dict[str, str] = {}
-    for part in overrides:
-        key, _, value = part.partition(".")
-        settings[key] = value
-    # The method's own words and the recipe's version say nothing the other columns do not.
-    family = _PROTOCOL_VERSION.sub("", base.split("-v1.0.0")[0] if "_benchmark" in base else base)
-    family = re.sub(r"(gptq-lora|lora|full)", "M", family).replace("-r-4-a-16-tm-default", "")
-    return (
-        ("protocol", family),
-        ("data_parallel_only", "-dp" in family),
-        ("hybrid_shard", settings.get("fsdp_sharding_strategy", "") == "HYBRID_SHARD"),
-        ("auto_stop", "auto_stop_method" in settings),
-        ("gradient_accumulation", _number(settings.get("gradient_accumulation_steps"))),
-        ("reentrant", _number(settings.get("gradient_checkpointing_use_reentrant"))),
-    )
-
-
-def _number(text: str | None) -> float:
-    try:
-        return float(text) if text is not None else float("nan")
-    except ValueError:
-        return float("nan")
-
-
-def _present(value: Any) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, float) and math.isnan(value):
-        return False
-    return not (isinstance(value, str) and not value.strip())

@@ -3,7 +3,7 @@ use.
 
 `fit_models(table)` fits the throughput, runtime-failure and power models on a benchmark table (loader
 output, possibly with observed runs appended); `CalibratedModels` answers for frames (`predict_frame`) and
-for `JobConfig`s (`twin.models.JobModels`), and splits into scikit-learn estimators plus JSON-able
+for `JobConfig`s (`twin.protocols.JobModels`), and splits into scikit-learn estimators plus JSON-able
 parameters (`to_parts` / `from_parts`) so the registry can store it with skops, which never runs code on
 load.
 """
@@ -19,20 +19,20 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from calibrate import metrics
+from calibrate import accuracy
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
+from calibrate.config_frame import configs_to_frame
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure
-from calibrate.features import FEATURE_NAMES, build_features, config_from_row, configs_to_frame
+from calibrate.features import FEATURE_NAMES, build_features
 from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
 from twin.domain import JobConfig, Outcome, broken_rule
+from twin.families import ERROR_QUANTILE_LEVELS, error_family
 
 __all__ = [
     "SKOPS_TRUSTED_TYPES",
     "CalibratedModels",
-    "config_from_row",
-    "configs_to_frame",
     "fit_models",
     "holdout_metrics",
 ]
@@ -54,7 +54,7 @@ _RULE_COLUMNS = ("number_gpus", "batch_size", "fast_moe", "number_nodes")
 
 
 class CalibratedModels:
-    """Implements `twin.models.JobModels` (throughput, runtime failure, power)."""
+    """Implements `twin.protocols.JobModels` (throughput, runtime failure, power)."""
 
     feature_names: list[str] = list(FEATURE_NAMES)
 
@@ -116,6 +116,22 @@ class CalibratedModels:
         features, _ = build_features(configs_to_frame(configs))
         with _quiet_threads():
             return self.failure.predict(features)
+
+    def predict_error_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.ErrorCorrelationModel: the share of each config's throughput error that its error
+        family shares (measured on held-out residuals when the version was fitted)."""
+        if not configs:
+            return np.zeros(0)
+        features, _ = build_features(configs_to_frame(configs))
+        return self.throughput.predict_error_correlation(features)
+
+    def predict_error_quantiles(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.ErrorDistributionModel: each config's standardized throughput error at
+        twin.families.ERROR_QUANTILE_LEVELS, from held-out residuals of its novelty level."""
+        if not configs:
+            return np.zeros((0, len(ERROR_QUANTILE_LEVELS)))
+        features, _ = build_features(configs_to_frame(configs))
+        return self.throughput.predict_error_quantiles(features)
 
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
@@ -210,8 +226,19 @@ def fit_models(
         else np.full(len(table), np.nan)
     )
     with _quiet_threads():
+        families = np.array(
+            [
+                error_family(str(m), str(k), str(g))
+                for m, k, g in zip(table["model_name"], table["method"], table["gpu_model"], strict=True)
+            ],
+            dtype=object,
+        )
         throughput_model = fit_throughput(
-            features[usable], throughput[usable], _subset(weight, usable), seed=seed
+            features[usable],
+            throughput[usable],
+            _subset(weight, usable),
+            seed=seed,
+            families=families[usable],
         )
         failure_model = fit_failure(features[passed], valid[passed], _subset(weight, passed), seed=seed)
         power_model = fit_power(features[usable], power_watts[usable], _subset(weight, usable), seed=seed)
@@ -221,6 +248,10 @@ def fit_models(
         "n_valid": int(usable.sum()),
         "n_runtime_failures": int((outcome == Outcome.RUNTIME.value).sum()),
         "n_rejected": int((outcome == Outcome.REJECTED.value).sum()),
+        # For the twin's ensembles (twin.plan): by novelty level (0 seen, 1 new region), the share of the
+        # throughput error that an error family shares, from held-out residuals.
+        "error_correlation": dict(throughput_model.error_correlation),
+        "error_quantiles": dict(throughput_model.error_quantiles),
     }
     return CalibratedModels(throughput_model, failure_model, power_model, info)
 
@@ -248,18 +279,18 @@ def score(models: CalibratedModels, test: pd.DataFrame) -> dict[str, float]:
     actual = test["dataset_tokens_per_second"].to_numpy(dtype=float)
     p50 = predicted["tokens_per_second_p50"].to_numpy()
     return {
-        "throughput_mdape": metrics.mdape(actual[valid], p50[valid]),
-        "throughput_mape": metrics.mape(actual[valid], p50[valid]),
-        "band_coverage": metrics.band_coverage(
+        "throughput_mdape": accuracy.mdape(actual[valid], p50[valid]),
+        "throughput_mape": accuracy.mape(actual[valid], p50[valid]),
+        "band_coverage": accuracy.band_coverage(
             actual[valid],
             predicted["tokens_per_second_p10"].to_numpy()[valid],
             predicted["tokens_per_second_p90"].to_numpy()[valid],
         ),
-        "failure_balanced_accuracy": metrics.balanced_accuracy(
+        "failure_balanced_accuracy": accuracy.balanced_accuracy(
             valid[passed], predicted["p_valid"].to_numpy()[passed] >= VALID_THRESHOLD
         ),
-        "failure_brier": metrics.brier_score(valid[passed], predicted["p_valid"].to_numpy()[passed]),
-        "rules_exact": metrics.exact_share(
+        "failure_brier": accuracy.brier_score(valid[passed], predicted["p_valid"].to_numpy()[passed]),
+        "rules_exact": accuracy.exact_share(
             outcome == Outcome.REJECTED.value, predicted["outcome"].to_numpy() == Outcome.REJECTED.value
         ),
     }

@@ -8,19 +8,26 @@ The band comes from out-of-fold residuals (split conformal), kept apart by wheth
 configuration's region (the same model under the same protocol) or not. The out-of-fold rows come from
 random folds and from contiguous blocks of the table, so a new region gets the wider residuals of
 configuration regions the model had not seen.
+
+The same out-of-fold residuals say how much of the error the rows of one error family share, and how the
+error is distributed in units of the band (`calibrate.correlation`, per novelty level): the twin's ensembles
+draw the shared share once per family and run, and read each job's error from that distribution.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.special import ndtri
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
+from calibrate.correlation import error_quantiles, shared_share, standardize
 from calibrate.features import FEATURE_NAMES, THROUGHPUT_OFFSET
+from twin.families import ERROR_QUANTILE_LEVELS
 
 # Shallow trees on a random half of the features at each split: the physics features carry most of the
 # signal, and the block cross-validation (unseen configuration regions) prefers the smoother fit.
@@ -69,6 +76,10 @@ class ThroughputModel:
     regressor: HistGradientBoostingRegressor
     band: dict[str, list[float]]  # level -> [low, high] offsets of log(tokens/s) from the prediction
     seen_regions: list[str]
+    # level -> share of the (standardized) error shared within an error family (twin.families)
+    error_correlation: dict[str, float] = field(default_factory=dict)
+    # level -> the standardized error at twin.families.ERROR_QUANTILE_LEVELS (absent: a normal's)
+    error_quantiles: dict[str, list[float]] = field(default_factory=dict)
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         """(n, 3) tokens/s: p10, p50, p90."""
@@ -80,28 +91,89 @@ class ThroughputModel:
         high = np.array([self.band[str(level)][1] for level in levels])
         return np.exp(np.column_stack([center + low, center, center + high]))
 
+    def predict_error_correlation(self, features: pd.DataFrame) -> np.ndarray:
+        """(n,) the share of each row's error its error family shares (0 for versions fitted before it was
+        measured: independent errors, as the twin assumed then)."""
+        levels = novelty_levels(features, set(self.seen_regions))
+        return np.array([self.error_correlation.get(str(level), 0.0) for level in levels], dtype=float)
+
+    def predict_error_quantiles(self, features: pd.DataFrame) -> np.ndarray:
+        """(n, levels) each row's standardized error at ERROR_QUANTILE_LEVELS (a normal's where its level's
+        distribution was not measured)."""
+        levels = novelty_levels(features, set(self.seen_regions))
+        normal = ndtri(ERROR_QUANTILE_LEVELS)
+        tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
+        return np.array([tables.get(str(level), normal) for level in levels]).reshape(len(levels), -1)
+
     def params(self) -> dict[str, Any]:
-        return {"band": self.band, "seen_regions": self.seen_regions}
+        return {
+            "band": self.band,
+            "seen_regions": self.seen_regions,
+            "error_correlation": self.error_correlation,
+            "error_quantiles": self.error_quantiles,
+        }
 
     @classmethod
     def from_params(cls, regressor: HistGradientBoostingRegressor, params: dict[str, Any]) -> ThroughputModel:
-        return cls(regressor, params["band"], list(params["seen_regions"]))
+        correlation = {str(k): float(v) for k, v in (params.get("error_correlation") or {}).items()}
+        quantiles = {str(k): [float(x) for x in v] for k, v in (params.get("error_quantiles") or {}).items()}
+        return cls(regressor, params["band"], list(params["seen_regions"]), correlation, quantiles)
 
 
 def fit_throughput(
-    features: pd.DataFrame, tokens_per_second: np.ndarray, weight: np.ndarray | None, *, seed: int
+    features: pd.DataFrame,
+    tokens_per_second: np.ndarray,
+    weight: np.ndarray | None,
+    *,
+    seed: int,
+    families: np.ndarray | None = None,
 ) -> ThroughputModel:
-    """Fit on valid runs: `features` rows and their measured tokens/s (positive)."""
+    """Fit on valid runs: `features` rows and their measured tokens/s (positive); `families`, each row's
+    error family (`twin.families`), to measure how much error a family shares."""
     if len(features) < 10:
         raise ValueError(f"need at least 10 valid runs to fit throughput, got {len(features)}")
     target = np.log(tokens_per_second) - features[THROUGHPUT_OFFSET].to_numpy()
     X = features[list(FEATURE_NAMES)]
     regressor = boosting.regressor(FEATURE_NAMES, seed, REGRESSOR_PARAMS)
     regressor.fit(boosting.trainable(X), target, sample_weight=weight)
-    residuals, levels, from_blocks = _out_of_fold_residuals(features, target, weight, seed=seed)
-    return ThroughputModel(
-        regressor, _band(residuals, levels, from_blocks), sorted(set(region_keys(features)))
-    )
+    residuals, levels, from_blocks, rows = _out_of_fold_residuals(features, target, weight, seed=seed)
+    band = _band(residuals, levels, from_blocks)
+    row_families = np.asarray(families)[rows] if families is not None else None
+    correlation, quantiles = _error_structure(residuals, levels, from_blocks, row_families, band)
+    return ThroughputModel(regressor, band, sorted(set(region_keys(features))), correlation, quantiles)
+
+
+def _error_structure(
+    residuals: np.ndarray,
+    levels: np.ndarray,
+    from_blocks: np.ndarray,
+    families: np.ndarray | None,
+    band: dict[str, list[float]],
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Per novelty level, from the residuals the level's band came from: the share of error a family
+    shares (a level without enough families takes the other's; seen: 0 when neither has), and the
+    distribution of the error in band units."""
+    seen = levels == SEEN_REGION
+    pools = {SEEN_REGION: seen & ~from_blocks, NEW_REGION: ~seen}
+    shares: dict[str, float | None] = {}
+    quantiles: dict[str, list[float]] = {}
+    for level, mask in pools.items():
+        low, high = band[str(level)]
+        raw = standardize(residuals[mask], np.full(mask.sum(), low), np.full(mask.sum(), high), clip=None)
+        table = error_quantiles(raw)
+        if table is not None:
+            quantiles[str(level)] = [round(float(x), 4) for x in table]
+        clipped = standardize(residuals[mask], np.full(mask.sum(), low), np.full(mask.sum(), high))
+        shares[str(level)] = shared_share(clipped, families[mask]) if families is not None else None
+    if families is None:
+        return {}, quantiles
+    seen_share = shares[str(SEEN_REGION)]
+    new_share = shares[str(NEW_REGION)]
+    seen_value = seen_share if seen_share is not None else 0.0
+    # An unseen family never shares less error than a seen one (the model learned nothing about it).
+    new_value = max(new_share if new_share is not None else seen_value, seen_value)
+    correlation = {str(SEEN_REGION): round(seen_value, 4), str(NEW_REGION): round(new_value, 4)}
+    return correlation, quantiles
 
 
 def region_keys(features: pd.DataFrame) -> np.ndarray:
@@ -119,8 +191,9 @@ def novelty_levels(features: pd.DataFrame, seen_regions: set[str]) -> np.ndarray
 
 def _out_of_fold_residuals(
     features: pd.DataFrame, target: np.ndarray, weight: np.ndarray | None, *, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Residuals of log(tokens/s), each row's novelty level, and whether it was held out in a block."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Residuals of log(tokens/s), each row's novelty level, whether it was held out in a block, and its
+    position in `features`."""
     n = len(features)
     rng = np.random.default_rng(seed)
     random_part = rng.permutation(n) % RESIDUAL_PARTS
@@ -133,6 +206,7 @@ def _out_of_fold_residuals(
     residuals: list[np.ndarray] = []
     levels: list[np.ndarray] = []
     from_blocks: list[np.ndarray] = []
+    rows: list[np.ndarray] = []
     for held_out, is_block in folds:
         train = ~held_out
         if train.sum() < 10 or held_out.sum() == 0:
@@ -150,7 +224,13 @@ def _out_of_fold_residuals(
         residuals.append(target[held_out] - model.predict(X[held_out]))
         levels.append(novelty_levels(features[held_out], set(region_keys(features[train]))))
         from_blocks.append(np.full(int(held_out.sum()), is_block))
-    return np.concatenate(residuals), np.concatenate(levels), np.concatenate(from_blocks)
+        rows.append(np.flatnonzero(held_out))
+    return (
+        np.concatenate(residuals),
+        np.concatenate(levels),
+        np.concatenate(from_blocks),
+        np.concatenate(rows),
+    )
 
 
 def _band(residuals: np.ndarray, levels: np.ndarray, from_blocks: np.ndarray) -> dict[str, list[float]]:

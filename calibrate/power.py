@@ -16,7 +16,7 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
 from calibrate.features import FEATURE_NAMES
-from twin.domain import GPU_TYPES
+from twin.domain import GPU_TYPES, UNKNOWN_GPU
 
 POWER_PARAMS: dict[str, Any] = {
     "max_iter": 80,
@@ -26,7 +26,6 @@ POWER_PARAMS: dict[str, Any] = {
     "early_stopping": False,
 }
 DEFAULT_TDP_FRACTION = 0.8  # before any power telemetry is seen
-UNKNOWN_GPU_TDP_WATTS = 350.0
 MIN_POWER_RUNS = 20
 
 
@@ -53,7 +52,7 @@ class PowerUseModel:
 
 
 def tdp_watts(gpus: np.ndarray) -> np.ndarray:
-    return np.array([GPU_TYPES[g].tdp_watts if g in GPU_TYPES else UNKNOWN_GPU_TDP_WATTS for g in gpus])
+    return np.array([GPU_TYPES.get(g, UNKNOWN_GPU).tdp_watts for g in gpus])
 
 
 def fit_power(

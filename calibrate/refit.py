@@ -34,8 +34,8 @@ from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.loader import bundled_benchmark_path
 from calibrate.observed import observed_table
 from calibrate.promotion import Comparison, Incumbent, compare
+from calibrate.records import ModelVersionRecord
 from calibrate.registry import ModelRegistry, RegistryError
-from calibrate.tables import ModelVersionRecord
 from twin.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -262,6 +262,9 @@ def _metadata(
             "fingerprint": data.fingerprint,
             "n_rows": len(data),
             "rows_by_source": data.rows_by_source,
+            # The newest observed run it learned from (telemetry time): a backtest at an earlier time must
+            # not use this version (`ModelRegistry.version_in_use_at`).
+            "observed_through": _observed_through(table),
             "outcomes": {str(k): int(v) for k, v in table["outcome"].value_counts().items()},
             "benchmarks": data.benchmarks,
         },
@@ -271,6 +274,8 @@ def _metadata(
             "observed_half_life_days": weights.half_life_days,
         },
         "features": list(getattr(models, "feature_names", [])),
+        # How much throughput error an error family shares, by novelty level (the twin's ensembles use it).
+        "error_correlation": dict(getattr(models, "info", {}).get("error_correlation", {})),
         "libraries": library_versions(),
         "heldout_metrics": comparison.candidate,
         "comparison": comparison.to_json(),
@@ -279,8 +284,15 @@ def _metadata(
     }
 
 
+def _observed_through(table: pd.DataFrame) -> str | None:
+    if "observed_at" not in table.columns:
+        return None
+    newest = pd.to_datetime(table["observed_at"], utc=True, errors="coerce").max()
+    return None if pd.isna(newest) else newest.isoformat()
+
+
 def record_version(engine: Engine, metadata: dict[str, Any], *, promoted: bool) -> None:
-    from calibrate.live import version_record
+    from calibrate.live_error import version_record
 
     row = version_record({**metadata, "promoted": promoted})
     with engine.begin() as connection:

@@ -34,7 +34,7 @@ import msgspec
 import sqlalchemy
 from psycopg.types.json import Json
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine, Table, Text, any_, bindparam, select
+from sqlalchemy import Connection, Engine, Table, Text, any_, bindparam, func, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -359,7 +359,9 @@ def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> dict[str, Any] 
 
 def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp: Stamp) -> None:
     """Upsert each node's latest status; `updated_at` is the status's own time, so an older report that
-    arrives late does not overwrite a newer one."""
+    arrives late does not overwrite a newer one. A stored status dated after the database's clock (stored
+    before ingest refused such times, or from a clock running ahead within the allowed skew) outranks
+    nothing: any report replaces it, else it would pin the node's state until that time came."""
     latest: dict[str, dict[str, Any]] = {}
     for event in events:
         payload = event.payload
@@ -375,15 +377,24 @@ def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp
         if before is None or row["updated_at"] >= before["updated_at"]:
             latest[row["node_id"]] = row
     updated = ("cluster_id", "gpu_model", "gpu_count", "status", "updated_at")
+    in_the_future = NODES.c.updated_at > _soon(connection)
     _insert_dicts(
         connection, NODES, [latest[node_id] for node_id in sorted(latest)],
         lambda insert: insert.on_conflict_do_update(
             index_elements=["node_id"],
             set_={name: insert.excluded[name] for name in updated},
-            where=NODES.c.updated_at <= insert.excluded.updated_at,
+            where=(NODES.c.updated_at <= insert.excluded.updated_at) | in_the_future,
         ),
         "upsert-newer",
     )  # fmt: skip
+
+
+def _soon(connection: Connection) -> Any:
+    """The database's clock a minute ahead, as SQL: a node status dated later than this is in the future.
+    (The minute absorbs SQLite's clock, which has whole seconds, and small differences between clocks.)"""
+    if connection.dialect.name == "sqlite":  # the text form SQLAlchemy stores times in, in UTC
+        return func.strftime("%Y-%m-%d %H:%M:%f", "now", "+1 minute")
+    return func.now() + sqlalchemy.text("interval '1 minute'")
 
 
 def _as_given(ts: datetime) -> datetime:

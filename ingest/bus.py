@@ -66,6 +66,16 @@ class CommitRejected(RuntimeError):
     """The group rebalanced: these partitions are no longer this consumer's to commit."""
 
 
+class UndecodableBatch(RuntimeError):
+    """The consumer fetched a record batch it cannot decode (a codec it lacks, a corrupt batch): nothing after
+    it in that partition can be read, and polling again would not get past it."""
+
+    def __init__(self, topic: str | None, partition: int | None, offset: int | None, cause: BaseException):
+        self.topic, self.partition, self.offset, self.cause = topic, partition, offset, cause
+        where = f"topic {topic} partition {partition} offset {offset}" if topic else "an unknown partition"
+        super().__init__(f"cannot decode the record batch at {where}: {type(cause).__name__}: {cause}")
+
+
 class BusProducer(Protocol):
     def send(self, topic: str, value: bytes, key: bytes | None = None) -> None: ...
 
@@ -189,15 +199,17 @@ class KafkaBusProducer:
     def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         self._producer.send(topic, value=value, key=key).add_errback(self._failures.append)
 
-    def flush(self) -> None:
-        self._producer.flush()
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Raises `DeliveryFailed` if the broker refused anything, kafka-python's KafkaTimeoutError if it did
+        not acknowledge everything within `timeout_s` (the caller retries: nothing is committed before)."""
+        self._producer.flush(timeout=timeout_s)
         if self._failures:
             first, count = self._failures[0], len(self._failures)
             self._failures.clear()
             raise DeliveryFailed(f"{count} message(s) not acknowledged by the broker, first: {first!r}")
 
     def close(self) -> None:
-        self._producer.close()
+        self._producer.close(timeout=CLOSE_TIMEOUT_S)  # what is still unsent was never acknowledged: resent
 
 
 # A commit refused because the group is rebalancing or has moved on: retrying cannot succeed (a rebalance
@@ -210,13 +222,44 @@ _REBALANCED_ERRORS = (
 )
 
 
+# Errors of a fetched batch that no retry gets past. (Any error raised while a partition's records are being
+# decoded is one too: `_stuck_at` finds those.)
+_UNDECODABLE_ERRORS = ("UnsupportedCodecError", "CorruptRecordError", "InvalidRecordError")
+# Bounds on the calls that wait for the broker, so that stopping never waits on a broker that is gone.
+COMMIT_TIMEOUT_MS = 10_000
+CLOSE_TIMEOUT_S = 5.0
+
+
 class KafkaBusConsumer:
     def __init__(self, bootstrap: str, topic: str, group: str, tuning: ConsumerTuning) -> None:
         self._consumer = make_consumer(bootstrap, topic, group, tuning)
 
     def poll(self, max_records: int, timeout_ms: int) -> list[Message]:
-        records = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        """Records, or `UndecodableBatch` when the next batch cannot be decoded.
+
+        kafka-python raises a decoding error once and then, on the next poll, loops forever at full CPU over
+        the records it could not decode (3.0.12: the partition's record iterator is exhausted but never
+        drained), so such an error is final for this consumer."""
+        try:
+            records = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except Exception as exc:
+            from kafka import errors
+
+            stuck = self._stuck_at()
+            undecodable = tuple(getattr(errors, name) for name in _UNDECODABLE_ERRORS)
+            if stuck is None and not isinstance(exc, undecodable):
+                raise  # not about a batch: the caller polls again
+            raise UndecodableBatch(*(stuck or (None, None, None)), cause=exc) from exc
         return list(chain.from_iterable(records.values()))
+
+    def _stuck_at(self) -> tuple[str, int, int] | None:
+        """The partition and offset the consumer was decoding when it failed, if it was decoding one (from
+        kafka-python's fetcher, which keeps the partition it is taking records from)."""
+        part = getattr(getattr(self._consumer, "_fetcher", None), "_next_partition_records", None)
+        tp = getattr(part, "topic_partition", None)
+        if tp is None:
+            return None
+        return tp.topic, tp.partition, int(part.next_fetch_offset)  # type: ignore[union-attr]
 
     def partitions(self) -> int:
         return len(self._consumer.assignment())
@@ -234,13 +277,13 @@ class KafkaBusConsumer:
         if not offsets:
             return
         try:
-            self._consumer.commit(offsets)
+            self._consumer.commit(offsets, timeout_ms=COMMIT_TIMEOUT_MS)
         except rebalanced as exc:
             raise CommitRejected(str(exc)) from exc
 
     def close(self) -> None:
         # Offsets are committed explicitly after each transaction, never on close.
-        self._consumer.close(autocommit=False)
+        self._consumer.close(autocommit=False, timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
 
 
 @dataclass

@@ -10,10 +10,12 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 UP_DEFAULT_SPEED = 600.0  # `finetwin up`: ten simulated minutes per second, so the dashboard moves
+EXIT_UNDECODABLE = 3  # `finetwin ingest` stopped at a record batch it cannot decode
+# After SIGTERM / Ctrl-C, `finetwin ingest` finishes its batch and exits; if a broker or database that is gone
+# holds it up longer than this, it exits anyway (status 1): what it had not committed is redelivered.
+STOP_DEADLINE_S = 15.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -109,7 +115,19 @@ def _replay_options(
     parser.add_argument(
         "--mean-interarrival", type=float, default=60.0, help="mean seconds between submissions (default 60)"
     )
+    parser.add_argument(
+        "--epoch", type=_epoch, metavar="TIME",
+        help="RFC 3339 time the replay's timeline starts at (default: now; pin it for reproducible runs)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _epoch(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an RFC 3339 time: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 # --- finetwin ingest --------------------------------------------------------------------------------------
@@ -156,6 +174,7 @@ def _consume(args: argparse.Namespace, settings: Settings, engine: Engine, metri
 
     bootstrap = _bootstrap(args, settings)
     topic = args.topic or settings.telemetry_topic
+    from ingest.bus import UndecodableBatch
     from ingest.worker import settle_garbage_collector
 
     bus = KafkaBus(bootstrap, ConsumerTuning.from_settings(settings))
@@ -173,15 +192,19 @@ def _consume(args: argparse.Namespace, settings: Settings, engine: Engine, metri
         args.group or settings.consumer_group,
     )
     settle_garbage_collector()
-    with stop_on_signals(stop):
-        worker.run(stop)
+    status = 0
+    with stop_on_signals(stop, deadline_s=STOP_DEADLINE_S):
+        try:
+            worker.run(stop)
+        except UndecodableBatch:  # logged by the worker, with where and why
+            status = EXIT_UNDECODABLE
     stats = worker.stats
     log.info(
         "stopped: %d messages, %d events applied, %d duplicates, %d dead letters",
         stats.messages, stats.applied, stats.duplicates, stats.dead_letters,
     )  # fmt: skip
     engine.dispose()
-    return 0
+    return status
 
 
 # --- finetwin replay --------------------------------------------------------------------------------------
@@ -194,6 +217,14 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
     bootstrap = _bootstrap(args, settings)
     topic = args.topic or settings.telemetry_topic
     plan = _plan(args, settings, args.bench)
+    ahead = _ahead_of_wall_s(plan, args.speed)
+    if ahead > settings.max_clock_skew.total_seconds():
+        log.warning(
+            "the replay's timeline starts at %s and runs up to %.0f s ahead of the wall clock: an ingest "
+            "bounded by FINETWIN_MAX_CLOCK_SKEW (%s) dead-letters what runs further ahead; raise it there, "
+            "or pin --epoch in the past",
+            plan.epoch.isoformat(), ahead, settings.max_clock_skew,
+        )  # fmt: skip
     bus = KafkaBus(bootstrap)
     _ensure_topics(bus, settings, topic)
     producer = bus.producer()
@@ -205,6 +236,13 @@ def run_replay(args: argparse.Namespace, settings: Settings) -> int:
         producer.close()
     print(f"replayed {sent} of {len(plan.events)} events ({plan.jobs} jobs) to {topic}", file=sys.stderr)
     return 0
+
+
+def _ahead_of_wall_s(plan: ReplayPlan, speed: float) -> float:
+    """How far the replay's last event is dated ahead of the wall clock when it is sent."""
+    sent_after = plan.duration_s / speed if speed > 0 else 0.0
+    last_sent = datetime.now(UTC) + timedelta(seconds=sent_after)
+    return (plan.epoch + timedelta(seconds=plan.duration_s) - last_sent).total_seconds()
 
 
 # --- finetwin up ------------------------------------------------------------------------------------------
@@ -219,6 +257,12 @@ def run_up(args: argparse.Namespace, settings: Settings) -> int:
     if args.exit_when_done and args.no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
     plan = None if args.no_replay else _plan(args, settings, args.bench)
+    if plan is not None:
+        # The replay's timeline starts now and runs ahead of the wall clock (by up to its whole span at
+        # --speed 0): up's own worker takes the replay's clock as the cluster's. A separate `finetwin
+        # ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
+        ahead = timedelta(seconds=plan.duration_s) + timedelta(minutes=10)
+        settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
     if args.exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
@@ -366,13 +410,18 @@ def replayed_job_counts(engine: Engine, job_prefix: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM and the first Ctrl-C set `stop` (the loops drain and return); a second Ctrl-C interrupts."""
+def stop_on_signals(stop: threading.Event, deadline_s: float | None = None) -> Iterator[None]:
+    """SIGTERM and the first Ctrl-C set `stop` (the loops drain and return); a second Ctrl-C interrupts.
+    With `deadline_s`, the process exits (status 1) if it is still running that long after the signal."""
 
     def request_stop(signum: int, _frame: Any) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         log.info("%s: stopping", signal.Signals(signum).name)
+        if deadline_s is not None and not stop.is_set():
+            watchdog = threading.Timer(deadline_s, _exit_now, args=(deadline_s,))
+            watchdog.daemon = True
+            watchdog.start()
         stop.set()
 
     if threading.current_thread() is not threading.main_thread():
@@ -384,6 +433,12 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _exit_now(deadline_s: float) -> None:
+    log.error("not stopped %.0f s after the signal (a broker or database gone?): exiting now", deadline_s)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _bootstrap(args: argparse.Namespace, settings: Settings) -> str:
@@ -435,6 +490,7 @@ def _worker(
         engine, bus.consumer(topic, group or settings.consumer_group), bus.producer(),
         dlq_topic=settings.dlq_topic, hooks=ingest_batch_hooks(settings),
         batch_size=batch_size or settings.ingest_batch_size, poll_timeout_ms=settings.ingest_poll_timeout_ms,
+        max_clock_skew=settings.max_clock_skew,
     )  # fmt: skip
 
 
@@ -457,7 +513,7 @@ def _plan(args: argparse.Namespace, settings: Settings, bench: Path | None) -> R
         table = load_benchmark_table(path)
         return plan_replay(
             table, seed=args.seed, job_prefix=_job_prefix(args), mean_interarrival_s=args.mean_interarrival,
-            cluster_id=settings.cluster_id,
+            cluster_id=settings.cluster_id, epoch=args.epoch or datetime.now(UTC),
         )  # fmt: skip
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from exc

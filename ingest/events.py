@@ -12,25 +12,44 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from twin.domain import Rule
+from twin.limits import EVENT_TIME_WINDOW, STORE_INT_MAX, is_storable_text, within_time_window
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anything this big is not one
 
+
+# --- the bounds of every field (what the store and Python can hold: twin.limits) -------------------------
+# Integers fit the store's integer columns; floats are finite; text holds no character the store refuses
+# (NUL: JSON decoders already refuse lone surrogates); `ts` lies within ten years of now. The msgspec mirror
+# (ingest.fastparse) states the same bounds.
+
+
+def _storable(text: str) -> str:
+    if not is_storable_text(text):
+        raise ValueError("contains a NUL character, which the store cannot hold")
+    return text
+
+
 Method = Literal["full", "lora", "gptq-lora"]
-PositiveInt = Annotated[int, Field(ge=1, strict=True)]
-NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
+PositiveInt = Annotated[int, Field(ge=1, le=STORE_INT_MAX, strict=True)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=STORE_INT_MAX, strict=True)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Percent = Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)]
+Text = Annotated[str, AfterValidator(_storable)]
 
 
 class _Payload(BaseModel):
@@ -38,9 +57,9 @@ class _Payload(BaseModel):
 
 
 class JobSubmitted(_Payload):
-    model_name: str = Field(min_length=1, max_length=200)
+    model_name: Text = Field(min_length=1, max_length=200)
     method: Method
-    gpu_model: str = Field(min_length=1, max_length=100)
+    gpu_model: Text = Field(min_length=1, max_length=100)
     number_gpus: PositiveInt
     number_nodes: PositiveInt
     batch_size: PositiveInt
@@ -48,23 +67,23 @@ class JobSubmitted(_Payload):
     enable_roce: bool = False
     fast_moe: NonNegativeInt = 0
     fast_kernels: bool = False
-    time_limit_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
-    tenant: str | None = Field(default=None, max_length=200)
-    dataset_tokens: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    time_limit_s: PositiveFloat | None = None
+    tenant: Text | None = Field(default=None, max_length=200)
+    dataset_tokens: PositiveFloat | None = None
     # The benchmark's own descriptors, so an observed run is a full benchmark row.
-    experiment_id: str | None = Field(default=None, max_length=2000)
-    identifier: str | None = Field(default=None, max_length=2000)
-    fms_hf_tuning_version: str | None = Field(default=None, max_length=50)
-    torch_dtype: str | None = Field(default=None, max_length=50)
+    experiment_id: Text | None = Field(default=None, max_length=2000)
+    identifier: Text | None = Field(default=None, max_length=2000)
+    fms_hf_tuning_version: Text | None = Field(default=None, max_length=50)
+    torch_dtype: Text | None = Field(default=None, max_length=50)
 
 
 class JobRejected(_Payload):
     rule: Rule
-    message: str | None = Field(default=None, max_length=2000)
+    message: Text | None = Field(default=None, max_length=2000)
 
 
 class JobStarted(_Payload):
-    node_ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(min_length=1, max_length=64)
+    node_ids: list[Annotated[Text, Field(min_length=1, max_length=200)]] = Field(min_length=1, max_length=64)
 
 
 class JobProgress(_Payload):
@@ -77,12 +96,12 @@ class JobProgress(_Payload):
 class JobCompleted(_Payload):
     """One observed run: the measured columns of a benchmark row."""
 
-    train_runtime: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    dataset_tokens_per_second: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    train_runtime: PositiveFloat
+    dataset_tokens_per_second: PositiveFloat
     train_tokens_per_second: NonNegativeFloat | None = None
     train_samples_per_second: NonNegativeFloat | None = None
     train_steps_per_second: NonNegativeFloat | None = None
-    model_load_time: float | None = None
+    model_load_time: Finite | None = None
     gpu_memory_utilization_avg: Percent | None = None
     gpu_memory_utilization_min: Percent | None = None
     gpu_memory_utilization_max: Percent | None = None
@@ -105,12 +124,12 @@ MEASURED_FIELDS: tuple[str, ...] = tuple(JobCompleted.model_fields)
 class JobFailed(_Payload):
     reason: Literal["oom", "other"]
     seconds_into_run: NonNegativeFloat
-    message: str | None = Field(default=None, max_length=2000)
+    message: Text | None = Field(default=None, max_length=2000)
 
 
 class NodeStatus(_Payload):
-    node_id: str = Field(min_length=1, max_length=200)
-    gpu_model: str = Field(min_length=1, max_length=100)
+    node_id: Text = Field(min_length=1, max_length=200)
+    gpu_model: Text = Field(min_length=1, max_length=100)
     gpu_count: PositiveInt
     status: Literal["up", "down", "drain"]
 
@@ -121,8 +140,16 @@ class _Envelope(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: uuid.UUID
     ts: AwareDatetime
-    cluster_id: str = Field(default="default", min_length=1, max_length=200)
-    job_id: str | None = Field(default=None, min_length=1, max_length=200)
+    cluster_id: Text = Field(default="default", min_length=1, max_length=200)
+    job_id: Text | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("ts")
+    @classmethod
+    def _within_the_time_window(cls, ts: datetime) -> datetime:
+        if not within_time_window(ts):
+            years = EVENT_TIME_WINDOW.days // 365
+            raise ValueError(f"{ts.isoformat()} is more than {years} years from now")
+        return ts
 
     @model_validator(mode="after")
     def _job_events_name_their_job(self) -> _Envelope:
@@ -204,7 +231,17 @@ class InvalidEvent(ValueError):
 
 
 def parse_event(raw: bytes | str) -> Event:
-    """Bytes from Kafka to a validated event, or `InvalidEvent` with a reason."""
+    """Bytes from Kafka to a validated event, or `InvalidEvent` with a reason; never another exception, as
+    one message must never stop ingest (whatever no one foresaw is refused as `schema`, with what it was)."""
+    try:
+        return _parse_event(raw)
+    except InvalidEvent:
+        raise
+    except Exception as exc:
+        raise InvalidEvent("schema", f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _parse_event(raw: bytes | str) -> Event:
     size = len(raw)
     if size > MAX_MESSAGE_BYTES:
         raise InvalidEvent("too_large", f"{size} bytes, the limit is {MAX_MESSAGE_BYTES}")
@@ -212,6 +249,10 @@ def parse_event(raw: bytes | str) -> Event:
         document: Any = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidEvent("not_json", str(exc)) from None
+    except ValueError as exc:  # valid JSON Python will not hold: an integer literal of over 4300 digits
+        raise InvalidEvent("schema", f"a number no field can hold: {str(exc)[:200]}") from None
+    except RecursionError:  # valid JSON nested deeper than Python's parser goes (no event nests 4 levels)
+        raise InvalidEvent("schema", "JSON nested too deeply to be an event") from None
     if not isinstance(document, dict):
         raise InvalidEvent("schema", f"expected a JSON object, got {type(document).__name__}")
     kind = document.get("type")

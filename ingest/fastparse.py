@@ -26,18 +26,21 @@ from msgspec import Meta, Struct
 
 from ingest.events import MAX_MESSAGE_BYTES
 from twin.domain import Rule
+from twin.limits import STORABLE_TEXT_PATTERN, STORE_INT_MAX, within_time_window
 
-# `allow_inf_nan=False` needs no counterpart: msgspec never decodes a JSON number to inf or nan.
-PositiveInt = Annotated[int, Meta(ge=1)]  # msgspec ints are strict: 1.0 and true are refused, as pydantic's
-NonNegativeInt = Annotated[int, Meta(ge=0)]
+# The bounds of `ingest.events`, from the same constants (twin.limits). `allow_inf_nan=False` needs no
+# counterpart: msgspec never decodes a JSON number to inf or nan (1e400 is "out of range").
+PositiveInt = Annotated[int, Meta(ge=1, le=STORE_INT_MAX)]  # msgspec ints are strict, as pydantic's here
+NonNegativeInt = Annotated[int, Meta(ge=0, le=STORE_INT_MAX)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=1000)]
-Name = Annotated[str, Meta(min_length=1, max_length=200)]  # lengths count characters, as pydantic's do
-GpuModel = Annotated[str, Meta(min_length=1, max_length=100)]
-Text50 = Annotated[str, Meta(max_length=50)]
-Text200 = Annotated[str, Meta(max_length=200)]
-Text2000 = Annotated[str, Meta(max_length=2000)]
+# Lengths count characters, as pydantic's do; the pattern refuses what the store cannot hold (NUL).
+Name = Annotated[str, Meta(min_length=1, max_length=200, pattern=STORABLE_TEXT_PATTERN)]
+GpuModel = Annotated[str, Meta(min_length=1, max_length=100, pattern=STORABLE_TEXT_PATTERN)]
+Text50 = Annotated[str, Meta(max_length=50, pattern=STORABLE_TEXT_PATTERN)]
+Text200 = Annotated[str, Meta(max_length=200, pattern=STORABLE_TEXT_PATTERN)]
+Text2000 = Annotated[str, Meta(max_length=2000, pattern=STORABLE_TEXT_PATTERN)]
 
 
 # RFC 3339 with an offset: the form every producer writes, and one that `datetime.fromisoformat` and pydantic
@@ -202,7 +205,10 @@ def decode_event(raw: bytes) -> FastEvent:
         raise NotFast("too large")
     try:
         event: FastEvent = _DECODER.decode(raw)
-        event.ts = datetime.fromisoformat(event.ts)  # type: ignore[arg-type]
-    except (msgspec.DecodeError, ValueError) as exc:  # msgspec.ValidationError is a DecodeError
+        ts = datetime.fromisoformat(event.ts)  # type: ignore[arg-type]
+    except Exception as exc:  # msgspec.DecodeError (its ValidationError too), ValueError, or anything else
         raise NotFast(str(exc)) from None
+    if not within_time_window(ts):
+        raise NotFast("ts outside the time window")
+    event.ts = ts  # type: ignore[assignment]
     return event

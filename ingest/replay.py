@@ -10,7 +10,10 @@ events; `send_replay` sends them to the bus, optionally paced in compressed simu
   (placement by a simple list scheduler) → `job.progress`… → `job.completed` with the row's measured columns,
   or `job.started` → `job.failed` (`oom`) a plausible time into the run.
 
-Everything derives from the seed (arrival times, the epoch, the event ids), so a seed replays identically.
+Everything derives from the seed (arrival times, the event ids), so a seed replays identically relative to
+its epoch: the time its timeline starts. `finetwin replay` and `up` anchor it at the moment they start (the
+twin's clock is the telemetry's, so a replay is "now" for the twin); `--epoch` pins it for reproducible
+runs, and the library's default is a fixed date derived from the seed.
 Job ids are `<prefix><line>` — the row's line in the file — so every job can be traced back to its row.
 """
 
@@ -70,14 +73,18 @@ def default_job_prefix(seed: int) -> str:
 
 def plan_replay(
     table: pd.DataFrame, *, seed: int = 0, job_prefix: str | None = None, mean_interarrival_s: float = 60.0,
-    cluster_id: str = "default",
+    cluster_id: str = "default", epoch: datetime | None = None,
 ) -> ReplayPlan:  # fmt: skip
-    """The telemetry of every row of a benchmark table, in simulated time order."""
+    """The telemetry of every row of a benchmark table, in simulated time order, dated from `epoch`
+    (default: a fixed date derived from the seed)."""
     if mean_interarrival_s <= 0:
         raise ValueError("mean_interarrival_s must be positive")
     prefix = default_job_prefix(seed) if job_prefix is None else job_prefix
     rng = np.random.default_rng(seed)
-    epoch = BASE_EPOCH + timedelta(hours=seed % (24 * 365))
+    if epoch is None:
+        epoch = BASE_EPOCH + timedelta(hours=seed % (24 * 365))
+    elif epoch.tzinfo is None:
+        raise ValueError("the replay's epoch needs a time zone (e.g. 2025-01-01T00:00:00Z)")
     namespace = uuid.uuid5(REPLAY_NAMESPACE, f"{seed}/{prefix}")
     rows = table.to_dict("records")
     order = rng.permutation(len(rows))

@@ -19,17 +19,25 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from prometheus_client import Counter, Gauge
 from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ingest.apply import AnyEvent, ApplyResult, BatchHook, apply_events
-from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message
+from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message, UndecodableBatch
 from ingest.events import InvalidEvent, parse_event
 from ingest.fastparse import NotFast, decode_event
+from twin.limits import DEFAULT_MAX_CLOCK_SKEW
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +51,18 @@ DEAD_LETTERS = Counter(
     "finetwin_ingest_dead_letters", "Messages sent to the dead-letter topic, by reason", ["kind"]
 )
 BATCHES = Counter("finetwin_ingest_batches", "Batches applied and committed")
+UNDECODABLE = Counter(
+    "finetwin_ingest_undecodable_batches",
+    "Record batches the consumer could not decode (a compression codec it lacks, a corrupt batch); ingest "
+    "stops at the first",
+    ["topic", "partition"],
+)
 ASSIGNED = Gauge(
     "finetwin_ingest_assigned_partitions", "Telemetry partitions assigned to this process's ingest consumer"
 )
 
+# Why a message is dead-lettered: the first four from `parse_event`, then the worker's clock and the store.
+DEAD_LETTER_KINDS = ("not_json", "too_large", "unknown_type", "schema", "clock_skew", "store")
 MAX_BACKOFF_S = 5.0
 STATS_LOG_INTERVAL_S = 10.0
 _T = TypeVar("_T")
@@ -66,7 +82,7 @@ class WorkerStats:
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     message: Message
-    kind: str  # not_json | too_large | unknown_type | schema | store
+    kind: str  # one of DEAD_LETTER_KINDS
     detail: str
 
     def record(self) -> bytes:
@@ -118,6 +134,27 @@ def parse_message(raw: bytes) -> AnyEvent:
         return parse_event(raw)
 
 
+def refused_for_its_content(exc: BaseException) -> bool:
+    """Whether the store refused a batch for a value in it (then halving the batch finds the event), rather
+    than for being unreachable or busy (then the whole batch is retried).
+
+    PostgreSQL's refusals are SQLAlchemy errors (DataError, IntegrityError, ...); SQLite's driver refuses
+    some values before the statement runs, with plain Python errors SQLAlchemy passes on unwrapped: an
+    integer beyond 64 bits (OverflowError), text it cannot encode (UnicodeEncodeError)."""
+    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)):
+        return False  # connection lost, database down, locked, out of resources, or no connection free
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return False
+    return isinstance(exc, (SQLAlchemyError, OverflowError, UnicodeError))
+
+
+def _ahead(ts: datetime, now: datetime, limit: timedelta) -> str:
+    return (
+        f"ts {ts.isoformat()} is {ts - now} ahead of this worker's clock ({now.isoformat()}); "
+        f"the limit is {limit} (FINETWIN_MAX_CLOCK_SKEW)"
+    )
+
+
 def settle_garbage_collector() -> None:
     """Make the cyclic garbage collector cheap for a process that now does nothing but ingest.
 
@@ -137,6 +174,7 @@ class IngestWorker:
     def __init__(
         self, engine: Engine, consumer: BusConsumer, producer: BusProducer, *, dlq_topic: str,
         hooks: Sequence[BatchHook] = (), batch_size: int = 500, poll_timeout_ms: int = 500,
+        max_clock_skew: timedelta = DEFAULT_MAX_CLOCK_SKEW,
     ) -> None:  # fmt: skip
         self.engine = engine
         self.consumer = consumer
@@ -145,12 +183,14 @@ class IngestWorker:
         self.hooks = tuple(hooks)
         self.batch_size = batch_size
         self.poll_timeout_ms = poll_timeout_ms
+        self.max_clock_skew = max_clock_skew  # events dated further ahead of this clock are dead-lettered
         self.stats = WorkerStats()
         self._changed = threading.Condition()
         self._last_log = time.monotonic()
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then finish the batch in hand; closes the consumer and producer.
+        Raises `UndecodableBatch` (after finishing the batch in hand) when the next batch cannot be decoded.
 
         While one batch is applied in a second thread, the next one is polled and validated: the database
         does its part of the work while this thread does its own (psycopg releases the GIL as it waits).
@@ -180,6 +220,13 @@ class IngestWorker:
                 messages = self.consumer.poll(self.batch_size, self.poll_timeout_ms)
                 ASSIGNED.set(self.consumer.partitions())  # how the group split the topic (scale-out)
                 return messages
+            except UndecodableBatch as exc:
+                # Nothing after this batch in its partition can be read, and skipping it would lose its
+                # events: stop, loudly, with its offset uncommitted, so that a supervisor shows the failure
+                # and a worker that can decode it (say, with the codec installed) takes it from there.
+                UNDECODABLE.labels(topic=str(exc.topic), partition=str(exc.partition)).inc()
+                log.critical("%s; ingest stops here (nothing is lost: the offset is not committed)", exc)
+                raise
             except Exception:  # the client reconnects by itself; keep polling
                 log.exception("poll failed; retrying in %.1f s", backoff)
                 stop.wait(backoff)
@@ -203,16 +250,26 @@ class IngestWorker:
 
     def _parse(self, messages: Sequence[Message]) -> _Batch:
         batch = _Batch(messages)
+        now = datetime.now(UTC)
+        horizon = now + self.max_clock_skew
         for message in messages:
             try:
-                batch.events.append(parse_message(message.value or b""))
-                batch.sources.append(message)
+                event = parse_message(message.value or b"")
             except InvalidEvent as exc:
                 batch.dead.append(DeadLetter(message, exc.kind, exc.detail))
+                continue
+            if event.ts > horizon:  # a clock running ahead: stored, it would outrank every true report
+                detail = _ahead(event.ts, now, self.max_clock_skew)
+                batch.dead.append(DeadLetter(message, "clock_skew", detail))
+                continue
+            batch.events.append(event)
+            batch.sources.append(message)
         return batch
 
     def _apply_retrying(self, batch: _Batch, stop: threading.Event) -> _Applied | None:
-        return self._retry(stop, "applying a batch", lambda: self._apply(batch.events, batch.sources))
+        return self._retry(
+            stop, "applying a batch", lambda: self.apply_isolating(batch.events, batch.sources)
+        )
 
     def _finish(self, batch: _Batch, applied: _Applied | None, stop: threading.Event) -> bool:
         """After the batch's transaction: send its dead letters, then commit its offsets."""
@@ -241,22 +298,21 @@ class IngestWorker:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    def _apply(self, events: list[AnyEvent], sources: list[Message]) -> _Applied:
+    def apply_isolating(self, events: list[AnyEvent], sources: list[Message]) -> _Applied:
         """Apply the batch; if the database refuses it for what is in it (not for being down), find the
-        events it refuses by halving the batch, and return those as dead letters."""
+        events it refuses by halving the batch, and return those as dead letters (`store`)."""
         try:
             return apply_events(self.engine, events, self.hooks), []
-        except OperationalError:
-            raise  # the database is down or busy: retry the whole batch until it is back
-        except SQLAlchemyError as exc:  # still refused after apply_events' retries: something in the batch
-            if len(events) == 1:
+        except Exception as exc:
+            if not refused_for_its_content(exc):
+                raise  # the database is down or busy: retry the whole batch until it is back
+            if len(events) == 1:  # still refused after apply_events' retries: this event
                 cause = exc.orig if isinstance(exc, DBAPIError) else exc
-                return ApplyResult(0, 0), [
-                    DeadLetter(sources[0], "store", f"{type(cause).__name__}: {cause}")
-                ]
+                detail = f"{type(cause).__name__}: {cause}"[:1000]
+                return ApplyResult(0, 0), [DeadLetter(sources[0], "store", detail)]
         middle = len(events) // 2
-        first, refused_first = self._apply(events[:middle], sources[:middle])
-        second, refused_second = self._apply(events[middle:], sources[middle:])
+        first, refused_first = self.apply_isolating(events[:middle], sources[:middle])
+        second, refused_second = self.apply_isolating(events[middle:], sources[middle:])
         merged = ApplyResult(
             first.applied + second.applied, first.duplicates + second.duplicates,
             first.applied_events + second.applied_events,

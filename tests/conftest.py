@@ -85,6 +85,29 @@ def postgres_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A real Ray head (2 CPUs) on loopback for a test module, this process connected to it as the driver
+    (module scope: the driver's threads and the head's processes do not outlive the tests that use them).
+    Stopped by its process group, never `ray stop` (which would kill every Ray on the machine)."""
+    try:
+        import ray
+    except ModuleNotFoundError:
+        service_missing("Ray is not installed (pip install 'finetwin[test]')")
+    from tests.ray_head import RayHead, RayHeadUnavailable
+
+    try:
+        head = RayHead(cpus=2).start()
+    except RayHeadUnavailable as exc:
+        service_missing(str(exc))
+    try:
+        ray.init(address=head.address, log_to_driver=False, configure_logging=False)
+        yield head.address
+    finally:
+        ray.shutdown()
+        head.stop()
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'finetwin.db'}"

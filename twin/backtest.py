@@ -10,7 +10,8 @@ The twin sees what live telemetry would show at the window's start (the jobs que
 with their progress and measured rate) and the jobs that arrive in the window, with their configuration
 and work (dataset tokens) but not their outcome or run time: those come from the models. Both are run to
 completion and compared on the window's jobs: jobs completed, GPU-hours (from the window's start), mean
-wait, makespan.
+wait, makespan, and energy: over the jobs whose rows carry measured power, their measured power per GPU
+times their GPUs and run time, against what the twin says those jobs draw.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ import pandas as pd
 
 from twin.cluster import Cluster, NodeSpec, gpu_tdp_watts
 from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
-from twin.ensemble import spread
-from twin.forecast import ForecastOptions, TwinInputs, json_safe, run_forecast
-from twin.models import JobModels
+from twin.ensemble import run_ensemble, spread
+from twin.forecast import ForecastOptions, TwinInputs, json_safe, make_spec
 from twin.plan import (
     DEFAULT_FAILURE_TIMES_S,
     DEFAULT_POWER_FRACTION,
@@ -40,15 +40,16 @@ from twin.plan import (
     prepare_catalog,
 )
 from twin.policies import Policy
+from twin.protocols import JobModels
 from twin.randomness import job_keys, job_uniforms
 from twin.simulator import End, SimResult, simulate
-from twin.slo import SloSet
+from twin.slo_attainment import SloSet
 from twin.workload import RunningState, Workload, catalog_key
 
 # Offered load of the replayed arrivals: busy enough that queueing matters, not so busy it never drains.
 DEFAULT_LOAD = 0.7
 DEFAULT_NODES = 8
-FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s")
+FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s", "energy_kwh")
 _PROTOCOL_COLUMNS = ("experiment_id", "identifier", "fms_hf_tuning_version", "torch_dtype")
 
 
@@ -62,6 +63,7 @@ class ReplayedBenchmark:
     truth_power_w: np.ndarray  # per GPU: measured when the benchmark has it
     truth_tokens_per_s: np.ndarray  # measured throughput (NaN when the job did not run to the end)
     truth_reject: np.ndarray  # Reject codes
+    truth_has_power: np.ndarray  # bool: the row carries its measured power
 
 
 def _protocol(row: Any) -> dict[str, str]:
@@ -156,6 +158,7 @@ def replay_benchmark(
     rate = load * cluster.total_gpus / mean_gpu_seconds if mean_gpu_seconds > 0 else 1.0
     arrival = np.cumsum(rng.exponential(1.0 / rate, n))
     measured_power = table["gpu_power_watts_avg"].to_numpy(float)
+    has_power = np.isfinite(measured_power) & (measured_power > 0)
     tdp = np.array([gpu_tdp_watts(c.gpu_model) * DEFAULT_POWER_FRACTION for c in configs])[config_idx]
     workload = Workload(
         job_ids=job_ids,
@@ -173,9 +176,10 @@ def replay_benchmark(
         truth_outcome=np.where(
             valid, End.COMPLETED, np.where(runtime_failed, End.FAILED, End.REJECTED)
         ).astype(np.int8),
-        truth_power_w=np.where(np.isfinite(measured_power) & (measured_power > 0), measured_power, tdp),
+        truth_power_w=np.where(has_power, measured_power, tdp),
         truth_tokens_per_s=np.where(valid, table["dataset_tokens_per_second"].to_numpy(float), np.nan),
         truth_reject=np.where(outcome == "rejected", Reject.RULE, Reject.NONE).astype(np.int8),
+        truth_has_power=has_power,
     )
 
 
@@ -269,11 +273,14 @@ def truth_figures(
     held = np.maximum(ended - np.maximum(began, start), 0.0)
     held = np.where(np.isnan(began), 0.0, held)
     waits = (began - queued_from)[~already & ~np.isnan(began)]
+    measured = replay.truth_has_power[rows]
+    energy_j = (held * plan.gpus[rows] * plan.power_w[rows])[measured].sum()
     return {
         "jobs_completed": float((truth.outcome[rows] == End.COMPLETED).sum()),
         "gpu_hours": float((held * plan.gpus[rows]).sum() / 3600.0),
         "wait_mean_s": float(waits.mean()) if len(waits) else 0.0,
         "makespan_s": float(np.nanmax(ended) - start) if len(rows) else 0.0,
+        "energy_kwh": float(energy_j / 3.6e6),
     }
 
 
@@ -290,8 +297,10 @@ def run_backtest(
     workers: int | None = None,
     model_source: str = "calibrated",
     progress: Callable[[], object] | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """The twin against the replayed truth; errors are (twin mean - truth) / truth."""
+    """The twin against the replayed truth; errors are (twin mean - truth) / truth. The twin's ensemble
+    runs on Ray when `ray_address` is given."""
     cluster = cluster or demand_cluster(table)
     rng = np.random.default_rng(seed)
     replay = replay_benchmark(table, cluster, rng, load)
@@ -305,11 +314,17 @@ def run_backtest(
         raise ValueError(f"no job arrives or waits in the window {start:g}-{end:g} s (the replay spans "
                          f"{float(replay.workload.arrival_s[-1]):.0f} s)")  # fmt: skip
     truth_values = truth_figures(replay, plan, truth, rows, start)
-    options = ForecastOptions(horizon_s=None, runs=runs, seed=seed, policy=policy, workers=workers)
-    _, outputs = run_forecast(TwinInputs(cluster, workload), models, options, SloSet(slos=[]), progress)
+    options = ForecastOptions(
+        horizon_s=None, runs=runs, seed=seed, policy=policy, workers=workers, ray_address=ray_address
+    )
+    spec = make_spec(TwinInputs(cluster, workload), models, options, SloSet(slos=[]))
+    measured = replay.truth_has_power[rows]
+    spec.energy_jobs = frozenset(workload.job_ids[k] for k in np.flatnonzero(measured))
+    outputs = run_ensemble(spec, runs, workers, progress, ray_address=ray_address)
     figures: dict[str, Any] = {}
     for name in FIGURES:
-        forecast = spread([o.summary[name] for o in outputs])
+        key = "energy_kwh_subset" if name == "energy_kwh" else name
+        forecast = spread([o.summary[key] for o in outputs])
         actual = truth_values[name]
         mean = forecast["mean"]
         figures[name] = {
@@ -330,6 +345,7 @@ def run_backtest(
             "seed": seed,
             "models": model_source,
             "cluster": {"nodes": len(cluster.nodes), "gpus_by_model": cluster.gpus_by_model()},
+            "energy_jobs": int(measured.sum()),  # the jobs energy is compared on (measured power)
             "truth_outcomes": {
                 label: int((truth.outcome[rows] == code).sum())
                 for label, code in (

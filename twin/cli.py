@@ -18,18 +18,21 @@ from typing import TYPE_CHECKING
 from twin.settings import Settings
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     import pandas as pd
     from fastapi import FastAPI
     from sqlalchemy import Engine
 
     from ingest.apply import BatchHook
-    from twin.models import JobModels
+    from twin.protocols import JobModels
 
 # Each module has `register(subparsers) -> None`; a subcommand sets `handler(args, settings) -> int`.
 COMMAND_MODULES = (
     "ingest.commands",
     "calibrate.commands",
     "twin.commands",
+    "twin.capacity_commands",
     "advisor.commands",
     "calibrate.report.commands",
 )
@@ -50,6 +53,17 @@ def load_job_models(settings: Settings, models_dir: Path | None = None) -> JobMo
     from calibrate.registry import load_models_in_use
 
     return load_models_in_use(models_dir or settings.resolved_models_dir())
+
+
+def load_job_models_at(
+    settings: Settings, at: datetime, models_dir: Path | None = None
+) -> tuple[str, JobModels] | None:
+    """The version that was in use at telemetry time `at` and was fitted on nothing after it, or None."""
+    from calibrate.registry import ModelRegistry
+
+    registry = ModelRegistry(models_dir or settings.resolved_models_dir())
+    version = registry.version_in_use_at(at)
+    return None if version is None else (version, registry.load(version))
 
 
 def load_benchmark_table(path: Path) -> pd.DataFrame:
@@ -75,9 +89,9 @@ def fit_benchmark_models(path: Path, seed: int = 0) -> JobModels:
 def ingest_batch_hooks(settings: Settings) -> list[BatchHook]:
     """What ingest runs inside each batch's transaction after applying it (stored predictions, live error)."""
     try:
-        from calibrate.live import prediction_hook
-    except ModuleNotFoundError as exc:  # transitional until calibrate.live lands
-        if exc.name != "calibrate.live":
+        from calibrate.live_error import prediction_hook
+    except ModuleNotFoundError as exc:  # transitional until calibrate.live_error lands
+        if exc.name != "calibrate.live_error":
             raise
         return []
     return [prediction_hook(settings)]

@@ -10,10 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from twin.domain import GPU_TYPES, GPUS_PER_NODE, canonical_gpu_name
-
-# A GPU type the domain does not know (a newer card) still simulates; its power falls back to this.
-UNKNOWN_GPU_TDP_WATTS = 400.0
+from twin.domain import GPUS_PER_NODE, canonical_gpu_name, gpu_or_unknown
 
 
 class ClusterFormatError(ValueError):
@@ -122,8 +119,8 @@ def cluster_from_inventory(rows: Iterable[tuple[str, str, int, str]]) -> Cluster
 
 
 def gpu_tdp_watts(gpu_model: str) -> float:
-    known = GPU_TYPES.get(canonical_gpu_name(gpu_model))
-    return known.tdp_watts if known is not None else UNKNOWN_GPU_TDP_WATTS
+    """Board power of a GPU model in any known spelling; an unknown one draws the catalogue's largest."""
+    return gpu_or_unknown(gpu_model).tdp_watts
 
 
 def _positive_int(value: object, where: str) -> int:

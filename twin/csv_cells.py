@@ -25,4 +25,3 @@ def neutralise(cell: str) -> str:
 def neutralise_row(cells: Iterable[object]) -> list[object]:
     """Every text cell of a row neutralised; numbers and other values as they are."""
     return [neutralise(c) if isinstance(c, str) else c for c in cells]
-

@@ -13,21 +13,32 @@ from enum import StrEnum
 
 @dataclass(frozen=True, slots=True)
 class GpuType:
+    """What finetwin knows of a GPU model: the one catalogue the twin, the features and the fallback read."""
+
     name: str  # as it appears in the benchmark's gpu_model column
     short: str  # as the paper names it
     memory_gb: float
     tdp_watts: float  # board power, used for energy when a run has no power telemetry
+    dense_tflops: float  # dense bf16, from the data sheet
+    # Fine-tuning speed relative to an A100-PCIe as the paper's matched pairs measure it (A100-SXM 1.18x,
+    # L40S 0.68x); H100-PCIe has no pairs: 1.6x is an estimate between the A100-SXM and its data-sheet ratio,
+    # corrected by the regressor where H100 runs exist.
+    relative_speed: float
+    intra_node_gbs: float  # GPU-to-GPU bandwidth inside a node as collectives achieve it (NVLink on SXM)
 
 
 GPU_TYPES: dict[str, GpuType] = {
     g.name: g
     for g in (
-        GpuType("NVIDIA-A100-SXM4-80GB", "A100-SXM", 80.0, 400.0),
-        GpuType("NVIDIA-A100-80GB-PCIe", "A100-PCIe", 80.0, 300.0),
-        GpuType("L40S", "L40S", 48.0, 350.0),
-        GpuType("NVIDIA-H100-PCIe", "H100-PCIe", 80.0, 350.0),
+        GpuType("NVIDIA-A100-SXM4-80GB", "A100-SXM", 80.0, 400.0, 312.0, 1.18, 200.0),
+        GpuType("NVIDIA-A100-80GB-PCIe", "A100-PCIe", 80.0, 300.0, 312.0, 1.0, 16.0),
+        GpuType("L40S", "L40S", 48.0, 350.0, 362.0, 0.68, 16.0),
+        GpuType("NVIDIA-H100-PCIe", "H100-PCIe", 80.0, 350.0, 756.0, 1.6, 16.0),
     )
 }
+# A GPU model the catalogue does not know computes like an A100-PCIe (the features flag it in their note) and
+# draws the largest board power of the catalogue, so that energy is not underestimated.
+UNKNOWN_GPU = GpuType("unknown", "unknown", 80.0, 400.0, 312.0, 1.0, 16.0)
 _GPU_ALIASES = {g.short.lower(): g.name for g in GPU_TYPES.values()} | {
     g.name.lower(): g.name for g in GPU_TYPES.values()
 }
@@ -46,6 +57,11 @@ def gpu_type(name: str) -> GpuType:
 def canonical_gpu_name(name: str) -> str:
     """The benchmark's spelling of a GPU name when it is known, otherwise the name unchanged."""
     return _GPU_ALIASES.get(name.strip().lower(), name)
+
+
+def gpu_or_unknown(name: str) -> GpuType:
+    """The catalogue's entry for a GPU name in any known spelling, else `UNKNOWN_GPU`."""
+    return GPU_TYPES.get(canonical_gpu_name(name), UNKNOWN_GPU)
 
 
 # Billions of parameters (MoE: total), from the benchmark's schema notes.

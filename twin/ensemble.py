@@ -21,14 +21,16 @@ import simpy
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster
-from twin.metrics import SERIES_FIGURES, SUMMARY_FIGURES, measure
 from twin.plan import JobPlan, PreparedCatalog, build_plan
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.randomness import run_key
+from twin.run_metrics import SERIES_FIGURES, SUMMARY_FIGURES, energy_of, measure
 from twin.simulator import End, SimResult, simulate
-from twin.slo import DEFAULT_SLOS, SloSet, evaluate
+from twin.slo_attainment import DEFAULT_SLOS, SloSet, evaluate
 from twin.workload import Workload, concat
 
+# Runs per Ray task: a task costs a few milliseconds of scheduling, a run tens to hundreds.
+RAY_CHUNK_RUNS = 4
 # Below this many simulated jobs in the whole ensemble, starting worker processes costs more than it saves.
 PARALLEL_MIN_JOBS = 40_000
 
@@ -49,6 +51,9 @@ class EnsembleSpec:
     slos: SloSet = field(default_factory=lambda: DEFAULT_SLOS)
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH
     keep_jobs: bool = False  # keep run 0's job table
+    # Backtests: also the energy of these jobs alone (summary `energy_kwh_subset`), the ones whose truth is
+    # measured.
+    energy_jobs: frozenset[str] | None = None
 
 
 @dataclass
@@ -88,6 +93,10 @@ def run_one(spec: EnsembleSpec, index: int) -> RunOutput:
         backfill_depth=spec.backfill_depth,
     )
     metrics = measure(plan, result, spec.cluster.gpus_by_model(), spec.horizon_s, spec.interval_s)
+    if spec.energy_jobs is not None:
+        subset = np.fromiter((j in spec.energy_jobs for j in plan.job_ids), dtype=bool, count=len(plan))
+        window = spec.horizon_s if spec.horizon_s is not None else result.until_s
+        metrics.summary["energy_kwh_subset"] = energy_of(plan, result, window, subset)
     return RunOutput(
         summary=metrics.summary,
         utilization_by_type=metrics.utilization_by_type,
@@ -140,14 +149,54 @@ def default_workers(spec: EnsembleSpec, runs: int) -> int:
     return max(1, min(os.cpu_count() or 1, runs))
 
 
-def run_ensemble(
-    spec: EnsembleSpec, runs: int, workers: int | None = None, progress: Callable[[], object] | None = None
+def _run_chunk(spec: EnsembleSpec, chunk: tuple[int, int]) -> list[RunOutput]:
+    return [run_one(spec, index) for index in range(*chunk)]
+
+
+def run_on_ray(
+    spec: EnsembleSpec, runs: int, address: str, progress: Callable[[], object] | None = None
 ) -> list[RunOutput]:
-    """Runs 0..runs-1, in order; the same outputs whatever the number of worker processes.
-    `progress` is called once per finished run (a progress bar's update); an exception it raises stops
-    the ensemble, after the runs in flight, and propagates."""
+    """Runs 0..runs-1 as Ray tasks of RAY_CHUNK_RUNS runs each; the spec goes to the object store once.
+    The same outputs as a local ensemble: run i is run i wherever it runs."""
+    from twin.executors import RayExecutor, TaskFailure
+
+    chunks = [(first, min(first + RAY_CHUNK_RUNS, runs)) for first in range(0, runs, RAY_CHUNK_RUNS)]
+
+    reported = 0
+
+    def done(finished: int, _total: int) -> None:
+        nonlocal reported
+        if progress is not None:  # per run, as the local pool reports (chunks finish in any order)
+            while reported < min(finished * RAY_CHUNK_RUNS, runs):
+                reported += 1
+                progress()
+
+    results = RayExecutor(address).run(_run_chunk, spec, chunks, progress=done if progress else None)
+    outputs: list[RunOutput] = []
+    for (first, stop), result in zip(chunks, results, strict=True):
+        if isinstance(result, TaskFailure):
+            raise RuntimeError(
+                f"runs {first}..{stop - 1} failed on Ray ({result.attempts} attempts): {result.error}"
+            )
+        outputs.extend(result)
+    return outputs
+
+
+def run_ensemble(
+    spec: EnsembleSpec,
+    runs: int,
+    workers: int | None = None,
+    progress: Callable[[], object] | None = None,
+    *,
+    ray_address: str | None = None,
+) -> list[RunOutput]:
+    """Runs 0..runs-1, in order; the same outputs whatever the number of worker processes, and on a Ray
+    cluster when `ray_address` is given. `progress` is called once per finished run (a progress bar); an
+    exception it raises stops a local ensemble, after the runs in flight, and propagates."""
     if runs < 1:
         raise ValueError("an ensemble needs at least one run")
+    if ray_address:
+        return run_on_ray(spec, runs, ray_address, progress)
     workers = default_workers(spec, runs) if workers is None else max(1, min(workers, runs))
     outputs: list[RunOutput] = []
     if workers == 1:

@@ -1,8 +1,8 @@
 """Forecasts: an ensemble of seeded runs from a starting state, reported as mean and p10/p90 across runs.
 
-The starting state is either the live one (`twin.live`: the store's nodes, queued and running jobs, and the
-observed arrival process) or an explicit cluster and workload (`finetwin simulate`). The models are asked
-once, here, before the runs fan out.
+The starting state is either the live one (`twin.live_state`: the store's nodes, queued and running jobs,
+and the observed arrival process) or an explicit cluster and workload (`finetwin simulate`). The models are
+asked once, here, before the runs fan out.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from twin.cluster import Cluster
 from twin.domain import JobConfig
 from twin.ensemble import EnsembleSpec, RunOutput, run_ensemble, summarize
 from twin.jsonsafe import json_safe
-from twin.models import JobModels
 from twin.plan import PlanOptions, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
-from twin.slo import DEFAULT_SLOS, SloSet
+from twin.protocols import JobModels
+from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.workload import Workload
 
 
@@ -36,6 +36,7 @@ class TwinInputs:
     failure_times_s: np.ndarray | None = None  # observed seconds-to-failure of runtime failures
     start: datetime | None = None  # wall-clock time of simulation time 0 (live forecasts)
     notes: list[str] = field(default_factory=list)  # what was left out or assumed, for the reader
+    clock: dict[str, object] | None = None  # live forecasts: which clock `start` was read from (twin.clock)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ForecastOptions:
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH
     workers: int | None = None  # None: decide from the ensemble's size
     keep_jobs: bool = False  # include run 0's job table
+    ray_address: str | None = None  # run the ensemble on this Ray cluster instead of local processes
 
     def with_changes(self, **changes: object) -> ForecastOptions:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -87,6 +89,7 @@ def describe(inputs: TwinInputs, options: ForecastOptions, model_source: str) ->
     return {
         "generated_at": datetime.now(UTC).isoformat(),
         "start": inputs.start.isoformat() if inputs.start is not None else None,
+        "clock": inputs.clock,
         "horizon_s": options.horizon_s,
         "interval_s": options.interval_s,
         "runs": options.runs,
@@ -115,7 +118,7 @@ def run_forecast(
     progress: Callable[[], object] | None = None,
 ) -> tuple[EnsembleSpec, list[RunOutput]]:
     spec = make_spec(inputs, models, options, slos)
-    return spec, run_ensemble(spec, options.runs, options.workers, progress)
+    return spec, run_ensemble(spec, options.runs, options.workers, progress, ray_address=options.ray_address)
 
 
 def forecast(

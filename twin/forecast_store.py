@@ -1,7 +1,10 @@
-"""Stored forecasts: the standing forecast the API refreshes on a schedule, and forecasts made on demand.
+"""Stored forecasts: the standing forecast the API refreshes on a schedule, and forecasts made on demand;
+and their scores against what then happened (`twin.skill`).
 
 The forecast itself is one JSON document (what `twin.forecast.forecast` returns); a few columns beside it
-say which cluster, when, and how it was made, so the latest one is one indexed query away.
+say which cluster, when (on the wall clock and on the telemetry's: `start`), and how it was made, so the
+latest one is one indexed query away. A score is one figure of one interval of one forecast; scores outlive
+the forecasts they score (only the newest forecasts are kept, the record of how good they were stays).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Engine, Index
+from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Engine, Index, UniqueConstraint
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from twin.db import session_scope
@@ -27,6 +30,8 @@ class StoredForecast(SQLModel, table=True):
     cluster_id: str = Field(max_length=200)
     kind: str = Field(max_length=16)  # standing | on_demand
     created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    # Time 0 of the forecast on the twin's clock (the telemetry's time for live forecasts).
+    start: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
     horizon_s: float | None = None
     runs: int
     seed: int = Field(sa_column=Column(BigInteger, nullable=False))
@@ -43,6 +48,7 @@ def save_forecast(
             cluster_id=cluster_id,
             kind=kind,
             created_at=utcnow(),
+            start=_parse_time(document.get("start")),
             horizon_s=document.get("horizon_s"),
             runs=int(document.get("runs", 0)),
             seed=int(document.get("seed", 0)),
@@ -71,3 +77,48 @@ def latest_forecast(engine: Engine, *, cluster_id: str, kind: str = STANDING) ->
             .order_by(col(StoredForecast.created_at).desc(), col(StoredForecast.id).desc())
             .limit(1)
         ).first()
+
+
+class ForecastScore(SQLModel, table=True):
+    """One figure of one interval of a stored forecast, against what the store recorded for it."""
+
+    __tablename__ = "forecast_scores"
+    __table_args__ = (
+        UniqueConstraint("forecast_id", "figure", "interval_index", name="uq_forecast_scores_interval"),
+        Index("ix_forecast_scores_cluster_start", "cluster_id", "interval_start"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    forecast_id: int  # no foreign key: the score stays when old forecasts are pruned
+    cluster_id: str = Field(max_length=200)
+    figure: str = Field(max_length=200)  # e.g. utilization, queue_length, utilization/NVIDIA-A100-SXM4-80GB
+    interval_index: int
+    interval_start: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    interval_end: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    forecast_mean: float
+    forecast_p10: float
+    forecast_p90: float
+    actual: float
+    inside: bool = Field(sa_column=Column(Boolean, nullable=False))  # p10 <= actual <= p90
+    scored_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    return datetime.fromisoformat(value)
+
+
+def stored_forecasts(
+    engine: Engine, *, cluster_id: str, kind: str = STANDING, started_after: datetime | None = None
+) -> list[StoredForecast]:
+    """A cluster's stored forecasts of a kind that have a start, oldest first."""
+    with Session(engine, expire_on_commit=False) as session:
+        query = select(StoredForecast).where(
+            StoredForecast.cluster_id == cluster_id,
+            StoredForecast.kind == kind,
+            col(StoredForecast.start).is_not(None),
+        )
+        if started_after is not None:
+            query = query.where(col(StoredForecast.start) > started_after)
+        return list(session.exec(query.order_by(col(StoredForecast.start), col(StoredForecast.id))).all())

@@ -6,6 +6,15 @@ Two steps, so that an ensemble pays for the models once:
   distinct configurations, and the models predict each one (throughput band, p_valid, power).
 - `build_plan` (once per run): each job's random draws from its own stream (see `twin.randomness`) pick
   its throughput inside the band, whether it fails at runtime and when.
+
+Where a job lands in its band is not drawn independently per job: the model's error is shared by the jobs of
+an error family (`twin.families`), so each run draws one standard-normal shock per family and mixes it into
+each job's own draw, z = sqrt(rho) z_family + sqrt(1 - rho) z_job, with rho the share of the error that the
+models measured as shared (`twin.protocols.ErrorCorrelationModel`, from held-out residuals). Each job's
+marginal band is unchanged; what changes is that errors no longer average out over hundreds of jobs, so the
+ensemble's spread of GPU-hours and makespan carries the models' uncertainty as it behaves. The mixed draw
+is a quantile; where the models describe their error's distribution (`ErrorDistributionModel`, heavy tailed
+in practice) the quantile is read from it, else from a normal.
 """
 
 from __future__ import annotations
@@ -16,13 +25,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
-from scipy.special import ndtri
+from scipy.special import ndtr, ndtri
 
 from twin.cluster import Cluster, gpu_tdp_watts
-from twin.domain import JobConfig, config_rule
-from twin.models import JobModels
-from twin.randomness import job_keys, job_uniforms
-from twin.tuning import (
+from twin.config_changes import (
     DEFAULT_MIN_P_VALID,
     Admission,
     Optimization,
@@ -30,6 +36,10 @@ from twin.tuning import (
     repair_config,
     right_size_batches,
 )
+from twin.domain import JobConfig, config_rule
+from twin.families import ERROR_QUANTILE_LEVELS, family_of
+from twin.protocols import ErrorCorrelationModel, ErrorDistributionModel, JobModels
+from twin.randomness import job_keys, job_uniforms
 from twin.workload import NO_CONFIG, Workload
 
 # A job with a fixed duration and no configuration draws this fraction of its GPUs' board power.
@@ -84,11 +94,34 @@ class PreparedCatalog:
     power_w: np.ndarray  # (k,) per GPU
     reject: np.ndarray  # (k,) Reject codes decided by the configuration alone
     changed: np.ndarray  # (k,) bool: repaired, optimized or right-sized
+    # (k,) share of the throughput error shared within the error family (0 = independent per job) ...
+    error_correlation: np.ndarray | None = None
+    # ... and each configuration's family, as a stable 64-bit key (the run's shared draw is keyed by it).
+    family_keys: np.ndarray | None = None
+    # (k, levels) standardized error at ERROR_QUANTILE_LEVELS per configuration; None: normal errors.
+    error_quantiles: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> PreparedCatalog:
         z = np.zeros(0)
         return cls([], np.zeros((0, 3)), z, z, np.zeros(0, np.int8), np.zeros(0, bool))
+
+    def with_correlation(self, correlation: np.ndarray | float) -> PreparedCatalog:
+        """The same catalog with another share of shared error (what-ifs of the uncertainty, tests)."""
+        rho = np.broadcast_to(np.asarray(correlation, dtype=float), (len(self.configs),)).copy()
+        return PreparedCatalog(
+            self.configs, self.throughput, self.p_valid, self.power_w, self.reject, self.changed,
+            np.clip(rho, 0.0, MAX_CORRELATION), self.family_keys if self.family_keys is not None
+            else family_hashes(self.configs), self.error_quantiles,
+        )  # fmt: skip
+
+
+# A family's error is never wholly shared: the jobs of a family still differ (batch, GPUs, sequence length).
+MAX_CORRELATION = 0.99
+
+
+def family_hashes(configs: Sequence[JobConfig]) -> np.ndarray:
+    return job_keys([f"family:{family_of(c)}" for c in configs])
 
 
 def prepare_catalog(
@@ -125,7 +158,21 @@ def prepare_catalog(
     if options.admission is Admission.REJECT:
         reject[(reject == Reject.NONE) & (p_valid < options.min_p_valid)] = Reject.PREDICTED_FAILURE
     changed = np.array([a != b for a, b in zip(configs, catalog, strict=True)], dtype=bool)
-    return PreparedCatalog(configs, throughput, p_valid, power, reject, changed)
+    correlation = np.zeros(k)
+    if isinstance(models, ErrorCorrelationModel):
+        correlation = _checked(models.predict_error_correlation(configs), (k,), "error correlation")
+        correlation = np.clip(np.nan_to_num(correlation, nan=0.0), 0.0, MAX_CORRELATION)
+    quantiles = None
+    if isinstance(models, ErrorDistributionModel):
+        shape = (k, len(ERROR_QUANTILE_LEVELS))
+        quantiles = np.maximum.accumulate(
+            _checked(models.predict_error_quantiles(configs), shape, "error quantiles"), axis=1
+        )
+        if not np.isfinite(quantiles).all():
+            raise ValueError("the model returned error quantiles that are not finite")
+    return PreparedCatalog(
+        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles
+    )
 
 
 def _checked(values: object, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -159,11 +206,28 @@ class JobPlan:
 
 def band_draw(band: np.ndarray, u: np.ndarray) -> np.ndarray:
     """A throughput at quantile u of a split log-normal through the band's p10, p50 and p90."""
+    return band_at(band, np.clip(ndtri(u), -_Z_CLIP, _Z_CLIP))
+
+
+def band_at(band: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """The throughput `z` band units from p50: log-scale, the lower half-band below it, the upper above."""
     band = np.sort(np.maximum(band, 1e-9), axis=1)
     log10, log50, log90 = np.log(band[:, 0]), np.log(band[:, 1]), np.log(band[:, 2])
-    z = np.clip(ndtri(u), -_Z_CLIP, _Z_CLIP)
     sigma = np.where(z < 0, log50 - log10, log90 - log50) / _Z90
     return np.exp(log50 + z * sigma)
+
+
+def error_z(catalog: PreparedCatalog, idx: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The standardized error at quantile `u` of each job's configuration: from the models' quantiles of
+    their error where they give them (interpolated; the extreme levels bound it), else a normal's."""
+    if catalog.error_quantiles is None:
+        return np.clip(ndtri(u), -_Z_CLIP, _Z_CLIP)
+    tables, which = np.unique(catalog.error_quantiles[idx], axis=0, return_inverse=True)
+    z = np.empty(len(u))
+    for t, table in enumerate(tables):
+        rows = which.reshape(-1) == t
+        z[rows] = np.interp(u[rows], ERROR_QUANTILE_LEVELS, table)
+    return z
 
 
 def pool_index(workload: Workload, cluster: Cluster) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -224,7 +288,8 @@ def build_plan(
         band = catalog.throughput[idx]
         runnable = catalog.reject[idx] == Reject.NONE
         band = np.where(runnable[:, None], band, 1.0)  # rejected jobs never run; keep the arithmetic finite
-        tokens_per_s = band_draw(band, u[:, STREAM_BAND])
+        quantile = shared_uniforms(catalog, idx, key, u[:, STREAM_BAND])
+        tokens_per_s = band_at(band, error_z(catalog, idx, quantile))
         p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
         limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
         run = np.minimum(work / tokens_per_s, limit)
@@ -286,6 +351,18 @@ def build_plan(
         reject=reject[order],
         elapsed_s=elapsed[order],
     )
+
+
+def shared_uniforms(catalog: PreparedCatalog, idx: np.ndarray, key: int, own: np.ndarray) -> np.ndarray:
+    """Each job's quantile in its band: its own uniform `own`, mixed with its family's shock of this run
+    (keyed by the run and the family, so a what-if's run pairs with the baseline's)."""
+    rho = catalog.error_correlation
+    if rho is None or catalog.family_keys is None or not np.any(rho[idx] > 0):
+        return own
+    families, inverse = np.unique(catalog.family_keys[idx], return_inverse=True)
+    shock = ndtri(job_uniforms(key, families, 1)[:, 0])[inverse]
+    r = rho[idx]
+    return ndtr(np.sqrt(r) * shock + np.sqrt(1.0 - r) * ndtri(own))
 
 
 def failure_times(observed_s: np.ndarray | None) -> np.ndarray:

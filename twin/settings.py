@@ -5,10 +5,13 @@ Built once by the CLI and passed down; nothing reads the environment on its own.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from twin.limits import DEFAULT_MAX_CLOCK_SKEW
 
 
 class Settings(BaseSettings):
@@ -29,6 +32,9 @@ class Settings(BaseSettings):
     # where bigger transactions go faster (bench/ingest.py: 1000 -> 6.4k, 5000 -> 8.7k events/s).
     ingest_batch_size: int = 5000
     ingest_poll_timeout_ms: int = 500
+    # Events dated further ahead of the ingest worker's clock go to the dead-letter topic (`clock_skew`):
+    # seconds, or an ISO 8601 duration such as PT1H.
+    max_clock_skew: timedelta = Field(DEFAULT_MAX_CLOCK_SKEW, ge=timedelta(0))
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
 
@@ -72,7 +78,13 @@ class Settings(BaseSettings):
     slo_file: Path | None = None
 
     # Twin: forecasts from the live state, and the standing forecast the API refreshes and stores.
-    forecast_refresh_minutes: float = 5.0  # the standing forecast is recomputed this often
+    # The standing forecast is made every this much telemetry time (`5m`, `1h` or seconds; a replay at
+    # --speed 600 runs it 600 times faster than the wall clock) ...
+    forecast_every: float = 300.0
+    # ... but at most once per this many wall seconds (an ensemble costs seconds of CPU).
+    forecast_min_wall_seconds: float = 10.0
+    # The twin's clock leaves the wall clock for the telemetry's when the two disagree by more than this.
+    forecast_clock_tolerance_seconds: float = 300.0
     forecast_horizon_hours: float = 24.0
     forecast_interval_minutes: float = 60.0  # width of one step of the forecast's series
     forecast_runs: int = 32  # seeded runs per ensemble
@@ -81,6 +93,9 @@ class Settings(BaseSettings):
     forecast_policy: str = "fifo"  # the cluster's scheduling policy: fifo | backfill | spf
     forecast_admission: str = "off"  # the cluster's admission control: off | reject | repair
     forecast_workers: int | None = None  # processes for an ensemble; unset = decided by its size
+    # A Ray cluster (`ray.init` address, e.g. 10.0.0.5:6379) for capacity-plan sweeps and the ensembles of
+    # forecast, whatif and backtest; unset = a local process pool. Needs the `finetwin[ray]` extra.
+    ray_address: str | None = None
 
     # Advisor: API keys, recommendations and the actions outbox.
     auth_cache_seconds: float = 5.0  # a verified key is trusted this long (revocation takes up to this)
@@ -97,6 +112,24 @@ class Settings(BaseSettings):
 
     # Fail instead of skipping when a test service is missing (CI).
     require_services: bool = Field(default=False)
+
+    @field_validator("forecast_every", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        from twin.units import parse_duration
+
+        return parse_duration(value)  # type: ignore[arg-type]
+
+    @field_validator("max_clock_skew", mode="before")
+    @classmethod
+    def _seconds_as_text(cls, value: object) -> object:
+        """`FINETWIN_MAX_CLOCK_SKEW=90` means 90 seconds (pydantic reads a bare number only when not text)."""
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return value
+        return value
 
     def resolved_database_url(self) -> str:
         if self.database_url:

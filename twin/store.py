@@ -28,11 +28,12 @@ EVENT_ID_TYPE = String(36).with_variant(postgresql.UUID(as_uuid=False), "postgre
 class TelemetryEvent(SQLModel, table=True):
     """Every event ever applied, once: `event_id` is the primary key, which is what makes redelivery harmless.
 
-    The key is the only index: ingest's insert pays for every index on every event, and nothing reads raw
-    events by anything else (jobs are read from `jobs`).
+    Ingest's insert pays for every index on every event, so there are two: the key, and (cluster, event
+    time), which the twin's clock reads (the newest event time) and a backtest rebuilds a past state by.
     """
 
     __tablename__ = "telemetry_events"
+    __table_args__ = (Index("ix_telemetry_events_cluster_ts", "cluster_id", "ts"),)
 
     event_id: str = Field(sa_column=Column(EVENT_ID_TYPE, primary_key=True))
     type: str = Field(max_length=32)

@@ -30,14 +30,14 @@ from pydantic import (
 from scipy import stats
 
 from twin.cluster import Cluster, ClusterFormatError
+from twin.config_changes import Admission, Optimization
 from twin.ensemble import RunOutput, run_ensemble, spread, summarize
 from twin.forecast import ForecastOptions, TwinInputs, describe, json_safe, make_spec
-from twin.metrics import SUMMARY_FIGURES
-from twin.models import JobModels
 from twin.plan import PlanOptions
 from twin.policies import Policy
-from twin.slo import DEFAULT_SLOS, SloSet
-from twin.tuning import Admission, Optimization
+from twin.protocols import JobModels
+from twin.run_metrics import SUMMARY_FIGURES
+from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.units import parse_duration
 
 MAX_RUNS = 256
@@ -93,7 +93,7 @@ class WhatIf(BaseModel):
         parse_duration(value)  # raises ValueError with the offending text
         return value
 
-    def baseline_options(self, workers: int | None = None) -> ForecastOptions:
+    def baseline_options(self, workers: int | None = None, ray_address: str | None = None) -> ForecastOptions:
         return ForecastOptions(
             horizon_s=None if self.horizon is None else parse_duration(self.horizon),
             interval_s=parse_duration(self.interval),
@@ -102,6 +102,7 @@ class WhatIf(BaseModel):
             policy=self.policy,
             plan=PlanOptions(admission=self.admission),
             workers=workers,
+            ray_address=ray_address,
         )
 
 
@@ -219,15 +220,17 @@ def run_whatif(
     workers: int | None = None,
     model_source: str = "calibrated",
     progress: Callable[[], object] | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """Baseline and scenario ensembles (`progress` is called once per finished run of either)."""
+    """Baseline and scenario ensembles (`progress` is called once per finished run of either), on Ray when
+    `ray_address` is given."""
     began = time.perf_counter()
-    options = whatif.baseline_options(workers)
+    options = whatif.baseline_options(workers, ray_address)
     scenario_inputs, scenario_options = apply_changes(inputs, options, whatif.changes)
     baseline_spec = make_spec(inputs, models, options, slos)
     scenario_spec = make_spec(scenario_inputs, models, scenario_options, slos)
-    baseline = run_ensemble(baseline_spec, options.runs, workers, progress)
-    scenario = run_ensemble(scenario_spec, options.runs, workers, progress)
+    baseline = run_ensemble(baseline_spec, options.runs, workers, progress, ray_address=ray_address)
+    scenario = run_ensemble(scenario_spec, options.runs, workers, progress, ray_address=ray_address)
     return json_safe(
         {
             "name": whatif.name,

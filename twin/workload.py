@@ -5,7 +5,7 @@ configuration plus its work in dataset tokens, from which the models give run ti
 Configurations live once in a catalog that jobs point into, so the models are asked once per distinct
 configuration, not once per job.
 
-Sources: an explicit JOBS.csv (`read_jobs_csv`), the store's queued and running jobs (`twin.live`), and
+Sources: an explicit JOBS.csv (`read_jobs_csv`), the store's queued and running jobs (`twin.live_state`), and
 future arrivals drawn from the observed arrival process (`twin.arrivals`).
 """
 

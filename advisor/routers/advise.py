@@ -15,8 +15,10 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 
-from advisor.advice import AdviceError, ModelsUnusable, advise_many
-from advisor.advice_io import AdviceOut, AdviceRequest
+from advisor.advice import advise_many
+from advisor.advice_plan import AdviceError
+from advisor.advice_predict import ModelsUnusable
+from advisor.advice_schemas import AdviceOut, AdviceRequest
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
 from advisor.auth import Role, access
 from advisor.batching import Batcher

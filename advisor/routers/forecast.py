@@ -1,13 +1,19 @@
 """Forecasts and what-ifs over HTTP.
 
-`GET /v1/forecast` returns the latest standing forecast; when there is none or it is stale, one computed
-for the asking (kept in memory for a refresh period, never stored: a GET writes nothing).
-`POST /v1/forecast/refresh` (operator) computes and stores a new standing forecast now, at most once per
-`FINETWIN_FORECAST_REFRESH_MIN_SECONDS`. `startup` puts the standing forecast's refresh on the app's
-scheduler (every `FINETWIN_FORECAST_REFRESH_MINUTES`), which stores each one.
+`GET /v1/forecast` returns the latest standing forecast; when there is none or it is stale on the twin's
+clock, one computed for the asking (kept in memory for `FINETWIN_FORECAST_MIN_WALL_SECONDS`, never stored:
+a GET writes nothing). `POST /v1/forecast/refresh` (operator) computes and stores a new standing forecast
+now, at most once per `FINETWIN_FORECAST_REFRESH_MIN_SECONDS`. `GET /v1/forecast/skill` is how well the
+stored forecasts did against what then happened, and `GET /v1/forecast/vs-actual` one stored forecast with
+the actuals drawn over it (the dashboard's charts).
 
 `POST /v1/whatif` compares a scenario with the baseline on paired seeds. Its size (nodes, GPUs, jobs x runs,
 intervals) is bounded and checked before anything runs (422), and it stops when the client disconnects.
+
+The twin's clock is the telemetry's (`twin.clock`): `startup` puts a tick on the app's scheduler every
+`FINETWIN_FORECAST_MIN_WALL_SECONDS`; a tick makes a new standing forecast once `FINETWIN_FORECAST_EVERY`
+of telemetry time has passed since the last one's start, and scores every stored interval that telemetry
+time has passed (`twin.skill`). A replay at --speed 600 is so forecast and scored within minutes.
 """
 
 from __future__ import annotations
@@ -20,24 +26,27 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import Field, StrictInt
 
 from advisor.auth import Role, access
-from advisor.slos import current_slos
+from advisor.slos_in_force import current_slos
 from calibrate.registry import InUseModels, RegistryError
+from twin.clock import TwinClock, as_utc, twin_clock
 from twin.cluster import ClusterFormatError
+from twin.config_changes import Admission
 from twin.forecast import ForecastOptions, forecast
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
-from twin.live import NoClusterError, load_live_inputs
-from twin.models import JobModels
+from twin.live_state import NoClusterError, load_live_inputs
 from twin.plan import PlanOptions
 from twin.policies import Policy
+from twin.protocols import JobModels
 from twin.settings import Settings
-from twin.simple_models import FallbackModels
-from twin.slo import SloFormatError
-from twin.tuning import Admission
+from twin.skill import forecast_vs_actual, score_due, skill
+from twin.slo_attainment import SloFormatError
+from twin.uncalibrated import FallbackModels
+from twin.units import parse_duration
 from twin.whatif import ScenarioSize, WhatIf, run_whatif, scenario_size
 
 log = logging.getLogger("finetwin.forecast")
@@ -117,53 +126,75 @@ def _slos(app: FastAPI) -> Any:
         raise HTTPException(NO_STATE, str(exc)) from None
 
 
-def _live(app: FastAPI) -> Any:
+def _clock(app: FastAPI) -> TwinClock:
+    settings: Settings = app.state.settings
+    return twin_clock(
+        app.state.engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds
+    )
+
+
+def _live(app: FastAPI, clock: TwinClock | None = None) -> Any:
     settings: Settings = app.state.settings
     try:
         return load_live_inputs(
             app.state.engine,
             cluster_id=settings.cluster_id,
             lookback=timedelta(days=settings.forecast_lookback_days),
+            clock=clock or _clock(app),
         )
     except NoClusterError as exc:
         raise HTTPException(NO_STATE, str(exc)) from None
 
 
-def compute_standing_forecast(app: FastAPI) -> dict[str, Any]:
+def compute_standing_forecast(app: FastAPI, clock: TwinClock | None = None) -> dict[str, Any]:
     """A forecast from the live state with the cluster's settings, stored as the standing one."""
     settings: Settings = app.state.settings
     models, source = _job_models(app)
-    document = forecast(_live(app), models, _options(settings), _slos(app), model_source=source)
+    document = forecast(_live(app, clock), models, _options(settings), _slos(app), model_source=source)
     document["id"] = save_forecast(app.state.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
     return document
 
 
-def _refresh(app: FastAPI) -> None:
+def forecast_due(app: FastAPI, clock: TwinClock) -> bool:
+    """Whether `FINETWIN_FORECAST_EVERY` of the twin's time has passed since the last standing forecast."""
+    settings: Settings = app.state.settings
+    last = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
+    if last is None or last.start is None:
+        return True
+    return (clock.now - as_utc(last.start)).total_seconds() >= settings.forecast_every
+
+
+def standing_tick(app: FastAPI) -> None:
+    """One tick of the scheduler: a standing forecast when one is due, then score what telemetry passed."""
     lock: threading.Lock = app.state.forecast_lock
     if not lock.acquire(blocking=False):
-        return  # the previous refresh is still running: skip this one rather than pile up
+        return  # the previous tick is still running: skip this one rather than pile up
+    settings: Settings = app.state.settings
     try:
-        compute_standing_forecast(app)
+        clock = _clock(app)
+        if forecast_due(app, clock):
+            compute_standing_forecast(app, clock)
+        score_due(app.state.engine, settings.cluster_id, clock.now)
     except HTTPException as exc:
         log.info("standing forecast not refreshed: %s", exc.detail)
-    except Exception:  # the scheduler must keep running; the next refresh tries again
+    except Exception:  # the scheduler must keep running; the next tick tries again
         log.exception("standing forecast refresh failed")
     finally:
         lock.release()
 
 
-def _unstored_forecast(app: FastAPI) -> dict[str, Any]:
-    """A forecast for a reader when no fresh standing one is stored: computed at most once per refresh
-    period (and one at a time), kept in memory, never written."""
+def _unstored_forecast(app: FastAPI, clock: TwinClock) -> dict[str, Any]:
+    """A forecast for a reader when no fresh standing one is stored: computed at most once per
+    `FINETWIN_FORECAST_MIN_WALL_SECONDS` (and one at a time), kept in memory, never written."""
     settings: Settings = app.state.settings
     with app.state.unstored_forecast_lock:
         kept = getattr(app.state, "unstored_forecast", None)
-        if kept is not None and time.monotonic() - kept[0] < settings.forecast_refresh_minutes * 60.0:
-            return kept[1] | {"age_s": time.monotonic() - kept[0]}
+        if kept is not None and time.monotonic() - kept[0] < settings.forecast_min_wall_seconds:
+            return kept[1] | {"age_s": 0.0, "age_wall_s": time.monotonic() - kept[0]}
         models, source = _job_models(app)
-        document = forecast(_live(app), models, _options(settings), _slos(app), model_source=source)
+        document = forecast(_live(app, clock), models, _options(settings), _slos(app), model_source=source)
         app.state.unstored_forecast = (time.monotonic(), document)
-        return document | {"age_s": 0.0}
+        return document | {"age_s": 0.0, "age_wall_s": 0.0}
 
 
 def startup(app: FastAPI) -> None:
@@ -172,10 +203,10 @@ def startup(app: FastAPI) -> None:
     app.state.unstored_forecast_lock = threading.Lock()
     app.state.last_requested_refresh = -math.inf
     app.state.scheduler.add_job(
-        _refresh,
+        standing_tick,
         "interval",
         args=[app],
-        minutes=settings.forecast_refresh_minutes,
+        seconds=settings.forecast_min_wall_seconds,
         id="standing-forecast",
         next_run_time=datetime.now(UTC),
         max_instances=1,
@@ -192,40 +223,44 @@ _NO_STATE_RESPONSE: dict[int | str, dict[str, Any]] = {
 @router.get(
     "/v1/forecast",
     summary="The standing forecast: queue, waits, utilization, completions, failures, energy, SLOs",
-    description="The stored standing forecast while it is fresh (two refresh periods); otherwise one "
-    "computed for the asking, not stored. A GET never writes: operators refresh with "
+    description="The stored standing forecast while it is fresh (two periods of the twin's clock); "
+    "otherwise one computed for the asking, not stored. A GET never writes: operators refresh with "
     "POST /v1/forecast/refresh.",
     responses=_NO_STATE_RESPONSE,
 )
 def get_forecast(request: Request) -> dict[str, Any]:
     app = request.app
     settings: Settings = app.state.settings
+    clock = _clock(app)
     stored = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
-    if stored is not None:
-        created = stored.created_at if stored.created_at.tzinfo else stored.created_at.replace(tzinfo=UTC)
-        age = (datetime.now(UTC) - created).total_seconds()
-        # Two refresh periods: a missed refresh still serves the last one; an abandoned one does not.
-        if age <= 2 * settings.forecast_refresh_minutes * 60.0:
-            return stored.document | {"id": stored.id, "stored_at": created.isoformat(), "age_s": age}
-    return _unstored_forecast(app)
+    if stored is not None and stored.start is not None:
+        created = as_utc(stored.created_at)
+        # Its age on the twin's clock (telemetry time since it started) and on the wall's.
+        age = (clock.now - as_utc(stored.start)).total_seconds()
+        # Two periods: a missed refresh still serves the last one; an abandoned one does not.
+        if age <= 2 * settings.forecast_every:
+            return stored.document | {
+                "id": stored.id,
+                "stored_at": created.isoformat(),
+                "age_s": age,
+                "age_wall_s": (datetime.now(UTC) - created).total_seconds(),
+            }
+    return _unstored_forecast(app, clock)
 
 
 @router.post(
     "/v1/forecast/refresh",
     summary="Compute and store a new standing forecast now (operator; at most one per "
     "FINETWIN_FORECAST_REFRESH_MIN_SECONDS)",
-    responses=_NO_STATE_RESPONSE | {REFRESH_BUSY: {"description": "refreshed moments ago or refreshing"}},
+    responses=_NO_STATE_RESPONSE | {REFRESH_BUSY: {"description": "refreshed moments ago, or refreshing"}},
 )
 def refresh_forecast(request: Request) -> dict[str, Any]:
     app = request.app
     settings: Settings = app.state.settings
-    lock: threading.Lock = app.state.forecast_lock
+    lock: threading.Lock = app.state.forecast_lock  # shared with the scheduler's tick
     if not lock.acquire(blocking=False):
-        raise HTTPException(
-            REFRESH_BUSY,
-            "a refresh is running; GET /v1/forecast when it is done",
-            headers={"Retry-After": "5"},
-        )
+        busy = "a refresh is running; GET /v1/forecast when it is done"
+        raise HTTPException(REFRESH_BUSY, busy, headers={"Retry-After": "5"})
     try:
         period = settings.forecast_refresh_min_seconds
         wait_s = app.state.last_requested_refresh + period - time.monotonic()
@@ -236,9 +271,58 @@ def refresh_forecast(request: Request) -> dict[str, Any]:
                 headers={"Retry-After": str(math.ceil(wait_s))},
             )
         app.state.last_requested_refresh = time.monotonic()
-        return compute_standing_forecast(app) | {"age_s": 0.0}
+        return compute_standing_forecast(app) | {"age_s": 0.0, "age_wall_s": 0.0}
     finally:
         lock.release()
+
+
+def parse_since(text: str | None, now: datetime) -> datetime | None:
+    """`since` as an RFC 3339 time, or as a duration back from the twin's now (`24h`, `7d`)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        return now - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        return as_utc(datetime.fromisoformat(text.strip().replace("Z", "+00:00")))
+    except ValueError:
+        raise HTTPException(
+            422, f"since: not a time or a duration: {text!r} (e.g. 24h or 2025-01-01T00:00:00Z)"
+        ) from None
+
+
+@router.get(
+    "/v1/forecast/skill",
+    summary="How the stored forecasts did: per figure, error and p10-p90 coverage over the scored intervals",
+)
+def get_skill(
+    request: Request,
+    since: str | None = Query(
+        default=None, description="only intervals from this time on: RFC 3339, or a duration back (24h)"
+    ),
+) -> dict[str, Any]:
+    app = request.app
+    settings: Settings = app.state.settings
+    clock = _clock(app)
+    out = skill(app.state.engine, settings.cluster_id, parse_since(since, clock.now))
+    return out | {"clock": clock.describe()}
+
+
+@router.get(
+    "/v1/forecast/vs-actual",
+    summary="A stored forecast's bands with what then happened, per figure, and its age on the twin's clock",
+)
+def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
+    app = request.app
+    settings: Settings = app.state.settings
+    clock = _clock(app)
+    out = forecast_vs_actual(app.state.engine, settings.cluster_id, clock.now)
+    if out is None:
+        raise HTTPException(
+            404, "no stored forecast yet: the standing forecast is made once the store has a cluster"
+        )
+    return out | {"clock": clock.describe()}
 
 
 @router.post(
@@ -270,15 +354,8 @@ async def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
             raise ClientGone
 
     def compute() -> dict[str, Any]:
-        return run_whatif(
-            inputs,
-            models,
-            body,
-            slos,
-            workers=settings.forecast_workers,
-            model_source=source,
-            progress=progress,
-        )
+        workers = settings.forecast_workers
+        return run_whatif(inputs, models, body, slos, workers=workers, model_source=source, progress=progress)
 
     work = asyncio.ensure_future(run_in_threadpool(compute))
     gone = asyncio.ensure_future(_disconnected(request))

@@ -8,7 +8,11 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import Engine, text
 from sqlmodel import Session, func, select
 
-from advisor.deps import get_engine
+from advisor.deps import get_engine, get_settings
+from twin.clock import twin_clock
+from twin.forecast_store import STANDING, latest_forecast
+from twin.settings import Settings
+from twin.skill import skill
 from twin.store import Job, Node, TelemetryEvent
 
 router = APIRouter(tags=["health"])
@@ -24,8 +28,9 @@ def healthz(engine: Engine = Depends(get_engine)) -> dict[str, str]:
 class _StoreCollector:
     """Store-derived gauges, computed when scraped (they are true whichever process wrote the store)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cluster_id: str = "default") -> None:
         self.engine = engine
+        self.cluster_id = cluster_id
 
     def collect(self):  # type: ignore[no-untyped-def]
         jobs = GaugeMetricFamily("finetwin_jobs", "Jobs in the store by state", labels=["state"])
@@ -43,11 +48,39 @@ class _StoreCollector:
         yield jobs
         yield nodes
         yield events
+        yield from self._skill()
+
+    def _skill(self):  # type: ignore[no-untyped-def]
+        """The forecast skill of GET /v1/forecast/skill (all scored intervals) and the standing forecast's
+        age on the twin's clock."""
+        figures = skill(self.engine, self.cluster_id)["figures"]
+        gauges = {
+            key: GaugeMetricFamily(f"finetwin_forecast_{key}", text, labels=["figure"])
+            for key, text in (
+                ("mape", "Mean absolute percentage error of the stored forecasts' means, per figure"),
+                ("coverage", "Share of scored intervals whose actual lay inside the forecast's p10-p90"),
+                ("scored_intervals", "Scored forecast intervals, per figure"),
+            )
+        }
+        for figure, stats in figures.items():
+            for key, source in (("mape", "mape"), ("coverage", "coverage"), ("scored_intervals", "n")):
+                if stats[source] is not None:
+                    gauges[key].add_metric([figure], float(stats[source]))
+        yield from gauges.values()
+        age = GaugeMetricFamily(
+            "finetwin_forecast_age_seconds", "Telemetry time since the standing forecast's start"
+        )
+        latest = latest_forecast(self.engine, cluster_id=self.cluster_id, kind=STANDING)
+        if latest is not None and latest.start is not None:
+            clock = twin_clock(self.engine, self.cluster_id)
+            start = latest.start if latest.start.tzinfo else latest.start.replace(tzinfo=clock.now.tzinfo)
+            age.add_metric([], (clock.now - start).total_seconds())
+        yield age
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-def metrics(engine: Engine = Depends(get_engine)) -> Response:
+def metrics(engine: Engine = Depends(get_engine), settings: Settings = Depends(get_settings)) -> Response:
     registry = CollectorRegistry()
-    registry.register(_StoreCollector(engine))
+    registry.register(_StoreCollector(engine, settings.cluster_id))
     body = generate_latest(registry) + generate_latest(REGISTRY)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)

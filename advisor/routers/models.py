@@ -24,8 +24,8 @@ from sqlalchemy import Engine
 from advisor.auth import Role, access
 from advisor.deps import get_engine, get_settings
 from advisor.timestamps import UtcDatetime
+from calibrate.config_frame import records_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
-from calibrate.frames import configs_frame
 from calibrate.refit import RefitScheduler
 from calibrate.registry import InUseModels, ModelRegistry, RegistryError
 from twin.settings import Settings
@@ -186,7 +186,7 @@ def predict(body: PredictRequest, cache: InUseModels = Depends(models_in_use)) -
             detail="no calibrated model is in use; run `finetwin calibrate --bench FILE` first",
         )
     version, models = loaded
-    predicted = models.predict_frame(configs_frame(c.model_dump() for c in body.configs))
+    predicted = models.predict_frame(records_to_frame(c.model_dump() for c in body.configs))
     return PredictResponse(
         model_version=version,
         predictions=[

@@ -19,7 +19,7 @@ from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_engine, get_settings
 from advisor.outbox import OutboxRelay, RelayThread
-from advisor.tables import OutboxMessage, Recommendation
+from advisor.records import OutboxMessage, Recommendation
 from advisor.timestamps import UtcDatetime
 from twin.db import session_scope
 from twin.settings import Settings

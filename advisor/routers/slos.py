@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.auth import Principal, Role, require_role
-from advisor.slos import SlosInForce, current_slos, declare_slos
+from advisor.slos_in_force import SlosInForce, current_slos, declare_slos
 from advisor.timestamps import UtcDatetime
-from twin.slo import Slo, SloFormatError, SloSet
+from twin.slo_attainment import Slo, SloFormatError, SloSet
 
 router = APIRouter(prefix="/v1/slos", tags=["slos"])
 

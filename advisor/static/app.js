@@ -207,6 +207,55 @@ async function loadReport() {
   p.appendChild(a);
 }
 
+// --- capacity plan -----------------------------------------------------------------------------------------
+
+const nodesText = (nodes) => Object.entries(nodes).map(([gpu, n]) => `${n} x ${gpu}`).join(", ");
+const weakest = (s) => (s.error || s.unplaceable_share ? 0
+  : Math.min(1, ...Object.values(s.slos).map((x) => x.met_share)));
+
+async function recommendPlan(id) {
+  try {
+    const made = await api(`/v1/plan/${encodeURIComponent(id)}/recommend`, { method: "POST" });
+    setStatus(`recommended: ${made.title}`, false);
+  } catch (error) {
+    setStatus(`recommend failed: ${error.message}`, true);
+  }
+  await Promise.allSettled([loadRecommendations(), loadAudit()]);
+}
+
+async function loadPlan() {
+  const plans = await api("/v1/plan");
+  const latest = plans.find((p) => p.status === "done");
+  const running = plans.find((p) => p.status === "running" || p.status === "queued");
+  const meta = document.getElementById("plan-meta");
+  meta.textContent = running ? `sweep running: ${running.progress.done}/${running.progress.total} tasks` : "";
+  if (!latest) return;
+  const plan = (await api(`/v1/plan/${encodeURIComponent(latest.id)}`)).result;
+  document.getElementById("plan-empty").hidden = true;
+  meta.textContent = `${plan.scenarios.length} scenarios x ${plan.runs} runs on ${plan.executor}, ` +
+    `confidence ${fmt(plan.confidence * 100, 0)} %` + (meta.textContent ? `; ${meta.textContent}` : "");
+  const isCheapest = (s) => plan.cheapest && JSON.stringify(s) === JSON.stringify(plan.cheapest);
+  fillTable("plan-scenarios", plan.scenarios, [
+    (tr, s) => { cell(tr, isCheapest(s) ? "cheapest" : s.frontier ? "frontier" : ""); tr.dataset.frontier = s.frontier; },
+    (tr, s) => cell(tr, nodesText(s.nodes)), (tr, s) => cell(tr, s.policy), (tr, s) => cell(tr, s.admission),
+    (tr, s) => cell(tr, s.error ? `failed: ${s.error}` : `${fmt(weakest(s) * 100, 0)} %`),
+    (tr, s) => cell(tr, fmt(s.gpu_hours_per_day, 0)), (tr, s) => cell(tr, fmt(s.energy_kwh_per_day, 0)),
+    (tr, s) => cell(tr, s.meets_slos ? "yes" : "no", s.meets_slos ? "state-approved" : ""),
+  ]);
+  const point = (s) => ({ x: s.gpu_hours_per_day, y: weakest(s) * 100 });
+  const frontier = plan.scenarios.filter((s) => s.frontier).map(point).sort((a, b) => a.x - b.x);
+  draw("plan", "chart-plan", "scatter", {
+    datasets: [
+      { label: "frontier", data: frontier, showLine: true, borderColor: "rgb(26, 127, 55)", pointRadius: 4 },
+      { label: "scenarios", data: plan.scenarios.map(point), backgroundColor: "rgba(110, 119, 129, 0.5)" },
+    ],
+  }, { scales: { x: { title: { display: true, text: "GPU-hours per day" } },
+                 y: { min: 0, max: 100, title: { display: true, text: "% runs, weakest SLO" } } } });
+  const button = document.getElementById("plan-recommend");
+  button.hidden = !plan.cheapest;
+  button.onclick = () => recommendPlan(latest.id);
+}
+
 // --- wiring ------------------------------------------------------------------------------------------------
 
 async function loadAll() {
@@ -215,7 +264,8 @@ async function loadAll() {
     return;
   }
   const parts = { cluster: loadCluster, forecast: loadForecast, "model error": loadLiveError,
-                  recommendations: loadRecommendations, audit: loadAudit, report: loadReport };
+                  recommendations: loadRecommendations, audit: loadAudit, report: loadReport,
+                  "capacity plan": loadPlan };
   const results = await Promise.allSettled(Object.values(parts).map((load) => load()));
   const failed = Object.keys(parts).filter((_, i) => results[i].status === "rejected");
   if (failed.length) {

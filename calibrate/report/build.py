@@ -13,8 +13,11 @@ from typing import Any
 import pandas as pd
 
 from calibrate.loader import load_benchmark
+from calibrate.report.batch import batch_doubling
 from calibrate.report.feasibility import feasibility
 from calibrate.report.figures import draw_all
+from calibrate.report.html import HTML_FILE, render_html
+from calibrate.report.inventory import inventory
 from calibrate.report.optimizations import optimizations
 from calibrate.report.render import render
 from calibrate.report.scaling import MEMORY_STARVED_PCT, scaling
@@ -42,7 +45,18 @@ DEFINITIONS = {
     "are left out",
     "strong scaling efficiency": "the same at equal total batch",
     "campaign": "runs without a time limit vs runs capped by stop_after_seconds in their experiment_id",
+    "batch doubling": "matched pairs of one-GPU valid runs that differ only in batch size, b and 2b; ratio = "
+    "throughput(2b) / throughput(b). Figure 3's medians per batch size mix different models at each batch, "
+    "the matched ratio does not",
+    "log2 fit": "least squares of Figure 3's median throughput on log2(batch size): slope = tokens/s one "
+    "doubling adds, r2 = squared Pearson correlation of log2(batch) and the medians",
+    "share faster": "fraction of the matched pairs whose ratio is above 1 (0-1)",
+    "rounded shares": "Table 1 prints each row's shares with one decimal, rounded by largest remainder so "
+    "the row sums to exactly 100.0",
 }
+
+
+FORMATS = ("md", "html")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +70,7 @@ class Report:
     numbers: dict[str, Any]
     generated_at: str
     source: str
+    report_html: Path | None = None
 
 
 def compute_numbers(table: pd.DataFrame, *, source: str, generated_at: str | None = None) -> dict[str, Any]:
@@ -77,8 +92,10 @@ def compute_numbers(table: pd.DataFrame, *, source: str, generated_at: str | Non
             },
             "definitions": DEFINITIONS,
         },
+        "inventory": inventory(table),
         **feasibility(table),
         **throughput(table),
+        "batch_doubling": batch_doubling(table),
         **scaling(table),
         **optimizations(table),
     }
@@ -86,10 +103,18 @@ def compute_numbers(table: pd.DataFrame, *, source: str, generated_at: str | Non
 
 
 def build_report(
-    table: pd.DataFrame | str | Path, out_dir: str | Path, *, source: str | None = None
+    table: pd.DataFrame | str | Path,
+    out_dir: str | Path,
+    *,
+    source: str | None = None,
+    formats: tuple[str, ...] = ("md",),
 ) -> Report:
     """Write report.md, numbers.json and the figures into `out_dir` (created); `table` is a loader-shaped
-    table or the path of a benchmark CSV."""
+    table or the path of a benchmark CSV. With "html" in `formats`, also report.html: the same report in one
+    self-contained file, figures embedded."""
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise ValueError(f"unknown report format(s) {sorted(unknown)}; known: {', '.join(FORMATS)}")
     if not isinstance(table, pd.DataFrame):
         source = source or str(table)
         table = load_benchmark(table)
@@ -100,7 +125,17 @@ def build_report(
     figures = draw_all(numbers, out)
     numbers["figures"] = figures
     _write_atomic(out / NUMBERS_FILE, json.dumps(numbers, indent=2, allow_nan=False) + "\n")
-    _write_atomic(out / REPORT_FILE, render(numbers, figures))
+    markdown = render(numbers, figures)
+    _write_atomic(out / REPORT_FILE, markdown)
+    html_path = None
+    if "html" in formats:
+        html_path = out / HTML_FILE
+        _write_atomic(
+            html_path, render_html(markdown, out, title=f"Characterization report: {source or 'table'}")
+        )
+    elif (out / HTML_FILE).exists():
+        # An HTML file left by an earlier report in the same directory would say something this one does not.
+        (out / HTML_FILE).unlink()
     return Report(
         out_dir=out.resolve(),
         report_md=(out / REPORT_FILE).resolve(),
@@ -109,6 +144,7 @@ def build_report(
         numbers=numbers,
         generated_at=generated_at,
         source=numbers["meta"]["source"],
+        report_html=html_path.resolve() if html_path else None,
     )
 
 

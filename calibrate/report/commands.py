@@ -35,6 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="DIR",
         help="output directory (default <data_dir>/reports/<time>)",
     )
+    report.add_argument(
+        "--format",
+        choices=("md", "html"),
+        default="md",
+        help="md: report.md, figures, numbers.json; html: also report.html, one self-contained file with the "
+        "figures inside, for sharing by mail",
+    )
     report.set_defaults(handler=run_report)
 
 
@@ -70,9 +77,12 @@ def run_report(args: argparse.Namespace, settings: Settings) -> int:
         sources.append(f"observed runs in {engine.url.render_as_string(hide_password=True)}")
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
     out = args.out or reports_root(settings) / pd.Timestamp.now(tz="UTC").strftime("%Y%m%dT%H%M%SZ")
-    report = build_report(table, out, source=" + ".join(sources))
+    formats = ("md", "html") if args.format == "html" else ("md",)
+    report = build_report(table, out, source=" + ".join(sources), formats=formats)
     pointer = record_latest(report, reports_root(settings))
     written = [p.name for p in report.figures.values() if p is not None]
     print(f"wrote {report.report_md}, {report.numbers_json.name} and {len(written)} figure(s)")
+    if report.report_html is not None:
+        print(f"wrote {report.report_html} (self-contained: figures inside)")
     print(f"latest report pointer: {pointer.resolve()}")
     return 0

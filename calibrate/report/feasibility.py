@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from calibrate.loader import outcome_counts, rule_counts
-from calibrate.report.stats import key_str, pct
+from calibrate.report.stats import key_str, largest_remainder_pct, pct
 from twin.domain import GPU_TYPES, Outcome
 
 FAILURE_FACTORS = ("batch_size", "tokens_per_sample", "gpu_model", "method")
@@ -67,10 +67,18 @@ def _table1_row(rows: pd.DataFrame) -> dict[str, Any]:
         "valid_pct": pct(counts[Outcome.VALID.value], n),
         "rejected_pct": pct(counts[Outcome.REJECTED.value], n),
         "runtime_pct": pct(counts[Outcome.RUNTIME.value], n),
+        # What Table 1 prints: one decimal, rounded by largest remainder so the row sums to exactly 100.0.
+        "pct_rounded": _rounded_shares(counts),
         "llms": int(rows["model_name"].nunique()),
         "gpus": [int(rows["number_gpus"].min()), int(rows["number_gpus"].max())],
         "nodes": [int(rows["number_nodes"].min()), int(rows["number_nodes"].max())],
     }
+
+
+def _rounded_shares(counts: dict[str, int]) -> dict[str, float] | None:
+    order = (Outcome.VALID.value, Outcome.REJECTED.value, Outcome.RUNTIME.value)
+    shares = largest_remainder_pct([counts[o] for o in order], decimals=1)
+    return None if shares is None else dict(zip(order, shares, strict=True))
 
 
 def failure_breakdown(table: pd.DataFrame, factor: str) -> dict[str, dict[str, Any]]:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from calibrate.report.pairs import FAST_KERNELS, FAST_MOE, ROCE, pair_up, settings_table
 from calibrate.report.stats import campaign_label, key_str, ratio_summary
-from twin.domain import METHODS, model_params_b
+from twin.domain import METHODS, Outcome, model_params_b
 
 
 def optimizations(table: pd.DataFrame) -> dict[str, Any]:
@@ -24,12 +24,18 @@ def roce(table: pd.DataFrame) -> dict[str, Any]:
     on = settings["enable_roce"].astype(bool)
     pairs = pair_up(settings, multi_node & ~on, multi_node & on)
     pairs["campaign"] = pairs["time_limit_s_a"].map(campaign_label)
+    four_nodes = pairs[pairs["number_nodes_a"] == 4]
     return {
         "all": ratio_summary(pairs["ratio"], speedup=True),
         "by_campaign": {c: ratio_summary(g["ratio"], speedup=True) for c, g in pairs.groupby("campaign")},
         "by_campaign_and_nodes": {
             c: {key_str(n): ratio_summary(gn["ratio"], speedup=True) for n, gn in g.groupby("number_nodes_a")}
             for c, g in pairs.groupby("campaign")
+        },
+        # On 4 nodes the campaign-wide median hides models that gain and models that do not.
+        "per_model_4_nodes": {
+            c: {m: ratio_summary(gm["ratio"], speedup=True) for m, gm in g.groupby("model_name_a")}
+            for c, g in four_nodes.groupby("campaign")
         },
     }
 
@@ -52,7 +58,17 @@ def fast_moe(table: pd.DataFrame) -> dict[str, Any]:
         "by_expert_parallel_degree": by_ep,
         "by_method_and_expert_parallel_degree": {m: by_method[m] for m in METHODS if m in by_method},
         "speedup_ep_gt1_range": [min(spread), max(spread)] if spread else None,
+        "degrees_without_valid_run": degrees_without_valid_run(table),
     }
+
+
+def degrees_without_valid_run(table: pd.DataFrame) -> dict[str, int]:
+    """Expert-parallel degree → experiments tried at it, for the degrees that never produced a valid run
+    (they have no pair, so the speedup table alone would not show they were tried)."""
+    tried = table[table["fast_moe"] > 0]
+    ran = set(tried.loc[tried["outcome"] == Outcome.VALID.value, "fast_moe"])
+    counts = tried["fast_moe"].value_counts()
+    return {str(int(ep)): int(counts[ep]) for ep in sorted(counts.index) if ep not in ran}
 
 
 def fast_kernels(table: pd.DataFrame) -> dict[str, Any]:
@@ -60,8 +76,11 @@ def fast_kernels(table: pd.DataFrame) -> dict[str, Any]:
     pairs = pair_up(settings, ~settings["fast_kernels"].astype(bool), settings["fast_kernels"].astype(bool))
     models = sorted(set(pairs["model_name_a"]))
     sizes = [p for p in map(model_params_b, models) if p is not None]
+    ratios = pairs["ratio"]
     return {
-        **ratio_summary(pairs["ratio"], speedup=True),
+        **ratio_summary(ratios, speedup=True),
+        # The median says how much a typical pair gains; this says how many gain at all.
+        "share_faster": float((ratios > 1).mean()) if len(ratios) else None,
         "models": models,
         "models_max_params_billion": max(sizes) if sizes else None,
     }

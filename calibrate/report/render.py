@@ -6,31 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from calibrate.report.figures import short_gpu
-
-NO_DATA = "_No data"
-
-
-def _f(value: float | None, digits: int = 2, suffix: str = "") -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.{digits}f}{suffix}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _figure(figures: dict[str, str | None], name: str, caption: str, missing: str) -> str:
-    file = figures.get(name)
-    return f"![{caption}]({file})\n\n*{caption}*" if file else f"{NO_DATA}: {missing}._"
-
-
-def _summary_cells(s: dict[str, Any], unit: str = "") -> list[str]:
-    if not s["pairs"]:
-        return ["0", "no data", "—", "—"]
-    return [str(s["pairs"]), _f(s["median"], 2, unit), f"{_f(s['q25'])}–{_f(s['q75'])}", _f(s["iqr"])]
+from calibrate.report.figures.style import plural
+from calibrate.report.markdown import NO_DATA, figure, fmt, summary_cells, table
+from calibrate.report.render_batch import batch_section
+from calibrate.report.render_inventory import inventory_section
 
 
 def render(numbers: dict[str, Any], figures: dict[str, str | None]) -> str:
@@ -40,6 +19,7 @@ def render(numbers: dict[str, Any], figures: dict[str, str | None]) -> str:
         f"Source: `{meta['source']}` — {meta['rows']:,} experiments; generated {meta['generated_at']}.  \n"
         f"Throughput is `{meta['throughput_column']}` ({meta['units']['throughput']}), whole job. "
         "Every number below is also in `numbers.json`.",
+        inventory_section(numbers),
         _q1(numbers, figures),
         _q2(numbers, figures),
         _q3(numbers, figures),
@@ -47,6 +27,14 @@ def render(numbers: dict[str, Any], figures: dict[str, str | None]) -> str:
         "## Definitions\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in meta["definitions"].items()),
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def _table1_shares(row: dict[str, Any]) -> list[str]:
+    """valid, rejected and runtime %, rounded by largest remainder so they add up to 100.0."""
+    shares = row["pct_rounded"]
+    if shares is None:
+        return ["—", "—", "—"]
+    return [f"{shares[k]:.1f}" for k in ("valid", "rejected", "runtime")]
 
 
 def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
@@ -57,11 +45,9 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
         [
             short_gpu(gpu),
             f"`{gpu}`",
-            _f(r["memory_gb"], 0, " GB"),
+            fmt(r["memory_gb"], 0, " GB"),
             f"{r['experiments']:,}",
-            _f(r["valid_pct"], 1),
-            _f(r["rejected_pct"], 1),
-            _f(r["runtime_pct"], 1),
+            *_table1_shares(r),
             str(r["llms"]),
             "{}–{}".format(*r["gpus"]),
             "{}–{}".format(*r["nodes"]),
@@ -75,15 +61,13 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
             "",
             "",
             f"{d['experiments']:,}",
-            _f(d["valid_pct"], 1),
-            _f(d["rejected_pct"], 1),
-            _f(d["runtime_pct"], 1),
+            *_table1_shares(d),
             str(d["llms"]),
             "{}–{}".format(*d["gpus"]),
             "{}–{}".format(*d["nodes"]),
         ]
     )
-    table1 = _table(
+    table1 = table(
         [
             "GPU type",
             "gpu_model",
@@ -98,12 +82,12 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
         ],
         rows,
     )
-    rules = _table(
+    rules = table(
         ["rule (checked in this order)", "rejected experiments"],
         [[k, f"{v:,}"] for k, v in n["rejections_by_rule"].items()],
     )
     batch = n["failure_by_batch_size"]
-    batch_table = _table(
+    batch_table = table(
         ["batch size", "runs", "valid", "rejected", "runtime", "failure %"],
         [
             [
@@ -112,7 +96,7 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
                 str(r["valid"]),
                 str(r["rejected"]),
                 str(r["runtime"]),
-                _f(r["failure_pct"], 1),
+                fmt(r["failure_pct"], 1),
             ]
             for b, r in batch.items()
         ],
@@ -126,25 +110,25 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
         others.append(
             f"**{title}**: "
             + "; ".join(
-                f"{short_gpu(k) if key == 'failure_by_gpu_model' else k}: {_f(r['failure_pct'], 0)}% "
-                f"({r['failing']:,} of {r['runs']:,}; rejected {_f(r['rejected_pct'], 0)}%, "
-                f"runtime {_f(r['runtime_pct'], 0)}%)"
+                f"{short_gpu(k) if key == 'failure_by_gpu_model' else k}: {fmt(r['failure_pct'], 0)}% "
+                f"({r['failing']:,} of {r['runs']:,}; rejected {fmt(r['rejected_pct'], 0)}%, "
+                f"runtime {fmt(r['runtime_pct'], 0)}%)"
                 for k, r in n[key].items()
             )
         )
     return "\n\n".join(
         [
             "## Q1 — Will the job run?",
-            f"{o['no_valid_run']:,} of {o['experiments']:,} experiments ({_f(o['no_valid_run_pct'], 1)}%) "
+            f"{o['no_valid_run']:,} of {o['experiments']:,} experiments ({fmt(o['no_valid_run_pct'], 1)}%) "
             f"yield no valid run: {o['rejected']:,} rejected before launch and {o['runtime']:,} failed at "
             "runtime; "
             f"{o['valid']:,} ran.",
-            "### Table 1 — outcomes per GPU type (rows sum to 100 %)",
+            "### Table 1 — outcomes per GPU type (rows sum to 100.0 %: shares rounded by largest remainder)",
             table1,
             "### Rejections per admission rule",
             rules,
             "### Failure ratios per factor (Figure 2)",
-            _figure(
+            figure(
                 figures,
                 "failures",
                 "Figure 2: failure ratio per factor; hatched = rejected before launch, "
@@ -152,7 +136,7 @@ def _q1(n: dict[str, Any], figures: dict[str, str | None]) -> str:
                 "no experiments",
             ),
             batch_table,
-            f"Batch sizes 16–64 pooled: {_f(n['failure_pct_batch_16_to_64_pooled'], 1)} % fail.",
+            f"Batch sizes 16–64 pooled: {fmt(n['failure_pct_batch_16_to_64_pooled'], 1)} % fail.",
             "\n\n".join(others),
         ]
     )
@@ -163,22 +147,27 @@ def _q2(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     parts = ["## Q2 — How fast?", "### Throughput by batch size on one GPU (Figure 3)"]
     if single["valid_single_gpu_runs"]:
         parts.append(
-            _figure(
-                figures, "single_gpu", "Figure 3: median throughput by batch size, single-GPU valid runs", ""
+            figure(
+                figures,
+                "single_gpu",
+                "Figure 3: (a) median throughput by batch size, single-GPU valid runs (unmatched); "
+                "(b) matched ratio per batch doubling",
+                "",
             )
         )
         for gpu, e in single["by_gpu_model"].items():
             cells = ", ".join(
-                f"{b}: {_f(c['median'], 0)} (n={c['runs']})"
+                f"{b}: {fmt(c['median'], 0)} (n={c['runs']})"
                 for b, c in e["median_tokens_per_s_by_batch"].items()
             )
             parts.append(
                 f"**{short_gpu(gpu)}** — median tokens/s by batch: {cells}. Gain batch 8 vs 1: "
-                f"{_f(e['gain_batch8_vs_1'])}×; batch 128 vs 8: {_f(e['gain_batch128_vs_8'])}×; "
-                f"each doubling adds {_f(e['tokens_per_s_added_per_batch_doubling'], 0)} tokens/s "
+                f"{fmt(e['gain_batch8_vs_1'])}×; batch 128 vs 8: {fmt(e['gain_batch128_vs_8'])}×; "
+                f"each doubling adds {fmt(e['tokens_per_s_added_per_batch_doubling'], 0)} tokens/s "
                 "(least-squares on log2 batch); "
                 f"largest batch that ran: {e['largest_batch_that_ran']}."
             )
+        parts += batch_section(n)
     else:
         parts.append(f"{NO_DATA}: no valid single-GPU run._")
     grid = n["throughput_grid"]
@@ -186,7 +175,7 @@ def _q2(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     if grid["min_median"]:
         lo, hi = grid["min_median"], grid["max_median"]
         parts.append(
-            _figure(
+            figure(
                 figures,
                 "grid",
                 "Figure 4: median throughput per (batch, tokens per sample) cell, all valid runs",
@@ -194,9 +183,9 @@ def _q2(n: dict[str, Any], figures: dict[str, str | None]) -> str:
             )
         )
         parts.append(
-            f"Lowest median {_f(lo['median'], 0)} tokens/s at batch {lo['batch_size']}, "
+            f"Lowest median {fmt(lo['median'], 0)} tokens/s at batch {lo['batch_size']}, "
             f"{lo['tokens_per_sample']} tokens (n={lo['valid_runs']}); "
-            f"highest {_f(hi['median'], 0)} tokens/s "
+            f"highest {fmt(hi['median'], 0)} tokens/s "
             f"at batch {hi['batch_size']}, {hi['tokens_per_sample']} tokens (n={hi['valid_runs']}, "
             f"on {', '.join(map(str, hi['gpus']))} GPUs)."
         )
@@ -206,7 +195,7 @@ def _q2(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     comparisons = n["gpu_model_pairs"]["comparisons"]
     if comparisons:
         parts.append(
-            _table(
+            table(
                 [
                     "comparison (ratio = first / second)",
                     "pairs",
@@ -215,7 +204,7 @@ def _q2(n: dict[str, Any], figures: dict[str, str | None]) -> str:
                     "IQR width",
                     "pairs slower",
                 ],
-                [[k, *_summary_cells(s, "×"), str(s["slower_pairs"])] for k, s in comparisons.items()],
+                [[k, *summary_cells(s, "×"), str(s["slower_pairs"])] for k, s in comparisons.items()],
             )
         )
     else:
@@ -235,8 +224,8 @@ def _scaling_rows(block: dict[str, Any]) -> list[list[str]]:
                         e["placement"],
                         campaign,
                         roce,
-                        *_summary_cells(s),
-                        _f(s["gain_median"], 2, "×"),
+                        *summary_cells(s),
+                        fmt(s["gain_median"], 2, "×"),
                     ]
                 )
     return rows
@@ -267,18 +256,20 @@ def _scaling_section(block: dict[str, Any], header: list[str]) -> list[str]:
         rng = block["intra_node_efficiency_range"]
         if rng:
             parts.append(
-                f"Intra-node median efficiency per doubling and campaign: {_f(rng[0])}–{_f(rng[1])}."
+                f"Intra-node median efficiency per doubling and campaign: {fmt(rng[0])}–{fmt(rng[1])}."
             )
         if not any(e["placement"] == "across nodes" for e in block["per_doubling"].values()):
             parts.append(f"{NO_DATA} across nodes: no matched multi-node pair._")
-        parts.append(_table(header, rows))
+        parts.append(table(header, rows))
     elif campaigns:
         parts.append(f"{NO_DATA}: no matched pair of runs at g and 2g GPUs in the campaigns._")
     everything = block["intra_node_all_experiments"]
     if everything:
         parts.append(
             "Intra-node, every experiment (not only the campaigns): "
-            + "; ".join(f"{d}: {_f(s['median'])} ({s['pairs']} pairs)" for d, s in everything.items())
+            + "; ".join(
+                f"{d}: {fmt(s['median'])} ({plural(s['pairs'], 'pair')})" for d, s in everything.items()
+            )
             + "."
         )
     else:
@@ -292,7 +283,7 @@ def _q3(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     parts = ["## Q3 — Will it scale?", "### Throughput by GPU count (Figure 5)"]
     if n["throughput_by_gpu_count"]:
         parts.append(
-            _figure(
+            figure(
                 figures,
                 "scaling",
                 "Figure 5: median throughput by GPU count per method (1 node = 8 GPUs)",
@@ -302,9 +293,9 @@ def _q3(n: dict[str, Any], figures: dict[str, str | None]) -> str:
         one, eight = n["median_tokens_per_s_1_gpu_range"], n["median_tokens_per_s_8_gpu_range"]
         parts.append(
             "Median throughput across methods: "
-            + (f"{_f(one[0], 0)}–{_f(one[1], 0)} tokens/s on 1 GPU" if one else "no 1-GPU run")
+            + (f"{fmt(one[0], 0)}–{fmt(one[1], 0)} tokens/s on 1 GPU" if one else "no 1-GPU run")
             + "; "
-            + (f"{_f(eight[0], 0)}–{_f(eight[1], 0)} tokens/s on 8 GPUs." if eight else "no 8-GPU run.")
+            + (f"{fmt(eight[0], 0)}–{fmt(eight[1], 0)} tokens/s on 8 GPUs." if eight else "no 8-GPU run.")
         )
     else:
         parts.append(f"{NO_DATA}: no valid run._")
@@ -326,7 +317,7 @@ def _q3(n: dict[str, Any], figures: dict[str, str | None]) -> str:
         parts.append(f"### {title}")
         parts += _scaling_section(n[key], header)
     parts.append(
-        _figure(
+        figure(
             figures,
             "efficiency",
             "Figure 5b: scaling efficiency per doubling (median, middle 50 %, pairs)",
@@ -336,8 +327,8 @@ def _q3(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     lvf = n["lora_vs_full"]
     parts.append("### LoRA vs full fine-tuning, same job")
     parts.append(
-        f"LoRA / full throughput over {lvf['pairs']} pairs: median {_f(lvf['median'])}× "
-        f"(IQR {_f(lvf['q25'])}–{_f(lvf['q75'])})."
+        f"LoRA / full throughput over {plural(lvf['pairs'], 'pair')}: median {fmt(lvf['median'])}× "
+        f"(IQR {fmt(lvf['q25'])}–{fmt(lvf['q75'])})."
         if lvf["pairs"]
         else f"{NO_DATA}: no job ran with both methods._"
     )
@@ -345,7 +336,7 @@ def _q3(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     if params:
         parts.append(
             "Median model size of valid runs above 8 GPUs: "
-            + ", ".join(f"{m} {_f(v, 1)} B" for m, v in params.items())
+            + ", ".join(f"{m} {fmt(v, 1)} B" for m, v in params.items())
             + "."
         )
     return "\n\n".join(parts)
@@ -356,20 +347,20 @@ def _q4(n: dict[str, Any], figures: dict[str, str | None]) -> str:
         [
             "RoCE",
             "all multi-node",
-            *_summary_cells(n["roce"]["all"], "×"),
-            _f(n["roce"]["all"]["gpu_hours_saved_pct"], 0, " %"),
+            *summary_cells(n["roce"]["all"], "×"),
+            fmt(n["roce"]["all"]["gpu_hours_saved_pct"], 0, " %"),
         ]
     ]
     for campaign, s in n["roce"]["by_campaign"].items():
-        rows.append(["RoCE", campaign, *_summary_cells(s, "×"), _f(s["gpu_hours_saved_pct"], 0, " %")])
+        rows.append(["RoCE", campaign, *summary_cells(s, "×"), fmt(s["gpu_hours_saved_pct"], 0, " %")])
     for campaign, by_nodes in n["roce"]["by_campaign_and_nodes"].items():
         for nodes, s in by_nodes.items():
             rows.append(
                 [
                     "RoCE",
                     f"{campaign}, {nodes} nodes",
-                    *_summary_cells(s, "×"),
-                    _f(s["gpu_hours_saved_pct"], 0, " %"),
+                    *summary_cells(s, "×"),
+                    fmt(s["gpu_hours_saved_pct"], 0, " %"),
                 ]
             )
     moe = n["fast_moe"]
@@ -378,8 +369,8 @@ def _q4(n: dict[str, Any], figures: dict[str, str | None]) -> str:
             [
                 "fast MoE",
                 f"EP {ep}, all methods",
-                *_summary_cells(s, "×"),
-                _f(s["gpu_hours_saved_pct"], 0, " %"),
+                *summary_cells(s, "×"),
+                fmt(s["gpu_hours_saved_pct"], 0, " %"),
             ]
         )
     for method, by_ep in moe["by_method_and_expert_parallel_degree"].items():
@@ -388,23 +379,23 @@ def _q4(n: dict[str, Any], figures: dict[str, str | None]) -> str:
                 [
                     "fast MoE",
                     f"{method}, EP {ep}",
-                    *_summary_cells(s, "×"),
-                    _f(s["gpu_hours_saved_pct"], 0, " %"),
+                    *summary_cells(s, "×"),
+                    fmt(s["gpu_hours_saved_pct"], 0, " %"),
                 ]
             )
     fk = n["fast_kernels"]
     rows.append(
-        ["fast kernels", "all pairs", *_summary_cells(fk, "×"), _f(fk["gpu_hours_saved_pct"], 0, " %")]
+        ["fast kernels", "all pairs", *summary_cells(fk, "×"), fmt(fk["gpu_hours_saved_pct"], 0, " %")]
     )
     parts = [
         "## Q4 — How to go faster?",
-        _figure(
+        figure(
             figures,
             "speedups",
             "Figure 6: median speedup per optimization over matched pairs (whiskers: middle 50 %)",
             "no pair differs only in an optimization",
         ),
-        _table(
+        table(
             [
                 "optimization",
                 "group",
@@ -421,11 +412,33 @@ def _q4(n: dict[str, Any], figures: dict[str, str | None]) -> str:
         parts.append(f"{NO_DATA} for RoCE: no multi-node job ran both with and without RoCE._")
     if not moe["by_expert_parallel_degree"]:
         parts.append(f"{NO_DATA} for fast MoE: no job ran both with and without it._")
+    never = moe["degrees_without_valid_run"]
+    if never:
+        parts.append(
+            "Expert-parallel degrees tried without a single valid run (so without a pair): "
+            + ", ".join(f"EP {ep} ({k:,} experiment{'s' if k != 1 else ''})" for ep, k in never.items())
+            + "."
+        )
+    parts += _roce_per_model(n["roce"]["per_model_4_nodes"])
     if fk["pairs"]:
         parts.append(
-            f"Fast-kernel pairs cover {len(fk['models'])} model(s) of up to "
-            f"{_f(fk['models_max_params_billion'], 1)} B parameters."
+            f"Fast kernels: {fmt(100 * fk['share_faster'], 1)} % of the {fk['pairs']:,} pairs are faster "
+            f"with them (median {fmt(fk['median'])}×). The pairs cover {len(fk['models'])} model(s) of up to "
+            f"{fmt(fk['models_max_params_billion'], 1)} B parameters."
         )
     else:
         parts.append(f"{NO_DATA} for fast kernels: no job ran both with and without them._")
     return "\n\n".join(parts)
+
+
+def _roce_per_model(per_campaign: dict[str, dict[str, Any]]) -> list[str]:
+    """RoCE on 4 nodes per model: the campaign's median can hide models that gain beside ones that do not."""
+    rows = [
+        [campaign, model, *summary_cells(s, "×"), fmt(s["gpu_hours_saved_pct"], 0, " %")]
+        for campaign, by_model in per_campaign.items()
+        for model, s in by_model.items()
+    ]
+    if not rows:
+        return []
+    header = ["campaign", "model", "pairs", "median speedup", "IQR (q25–q75)", "IQR width", "GPU-hours saved"]
+    return ["### RoCE on 4 nodes, per model", table(header, rows)]

@@ -4,7 +4,7 @@ campaign is named, and how numbers become JSON that says what it means."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,26 @@ def campaigns(time_limits: pd.Series) -> pd.Series:
 
 def pct(part: float, whole: float) -> float | None:
     return None if not whole else 100.0 * part / whole
+
+
+def largest_remainder_pct(counts: Sequence[int], decimals: int = 1) -> list[float] | None:
+    """Shares of `counts` in %, rounded to `decimals` so they add up to exactly 100 (largest remainder).
+
+    Rounding each share on its own can make a row sum to 99.9 or 100.1; instead every share is cut down to
+    its `decimals`, and the units still missing go one each to the shares that lost the most (ties: the
+    earlier share first), as the paper's Table 1 does. None when the counts are all zero."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    unit = 10**decimals
+    # Integer arithmetic: the cut and what it leaves over are exact, so equal remainders tie exactly.
+    floors = [100 * unit * c // total for c in counts]
+    left_over = [100 * unit * c % total for c in counts]
+    missing = 100 * unit - sum(floors)
+    by_remainder = sorted(range(len(counts)), key=lambda i: -left_over[i])
+    for i in by_remainder[:missing]:
+        floors[i] += 1
+    return [f / unit for f in floors]
 
 
 def key_str(value: Any) -> str:

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from advisor.outbox import OutboxRelay, Published
-from advisor.tables import OutboxMessage
+from advisor.records import OutboxMessage
 from twin.db import make_engine
 
 

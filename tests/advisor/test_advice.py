@@ -10,7 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from advisor import findings
-from advisor.advice import NEAR_BEST, RECOMMEND_P_VALID, advise_job
+from advisor.advice import advise_job
+from advisor.advice_answer import RECOMMEND_P_VALID
+from advisor.advice_options import NEAR_BEST
 from advisor.candidates import repair
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.fakes import FakeInUse, FakeModels

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from advisor.advice import advise_job, advise_many
-from advisor.advice_io import AdviceRequest
+from advisor.advice_schemas import AdviceRequest
 from advisor.app import create_app
 from advisor.routers.models import models_in_use
 from tests.advisor.conftest import advisor_settings

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 from advisor.app import create_app
 from advisor.auth import Role, parse_key_id
 from advisor.keys import create_api_key, revoke_api_key
-from advisor.tables import ApiKey
+from advisor.records import ApiKey
 from tests.advisor.conftest import FINETWIN, advisor_settings
 
 REPO = Path(__file__).resolve().parents[2]

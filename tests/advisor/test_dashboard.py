@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine
 
 from advisor import workflow
-from calibrate.tables import LiveError
+from calibrate.records import LiveError
 from ingest.broker import free_port
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.kafka_util import read_topic
@@ -84,12 +84,32 @@ def api_server(postgres_url: str, kafka_bootstrap: str, tmp_path: Path) -> Itera
         engine.dispose()
 
 
+def start_a_capacity_plan(api_server: dict) -> int:
+    """A small sweep through the API (the approver key outranks operator); returns its scenario count."""
+    import httpx
+
+    headers = {"X-API-Key": api_server["keys"]["approver"]}
+    body = {"vary": ["NVIDIA-A100-SXM4-80GB=1..3"], "runs": 2, "horizon": "12h"}
+    started = httpx.post(api_server["url"] + "/v1/plan", json=body, headers=headers, timeout=30)
+    assert started.status_code == 202, started.text
+    url = f"{api_server['url']}/v1/plan/{started.json()['id']}"
+
+    def finished() -> dict | None:
+        plan = httpx.get(url, headers=headers, timeout=30).json()
+        return plan if plan["status"] in ("done", "failed") else None
+
+    plan = wait_for(finished, 90, "the capacity plan")
+    assert plan["status"] == "done", plan
+    return len(plan["result"]["scenarios"])
+
+
 def test_dashboard_approve_end_to_end(
     api_server: dict, chromium_path: Path, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     from playwright.sync_api import sync_playwright
 
     rec_id, keys = api_server["rec_id"], api_server["keys"]
+    plan_rows = start_a_capacity_plan(api_server)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(chromium_path), headless=True, args=CHROMIUM_ARGS)
         try:
@@ -115,6 +135,12 @@ def test_dashboard_approve_end_to_end(
             assert page.locator("#nodes tbody tr").count() == 1
             assert page.locator("#jobs tbody tr").count() == 12
             assert "error" not in (page.get_attribute("#status", "class") or "")
+            # The capacity plan: every scenario in the table, the frontier drawn against the cost.
+            page.wait_for_function("window.finetwinCharts.plan", timeout=30_000)
+            assert page.locator("#plan-scenarios tbody tr").count() == plan_rows
+            frontier = page.locator("#plan-scenarios tbody tr[data-frontier=true]").count()
+            assert 1 <= frontier <= plan_rows
+            assert page.evaluate("window.finetwinCharts.plan.data.datasets[0].data.length") == frontier
 
             def answer(dialog) -> None:  # type: ignore[no-untyped-def]
                 dialog.accept(keys["approver"] if "key" in dialog.message else "approved in the browser test")

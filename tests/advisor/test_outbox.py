@@ -17,7 +17,7 @@ from sqlmodel import Session, select
 
 from advisor import workflow
 from advisor.outbox import MESSAGE_ID_HEADER, OutboxRelay, relay_lock
-from advisor.tables import OutboxMessage
+from advisor.records import OutboxMessage
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.kafka_util import read_topic
 from tests.conftest import unique

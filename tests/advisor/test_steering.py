@@ -17,7 +17,7 @@ from tests.advisor.seed import seed_overloaded_cluster
 from tests.conftest import api_headers
 from twin.db import make_engine, migrate
 from twin.forecast import ForecastOptions
-from twin.live import load_live_inputs
+from twin.live_state import load_live_inputs
 
 WAIT_SLO = {"slos": [{"name": "p95 wait <= 30 min", "metric": "wait_p95_s", "max": 1800}]}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from advisor.advice import candidate_rows
+from advisor.advice_plan import candidate_rows
 from advisor.app import create_app
 from advisor.prediction_memo import PredictionMemo
 from advisor.warmup import benchmark_families, warm

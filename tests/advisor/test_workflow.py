@@ -10,7 +10,7 @@ from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
 from advisor import workflow
-from advisor.tables import AuditEntry, OutboxMessage, Recommendation
+from advisor.records import AuditEntry, OutboxMessage, Recommendation
 from twin.db import session_scope
 from twin.store import utcnow
 

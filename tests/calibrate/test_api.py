@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from advisor.app import create_app
-from calibrate.live import prediction_hook
+from calibrate.live_error import prediction_hook
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobSubmitted, new_event
 from tests.conftest import api_headers

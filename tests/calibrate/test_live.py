@@ -16,11 +16,11 @@ from sqlalchemy import Engine, select
 from sqlmodel import Session
 
 from calibrate.drift import DriftPolicy, drift, summarize
-from calibrate.live import prediction_hook
+from calibrate.live_error import prediction_hook
 from calibrate.observed import observed_table, observed_weights
+from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.refit import REFIT_NOW_JOB_ID, RefitResult, RefitScheduler
 from calibrate.registry import ModelRegistry
-from calibrate.tables import JobPrediction, LiveError, ModelVersionRecord
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobFailed, JobRejected, JobSubmitted, new_event
 from twin.db import make_engine, migrate

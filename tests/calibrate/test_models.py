@@ -16,17 +16,17 @@ import pandas as pd
 import pytest
 import skops.io as sio
 
-from calibrate.features import UNKNOWN_SIZE_NOTE, UNSEEN_NAME_NOTE
+from calibrate.config_frame import config_from_row
 from calibrate.fit import (
     SKOPS_TRUSTED_TYPES,
     CalibratedModels,
-    config_from_row,
     fit_models,
     holdout_metrics,
 )
 from calibrate.loader import CONFIG_COLUMNS, load_benchmark, load_configs
+from calibrate.model_sizes import UNKNOWN_SIZE_NOTE, UNSEEN_NAME_NOTE
 from twin.domain import GPU_TYPES, JobConfig, Outcome
-from twin.models import JobModels
+from twin.protocols import JobModels
 
 A100_SXM = "NVIDIA-A100-SXM4-80GB"
 BAND = ["tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90"]

@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate import metrics
-from calibrate.features import FEATURE_NAMES, build_features, config_from_row, configs_to_frame
+from calibrate import accuracy
+from calibrate.config_frame import config_from_row, configs_to_frame
+from calibrate.features import FEATURE_NAMES, build_features
 from calibrate.loader import load_benchmark
 from calibrate.splits import BLOCK, RANDOM, block_folds, random_holdout
 from twin.domain import JobConfig
@@ -45,19 +46,19 @@ def test_block_folds_hold_out_each_contiguous_stretch_of_the_file_once(sample: p
 def test_metrics_on_known_values() -> None:
     actual = np.array([100.0, 200.0, 400.0])
     predicted = np.array([110.0, 150.0, 400.0])
-    assert metrics.mdape(actual, predicted) == pytest.approx(0.10)
-    assert metrics.mape(actual, predicted) == pytest.approx((0.10 + 0.25 + 0.0) / 3)
-    assert metrics.band_coverage(actual, actual * 0.9, np.array([120.0, 190.0, 500.0])) == pytest.approx(
+    assert accuracy.mdape(actual, predicted) == pytest.approx(0.10)
+    assert accuracy.mape(actual, predicted) == pytest.approx((0.10 + 0.25 + 0.0) / 3)
+    assert accuracy.band_coverage(actual, actual * 0.9, np.array([120.0, 190.0, 500.0])) == pytest.approx(
         2 / 3
     )
     truth = np.array([True, True, True, False])
-    assert metrics.balanced_accuracy(truth, np.array([True, True, False, False])) == pytest.approx(
+    assert accuracy.balanced_accuracy(truth, np.array([True, True, False, False])) == pytest.approx(
         (2 / 3 + 1) / 2
     )
-    assert metrics.brier_score(truth, np.array([1.0, 0.5, 1.0, 0.0])) == pytest.approx(0.25 / 4)
-    assert metrics.exact_share(np.array(["a", None]), np.array(["a", None])) == 1.0
+    assert accuracy.brier_score(truth, np.array([1.0, 0.5, 1.0, 0.0])) == pytest.approx(0.25 / 4)
+    assert accuracy.exact_share(np.array(["a", None]), np.array(["a", None])) == 1.0
     with pytest.raises(ValueError, match="positive"):
-        metrics.mdape(np.array([0.0]), np.array([1.0]))
+        accuracy.mdape(np.array([0.0]), np.array([1.0]))
 
 
 def test_features_are_one_code_path_for_rows_and_job_configs(sample: pd.DataFrame) -> None:

@@ -136,8 +136,9 @@ class IngestProcess:
     """`finetwin ingest` as a child process, with its Prometheus metrics on a port of its own."""
 
     def __init__(
-        self, database_url: str, bootstrap: str, topic: str, group: str, tmp: Path, processes: int = 1
-    ) -> None:
+        self, database_url: str, bootstrap: str, topic: str, group: str, tmp: Path, processes: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         from ingest.broker import free_port
 
         self.metrics_port = free_port()  # with --processes N: consumer i serves on metrics_port + i
@@ -148,6 +149,7 @@ class IngestProcess:
             "FINETWIN_DLQ_TOPIC": f"{topic}.dlq",
             "FINETWIN_DATA_DIR": str(tmp / "data"),
             "FINETWIN_MODELS_DIR": str(tmp / "no-models"),
+            **(env or {}),
         }
         command = [
             FINETWIN, "ingest", "--bootstrap", bootstrap, "--topic", topic,

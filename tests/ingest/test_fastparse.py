@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ from ingest.replay import ReplayPlan
 from ingest.worker import parse_message
 from tests.ingest.conftest import same_event
 from twin.domain import Rule
+from twin.limits import STORE_INT_MAX
 
 MANY = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -109,7 +110,7 @@ edge_values = st.one_of(
 )
 
 names = st.text(min_size=1, max_size=60)
-counts = st.integers(min_value=1, max_value=2**62)
+counts = st.integers(min_value=1, max_value=STORE_INT_MAX)
 amounts = st.one_of(
     st.floats(min_value=0, allow_nan=False, allow_infinity=False), st.integers(0, 10**9), st.just(0.0)
 )
@@ -122,7 +123,9 @@ def too_long(limit: int) -> st.SearchStrategy[str]:
 
 
 # Wrong values, each just past a limit of the contract or of another type, or of a type pydantic coerces.
-WRONG_COUNT = st.sampled_from([0, -1, 1.0, 2.5, True, "1", None, 2**64, -(2**63) - 1])
+WRONG_COUNT = st.sampled_from(
+    [0, -1, 1.0, 2.5, True, "1", None, STORE_INT_MAX + 1, 2**63, 2**64, -(2**63) - 1, int("9" * 4000)]
+)
 WRONG_POSITIVE = st.sampled_from([0, 0.0, -0.0, -1e-300, -1, "1.5", True, None, float("inf"), float("nan")])
 WRONG_AMOUNT = st.sampled_from(
     [-1e-300, -0.5, -1, "0", True, None, float("inf"), float("-inf"), float("nan")]
@@ -139,7 +142,7 @@ PAYLOADS: dict[str, dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[An
         "number_gpus": (counts, WRONG_COUNT), "number_nodes": (counts, WRONG_COUNT),
         "batch_size": (counts, WRONG_COUNT), "tokens_per_sample": (counts, WRONG_COUNT),
         "enable_roce": (st.booleans(), WRONG_FLAG), "fast_kernels": (st.booleans(), WRONG_FLAG),
-        "fast_moe": (st.integers(0, 64), st.sampled_from([-1, 0.0, True, "0", None])),
+        "fast_moe": (st.integers(0, 64), st.sampled_from([-1, 0.0, True, "0", None, STORE_INT_MAX + 1])),
         "time_limit_s": (st.one_of(st.none(), amounts), WRONG_POSITIVE),
         "dataset_tokens": (st.one_of(st.none(), amounts), WRONG_POSITIVE),
         "tenant": (optional, too_long(200)), "experiment_id": (optional, too_long(2000)),
@@ -189,10 +192,18 @@ zones = st.sampled_from(
 )
 
 
+# Nine years either side of now: inside the contract's window (ten years), whatever the clock says.
+NOW = datetime.now().replace(microsecond=0)
+WITHIN_WINDOW = st.datetimes(
+    min_value=NOW - timedelta(days=9 * 365), max_value=NOW + timedelta(days=9 * 365), timezones=zones
+)
+
+
 @st.composite
 def timestamps(draw: st.DrawFn) -> str:
-    """Real instants in RFC 3339, with 0 to 12 fraction digits (a microsecond has 6)."""
-    text = draw(st.datetimes(timezones=zones)).isoformat(timespec="seconds")
+    """Real instants in RFC 3339 within the contract's window, with 0 to 12 fraction digits (a microsecond
+    has 6)."""
+    text = draw(WITHIN_WINDOW).isoformat(timespec="seconds")
     digits = draw(st.from_regex(r"[0-9]{0,12}", fullmatch=True))
     text = text[:19] + (f".{digits}" if digits else "") + text[19:]
     return text.replace("+00:00", draw(st.sampled_from(["Z", "+00:00"])))
@@ -214,7 +225,7 @@ def wrong_timestamps(draw: st.DrawFn) -> Any:
         lambda t: t[:19] + ",5" + t[19:],
         lambda t: t[:19] + "." + t[19:],
         lambda t: t[:19] + draw(st.sampled_from(["+24:00", "+23:60", "-25:00", "+05:30:15", "+5:30"])),
-        lambda t: draw(st.sampled_from(["0000", "10000", "-001"])) + t[4:],
+        lambda t: draw(st.sampled_from(["0000", "10000", "-001", "0001", "1970", "9999"])) + t[4:],
         lambda t: t + draw(st.sampled_from(["\n", " ", "Z"])),
     ]
     if draw(st.integers(0, len(twists))) == len(twists):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -141,14 +143,21 @@ def test_finetwin_replay_is_deterministic_for_a_seed(
     small = tmp_path / "small.csv"
     small.write_text("".join(sample_csv.open().readlines()[:121]))  # header + 120 rows
     runs = []
-    for _ in range(2):
+    for epoch in ("2025-02-03T04:05:06Z", "2025-02-03T04:05:06Z", None):  # pinned twice, then now
         topic = new_topic(kafka_bootstrap, unique("replay"))
+        pin = ["--epoch", epoch] if epoch else []
+        started = datetime.now(UTC)
         assert main(["replay", "--bench", str(small), "--seed", "42", "--bootstrap", kafka_bootstrap,
-                     "--topic", topic, "--quiet"]) == 0  # fmt: skip
+                     "--topic", topic, "--quiet", *pin]) == 0  # fmt: skip
         runs.append(topic)
     expected = len(plan_replay_of(small, 42).events)
-    first, second = (read_topic(kafka_bootstrap, topic, expected) for topic in runs)
-    assert len(first) == len(second) == expected
+    first, second, unpinned = (read_topic(kafka_bootstrap, topic, expected) for topic in runs)
+    assert len(first) == len(second) == len(unpinned) == expected
+    # By default the timeline starts when the replay does: its first event (node.status) is dated then.
+    times = [datetime.fromisoformat(json.loads(r.value)["ts"].replace("Z", "+00:00")) for r in unpinned]
+    assert started <= min(times) <= datetime.now(UTC)
+    pinned = [datetime.fromisoformat(json.loads(r.value)["ts"].replace("Z", "+00:00")) for r in first]
+    assert min(pinned) == datetime(2025, 2, 3, 4, 5, 6, tzinfo=UTC)
 
     def content(records: list) -> list[tuple[int, int, bytes, bytes]]:  # type: ignore[type-arg]
         return sorted((r.partition, r.offset, r.key, r.value) for r in records)
@@ -167,3 +176,20 @@ def test_finetwin_replay_names_a_bad_file(tmp_path: Path, capsys: pytest.Capture
     bad.write_text("identifier,method\nx,full\n")
     assert main(["replay", "--bench", str(bad), "--bootstrap", "127.0.0.1:1"]) == 2
     assert "bad.csv" in capsys.readouterr().err
+
+
+def test_an_epoch_moves_the_timeline_and_nothing_else(sample_table: pd.DataFrame) -> None:
+    from datetime import timedelta
+
+    rows = sample_table.head(100)
+    pinned = datetime(2026, 6, 1, 8, 30, tzinfo=UTC)
+    first = plan_replay(rows, seed=3, epoch=pinned)
+    again = plan_replay(rows, seed=3, epoch=pinned + timedelta(days=10))
+    assert first.epoch == pinned and first.events[0][1].ts == pinned  # node.status at the epoch itself
+    # The same seed: the same events, each at the same offset from its epoch.
+    assert [e.event_id for _, e in first.events] == [e.event_id for _, e in again.events]
+    assert [e.ts - pinned for _, e in first.events] == [
+        e.ts - pinned - timedelta(days=10) for _, e in again.events
+    ]
+    with pytest.raises(ValueError, match="time zone"):
+        plan_replay(rows, seed=3, epoch=datetime(2026, 6, 1))

@@ -7,6 +7,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from calibrate.loader import BENCHMARK_COLUMNS
 
 SXM = "NVIDIA-A100-SXM4-80GB"
@@ -33,6 +35,7 @@ def row(
     version: str = "2.4.0",
     peak: float = 50.0,
     identifier_extra: str = "",
+    power: float | None = None,
 ) -> dict[str, str]:
     """One benchmark row; `tps` (dataset tokens/s) given = a valid run, None = a run that did not happen."""
     identifier = (
@@ -69,6 +72,8 @@ def row(
             gpu_memory_utilization_peak=repr(float(peak)),
             gpu_memory_utilization_max=repr(float(peak)),
         )
+        if power is not None:  # some GPU types report no power at all
+            values.update(gpu_power_watts_avg=repr(float(power)), gpu_power_watts_max=repr(float(power)))
     return values
 
 
@@ -78,3 +83,29 @@ def write_bench(path: Path, rows: list[dict[str, str]]) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+# The configuration columns two runs of a pair agree on (besides the identifier and the experiment_id).
+CONFIG = [
+    "method", "model_name", "number_nodes", "gpu_model", "number_gpus", "tokens_per_sample", "batch_size",
+    "enable_roce", "fast_moe", "fast_kernels", "fms_hf_tuning_version", "torch_dtype",
+]  # fmt: skip
+
+
+def pandas_ratios(
+    raw: pd.DataFrame, factor: str, a: Any, b: Any, *, strip: str = "", protocol: str = ""
+) -> pd.Series:
+    """Matched ratios throughput(factor = b) / throughput(factor = a), computed the plain way: group the valid
+    runs by everything but the factor (the identifier without the factor's own token, `strip`; the
+    experiment_id without its token, `protocol`), take the median per setting and divide."""
+    valid = raw[raw.is_valid == 1].copy()
+    valid["fast_kernels"] = valid.fast_kernels.notna()
+    valid["rest"] = valid.identifier.str.replace(strip, "", regex=True) if strip else valid.identifier
+    valid["protocol"] = (
+        valid.experiment_id.str.replace(protocol, "", regex=True) if protocol else valid.experiment_id
+    )
+    keys = ["rest", "protocol", *[c for c in CONFIG if c != factor]]
+    medians = valid.groupby([*keys, factor], dropna=False).dataset_tokens_per_second.median().unstack(factor)
+    if a not in medians or b not in medians:
+        return pd.Series(dtype=float)
+    return (medians[b] / medians[a]).dropna()

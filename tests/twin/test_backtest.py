@@ -22,8 +22,10 @@ class OracleModels:
         w = replay.workload
         self.tps: dict[object, float] = {}
         self.valid: dict[object, float] = {}
+        self.power: dict[object, float] = {}
         for row, k in enumerate(w.config_idx):
             key = catalog_key(w.catalog[k])
+            self.power[key] = float(replay.truth_power_w[row])
             self.valid[key] = float(replay.truth_outcome[row] == End.COMPLETED)
             self.tps[key] = float(replay.truth_tokens_per_s[row]) if self.valid[key] else 1.0
 
@@ -34,7 +36,7 @@ class OracleModels:
         return np.array([self.valid[catalog_key(c)] for c in configs])
 
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
-        return np.full(len(configs), 300.0)
+        return np.array([self.power[catalog_key(c)] for c in configs])
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,9 @@ def test_oracle_models_reproduce_the_replay(unique_rows: pd.DataFrame, window: s
     # Runtime failures strike at a random time (the benchmark does not record when): the only difference.
     assert abs(figures["gpu_hours"]["error"]) < 0.02
     assert abs(figures["makespan_s"]["error"]) < 0.05
+    # Energy over the jobs whose rows measured their power: the same runs at the same power.
+    assert 0 < doc["energy_jobs"] < doc["jobs_in_window"]
+    assert figures["energy_kwh"]["truth"] > 0 and abs(figures["energy_kwh"]["error"]) < 0.02
     # Waits in a loaded queue are chaotic: a few jobs failing earlier or later reshuffle the queue.
     assert abs(figures["wait_mean_s"]["error"]) < 0.4
 

@@ -8,8 +8,8 @@ import pytest
 from tests.twin.conftest import A100, RuleModels, config_workload, mixed_cluster
 from twin.arrivals import ArrivalModel
 from twin.forecast import ForecastOptions, TwinInputs, forecast
-from twin.metrics import SERIES_FIGURES, SUMMARY_FIGURES
-from twin.slo import DEFAULT_SLOS, Slo, SloSet
+from twin.run_metrics import SERIES_FIGURES, SUMMARY_FIGURES
+from twin.slo_attainment import DEFAULT_SLOS, Slo, SloSet
 from twin.whatif import NodeChange, ScenarioChanges, WhatIf, run_whatif
 from twin.workload import RunningState
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from tests.twin.conftest import A100, RuleModels, config_workload, mixed_cluster
+from twin.config_changes import Optimization, optimize_config, repair_config
 from twin.domain import JobConfig
 from twin.plan import PlanOptions, band_draw, build_plan, prepare_catalog
 from twin.randomness import job_keys, job_uniforms
-from twin.tuning import Optimization, optimize_config, repair_config
 from twin.workload import RunningState, Workload
 
 

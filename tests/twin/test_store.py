@@ -15,10 +15,10 @@ from tests.conftest import api_headers
 from twin.db import session_scope
 from twin.forecast import ForecastOptions, forecast
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
-from twin.live import NoClusterError, load_live_inputs
+from twin.live_state import NoClusterError, load_live_inputs
 from twin.settings import Settings
-from twin.simple_models import FallbackModels
 from twin.store import Job, Node, ObservedRun
+from twin.uncalibrated import FallbackModels
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 A100 = "NVIDIA-A100-SXM4-80GB"

@@ -6,8 +6,8 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlmodel import SQLModel
 
-import advisor.tables  # noqa: F401  (keys, SLOs, recommendations, audit log, outbox: migration 0004)
-import calibrate.tables  # noqa: F401  (model versions, stored predictions, live errors: migration 0002)
+import advisor.records  # noqa: F401  (keys, SLOs, recommendations, audit log, outbox: migration 0004)
+import calibrate.records  # noqa: F401  (model versions, stored predictions, live errors: migration 0002)
 import twin.forecast_store  # noqa: F401  (standing forecasts: migration 0003)
 import twin.store  # noqa: F401  (registers the tables on SQLModel.metadata)
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Select, insert, select
 
+from calibrate.config_frame import records_to_frame
 from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
-from calibrate.frames import configs_frame
+from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.registry import InUseModels, RegistryError
-from calibrate.tables import JobPrediction, LiveError, ModelVersionRecord
 from twin.domain import Outcome
 from twin.settings import Settings
 from twin.store import Job, ObservedRun, utcnow
@@ -93,7 +93,7 @@ class LivePredictions:
         if not jobs:
             return
         try:
-            predicted = models.predict_frame(configs_frame(_payload(submitted[job_id]) for job_id in jobs))
+            predicted = models.predict_frame(records_to_frame(_payload(submitted[job_id]) for job_id in jobs))
         except Exception:  # a model that fails on some input must not stall ingest on this batch forever
             log.exception("no live predictions for %d jobs: the model %s failed on them", len(jobs), version)
             return

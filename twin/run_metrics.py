@@ -38,6 +38,7 @@ SUMMARY_FIGURES = (
 )
 SERIES_FIGURES = (
     "queue_length",
+    "running_jobs",
     "utilization",
     "wait_p50_s",
     "wait_p95_s",
@@ -187,6 +188,7 @@ def _series(
     failed_gpu_s = integrate_on_bins(run_from[failed], run_to[failed], gpus[failed], edges)
     energy_j = integrate_on_bins(run_from, run_to, gpus * plan.power_w, edges)
     queue = integrate_on_bins(queue_from, np.minimum(queue_to, edges[-1]), np.ones(len(plan)), edges)
+    running = integrate_on_bins(run_from, run_to, np.ones(len(plan)), edges)
 
     end = result.end_s
     bins = len(width)
@@ -210,6 +212,7 @@ def _series(
                 p50[b], p95[b] = np.quantile(chunk, [0.5, 0.95])
     series = {
         "queue_length": queue / safe,
+        "running_jobs": running / safe,
         "utilization": busy_alloc / (total * safe) if total else np.zeros(bins),
         "wait_p50_s": p50,
         "wait_p95_s": p95,
@@ -226,3 +229,12 @@ def _count_in_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
     times = times[(times >= edges[0]) & (times <= edges[-1])]
     counts, _ = np.histogram(times, bins=edges) if edges[-1] > edges[0] else (np.zeros(len(edges) - 1), None)
     return counts.astype(float)
+
+
+def energy_of(plan: JobPlan, result: SimResult, window: float, subset: np.ndarray) -> float:
+    """kWh drawn in [0, window] by the jobs of `subset` (a boolean mask in plan order)."""
+    started = ~np.isnan(result.start_s) & subset
+    run_from = np.maximum(result.start_s[started], 0.0)
+    run_to = np.minimum(np.where(np.isnan(result.end_s[started]), window, result.end_s[started]), window)
+    busy = np.maximum(run_to - run_from, 0.0)
+    return float((busy * plan.gpus[started] * plan.power_w[started]).sum() / 3.6e6)

@@ -14,7 +14,7 @@ from enum import StrEnum
 import numpy as np
 
 from twin.domain import GPUS_PER_NODE, MOE_MODELS, JobConfig, Rule, config_rule, nearest_multiple
-from twin.models import FailureModel
+from twin.protocols import FailureModel
 
 # Below this predicted chance of running, admission control `reject` turns the job away, and batch
 # right-sizing looks for a smaller batch.

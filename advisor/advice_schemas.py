@@ -1,22 +1,13 @@
-"""The boundary of job advice: the request (one configuration, from an API body or a JSON/YAML file), the
-answer's shape, and its text rendering for `finetwin advise`."""
+"""The shapes at the boundary of job advice: the request (one configuration plus the work it has to do) and
+the answer, shared by `POST /v1/advise` and `finetwin advise`."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from twin.domain import GPU_TYPES, JobConfig, gpu_type
-
-MAX_FILE_BYTES = 1_000_000
-
-
-class ConfigFileError(ValueError):
-    """A configuration file that cannot be read; the message names the file and the problem."""
 
 
 class AdviceRequest(BaseModel):
@@ -73,9 +64,6 @@ class AdviceRequest(BaseModel):
             time_limit_s=self.time_limit_s,
         )
         return config, self.dataset_tokens
-
-
-# --- the answer ---------------------------------------------------------------------------------------------
 
 
 class Evidence(BaseModel):
@@ -194,91 +182,3 @@ class AdviceOut(BaseModel):
     placement: Placement
     optimizations: list[OptimizationAdvice]
     notes: list[str]
-
-
-# --- files and text ------------------------------------------------------------------------------------
-
-
-def read_config_file(path: Path) -> Any:
-    """A JSON or YAML document with one configuration (YAML is a superset of JSON; '-' reads stdin)."""
-    import yaml
-
-    try:
-        if str(path) == "-":
-            text = sys.stdin.read(MAX_FILE_BYTES + 1)
-        else:
-            if path.stat().st_size > MAX_FILE_BYTES:
-                raise ConfigFileError(
-                    f"{path}: larger than {MAX_FILE_BYTES} bytes; one configuration expected"
-                )
-            text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigFileError(f"{path}: not UTF-8 text: {exc}") from exc
-    try:
-        document = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigFileError(
-            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-        ) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigFileError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ConfigFileError(f"{path}: expected one configuration (a mapping of field: value)")
-    return document
-
-
-def _band(prediction: Prediction | None) -> str:
-    if prediction is None or prediction.tokens_per_second is None:
-        return "no prediction"
-    tps = prediction.tokens_per_second
-    text = f"{tps.p50:,.0f} tokens/s (p10-p90 {tps.p10:,.0f}-{tps.p90:,.0f})"
-    if prediction.run_time_s is not None:
-        text += f", {prediction.run_time_s.p50 / 3600:.2f} h"
-    if prediction.gpu_hours is not None:
-        text += f", {prediction.gpu_hours:,.1f} GPU-h"
-    if prediction.energy_kwh is not None:
-        text += f", {prediction.energy_kwh:,.1f} kWh"
-    if prediction.p_valid is not None:
-        text += f", p(runs) {prediction.p_valid:.2f}"
-    return text
-
-
-def _config_line(config: ConfigOut) -> str:
-    return (
-        f"{config.number_gpus} GPU(s) on {config.number_nodes} node(s), batch {config.batch_size}, "
-        f"fast kernels {'on' if config.fast_kernels else 'off'}, "
-        f"RoCE {'on' if config.enable_roce else 'off'}, "
-        f"fast MoE {config.fast_moe or 'off'}"
-    )
-
-
-def render_text(answer: AdviceOut) -> str:
-    """A short human-readable answer; `--json` gives everything, evidence included."""
-    c = answer.config
-    lines = [
-        f"{c.model_name} ({c.method}) on {c.gpu_model}: {_config_line(c)}",
-        f"work: {answer.work.dataset_tokens:,.0f} tokens{' (assumed)' if answer.work.assumed else ''}; "
-        f"models: {answer.model_version or 'none'}",
-        f"verdict: {answer.verdict.status} - {answer.verdict.message}",
-    ]
-    if answer.verdict.prediction is not None:
-        lines.append(f"  as asked: {_band(answer.verdict.prediction)}")
-    if answer.repair is not None:
-        changes = "; ".join(f"{ch.field} {ch.old} -> {ch.new}" for ch in answer.repair.changes)
-        lines.append(f"repair: {changes}: {_band(answer.repair.prediction)}")
-    for label, option in (
-        ("fewest GPUs", answer.fewest_gpus),
-        ("best throughput", answer.best_throughput),
-        ("best cost", answer.best_cost),
-    ):
-        if option is None:
-            lines.append(f"{label}: none found that is likely to run")
-        else:
-            lines.append(f"{label}: {_config_line(option.config)}: {_band(option.prediction)}")
-    lines.append(f"placement: {answer.placement.message}")
-    for opt in answer.optimizations:
-        lines.append(f"{opt.name}: {'yes' if opt.recommended else 'no'} ({opt.setting}) - {opt.message}")
-    lines.extend(f"note: {note}" for note in answer.notes)
-    return "\n".join(lines)

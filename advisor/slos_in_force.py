@@ -1,5 +1,5 @@
 """The SLOs in force: the newest set declared through `PUT /v1/slos` (kept as versions in the store),
-else the YAML file `settings.slo_file`, else the built-in defaults (`twin.slo.DEFAULT_SLOS`)."""
+else the YAML file `settings.slo_file`, else the built-in defaults (`twin.slo_attainment.DEFAULT_SLOS`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from advisor import audit_log
-from advisor.tables import SloDocument
+from advisor.records import SloDocument
 from twin.db import session_scope
 from twin.settings import Settings
-from twin.slo import SloSet, load_slos
+from twin.slo_attainment import SloSet, load_slos
 from twin.store import utcnow
 
 
@@ -26,7 +26,8 @@ class SlosInForce:
 
 
 def current_slos(engine: Engine, settings: Settings) -> SlosInForce:
-    """Raises `twin.slo.SloFormatError` when no set was declared through the API and the file is bad."""
+    """Raises `twin.slo_attainment.SloFormatError` when no set was declared through the API and the file
+    is bad."""
     with Session(engine) as session:
         row = session.exec(select(SloDocument).order_by(col(SloDocument.id).desc()).limit(1)).first()
     if row is not None:

@@ -15,21 +15,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from twin.cluster import gpu_tdp_watts
-from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name, model_params_b
+from twin.domain import GPU_TYPES, GPUS_PER_NODE, JobConfig, gpu_or_unknown, model_params_b
 
-_GPU_SPEED = {
-    "NVIDIA-A100-SXM4-80GB": 1.0,
-    "NVIDIA-A100-80GB-PCIe": 0.85,  # the paper: A100-SXM is 18 % faster than A100-PCIe
-    "L40S": 0.58,  # 32 % slower than A100-PCIe
-    "NVIDIA-H100-PCIe": 1.3,
-}
+# The figures above are the A100-SXM's; other GPUs scale by the catalogue's relative speeds.
+_REFERENCE_SPEED = GPU_TYPES["NVIDIA-A100-SXM4-80GB"].relative_speed
 _METHOD_SPEED = {"full": 1.0, "lora": 1.3, "gptq-lora": 0.8}
 _BAND = (0.7, 1.0, 1.3)
 
 
 class FallbackModels:
-    """Implements twin.models.JobModels without any fitted state."""
+    """Implements twin.protocols.JobModels without any fitted state."""
 
     def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
         p50 = np.array([self._tokens_per_second(c) for c in configs], dtype=float)
@@ -39,7 +34,7 @@ class FallbackModels:
         return np.ones(len(configs))
 
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
-        return np.array([gpu_tdp_watts(c.gpu_model) * 0.75 for c in configs], dtype=float)
+        return np.array([gpu_or_unknown(c.gpu_model).tdp_watts * 0.75 for c in configs], dtype=float)
 
     @staticmethod
     def _tokens_per_second(config: JobConfig) -> float:
@@ -47,7 +42,7 @@ class FallbackModels:
         per_gpu_batch = max(config.batch_size / max(config.number_gpus, 1), 1.0)
         single = (6600.0 + 1000.0 * (math.log2(per_gpu_batch) - 3.0)) * 8.0 / max(params, 0.1)
         single = max(single, 50.0)
-        speed = _GPU_SPEED.get(canonical_gpu_name(config.gpu_model), 0.8)
+        speed = gpu_or_unknown(config.gpu_model).relative_speed / _REFERENCE_SPEED
         speed *= _METHOD_SPEED.get(config.method, 1.0)
         speed *= 1.15 if config.fast_kernels else 1.0
         gpus = max(config.number_gpus, 1)

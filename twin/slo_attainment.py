@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
 
-from twin.metrics import RunMetrics
+from twin.run_metrics import RunMetrics
 
 SloMetric = Literal["wait_p95_s", "wait_p50_s", "runtime_failure_ratio", "utilization", "queue_length"]
 

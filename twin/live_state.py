@@ -8,13 +8,15 @@ inputs' notes; a job without its work (dataset tokens) gets the median work of t
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import numpy as np
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from twin.arrivals import fit_arrivals
+from twin.clock import TwinClock, as_utc, telemetry_span, twin_clock
 from twin.cluster import cluster_from_inventory
 from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
 from twin.forecast import TwinInputs
@@ -31,9 +33,7 @@ class NoClusterError(ValueError):
     """The store knows no node that is up, so there is no cluster to forecast."""
 
 
-def utc(ts: datetime) -> datetime:
-    """SQLite hands back naive datetimes; the store writes UTC."""
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+utc = as_utc
 
 
 def job_config(job: Job) -> JobConfig | None:
@@ -106,17 +106,37 @@ def load_live_inputs(
     cluster_id: str = "default",
     now: datetime | None = None,
     lookback: timedelta = timedelta(days=7),
+    clock: TwinClock | None = None,
 ) -> TwinInputs:
-    now = utc(now or datetime.now(UTC))
+    """The state at `now` (default: the twin's clock, i.e. the telemetry's newest time when it disagrees
+    with the wall clock). Arrivals and the job mix come from the last `lookback` of telemetry time, never
+    from before the telemetry began (a window that reached back before it would dilute the rate)."""
+    if now is None:
+        clock = clock or twin_clock(engine, cluster_id)
+        now = clock.now
+        earliest = clock.telemetry_earliest
+    else:
+        earliest = telemetry_span(engine, cluster_id)[0]
+    now = utc(now)
+    since = now - lookback
+    if earliest is not None and since < earliest < now:
+        since = earliest
     notes: list[str] = []
+    if clock is not None and clock.source == "telemetry" and clock.lag_s is not None:
+        ahead = "behind" if clock.lag_s > 0 else "ahead of"
+        notes.append(
+            f"starts at the telemetry's newest time, {abs(clock.lag_s):,.0f} s {ahead} the wall clock"
+        )
     with Session(engine) as session:
-        nodes = session.exec(select(Node).where(Node.cluster_id == cluster_id)).all()
-        active = session.exec(
+        nodes = list(session.exec(select(Node).where(Node.cluster_id == cluster_id)).all())
+        active = list(session.exec(
             select(Job).where(Job.cluster_id == cluster_id, col(Job.state).in_(("submitted", "running")))
-        ).all()
-        history = session.exec(
-            select(Job).where(Job.cluster_id == cluster_id, col(Job.submitted_at) >= now - lookback)
-        ).all()
+        ).all())  # fmt: skip
+        history = list(session.exec(
+            select(Job).where(
+                Job.cluster_id == cluster_id, col(Job.submitted_at) >= since, col(Job.submitted_at) < now
+            )
+        ).all())  # fmt: skip
         observed_work = dict(
             session.exec(
                 select(
@@ -127,13 +147,41 @@ def load_live_inputs(
                 )
             ).all()
         )
-        failures = session.exec(
+        failures = list(session.exec(
             select(Job.failed_after_s)
             .where(Job.cluster_id == cluster_id, Job.state == "failed", col(Job.failed_after_s).is_not(None))
             .order_by(col(Job.ended_at).desc())
             .limit(MAX_FAILURE_TIMES)
-        ).all()
+        ).all())  # fmt: skip
+    return inputs_from_rows(
+        StoreRows(nodes, active, history, observed_work, failures),
+        cluster_id=cluster_id, now=now, since=since, notes=notes, clock=clock,
+    )  # fmt: skip
 
+
+@dataclass
+class StoreRows:
+    """What a forecast starts from, as the store's rows (read from it, or rebuilt for a past time)."""
+
+    nodes: list[Node]
+    active: list[Job]  # queued or running at `now`
+    history: list[Job]  # submitted in [since, now)
+    observed_work: dict[str, float]  # job id -> dataset tokens a finished run processed
+    failures: list[float | None]  # seconds into the run of observed runtime failures, newest first
+
+
+def inputs_from_rows(
+    rows: StoreRows,
+    *,
+    cluster_id: str,
+    now: datetime,
+    since: datetime,
+    notes: list[str],
+    clock: TwinClock | None = None,
+) -> TwinInputs:
+    nodes, active, history, observed_work, failures = (
+        rows.nodes, rows.active, rows.history, rows.observed_work, rows.failures[:MAX_FAILURE_TIMES]
+    )  # fmt: skip
     cluster = cluster_from_inventory((n.node_id, n.gpu_model, n.gpu_count, n.status) for n in nodes)
     if not cluster.nodes:
         raise NoClusterError(
@@ -184,7 +232,7 @@ def load_live_inputs(
             mix.add(job.job_id, 0.0, config, work_of(job) or typical_work, None)
     if imputed or (not known_work and len(mix.ids)):
         notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical_work:,.0f} tokens")
-    arrivals = fit_arrivals(submitted_at, mix.build(), now, lookback) if submitted_at else None
+    arrivals = fit_arrivals(submitted_at, mix.build(), now, now - since) if submitted_at else None
     failure_times = np.asarray([f for f in failures if f is not None and f >= 0], dtype=float)
     if not len(failure_times):
         notes.append("no runtime failure observed yet: failures assumed 1-10 min into the run")
@@ -195,4 +243,5 @@ def load_live_inputs(
         failure_times_s=failure_times if len(failure_times) else None,
         start=now,
         notes=notes,
+        clock=clock.describe() if clock is not None else None,
     )

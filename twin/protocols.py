@@ -41,3 +41,21 @@ class PowerModel(Protocol):
 @runtime_checkable
 class JobModels(PerformanceModel, FailureModel, PowerModel, Protocol):
     """Everything the twin and the advisor ask of the calibrated models."""
+
+
+@runtime_checkable
+class ErrorCorrelationModel(Protocol):
+    def predict_error_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Per config, the share of its throughput error (in the band's standard units) that it shares with
+        the other configurations of its error family (`twin.families`), shape (n,), in [0, 1): 0 means
+        independent errors per job, as a model without this method is taken to have."""
+        ...
+
+
+@runtime_checkable
+class ErrorDistributionModel(Protocol):
+    def predict_error_quantiles(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Per config, its standardized throughput error (in units of its band: -1.2816 at p10, +1.2816 at
+        p90) at `twin.families.ERROR_QUANTILE_LEVELS`, shape (n, levels), non-decreasing along a row. A
+        model without this method is taken to have normal errors."""
+        ...

@@ -1,0 +1,40 @@
+"""The models' numbers for every configuration an answer weighs, in one vectorized evaluation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from advisor.prediction_memo import Predicted
+from twin.domain import JobConfig
+
+BAND_COLUMNS = ("tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90")
+
+
+class ModelsUnusable(RuntimeError):
+    """The models in use failed to predict (e.g. saved by a version of finetwin with other features)."""
+
+
+def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
+    """One vectorized evaluation of every configuration, power included (`predict_frame` when the models
+    have it)."""
+    n = len(configs)
+    if hasattr(models, "predict_frame"):
+        from calibrate.config_frame import configs_to_frame
+
+        try:
+            frame = models.predict_frame(configs_to_frame(configs), power=True)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
+        p_valid = frame["p_valid"].to_numpy(dtype=float)
+        tps = frame[list(BAND_COLUMNS)].to_numpy(dtype=float)
+        watts = frame["power_watts"].to_numpy(dtype=float)
+        notes = [n if isinstance(n, str) and n else None for n in frame.get("note", [None] * n)]
+    else:
+        p_valid = np.asarray(models.predict_failure(configs), dtype=float)
+        tps = np.asarray(models.predict_throughput(configs), dtype=float).reshape(n, 3)
+        watts = np.asarray(models.predict_power_watts(configs), dtype=float)
+        notes = [None] * n
+    return Predicted(p_valid=p_valid, tps=tps, watts=watts, notes=notes)

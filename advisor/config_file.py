@@ -1,0 +1,45 @@
+"""One job configuration read from a JSON or YAML file (or stdin), for `finetwin advise --file`: bounded
+in size, and every way it can be unreadable said with the file's name."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+MAX_FILE_BYTES = 1_000_000
+
+
+class ConfigFileError(ValueError):
+    """A configuration file that cannot be read; the message names the file and the problem."""
+
+
+def read_config_file(path: Path) -> Any:
+    """A JSON or YAML document with one configuration (YAML is a superset of JSON; '-' reads stdin)."""
+    import yaml
+
+    try:
+        if str(path) == "-":
+            text = sys.stdin.read(MAX_FILE_BYTES + 1)
+        else:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise ConfigFileError(
+                    f"{path}: larger than {MAX_FILE_BYTES} bytes; one configuration expected"
+                )
+            text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(f"{path}: not UTF-8 text: {exc}") from exc
+    try:
+        document = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigFileError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ConfigFileError(f"{path}: expected one configuration (a mapping of field: value)")
+    return document

@@ -1,0 +1,239 @@
+"""Capacity plans over HTTP: a sweep of cluster shapes and policies against the SLOs, as a background job.
+
+`POST /v1/plan` (operator) checks the request and the live state at once (a bad range is a 422, no cluster
+a 409), then queues the sweep and answers 202 with the job's id; `GET /v1/plan/{id}` gives its progress and,
+once done, the result (the same document as `finetwin plan --json`). `POST /v1/plan/{id}/recommend` turns
+the sweep's cheapest scenario into a pending recommendation that an approver approves like any other.
+
+Sweeps run one at a time on a worker thread; each fans out on the local process pool, or on Ray when
+FINETWIN_RAY_ADDRESS is set. Jobs live in the API process's memory (the last MAX_KEPT), not in the store:
+a restart forgets them, and the recommendations made from them are what lasts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from advisor import workflow
+from advisor.auth import Principal, Role, access, require_role
+from advisor.routers.forecast import _job_models, _live, _slos
+from twin.capacity import SweepError, SweepRequest, enumerate_scenarios, make_tasks, run_sweep
+from twin.cluster import ClusterFormatError, cluster_from_spec
+from twin.db import session_scope
+from twin.executors import close_executor, make_executor
+from twin.settings import Settings
+
+log = logging.getLogger("finetwin.plan")
+router = APIRouter(prefix="/v1/plan", tags=["capacity plan"])
+
+MAX_API_RUNS = 64
+MAX_KEPT = 20  # finished plans remembered
+NO_STATE = 409
+
+
+class PlanBody(SweepRequest):
+    """A sweep of the live workload (the store's queue and arrival process). `cluster` replaces the store's
+    cluster as the base the ranges change: `{"nodes": [{"gpu_model", "count", "gpus_per_node"}]}`."""
+
+    runs: int = Field(default=16, ge=1, le=MAX_API_RUNS)
+    horizon: str | float = "24h"  # the live arrival process needs a window
+    cluster: dict[str, Any] | None = None
+
+
+PlanStatus = Literal["queued", "running", "done", "failed"]
+
+
+class PlanOut(BaseModel):
+    id: str
+    status: PlanStatus
+    created_at: datetime
+    progress: dict[str, int]
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class PlanJob:
+    id: str
+    created_at: datetime
+    total: int
+    status: PlanStatus = "queued"
+    done: int = 0
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    recommended: set[str] = field(default_factory=set)
+
+    def out(self, with_result: bool = True) -> PlanOut:
+        return PlanOut(
+            id=self.id,
+            status=self.status,
+            created_at=self.created_at,
+            progress={"done": self.done, "total": self.total},
+            result=self.result if with_result else None,
+            error=self.error,
+        )
+
+
+class PlanJobs:
+    """The plans of this API process: one worker thread runs them in order."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, PlanJob] = {}
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="finetwin-plan")
+
+    def add(self, job: PlanJob) -> None:
+        with self.lock:
+            self.jobs[job.id] = job
+            finished = [j for j in self.jobs.values() if j.status in ("done", "failed")]
+            for old in sorted(finished, key=lambda j: j.created_at)[: max(0, len(finished) - MAX_KEPT)]:
+                del self.jobs[old.id]
+
+    def get(self, plan_id: str) -> PlanJob:
+        with self.lock:
+            job = self.jobs.get(plan_id)
+        if job is None:
+            raise HTTPException(404, f"no plan {plan_id!r} (plans are kept in memory until a restart)")
+        return job
+
+
+def startup(app: FastAPI) -> None:
+    app.state.plan_jobs = PlanJobs()
+
+
+def shutdown(app: FastAPI) -> None:
+    app.state.plan_jobs.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _run(job: PlanJob, work: Any, settings: Settings) -> None:
+    job.status = "running"
+    executor = make_executor(settings.ray_address, settings.forecast_workers)
+
+    def progress(done: int, total: int) -> None:
+        job.done, job.total = done, total
+
+    try:
+        job.result = work(executor, progress)
+        job.status = "done"
+    except Exception as exc:  # the job reports it; the API goes on
+        log.exception("capacity plan %s failed", job.id)
+        job.error = f"{type(exc).__name__}: {exc}"
+        job.status = "failed"
+    finally:
+        close_executor(executor)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=PlanOut,
+    summary="Start a capacity plan: the cheapest cluster and policy that meets the SLOs (a background job)",
+    responses={409: {"description": "nothing to plan yet (no node up) or the models fail verification"}},
+    openapi_extra=access(Role.OPERATOR),
+)
+def post_plan(body: PlanBody, request: Request) -> PlanOut:
+    app = request.app
+    inputs = _live(app)
+    if body.cluster is not None:
+        try:
+            inputs.cluster = cluster_from_spec(body.cluster, "cluster")
+        except ClusterFormatError as exc:
+            raise HTTPException(422, str(exc)) from None
+    models, _source = _job_models(app)
+    slos = _slos(app)
+    sweep = SweepRequest.model_validate(body.model_dump(exclude={"cluster"}))
+    try:
+        total = len(make_tasks(enumerate_scenarios(inputs.cluster, sweep), sweep.runs, sweep.chunk_runs))
+    except SweepError as exc:
+        raise HTTPException(422, str(exc)) from None
+    job = PlanJob(id=str(uuid.uuid4()), created_at=datetime.now(UTC), total=total)
+
+    def work(executor: Any, progress: Any) -> dict[str, Any]:
+        return run_sweep(inputs, models, sweep, slos, executor, progress=progress)
+
+    jobs: PlanJobs = app.state.plan_jobs
+    jobs.add(job)
+    jobs.pool.submit(_run, job, work, app.state.settings)
+    return job.out()
+
+
+@router.get("", response_model=list[PlanOut], summary="The plans of this API process, newest first")
+def list_plans(request: Request) -> list[PlanOut]:
+    jobs: PlanJobs = request.app.state.plan_jobs
+    with jobs.lock:
+        found = sorted(jobs.jobs.values(), key=lambda j: j.created_at, reverse=True)
+    return [j.out(with_result=False) for j in found]
+
+
+@router.get(
+    "/{plan_id}",
+    response_model=PlanOut,
+    summary="A plan's progress and, once done, its result (scenarios, frontier, cheapest)",
+    responses={404: {"description": "no such plan"}},
+)
+def get_plan(plan_id: str, request: Request) -> PlanOut:
+    return request.app.state.plan_jobs.get(plan_id).out()
+
+
+class RecommendOut(BaseModel):
+    recommendation_id: str
+    title: str
+
+
+@router.post(
+    "/{plan_id}/recommend",
+    response_model=RecommendOut,
+    summary="Make the plan's cheapest scenario a pending recommendation (an approver decides)",
+    responses={
+        404: {"description": "no such plan"},
+        409: {"description": "the plan is not done, or no scenario meets the SLOs"},
+    },
+)
+def recommend_plan(
+    plan_id: str, request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))
+) -> RecommendOut:
+    app = request.app
+    job: PlanJob = app.state.plan_jobs.get(plan_id)
+    if job.status != "done" or job.result is None:
+        raise HTTPException(NO_STATE, f"plan {plan_id} is {job.status}, not done")
+    best = job.result["cheapest"]
+    if best is None:
+        raise HTTPException(NO_STATE, "no scenario of this plan meets the SLOs: nothing to recommend")
+    settings: Settings = app.state.settings
+    nodes = ", ".join(f"{count} x {gpu}" for gpu, count in best["nodes"].items())
+    proposal = workflow.Proposal(
+        kind="capacity",
+        target="capacity",
+        title=f"provision {nodes} nodes, schedule {best['policy']}, admission {best['admission']}",
+        action={"nodes": best["nodes"], "policy": best["policy"], "admission": best["admission"]},
+        effect={
+            "metric": "SLOs met in at least the plan's confidence of its runs (capacity plan)",
+            "plan_id": plan_id,
+            "confidence": job.result["confidence"],
+            "runs": job.result["runs"],
+            "slos": best["slos"],
+            "gpu_hours_per_day": best["gpu_hours_per_day"],
+            "energy_kwh_per_day": best["energy_kwh_per_day"],
+        },
+        cost=best["gpu_hours_per_day"],
+        score=min((s["met_share"] for s in best["slos"].values()), default=1.0),
+    )
+    with session_scope(app.state.engine) as session:
+        (rec,) = workflow.propose(
+            session,
+            [proposal],
+            actor=principal.actor,
+            source=f"capacity plan {plan_id}",
+            ttl=timedelta(hours=settings.recommendation_ttl_hours),
+        )
+        rec_id, title = rec.id, rec.title
+    return RecommendOut(recommendation_id=rec_id, title=title)

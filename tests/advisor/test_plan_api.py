@@ -1,0 +1,111 @@
+"""Capacity plans over HTTP: a background sweep of the live state with progress, its result, and its
+cheapest cluster as a recommendation an approver approves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from advisor.app import create_app
+from tests.advisor.conftest import advisor_settings
+from tests.advisor.fakes import FakeInUse, FakeModels
+from tests.advisor.seed import seed_overloaded_cluster
+from tests.conftest import api_headers, wait_for
+from twin.db import make_engine, migrate
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+WAIT_SLO = {"slos": [{"name": "p95 wait <= 1 h", "metric": "wait_p95_s", "max": 3600}]}
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Engine:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    seed_overloaded_cluster(engine, jobs=6)  # 6 jobs of a node each, queued for up to 30 min, 1 node
+    return engine
+
+
+@pytest.fixture
+def app_client(store: Engine, tmp_path: Path):  # type: ignore[no-untyped-def]
+    app = create_app(advisor_settings(tmp_path, forecast_workers=1), store, run_migrations=False)
+    with TestClient(app) as client:
+        app.state.models_in_use = FakeInUse(FakeModels())
+        yield client
+
+
+def finished(client: TestClient, plan_id: str, headers: dict[str, str]) -> dict:
+    def done() -> dict | None:
+        body = client.get(f"/v1/plan/{plan_id}", headers=headers).json()
+        return body if body["status"] in ("done", "failed") else None
+
+    return wait_for(done, timeout_s=120, what="the plan to finish")
+
+
+def test_a_plan_runs_in_the_background_and_its_cheapest_cluster_is_approved(
+    app_client: TestClient, store: Engine
+) -> None:
+    operator, viewer = api_headers(store, "operator"), api_headers(store, "viewer")
+    approver = api_headers(store, "approver")
+    assert app_client.put("/v1/slos", json=WAIT_SLO, headers=operator).status_code == 200
+    body = {"vary": [f"{A100}=3..7"], "policies": ["fifo", "backfill"], "runs": 2, "horizon": "12h",
+            "chunk_runs": 1}  # fmt: skip
+    assert app_client.post("/v1/plan", json=body, headers=viewer).status_code == 403
+
+    started = app_client.post("/v1/plan", json=body, headers=operator)
+    assert started.status_code == 202, started.text
+    plan = started.json()
+    assert plan["status"] in ("queued", "running", "done") and plan["progress"]["total"] == 20
+    result = finished(app_client, plan["id"], viewer)
+    assert result["status"] == "done", result
+    assert result["progress"] == {"done": 20, "total": 20}
+    doc = result["result"]
+    assert doc["executor"] == "local" and len(doc["scenarios"]) == 10
+    meets = [(s["nodes"][A100], s["meets_slos"]) for s in doc["scenarios"]]
+    # The queued jobs have waited up to 30 min and run for more than an hour each: the SLO holds only
+    # when every one of them starts at once, one node each.
+    smallest = min((n for n, ok in meets if ok), default=None)
+    assert smallest == 6, meets
+    assert all(ok == (n >= smallest) for n, ok in meets)
+    assert doc["cheapest"]["nodes"] == {A100: smallest}
+    listed = app_client.get("/v1/plan", headers=viewer).json()
+    assert [p["id"] for p in listed] == [plan["id"]] and listed[0]["result"] is None
+
+    assert app_client.post(f"/v1/plan/{plan['id']}/recommend", headers=viewer).status_code == 403
+    made = app_client.post(f"/v1/plan/{plan['id']}/recommend", headers=operator)
+    assert made.status_code == 200, made.text
+    rec_id = made.json()["recommendation_id"]
+    rec = app_client.get(f"/v1/recommendations/{rec_id}", headers=viewer).json()
+    assert rec["state"] == "pending" and rec["kind"] == "capacity"
+    assert rec["action"]["nodes"] == {A100: smallest}
+    assert rec["cost"] == doc["cheapest"]["gpu_hours_per_day"]
+    approved = app_client.post(f"/v1/recommendations/{rec_id}/approve", json={}, headers=approver)
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["state"] == "approved"
+
+
+def test_bad_plans_are_refused_with_a_reason(app_client: TestClient, store: Engine) -> None:
+    operator = api_headers(store, "operator")
+    bad = app_client.post("/v1/plan", json={"vary": [f"{A100}=4..1"]}, headers=operator)
+    assert bad.status_code == 422 and "empty" in bad.json()["detail"]
+    many = app_client.post("/v1/plan", json={"vary": [f"{A100}=0..99", "L40S=0..99"]}, headers=operator)
+    assert many.status_code == 422 and "narrow the ranges" in many.json()["detail"]
+    runs = app_client.post("/v1/plan", json={"vary": [f"{A100}=1..2"], "runs": 1000}, headers=operator)
+    assert runs.status_code == 422
+    cluster = {"vary": [f"{A100}=1..2"], "cluster": {"nodes": [{"gpu_model": A100, "count": -1}]}}
+    assert app_client.post("/v1/plan", json=cluster, headers=operator).status_code == 422
+    assert app_client.get("/v1/plan/nope", headers=operator).status_code == 404
+    assert app_client.post("/v1/plan/nope/recommend", headers=operator).status_code == 404
+
+
+def test_a_plan_without_a_cluster_in_the_store_says_so(sqlite_url: str, tmp_path: Path) -> None:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    app = create_app(advisor_settings(tmp_path), engine, run_migrations=False)
+    with TestClient(app) as client:
+        response = client.post(
+            "/v1/plan", json={"vary": [f"{A100}=1..2"]}, headers=api_headers(engine, "operator")
+        )
+    assert response.status_code == 409

@@ -1,0 +1,45 @@
+"""The share of error a family shares, measured from held-out residuals, recovers a known one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.correlation import Z90, shared_share, standardize
+from calibrate.fit import fit_models
+from calibrate.loader import load_benchmark
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.3, 0.7])
+def test_a_known_shared_share_is_recovered(rho: float) -> None:
+    rng = np.random.default_rng(1)
+    families = np.repeat(np.arange(200), 12)
+    z = np.sqrt(rho) * rng.standard_normal(200)[families] + np.sqrt(1 - rho) * rng.standard_normal(
+        len(families)
+    )
+    assert shared_share(z, families) == pytest.approx(rho, abs=0.06)
+
+
+def test_residuals_are_standardized_by_the_band_and_small_samples_say_nothing() -> None:
+    z = standardize(np.array([-0.2, 0.1, 0.4]), np.full(3, -0.2), np.full(3, 0.1))
+    assert z.tolist() == pytest.approx([-Z90, Z90, 3.0])  # clipped at 3
+    assert shared_share(np.ones(4), np.array([0, 0, 1, 1])) is None  # two families are too few
+
+
+def test_a_fitted_version_carries_its_error_correlation(sample_csv) -> None:  # type: ignore[no-untyped-def]
+    table = load_benchmark(sample_csv)
+    table = table[table["outcome"] == "valid"].head(900)
+    table = pd.concat([table, load_benchmark(sample_csv).query("outcome != 'valid'").head(100)])
+    models = fit_models(table)
+    shares = models.info["error_correlation"]
+    assert set(shares) == {"0", "1"} and 0.0 <= shares["0"] <= shares["1"] < 1.0
+    _, params = models.to_parts()
+    assert params["throughput"]["error_correlation"] == shares
+    # The error's distribution in band units: rising, and about ±1.28 at the band's own p10 and p90.
+    seen = np.asarray(models.info["error_quantiles"]["0"])
+    assert np.all(np.diff(seen) >= 0) and seen[0] < -1.28 < seen[-1]
+    from twin.families import ERROR_QUANTILE_LEVELS
+
+    p10, p90 = np.interp([0.1, 0.9], ERROR_QUANTILE_LEVELS, seen)
+    assert p10 == pytest.approx(-Z90, abs=0.35) and p90 == pytest.approx(Z90, abs=0.35)

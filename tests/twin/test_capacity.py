@@ -1,0 +1,235 @@
+"""Capacity planning on the local pool: the cheapest cluster against Erlang C, pairing of runs across
+scenarios, the frontier, failing tasks, and `finetwin plan` on files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from tests.twin.capacity_cases import FailingTask, mixed_sweep, narrowed
+from tests.twin.conftest import A100
+from twin.capacity import (
+    SweepRequest,
+    VaryRange,
+    cheapest,
+    mark_frontier,
+    run_sweep,
+    scenario_cluster,
+    without_timings,
+)
+from twin.cli import main
+from twin.cluster import cluster_from_spec
+from twin.executors import LocalExecutor
+from twin.forecast import ForecastOptions, TwinInputs, forecast
+from twin.plan import PlanOptions
+from twin.slo_attainment import Slo, SloSet
+from twin.workload import Workload, write_jobs_csv
+
+MEAN_SERVICE_S = 100.0
+OFFERED = 5.5  # Erlang load: arrival rate x mean service, in GPUs
+GPUS_PER_NODE = 2
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """P(an arrival waits) in an M/M/c queue."""
+    below = sum(offered**k / math.factorial(k) for k in range(servers))
+    top = offered**servers / math.factorial(servers) * servers / (servers - offered)
+    return top / (below + top)
+
+
+def erlang_p95_wait(servers: int) -> float:
+    """The 95th percentile of the wait: P(W > t) = C exp(-(c mu - lambda) t)."""
+    if servers <= OFFERED:
+        return math.inf
+    waits = erlang_c(servers, OFFERED)
+    mu = 1.0 / MEAN_SERVICE_S
+    return 0.0 if waits <= 0.05 else math.log(waits / 0.05) / (servers * mu - OFFERED * mu)
+
+
+def mmc_inputs(jobs: int = 4000, seed: int = 3) -> TwinInputs:
+    """Single-GPU jobs, Poisson arrivals, exponential durations fixed in the workload (an M/M/c queue)."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(MEAN_SERVICE_S / OFFERED, jobs))
+    service = rng.exponential(MEAN_SERVICE_S, jobs)
+    base = cluster_from_spec({"nodes": [{"gpu_model": A100, "count": 1, "gpus_per_node": GPUS_PER_NODE}]})
+    return TwinInputs(cluster=base, workload=Workload.from_durations(arrival, service))
+
+
+@pytest.mark.parametrize("bound_s", [200.0, 20.0])
+def test_the_cheapest_cluster_is_the_one_erlang_c_names(bound_s: float) -> None:
+    nodes = range(1, 8)
+    expected = min(n for n in nodes if erlang_p95_wait(n * GPUS_PER_NODE) <= bound_s)
+    request = SweepRequest(vary=[f"{A100}=1..7"], runs=2, horizon=None, confidence=0.9)
+    slos = SloSet(slos=[Slo(name="p95 wait", metric="wait_p95_s", max=bound_s)])
+    doc = run_sweep(mmc_inputs(), None, request, slos, LocalExecutor(1))
+    assert doc["cheapest"] is not None
+    assert doc["cheapest"]["nodes"] == {A100: expected}
+    assert doc["cheapest"]["gpu_hours_per_day"] == expected * GPUS_PER_NODE * 24
+    # Every smaller cluster misses, every larger one meets: the answer is not an accident of the ranking.
+    for row in doc["scenarios"]:
+        assert row["meets_slos"] == (row["nodes"][A100] >= expected)
+
+
+def test_the_answer_does_not_depend_on_pool_size_or_chunking() -> None:
+    inputs, models, request, slos = mixed_sweep()
+    one = run_sweep(inputs, models, request, slos, LocalExecutor(1))
+    two = run_sweep(inputs, models, narrowed(request, chunk_runs=1), slos, LocalExecutor(2))
+    assert len(one["scenarios"]) == 24 and one["tasks"] == 48 and two["tasks"] == 96
+    assert json.dumps(one["scenarios"]) == json.dumps(two["scenarios"])
+    assert one["cheapest"] == two["cheapest"]
+
+
+def test_a_scenario_runs_the_forecasts_runs_so_scenarios_are_paired() -> None:
+    """Run i of every scenario is run i of a forecast with the sweep's seed: the same arrivals and per-job
+    draws whatever the cluster (common random numbers)."""
+    inputs, models, request, slos = mixed_sweep()
+    doc = run_sweep(inputs, models, request, slos, LocalExecutor(1))
+    row = doc["scenarios"][5]
+    nodes = tuple(sorted(row["nodes"].items()))
+    scenario_inputs = TwinInputs(scenario_cluster(inputs.cluster, nodes), inputs.workload, inputs.arrivals)
+    options = ForecastOptions(
+        horizon_s=request.horizon_s,
+        interval_s=request.interval_s,
+        runs=request.runs,
+        seed=request.seed,
+        policy=row["policy"],
+        plan=PlanOptions(admission=row["admission"]),
+        workers=1,
+    )
+    expected = forecast(scenario_inputs, models, options, slos)
+    for slo in expected["slos"]:
+        assert row["slos"][slo["name"]]["attainment"] == slo["attainment"]
+        assert row["slos"][slo["name"]]["met_share"] == slo["probability_met"]
+
+
+def test_the_frontier_and_the_cheapest_by_gpu_hours_then_energy() -> None:
+    def row(gpu_hours: float, energy: float, shares: list[float], meets: bool) -> dict:
+        return {
+            "gpu_hours_per_day": gpu_hours,
+            "energy_kwh_per_day": energy,
+            "slos": {f"s{k}": {"met_share": s} for k, s in enumerate(shares)},
+            "meets_slos": meets,
+        }
+
+    rows = [
+        row(100, 50, [0.5, 1.0], False),  # cheapest, weakest SLO at 0.5: frontier
+        row(200, 90, [0.95, 1.0], True),  # meets; same cost as the next but more energy
+        row(200, 80, [0.95, 1.0], True),  # meets, less energy: the cheapest
+        row(300, 70, [0.95, 0.99], True),  # dearer and no better: off the frontier
+        row(400, 90, [1.0, 1.0], True),  # dearer but better: frontier
+    ]
+    rows.append(row(150, 60, [0.4, 1.0], False) | {"error": "failed"})
+    mark_frontier(rows)
+    assert [r["frontier"] for r in rows] == [True, False, True, False, True, False]
+    assert cheapest(rows) is rows[2]
+    assert cheapest([rows[0]]) is None
+
+
+def test_a_failing_task_is_retried_and_a_broken_scenario_reported(tmp_path: Path) -> None:
+    inputs, models, request, slos = mixed_sweep()
+    request = narrowed(request, vary=[f"{A100}=1..2", "L40S=0..1"], admissions=["off"], runs=2)
+    clean = run_sweep(inputs, models, request, slos, LocalExecutor(2))
+    flaky = FailingTask(str(tmp_path), flaky=True)
+    retried = run_sweep(inputs, models, request, slos, LocalExecutor(2), task_fn=flaky)
+    assert len(list(tmp_path.iterdir())) == retried["tasks"]  # every task failed once ...
+    assert without_timings(retried) == without_timings(clean)  # ... and was retried to the same answer
+
+    broken = FailingTask(str(tmp_path), broken=2)
+    doc = run_sweep(inputs, models, request, slos, LocalExecutor(2), task_fn=broken)
+    assert [f["scenario"] for f in doc["failed"]] == [2]
+    assert "broken on purpose" in doc["failed"][0]["error"] and "2 times" in doc["failed"][0]["error"]
+    assert "error" in doc["scenarios"][2] and not doc["scenarios"][2]["meets_slos"]
+    others = [k for k in range(len(doc["scenarios"])) if k != 2]
+    assert [doc["scenarios"][k]["slos"] for k in others] == [clean["scenarios"][k]["slos"] for k in others]
+
+
+def test_a_worker_that_dies_does_not_hang_the_sweep(tmp_path: Path) -> None:
+    inputs, models, request, slos = mixed_sweep()
+    request = narrowed(request, vary=[f"{A100}=1..1"], runs=2, admissions=["off"])
+    doc = run_sweep(
+        inputs,
+        models,
+        request,
+        slos,
+        LocalExecutor(2),
+        task_fn=FailingTask(str(tmp_path), broken=0, die=True),
+    )
+    assert 0 in [f["scenario"] for f in doc["failed"]]
+    assert "died" in doc["failed"][0]["error"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("NVIDIA-A100-SXM4-80GB=1..6", (A100, 1, 6)),
+        ("A100-SXM = 2", (A100, 2, 2)),
+        ("L40S=0..4", ("L40S", 0, 4)),
+    ],
+)
+def test_vary_ranges_are_read_from_text(text: str, expected: tuple[str, int, int]) -> None:
+    vary = VaryRange.model_validate(text)
+    assert (vary.gpu_model, vary.min, vary.max) == expected
+
+
+@pytest.mark.parametrize("text", ["A100", "A100=5..2", "=1..2", "A100=-1..2"])
+def test_bad_vary_ranges_are_refused(text: str) -> None:
+    with pytest.raises(ValidationError):
+        VaryRange.model_validate(text)
+
+
+CLUSTER = f"nodes:\n  - {{gpu_model: {A100}, count: 1, gpus_per_node: {GPUS_PER_NODE}}}\n"
+SLO = "slos:\n  - {name: p95 wait under 200 s, metric: wait_p95_s, max: 200}\n"
+
+
+@pytest.fixture
+def plan_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("FINETWIN_RAY_ADDRESS", raising=False)
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    (tmp_path / "slo.yaml").write_text(SLO)
+    write_jobs_csv(mmc_inputs(jobs=1500).workload, tmp_path / "jobs.csv")
+    return tmp_path / "cluster.yaml", tmp_path / "jobs.csv", tmp_path / "slo.yaml"
+
+
+def plan_argv(files: tuple[Path, Path, Path], *extra: str) -> list[str]:
+    cluster, jobs, slo = files
+    return ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--slo", str(slo),
+            "--vary", f"{A100}=2..5", "--policy", "fifo,backfill", "--runs", "2", *extra]  # fmt: skip
+
+
+def test_plan_command_prints_the_json_of_the_issue(
+    plan_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(plan_argv(plan_files, "--workers", "1", "--json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["executor"] == "local" and doc["tasks"] == 8
+    scenario_keys = {"nodes", "policy", "admission", "slos", "meets_slos", "gpu_hours_per_day",
+                     "energy_kwh_per_day", "frontier", "unplaceable_share"}  # fmt: skip
+    for row in doc["scenarios"]:
+        assert set(row) == scenario_keys
+        assert set(row["slos"]["p95 wait under 200 s"]) == {"attainment", "met_share"}
+        assert set(row["slos"]["p95 wait under 200 s"]["attainment"]) == {"mean", "p10", "p90"}
+    assert [(r["nodes"][A100], r["policy"]) for r in doc["scenarios"]] == [
+        (n, p) for n in range(2, 6) for p in ("fifo", "backfill")
+    ]
+    assert doc["cheapest"] in doc["scenarios"] and doc["cheapest"]["frontier"]
+
+
+def test_plan_command_table_and_bad_input(
+    plan_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(plan_argv(plan_files, "--workers", "1")) == 0
+    out = capsys.readouterr().out
+    assert "cheapest:" in out and "* = frontier" in out
+    assert main(plan_argv(plan_files, "--vary", "L40S=3..1")) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(plan_argv(plan_files, "--policy", "lifo")) == 2
+    assert "policies" in capsys.readouterr().err
+    cluster, _jobs, slo = plan_files
+    assert main(["plan", "--workload", str(_jobs), "--vary", f"{A100}=1..2"]) == 2
+    assert "--cluster" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""The twin's clock is the telemetry's: forecasts start at the newest event time when the two disagree, and
+the arrival process is learned from the last window of telemetry time."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.twin.test_store import NOW, populate
+from twin.clock import TELEMETRY, WALL, choose_now, twin_clock
+from twin.db import session_scope
+from twin.forecast import ForecastOptions, forecast
+from twin.live_state import load_live_inputs
+from twin.store import TelemetryEvent
+from twin.uncalibrated import FallbackModels
+
+
+def add_events(engine: Engine, times: list[datetime], cluster_id: str = "default") -> None:
+    with session_scope(engine) as session:
+        for ts in times:
+            session.add(
+                TelemetryEvent(event_id=str(uuid.uuid4()), type="job.progress", ts=ts, cluster_id=cluster_id,
+                               job_id="x", payload={}, received_at=datetime.now(UTC))
+            )  # fmt: skip
+
+
+def test_the_wall_clock_serves_within_the_tolerance_and_the_telemetry_beyond_it() -> None:
+    wall = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    assert choose_now(wall, None) == (wall, WALL)
+    close = wall - timedelta(minutes=2)
+    assert choose_now(wall, close, tolerance_s=300) == (wall, WALL)
+    for far in (wall - timedelta(days=700), wall + timedelta(hours=40)):  # a dated replay; a fast one
+        assert choose_now(wall, far, tolerance_s=300) == (far, TELEMETRY)
+
+
+def test_the_clock_reads_the_newest_event_of_its_own_cluster(engine: Engine) -> None:
+    assert twin_clock(engine).telemetry_latest is None
+    add_events(engine, [NOW - timedelta(hours=5), NOW, NOW - timedelta(hours=1)])
+    add_events(engine, [NOW + timedelta(days=3)], cluster_id="other")
+    clock = twin_clock(engine, "default", wall=NOW + timedelta(days=400))
+    assert clock.source == TELEMETRY and clock.now == NOW
+    assert clock.telemetry_earliest == NOW - timedelta(hours=5)
+    assert clock.lag_s == pytest.approx(400 * 86400.0)
+
+
+def test_a_forecast_of_old_telemetry_starts_at_its_newest_event_and_sees_its_arrivals(engine: Engine) -> None:
+    # The store's cluster lived two days up to NOW, long before the wall clock's today.
+    populate(engine, NOW)
+    add_events(engine, [NOW - timedelta(hours=48), NOW])
+    inputs = load_live_inputs(engine, lookback=timedelta(days=7))
+    assert inputs.start == NOW
+    assert inputs.clock is not None and inputs.clock["source"] == TELEMETRY
+    assert any("telemetry's newest time" in note for note in inputs.notes)
+    # 52 submissions in the 48 hours the telemetry covers: 26 a day. A window of 7 days of wall time would
+    # have diluted it to 7.4, and one ending at the wall clock would have seen none.
+    assert inputs.arrivals is not None and inputs.arrivals.daily_jobs == pytest.approx(26.0)
+    assert sorted(inputs.workload.job_ids) == ["queued-1", "running-1"]
+    document = forecast(inputs, FallbackModels(), ForecastOptions(horizon_s=6 * 3600.0, runs=2, workers=1))
+    assert document["start"] == NOW.isoformat() and document["arrivals_per_day"] == pytest.approx(26.0)
+    assert document["clock"]["source"] == TELEMETRY
+    assert document["known_jobs"]["total"] == 2

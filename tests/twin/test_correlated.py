@@ -1,0 +1,151 @@
+"""Correlated model errors: with a common shock of known size shared by the jobs of one error family, the
+ensemble's spread of GPU-hours matches its analytical value; without it, errors average out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from tests.twin.conftest import A100, one_node
+from twin.domain import JobConfig
+from twin.ensemble import EnsembleSpec, run_ensemble
+from twin.plan import _Z90, PreparedCatalog, prepare_catalog
+from twin.slo_attainment import SloSet
+from twin.workload import Workload
+
+# The band: p10 and p90 at a factor 1.25 either side of p50 (a symmetric log-normal band).
+WIDTH = 1.25
+SIGMA = np.log(WIDTH) / _Z90
+
+
+class SharedErrorModels:
+    """1000 tokens/s per job, band x/÷1.25, never fails; `rho` of the error shared within a family."""
+
+    def __init__(self, rho: float | None) -> None:
+        self.rho = rho
+
+    def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.tile([1000.0 / WIDTH, 1000.0, 1000.0 * WIDTH], (len(configs), 1))
+
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.ones(len(configs))
+
+    def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.full(len(configs), 300.0)
+
+
+class CorrelatedModels(SharedErrorModels):
+    def predict_error_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.full(len(configs), self.rho)
+
+
+def one_family_workload(n: int) -> Workload:
+    """n one-GPU jobs of one configuration family (batch sizes differ), 3.6e6 tokens each (1 h at p50)."""
+    catalog = [JobConfig("llama3-70b", "lora", A100, 1, 1, b, 1024) for b in (1, 2, 4, 8)]
+    return Workload(
+        job_ids=[f"j{i}" for i in range(n)],
+        arrival_s=np.zeros(n),
+        gpus=np.ones(n, dtype=np.int64),
+        gpu_models=[A100] * n,
+        duration_s=np.full(n, np.nan),
+        work_tokens=np.full(n, 3.6e6),
+        config_idx=np.arange(n) % len(catalog),
+        catalog=catalog,
+    )
+
+
+def gpu_hours_spread(catalog: PreparedCatalog, workload: Workload, runs: int) -> np.ndarray:
+    spec = EnsembleSpec(cluster=one_node(), workload=workload, catalog=catalog, slos=SloSet(slos=[]))
+    return np.array([o.summary["gpu_hours"] for o in run_ensemble(spec, runs, workers=1)])
+
+
+@pytest.mark.parametrize("rho", [0.25, 0.6])
+def test_a_common_shock_spreads_gpu_hours_by_its_analytical_value(rho: float) -> None:
+    n, runs = 400, 300
+    workload = one_family_workload(n)
+    catalog = prepare_catalog(workload.catalog, CorrelatedModels(rho))
+    assert catalog.error_correlation is not None and np.allclose(catalog.error_correlation, rho)
+    hours = gpu_hours_spread(catalog, workload, runs)
+    # A job's run time is 1 h * exp(-sigma z), z = sqrt(rho) s + sqrt(1 - rho) e: over many jobs the own
+    # errors e average out, so log(GPU-hours) = const - sigma sqrt(rho) s, s ~ N(0, 1) shared by the run.
+    # Its standard deviation across runs is sigma*sqrt(rho) (plus the own errors' share, sigma^2(1-rho)/n).
+    expected = np.sqrt(SIGMA**2 * rho + SIGMA**2 * (1 - rho) / n)
+    assert np.std(np.log(hours), ddof=1) == pytest.approx(expected, rel=0.15)
+    # And the mean over runs stays where independent draws put it: E[exp(-sigma z)] = exp(sigma^2 / 2).
+    assert hours.mean() == pytest.approx(n * np.exp(SIGMA**2 / 2), rel=0.05)
+
+
+def test_independent_errors_average_out_over_many_jobs() -> None:
+    n, runs = 400, 100
+    workload = one_family_workload(n)
+    independent = prepare_catalog(workload.catalog, SharedErrorModels(None))  # no correlation method
+    assert independent.error_correlation is not None and not independent.error_correlation.any()
+    spread = np.std(np.log(gpu_hours_spread(independent, workload, runs)), ddof=1)
+    # The own errors' share only: sigma * sqrt(e^{sigma^2} - 1)-ish / sqrt(n), about sigma / sqrt(n).
+    assert spread == pytest.approx(SIGMA / np.sqrt(n), rel=0.25)
+    shared = np.std(np.log(gpu_hours_spread(independent.with_correlation(0.5), workload, runs)), ddof=1)
+    assert shared > 10 * spread
+
+
+def test_families_draw_their_own_shocks_and_runs_pair_across_scenarios() -> None:
+    catalog_configs = [
+        JobConfig("llama3-70b", "lora", A100, 1, 1, 4, 1024),
+        JobConfig("mistral-7b", "full", A100, 1, 1, 4, 1024),
+    ]
+    n = 600
+    workload = Workload(
+        job_ids=[f"j{i}" for i in range(n)], arrival_s=np.zeros(n), gpus=np.ones(n, dtype=np.int64),
+        gpu_models=[A100] * n, duration_s=np.full(n, np.nan), work_tokens=np.full(n, 3.6e6),
+        config_idx=np.arange(n) % 2, catalog=catalog_configs,
+    )  # fmt: skip
+    from twin.plan import build_plan
+    from twin.randomness import run_key
+
+    catalog = prepare_catalog(catalog_configs, CorrelatedModels(0.9))
+    means = []
+    for index in range(40):
+        key = run_key(np.random.default_rng([0, index]))
+        plan = build_plan(workload, catalog, one_node(), key)
+        hold = plan.hold_s[np.argsort(plan.row)]
+        means.append([np.log(hold[0::2]).mean(), np.log(hold[1::2]).mean()])
+        again = build_plan(workload, catalog, one_node(), key)
+        assert np.array_equal(plan.hold_s, again.hold_s)  # the same run key, the same draws
+    means_array = np.array(means)
+    # Each family moves with its own shock: strongly spread across runs, barely correlated with the other.
+    assert np.std(means_array[:, 0]) > 0.5 * SIGMA
+    assert abs(np.corrcoef(means_array.T)[0, 1]) < 0.5
+
+
+class HeavyTailedModels(SharedErrorModels):
+    """Errors that are normal but for a slow tail: 5 % of jobs run at z = -8 band units (2.6x slower)."""
+
+    def predict_error_quantiles(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        from scipy.special import ndtri
+
+        from twin.families import ERROR_QUANTILE_LEVELS
+
+        table = np.where(ERROR_QUANTILE_LEVELS <= 0.05, -8.0, ndtri(ERROR_QUANTILE_LEVELS))
+        return np.tile(table, (len(configs), 1))
+
+
+def test_jobs_draw_their_errors_from_the_models_error_distribution() -> None:
+    from twin.plan import build_plan
+    from twin.randomness import run_key
+
+    n = 4000
+    workload = one_family_workload(n)
+    catalog = prepare_catalog(workload.catalog, HeavyTailedModels(None))
+    plan = build_plan(workload, catalog, one_node(), run_key(np.random.default_rng(7)))
+    slowdown = plan.hold_s / 3600.0  # 1 h at p50
+    z = -np.log(slowdown) / SIGMA
+    # The table's tail: about 5 % of the jobs 8 band units slow (interpolation spreads a little around it).
+    assert np.mean(z < -7.0) == pytest.approx(0.045, abs=0.01)
+    assert np.mean(z < -9.0) == 0.0  # nothing beyond the table's last level
+    # In the body, the band still holds: about 80 % between p10 and p90.
+    assert np.mean(np.abs(z) <= _Z90 + 1e-9) == pytest.approx(0.8, abs=0.03)
+    # Without the table the same draws stay within 3 band units (a normal, clipped).
+    normal = prepare_catalog(workload.catalog, SharedErrorModels(None))
+    plain = build_plan(workload, normal, one_node(), run_key(np.random.default_rng(7)))
+    assert np.max(np.abs(np.log(plain.hold_s / 3600.0))) <= 3 * SIGMA + 1e-9

@@ -1,0 +1,173 @@
+"""Every stored forecast is scored against what the store recorded: hand-made forecasts against hand-made
+actuals, with errors and coverage computed by hand."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+from sqlalchemy import Engine
+
+from twin.actuals import actual_series, load_job_times
+from twin.db import session_scope
+from twin.forecast_store import save_forecast
+from twin.skill import forecast_vs_actual, score_due, score_intervals, skill, summarize_scores
+from twin.store import Job, Node, ObservedRun
+
+T0 = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+def band(mean: list[float], p10: list[float], p90: list[float]) -> dict[str, list[float]]:
+    return {"mean": mean, "p10": p10, "p90": p90}
+
+
+def document(start: datetime = T0) -> dict[str, object]:
+    return {
+        "start": start.isoformat(),
+        "horizon_s": 7200.0,
+        "series": {
+            "t_s": [0.0, 3600.0],
+            "interval_end_s": [3600.0, 7200.0],
+            "utilization": band([0.5, 0.5], [0.4, 0.4], [0.6, 0.6]),
+            "queue_length": band([2.0, 2.0], [1.0, 1.0], [3.0, 3.0]),
+            "running_jobs": band([1.0, 1.0], [0.5, 1.0], [1.5, 2.0]),
+            "jobs_completed": band([0.0, 1.0], [0.0, 0.0], [0.0, 2.0]),
+            "jobs_failed": band([0.0, 0.0], [0.0, 0.0], [0.0, 0.0]),
+            "energy_kwh": band([1.0, 1.0], [0.4, 0.4], [1.2, 1.2]),
+            "utilization_by_type": {A100: band([0.5, 0.5], [0.4, 0.4], [0.6, 0.6])},
+        },
+    }
+
+
+UTILIZATION_SKILL = {"mape": 0.5, "wape": 0.25 / 0.75, "mae": 0.125, "bias": 0.125, "coverage": 0.5, "n": 2}
+
+
+def test_a_forecast_against_actuals_gives_hand_computed_errors_and_coverage() -> None:
+    actual = {"utilization": np.array([0.25, 0.5]), "queue_length": np.array([4.0, 2.0])}
+    scores = score_intervals(document(), actual, range(2))
+    by = {(s.figure, s.index): s for s in scores}
+    assert set(by) == {("utilization", 0), ("utilization", 1), ("queue_length", 0), ("queue_length", 1)}
+    assert by["utilization", 0].error == pytest.approx(0.25) and not by["utilization", 0].inside
+    assert by["utilization", 1].error == 0.0 and by["utilization", 1].inside
+    assert by["queue_length", 0].error == -2.0 and not by["queue_length", 0].inside
+    summary = summarize_scores((s.figure, s.mean, s.actual, s.inside) for s in scores)
+    # |0.5 - 0.25| / 0.25 = 1.0 and 0: MAPE 0.5; |2 - 4| / 4 = 0.5 and 0: MAPE 0.25.
+    # WAPE: total |error| over total actual, 0.25 / 0.75 and 2 / 6.
+    assert summary["utilization"] == UTILIZATION_SKILL
+    assert summary["queue_length"] == {
+        "mape": 0.25, "wape": 2.0 / 6.0, "mae": 1.0, "bias": -1.0, "coverage": 0.5, "n": 2
+    }  # fmt: skip
+
+
+def store_history(engine: Engine) -> None:
+    """One 8-GPU node. A: queued 0-30 min, runs 30-90 min on 4 GPUs at a measured 250 W, completes.
+    B: queued 45-60 min, runs from 60 min on 2 GPUs at 100 W (still running). C: rejected at once."""
+    m = timedelta(minutes=1)
+    config = {"model_name": "llama3-8b", "method": "lora", "gpu_model": A100, "number_nodes": 1,
+              "batch_size": 16, "tokens_per_sample": 1024, "updated_at": T0}  # fmt: skip
+    with session_scope(engine) as session:
+        session.add(Node(node_id="n0", gpu_model=A100, gpu_count=8, status="up", updated_at=T0))
+        session.add(Job(job_id="A", state="completed", number_gpus=4, submitted_at=T0, started_at=T0 + 30 * m,
+                        ended_at=T0 + 90 * m, **config))  # fmt: skip
+        session.add(Job(job_id="B", state="running", number_gpus=2, submitted_at=T0 + 45 * m,
+                        started_at=T0 + 60 * m, last_power_watts=100.0, **config))  # fmt: skip
+        session.add(Job(job_id="C", state="rejected", number_gpus=3, submitted_at=T0 + 10 * m,
+                        ended_at=T0 + 10 * m, **config))  # fmt: skip
+        session.add(Job(job_id="old", state="completed", number_gpus=8, submitted_at=T0 - 300 * m,
+                        started_at=T0 - 290 * m, ended_at=T0 - 200 * m, **config))  # fmt: skip
+        session.flush()
+        session.add(ObservedRun(job_id="A", is_valid=1, observed_at=T0 + 90 * m, gpu_power_watts_avg=250.0))
+
+
+def test_actuals_per_interval_from_the_store(engine: Engine) -> None:
+    store_history(engine)
+    times = load_job_times(engine, "default", T0, T0 + timedelta(hours=2))
+    assert sorted(times.gpu_models) == [A100] * 3  # "old" ended before the window
+    actual = actual_series(times, [0.0, 3600.0, 7200.0])
+    expected = {
+        "utilization": [4 * 1800 / (8 * 3600), (4 * 1800 + 2 * 3600) / (8 * 3600)],
+        "utilization/" + A100: [0.25, 0.5],
+        "queue_length": [(1800 + 900) / 3600, 0.0],
+        "running_jobs": [0.5, 1.5],
+        "jobs_completed": [0.0, 1.0],
+        "jobs_failed": [0.0, 0.0],
+        "energy_kwh": [1800 * 4 * 250 / 3.6e6, (1800 * 4 * 250 + 3600 * 2 * 100) / 3.6e6],
+    }
+    assert set(actual) == set(expected)
+    for name, values in expected.items():
+        assert actual[name].tolist() == pytest.approx(values), name
+
+
+def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engine) -> None:
+    store_history(engine)
+    forecast_id = save_forecast(engine, document(), cluster_id="default")
+    # Half-way through the second interval only the first one is scored ...
+    assert score_due(engine, "default", T0 + timedelta(minutes=90)) == 7
+    assert skill(engine, "default")["intervals"] == 7
+    # ... then the second, and nothing twice.
+    assert score_due(engine, "default", T0 + timedelta(hours=3)) == 7
+    assert score_due(engine, "default", T0 + timedelta(hours=3)) == 0
+    result = skill(engine, "default")
+    assert result["scored"] == 1 and result["intervals"] == 14
+    figures = result["figures"]
+    # utilization: forecast 0.5 twice against 0.25 and 0.5.
+    assert figures["utilization"] == UTILIZATION_SKILL
+    # queue: 2 against 0.75 (outside 1-3) and against 0 (outside; no MAPE on a zero actual).
+    assert figures["queue_length"]["coverage"] == 0.0
+    assert figures["queue_length"]["mape"] == pytest.approx(1.25 / 0.75)
+    # running jobs: 0.5 inside [0.5, 1.5], 1.5 inside [1, 2].
+    assert figures["running_jobs"]["coverage"] == 1.0
+    assert figures["jobs_completed"]["coverage"] == 1.0 and figures["jobs_completed"]["mae"] == 0.0
+    # energy: 0.5 and 0.7 kWh, both inside [0.4, 1.2]; forecast 1.0: MAPE (0.5/0.5 + 0.3/0.7) / 2.
+    assert figures["energy_kwh"]["coverage"] == 1.0
+    assert figures["energy_kwh"]["mape"] == pytest.approx((1.0 + 0.3 / 0.7) / 2)
+    assert figures["utilization/" + A100]["n"] == 2
+    # A window that starts after the first interval keeps the second only.
+    later = skill(engine, "default", since=T0 + timedelta(minutes=30))
+    assert later["figures"]["utilization"]["n"] == 1 and later["figures"]["utilization"]["coverage"] == 1.0
+    view = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
+    assert view is not None and view["forecast_id"] == forecast_id and view["intervals_passed"] == 1
+    assert view["age_s"] == 5400.0
+    assert view["figures"]["utilization"]["actual"] == [0.25, None]
+
+
+def test_skill_over_http_prometheus_and_the_cli(
+    engine: Engine, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from advisor.app import create_app
+    from tests.conftest import api_headers
+    from twin.cli import main
+    from twin.settings import Settings
+
+    store_history(engine)
+    save_forecast(engine, document(), cluster_id="default")
+    score_due(engine, "default", T0 + timedelta(hours=3))
+    expected = skill(engine, "default")
+    settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False)
+    with TestClient(create_app(settings, engine, run_migrations=False)) as client:
+        headers = api_headers(engine, "viewer")
+        assert client.get("/v1/forecast/skill").status_code == 401
+        served = client.get("/v1/forecast/skill", headers=headers).json()
+        assert served["figures"] == expected["figures"] and served["scored"] == 1
+        assert "clock" in served
+        since = client.get("/v1/forecast/skill", params={"since": "2025-03-01T00:30:00Z"}, headers=headers)
+        assert since.json()["figures"]["utilization"]["n"] == 1
+        bad = client.get("/v1/forecast/skill", params={"since": "last tuesday"}, headers=headers)
+        assert bad.status_code == 422 and "since" in bad.json()["detail"]
+        metrics = client.get("/metrics").text
+        assert 'finetwin_forecast_coverage{figure="utilization"} 0.5' in metrics
+        assert 'finetwin_forecast_scored_intervals{figure="queue_length"} 2.0' in metrics
+        view = client.get("/v1/forecast/vs-actual", headers=headers).json()
+        assert view["intervals_passed"] == 2 and view["figures"]["utilization"]["actual"] == [0.25, 0.5]
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    assert main(["forecast", "--skill", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["figures"] == expected["figures"]
+    assert main(["forecast", "--skill"]) == 0
+    table = capsys.readouterr().out
+    assert "utilization" in table and "50.0%" in table

@@ -1,0 +1,90 @@
+"""The twin's clock is the telemetry's clock.
+
+A cluster's telemetry carries its own time (each event's `ts`). A replay runs that time faster than the wall
+clock, a backlog runs it behind, and a cluster whose clock is off runs it beside: whenever the newest event
+time and the wall clock disagree by more than a few minutes, the twin believes the telemetry, so a forecast
+starts where the cluster is, not where the machine that watches it is. Within the tolerance the wall clock
+is the better "now" (a quiet cluster sends nothing for minutes, and time still passes for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine, func
+from sqlmodel import Session, select
+
+from twin.store import TelemetryEvent
+
+# "A few minutes": a quiet cluster may send nothing for this long without the twin's clock leaving the wall.
+DEFAULT_TOLERANCE_S = 300.0
+TELEMETRY, WALL = "telemetry", "wall"
+
+
+def as_utc(ts: datetime) -> datetime:
+    """SQLite hands back naive datetimes; the store writes UTC."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class TwinClock:
+    """Where the twin stands in time: `now` is a forecast's time 0."""
+
+    now: datetime
+    source: str  # TELEMETRY or WALL: which clock `now` was read from
+    wall: datetime
+    telemetry_latest: datetime | None  # the newest event time of the cluster's telemetry
+    telemetry_earliest: datetime | None  # the oldest: history before it is not history, just no telemetry
+
+    @property
+    def lag_s(self) -> float | None:
+        """Wall minus telemetry time (positive: the telemetry is behind the wall clock)."""
+        if self.telemetry_latest is None:
+            return None
+        return (self.wall - self.telemetry_latest).total_seconds()
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "now": self.now.isoformat(),
+            "wall": self.wall.isoformat(),
+            "telemetry_latest": self.telemetry_latest.isoformat() if self.telemetry_latest else None,
+            "telemetry_lag_s": self.lag_s,
+        }
+
+
+def telemetry_span(engine: Engine, cluster_id: str) -> tuple[datetime | None, datetime | None]:
+    """The oldest and newest event time of a cluster's telemetry (None, None without any)."""
+    with Session(engine) as session:
+        earliest, latest = session.exec(
+            select(func.min(TelemetryEvent.ts), func.max(TelemetryEvent.ts)).where(
+                TelemetryEvent.cluster_id == cluster_id
+            )
+        ).one()
+    return (as_utc(earliest) if earliest else None, as_utc(latest) if latest else None)
+
+
+def choose_now(
+    wall: datetime, telemetry_latest: datetime | None, tolerance_s: float = DEFAULT_TOLERANCE_S
+) -> tuple[datetime, str]:
+    """The telemetry's newest time when it disagrees with the wall clock by more than `tolerance_s`."""
+    wall = as_utc(wall)
+    if telemetry_latest is None:
+        return wall, WALL
+    if abs((wall - telemetry_latest).total_seconds()) > tolerance_s:
+        return telemetry_latest, TELEMETRY
+    return wall, WALL
+
+
+def twin_clock(
+    engine: Engine,
+    cluster_id: str = "default",
+    *,
+    wall: datetime | None = None,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+) -> TwinClock:
+    wall = as_utc(wall or datetime.now(UTC))
+    earliest, latest = telemetry_span(engine, cluster_id)
+    now, source = choose_now(wall, latest, tolerance_s)
+    return TwinClock(now=now, source=source, wall=wall, telemetry_latest=latest, telemetry_earliest=earliest)

@@ -1,0 +1,48 @@
+"""What the store and Python can hold: the bounds every value that enters finetwin is checked against.
+
+One place for them, so that the telemetry contract (`ingest.events`, and its msgspec mirror), the job
+configuration and the code that reads stored rows back agree. A value outside these bounds is refused where
+it enters (telemetry: dead-lettered with reason `schema`), never passed on to fail in the database, in
+`datetime` arithmetic or in a simulation.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+# Integer columns are PostgreSQL `integer` (4 bytes); SQLite holds 8, so the smaller range is the store's.
+STORE_INT_MAX = 2**31 - 1
+
+# An event's time must lie within this much of the receiving clock, either way. Far enough for any backfill
+# of recorded telemetry and any sensible clock skew setting; near enough that every store and Python hold it
+# once converted to UTC (`9999-12-31T23:59:59-01:00` is year 10000 in UTC, `0001-01-01T00:00:00+01:00` is
+# 1 BC: PostgreSQL stores both and then no Python can read them back; SQLite's driver cannot even write them).
+EVENT_TIME_WINDOW = timedelta(days=3653)  # ten years
+
+# How far ahead of the worker's clock an event may be dated before it is dead-lettered (`clock_skew`):
+# the default of FINETWIN_MAX_CLOCK_SKEW.
+DEFAULT_MAX_CLOCK_SKEW = timedelta(hours=1)
+
+# Text the store can hold: PostgreSQL refuses NUL in `text` and `json`. (A lone UTF-16 surrogate, which
+# JSON's `\ud800` escape stands for, cannot be encoded as UTF-8 for any database either; pydantic and
+# msgspec refuse it already, and this check does too.)
+STORABLE_TEXT_PATTERN = "^[^\x00\ud800-\udfff]*$"  # Python `re` (msgspec's patterns are too)
+STORABLE_TEXT = re.compile(STORABLE_TEXT_PATTERN)
+
+
+def is_storable_text(text: str) -> bool:
+    return STORABLE_TEXT.match(text) is not None
+
+
+def time_window(now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The earliest and latest event times accepted at `now` (default: this machine's clock)."""
+    now = now or datetime.now(UTC)
+    return now - EVENT_TIME_WINDOW, now + EVENT_TIME_WINDOW
+
+
+def within_time_window(ts: datetime, now: datetime | None = None) -> bool:
+    """Whether an aware time lies in the window around `now` (compared as instants, never converted: a time
+    at the edge of `datetime`'s range cannot always be converted to UTC)."""
+    earliest, latest = time_window(now)
+    return earliest <= ts <= latest

@@ -1,0 +1,267 @@
+"""Every stored forecast scored against what happened.
+
+As the telemetry's time passes the end of an interval of a stored forecast, that interval's figures are
+compared with what the store recorded for it (`twin.actuals`): per figure and interval, the error of the
+forecast's mean and whether the actual lay inside its p10-p90 band. The skill of the twin over a window is
+then, per figure: the mean absolute percentage error (over intervals whose actual is not 0), the weighted
+one (total absolute error over total actual: not dominated by nearly idle intervals), the mean absolute
+error, the bias, and the coverage (the share of intervals whose actual lay inside the band; an
+honest p10-p90 band holds about 0.8 of them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, func
+from sqlmodel import Session, col, select
+
+from twin.actuals import BY_TYPE, OVERALL_FIGURES, JobTimes, actual_series, load_job_times
+from twin.clock import as_utc
+from twin.db import session_scope
+from twin.forecast_store import STANDING, ForecastScore, StoredForecast, stored_forecasts
+from twin.store import utcnow
+
+# Within this, an actual on the band's edge counts as inside (a forecast of 0 jobs and 0 that happened), and
+# an actual this close to 0 has no percentage error (floating-point crumbs of an idle GPU type).
+_EDGE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalScore:
+    figure: str
+    index: int
+    start_s: float  # seconds from the forecast's start
+    end_s: float
+    mean: float
+    p10: float
+    p90: float
+    actual: float
+
+    @property
+    def error(self) -> float:
+        return self.mean - self.actual
+
+    @property
+    def inside(self) -> bool:
+        return self.p10 - _EDGE <= self.actual <= self.p90 + _EDGE
+
+
+def forecast_bands(document: Mapping[str, Any]) -> dict[str, dict[str, list[float | None]]]:
+    """The scored figures of a forecast document's series: name -> {mean, p10, p90} per interval."""
+    series = document.get("series") or {}
+    bands: dict[str, dict[str, list[float | None]]] = {}
+    for name in OVERALL_FIGURES:
+        if isinstance(series.get(name), dict):
+            bands[name] = series[name]
+    for gpu, band in (series.get("utilization_by_type") or {}).items():
+        bands[BY_TYPE + gpu] = band
+    return bands
+
+
+def interval_edges(document: Mapping[str, Any]) -> np.ndarray:
+    series = document.get("series") or {}
+    starts, ends = series.get("t_s") or [], series.get("interval_end_s") or []
+    if not ends:
+        return np.zeros(0)
+    return np.asarray([starts[0], *ends], dtype=float)
+
+
+def score_intervals(
+    document: Mapping[str, Any], actual: Mapping[str, np.ndarray], intervals: Iterable[int]
+) -> list[IntervalScore]:
+    """The forecast's intervals `intervals` against `actual` (figure -> per interval, same intervals as the
+    forecast's series). A figure the actuals lack, or an interval whose band has no value, is not scored."""
+    edges = interval_edges(document)
+    bands = forecast_bands(document)
+    scores: list[IntervalScore] = []
+    wanted = list(intervals)
+    for name, band in bands.items():
+        values = actual.get(name)
+        if values is None:
+            continue
+        for i in wanted:
+            mean, p10, p90 = band["mean"][i], band["p10"][i], band["p90"][i]
+            if mean is None or p10 is None or p90 is None or not math.isfinite(float(values[i])):
+                continue
+            scores.append(
+                IntervalScore(name, i, float(edges[i]), float(edges[i + 1]), mean, p10, p90, float(values[i]))
+            )
+    return scores
+
+
+def summarize_scores(
+    rows: Iterable[tuple[str, float, float, bool]],
+) -> dict[str, dict[str, float | int | None]]:
+    """Per figure, from (figure, forecast mean, actual, inside) rows: mape, mae, bias, coverage, n."""
+    by_figure: dict[str, list[tuple[float, float, bool]]] = {}
+    for figure, mean, actual, inside in rows:
+        by_figure.setdefault(figure, []).append((mean, actual, inside))
+    out: dict[str, dict[str, float | int | None]] = {}
+    for figure, values in sorted(by_figure.items()):
+        mean = np.array([v[0] for v in values], dtype=float)
+        actual = np.array([v[1] for v in values], dtype=float)
+        inside = np.array([v[2] for v in values], dtype=bool)
+        nonzero = np.abs(actual) > _EDGE
+        total = float(np.abs(actual).sum())
+        out[figure] = {
+            "mape": float(np.mean(np.abs(mean[nonzero] - actual[nonzero]) / np.abs(actual[nonzero])))
+            if nonzero.any()
+            else None,
+            "wape": float(np.abs(mean - actual).sum() / total) if total > _EDGE else None,
+            "mae": float(np.mean(np.abs(mean - actual))),
+            "bias": float(np.mean(mean - actual)),
+            "coverage": float(inside.mean()),
+            "n": int(len(values)),
+        }
+    return out
+
+
+# --- scoring the stored forecasts ---------------------------------------------------------------------------
+
+
+def _scored_counts(engine: Engine, forecast_ids: Sequence[int]) -> dict[int, int]:
+    """How many intervals of each forecast are scored (the next one to score is that index)."""
+    if not forecast_ids:
+        return {}
+    with Session(engine) as session:
+        rows = session.exec(
+            select(ForecastScore.forecast_id, func.max(ForecastScore.interval_index))
+            .where(col(ForecastScore.forecast_id).in_(list(forecast_ids)))
+            .group_by(ForecastScore.forecast_id)
+        ).all()
+    return {int(fid): int(top) + 1 for fid, top in rows}
+
+
+def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDING) -> int:
+    """Scores every interval of the cluster's stored forecasts that ended by `now` (telemetry time) and is
+    not scored yet; returns how many interval scores were written. The jobs are read once for all."""
+    now = as_utc(now)
+    pending: list[tuple[StoredForecast, list[int]]] = []
+    forecasts = stored_forecasts(engine, cluster_id=cluster_id, kind=kind)
+    done = _scored_counts(engine, [f.id for f in forecasts if f.id is not None])
+    for stored in forecasts:
+        assert stored.start is not None and stored.id is not None
+        edges = interval_edges(stored.document)
+        if len(edges) < 2:
+            continue
+        elapsed = (now - as_utc(stored.start)).total_seconds()
+        ready = int(np.searchsorted(edges[1:], elapsed, side="right"))  # intervals whose end <= elapsed
+        first = done.get(stored.id, 0)
+        if ready > first:
+            pending.append((stored, list(range(first, ready))))
+    if not pending:
+        return 0
+    origin = min(as_utc(s.start) for s, _ in pending)  # type: ignore[arg-type]
+    times = load_job_times(engine, cluster_id, origin, now)
+    written = 0
+    scored_at = utcnow()
+    with session_scope(engine) as session:
+        for stored, intervals in pending:
+            start = as_utc(stored.start)  # type: ignore[arg-type]
+            scores = _score_one(stored.document, times, start, intervals)
+            for s in scores:
+                session.add(
+                    ForecastScore(
+                        forecast_id=stored.id,  # type: ignore[arg-type]
+                        cluster_id=cluster_id,
+                        figure=s.figure,
+                        interval_index=s.index,
+                        interval_start=start + timedelta(seconds=s.start_s),
+                        interval_end=start + timedelta(seconds=s.end_s),
+                        forecast_mean=float(s.mean),
+                        forecast_p10=float(s.p10),
+                        forecast_p90=float(s.p90),
+                        actual=s.actual,
+                        inside=s.inside,
+                        scored_at=scored_at,
+                    )
+                )
+            written += len(scores)
+    return written
+
+
+def _score_one(
+    document: Mapping[str, Any], times: JobTimes, start: datetime, intervals: Sequence[int]
+) -> list[IntervalScore]:
+    offset = (start - times.origin).total_seconds()
+    edges = interval_edges(document)[: max(intervals) + 2]
+    actual = actual_series(times, edges + offset)
+    return score_intervals(document, actual, intervals)
+
+
+def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dict[str, Any]:
+    """The twin's skill over the scored intervals that start at or after `since` (telemetry time): how many
+    forecasts and interval figures were scored, and per figure {mape, mae, bias, coverage, n}."""
+    with Session(engine) as session:
+        query = select(
+            ForecastScore.forecast_id,
+            ForecastScore.figure,
+            ForecastScore.forecast_mean,
+            ForecastScore.actual,
+            ForecastScore.inside,
+        ).where(ForecastScore.cluster_id == cluster_id)
+        if since is not None:
+            query = query.where(col(ForecastScore.interval_start) >= as_utc(since))
+        rows = session.exec(query).all()
+    return {
+        "since": as_utc(since).isoformat() if since is not None else None,
+        "scored": len({r[0] for r in rows}),
+        "intervals": len(rows),
+        "figures": summarize_scores(
+            (figure, mean, actual, inside) for _, figure, mean, actual, inside in rows
+        ),
+    }
+
+
+def forecast_vs_actual(
+    engine: Engine, cluster_id: str, now: datetime, kind: str = STANDING
+) -> dict[str, Any] | None:
+    """A stored forecast with what happened drawn over it: the newest one that started at least half its
+    horizon ago (so half its band has actuals), else the oldest kept. Per figure: the band per interval
+    and the actual for the intervals that have passed; the forecast's age on the telemetry's clock."""
+    now = as_utc(now)
+    forecasts = stored_forecasts(engine, cluster_id=cluster_id, kind=kind)
+    if not forecasts:
+        return None
+    chosen = forecasts[0]
+    for stored in forecasts:
+        horizon = float(stored.horizon_s or 0.0)
+        if (now - as_utc(stored.start)).total_seconds() >= horizon / 2:  # type: ignore[arg-type]
+            chosen = stored
+    start = as_utc(chosen.start)  # type: ignore[arg-type]
+    edges = interval_edges(chosen.document)
+    elapsed = (now - start).total_seconds()
+    ready = int(np.searchsorted(edges[1:], elapsed, side="right")) if len(edges) > 1 else 0
+    actual: dict[str, np.ndarray] = {}
+    if ready:
+        times = load_job_times(engine, cluster_id, start, now)
+        actual = actual_series(times, edges[: ready + 1])
+    figures = {}
+    for name, band in forecast_bands(chosen.document).items():
+        values = actual.get(name)
+        figures[name] = {
+            "mean": band["mean"],
+            "p10": band["p10"],
+            "p90": band["p90"],
+            "actual": [
+                float(values[i]) if values is not None and i < ready else None
+                for i in range(len(band["mean"]))
+            ],
+        }
+    created = as_utc(chosen.created_at)
+    return {
+        "forecast_id": chosen.id,
+        "start": start.isoformat(),
+        "created_at": created.isoformat(),
+        "age_s": elapsed,  # on the twin's clock: how much telemetry time has passed since it was made
+        "t_s": edges[:-1].tolist(),
+        "interval_end_s": edges[1:].tolist(),
+        "intervals_passed": ready,
+        "figures": figures,
+    }
