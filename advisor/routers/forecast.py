@@ -312,6 +312,7 @@ def get_skill(
 @router.get(
     "/v1/forecast/vs-actual",
     summary="A stored forecast's bands with what then happened, per figure, and its age on the twin's clock",
+    responses={404: {"description": "no stored forecast yet"}},
 )
 def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
     app = request.app
