@@ -575,6 +575,7 @@ def _backtest_from_store(args: argparse.Namespace, settings: Settings) -> int:
                 engine, models, at=at, horizon_s=horizon, cluster_id=settings.cluster_id, runs=args.runs,
                 seed=args.seed, policy=Policy(args.policy), arrivals=args.arrivals, workers=args.workers,
                 model_source=f"calibrated {version} (in use at {at.isoformat()})", progress=tick,
+                ray_address=settings.ray_address,
             )
         )  # fmt: skip
     _emit(document, args.json, _print_store_backtest)

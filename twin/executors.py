@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -160,6 +161,9 @@ class LocalExecutor:
 # --- Ray
 
 
+# One connection per process: two threads (an API's plan and its forecast) must not both call ray.init.
+_RAY_CONNECT = threading.Lock()
+
 # A Ray worker's cache of shared inputs, by object id: fetched from the object store once per worker
 # process, however many of the sweep's tasks that worker runs.
 _RAY_CACHE: dict[str, Any] = {}
@@ -194,17 +198,20 @@ class RayExecutor:
             raise ExecutorUnavailable(
                 "Ray is not installed: pip install 'finetwin[ray]' (or unset FINETWIN_RAY_ADDRESS)"
             ) from exc
-        if not ray.is_initialized():
-            try:
-                ray.init(
-                    address=self.address,
-                    logging_level=logging.WARNING,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ExecutorUnavailable(f"cannot reach the Ray cluster at {self.address}: {exc}") from exc
-            self._connected_here = True
+        with _RAY_CONNECT:
+            if not ray.is_initialized():
+                try:
+                    ray.init(
+                        address=self.address,
+                        logging_level=logging.WARNING,
+                        log_to_driver=False,
+                        configure_logging=False,
+                    )
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    raise ExecutorUnavailable(
+                        f"cannot reach the Ray cluster at {self.address}: {exc}"
+                    ) from exc
+                self._connected_here = True
         return ray
 
     @property
@@ -249,6 +256,8 @@ class RayExecutor:
         return [results[i] for i in range(len(tasks))]
 
     def close(self) -> None:
+        """Disconnect if this executor connected (a command at its end). A long-lived process (the API)
+        does not call it: its forecasts may be using the same connection."""
         if self._connected_here:
             import ray
 

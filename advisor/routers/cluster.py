@@ -18,7 +18,7 @@ class NodeOut(BaseModel):
     gpu_model: str
     gpu_count: int
     status: str
-    updated_at: UtcDatetime
+    updated_at: UtcDatetime | None  # None: stored out of the range a time can be read in (twin.db)
 
 
 class GpuPool(BaseModel):

@@ -115,6 +115,7 @@ def _options(settings: Settings) -> ForecastOptions:
         policy=Policy(settings.forecast_policy),
         plan=PlanOptions(admission=Admission(settings.forecast_admission)),
         workers=settings.forecast_workers,
+        ray_address=settings.ray_address,  # the standing forecast's ensemble on Ray when one is given
     )
 
 
@@ -237,13 +238,16 @@ def get_forecast(request: Request) -> dict[str, Any]:
         created = as_utc(stored.created_at)
         # Its age on the twin's clock (telemetry time since it started) and on the wall's.
         age = (clock.now - as_utc(stored.start)).total_seconds()
-        # Two periods: a missed refresh still serves the last one; an abandoned one does not.
-        if age <= 2 * settings.forecast_every:
+        age_wall = (datetime.now(UTC) - created).total_seconds()
+        # Two periods: a missed refresh still serves the last one; an abandoned one does not. Stale
+        # only on both clocks: a replay at --speed 600 passes two periods of telemetry time in a
+        # second, and every page load would otherwise recompute the ensemble.
+        if age <= 2 * settings.forecast_every or age_wall <= 2 * settings.forecast_min_wall_seconds:
             return stored.document | {
                 "id": stored.id,
                 "stored_at": created.isoformat(),
                 "age_s": age,
-                "age_wall_s": (datetime.now(UTC) - created).total_seconds(),
+                "age_wall_s": age_wall,
             }
     return _unstored_forecast(app, clock)
 
@@ -356,7 +360,16 @@ async def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
 
     def compute() -> dict[str, Any]:
         workers = settings.forecast_workers
-        return run_whatif(inputs, models, body, slos, workers=workers, model_source=source, progress=progress)
+        return run_whatif(
+            inputs,
+            models,
+            body,
+            slos,
+            workers=workers,
+            model_source=source,
+            progress=progress,
+            ray_address=settings.ray_address,
+        )
 
     work = asyncio.ensure_future(run_in_threadpool(compute))
     gone = asyncio.ensure_future(_disconnected(request))
