@@ -31,7 +31,7 @@ CONFIG = {
 
 
 def _app(engine: Engine, tmp_path: Path, **settings: object) -> TestClient:
-    app = create_app(advisor_settings(tmp_path, **settings), engine, run_migrations=False)
+    app = create_app(advisor_settings(tmp_path, **settings), engine)
     app.state.models_in_use = FakeInUse(None)
     return TestClient(app)
 
@@ -186,7 +186,7 @@ def test_a_whatif_stops_when_its_client_disconnects(engine: Engine, tmp_path: Pa
 
     seed_overloaded_cluster(engine, jobs=400, nodes=4)
     viewer = api_headers(engine, "viewer")
-    app = create_app(advisor_settings(tmp_path, forecast_workers=1), engine, run_migrations=False)
+    app = create_app(advisor_settings(tmp_path, forecast_workers=1), engine)
     app.state.models_in_use = FakeInUse(FakeModels())
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
