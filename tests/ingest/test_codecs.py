@@ -15,13 +15,14 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine
 
+from finetwin.schema import migrate
 from ingest.broker import EmbeddedBroker
 from ingest.bus import KafkaBus, UndecodableBatch
 from ingest.events import JobSubmitted, new_event
 from ingest.worker import IngestWorker
 from tests.conftest import unique, wait_for
 from tests.ingest.conftest import IngestProcess, new_topic, store_count
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 EVENTS = 200

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from finetwin.cli import main
 from tests.twin.capacity_cases import FailingTask, mixed_sweep, narrowed
 from tests.twin.conftest import A100
 from twin.capacity import (
@@ -22,7 +23,6 @@ from twin.capacity import (
     scenario_cluster,
     without_timings,
 )
-from twin.cli import main
 from twin.cluster import cluster_from_spec
 from twin.executors import LocalExecutor
 from twin.forecast import ForecastOptions, TwinInputs, forecast
@@ -255,8 +255,9 @@ def test_plan_command_on_the_live_arrival_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without --workload: the store's queue and observed arrivals, over the forecast horizon."""
+    from finetwin.schema import migrate
     from tests.advisor.seed import seed_overloaded_cluster
-    from twin.db import make_engine, migrate
+    from twin.db import make_engine
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = make_engine(url)

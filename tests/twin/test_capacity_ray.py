@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import Engine
 
 import tests.twin.capacity_cases as cases
+from finetwin.cli import main
 from tests.twin.capacity_cases import FailingTask, mixed_sweep, narrowed
 from tests.twin.conftest import A100
 from twin.capacity import run_sweep, without_timings
-from twin.cli import main
 from twin.executors import LocalExecutor, RayExecutor
 from twin.forecast import ForecastOptions, forecast
 
