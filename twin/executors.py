@@ -159,6 +159,8 @@ class LocalExecutor:
                             results[i] = future.result()
                         elif attempts[i] > self.retries:
                             results[i] = TaskFailure("a worker process died running it", attempts[i])
+                    if progress is not None:
+                        progress(len(results), len(tasks))
         return [results[i] for i in range(len(tasks))]
 
 
