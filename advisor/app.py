@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 
 from advisor.auth import V1_PREFIX, authorize
 from advisor.fastpath import RepeatedAdviceFastPath
+from twin.executors import ExecutorUnavailable
 from twin.settings import Settings
 
 # Each module exposes `router` (an APIRouter); optional `startup(app)` / `shutdown(app)` run in the lifespan.
@@ -92,5 +93,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         ]
         detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
         return JSONResponse(status_code=422, content={"detail": detail, "errors": errors})
+
+    @app.exception_handler(ExecutorUnavailable)
+    async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:
+        # FINETWIN_RAY_ADDRESS names a Ray cluster that does not answer: the server's to fix, not the caller.
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
 
     return app
