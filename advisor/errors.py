@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from advisor.auth import V1_PREFIX
+from twin.executors import ExecutorUnavailable
 
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -49,6 +50,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return validation_error_response(exc)
+
+    @app.exception_handler(ExecutorUnavailable)
+    async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:
+        # FINETWIN_RAY_ADDRESS names a Ray cluster that does not answer: the server's to fix, not the caller.
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
 
 
 # Answers that can come from outside the route itself, by when they apply.
