@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, FastAPI
 
 from advisor.answer_cache import AnswerCache
-from advisor.auth import V1_PREFIX, KeyCache, authorize
+from advisor.auth import V1_PREFIX, FailureLimiter, KeyCache, authorize
 from advisor.batching import Batcher
+from advisor.errors import document_errors, install_error_handlers
 from advisor.fastpath import RepeatedAdviceFastPath
+from advisor.guards import RequestGuard
 from advisor.outbox import RelayThread
 from advisor.parts import ApiParts, ApiRuntime
 from advisor.routers import (
@@ -58,7 +58,12 @@ def build_runtime(parts: ApiParts) -> ApiRuntime:
     settings = parts.settings
     runtime = ApiRuntime(
         parts=parts,
-        key_cache=KeyCache(parts.engine, ttl_s=settings.auth_cache_seconds),
+        key_cache=KeyCache(
+            parts.engine,
+            ttl_s=settings.auth_cache_seconds,
+            negative_ttl_s=settings.auth_negative_cache_seconds,
+        ),
+        auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds),
         answer_cache=AnswerCache(settings.advice_cache_size),
         plan_jobs=plan.PlanJobs(),
     )
@@ -113,15 +118,8 @@ def create_app(parts: ApiParts) -> FastAPI:
     # FastAPI parses it: see advisor.fastpath.
     if parts.settings.advice_fast_path:
         app.add_middleware(RepeatedAdviceFastPath, runtime=runtime)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # A bad request says what is wrong, field by field, with a 422.
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
-        return JSONResponse(status_code=422, content={"detail": detail, "errors": errors})
-
+    # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
+    app.add_middleware(RequestGuard, max_body_bytes=parts.settings.max_body_bytes)
+    install_error_handlers(app)
+    app.openapi = document_errors(app)  # type: ignore[method-assign]
     return app

@@ -4,6 +4,7 @@ through the dependencies of `advisor.deps`; nothing is built lazily on a request
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
 
     from advisor.answer_cache import AnswerCache
-    from advisor.auth import KeyCache
+    from advisor.auth import FailureLimiter, KeyCache
     from advisor.batching import Batcher
     from advisor.outbox import OutboxRelay, RelayThread
     from advisor.prediction_memo import PredictionMemo
@@ -72,6 +73,7 @@ class ApiRuntime:
 
     parts: ApiParts
     key_cache: KeyCache
+    auth_failures: FailureLimiter
     answer_cache: AnswerCache
     plan_jobs: Any  # advisor.routers.plan.PlanJobs
     batcher: Batcher[Any, tuple[str, bytes]] | None = None  # set by create_app (it calls back into this)
@@ -79,7 +81,11 @@ class ApiRuntime:
     prediction_memo: PredictionMemo | None = None  # the memo of the version in use (advisor.routers.advise)
     advice_warm_stop: threading.Event | None = None  # stops the warm-up of a retired version's memo
     memo_lock: threading.Lock = field(default_factory=threading.Lock)
-    forecast_lock: threading.Lock = field(default_factory=threading.Lock)
+    forecast_lock: threading.Lock = field(default_factory=threading.Lock)  # the standing forecast's
+    # A forecast computed for a reader when no fresh standing one is stored: (monotonic time, document).
+    unstored_forecast: tuple[float, dict[str, Any]] | None = None
+    unstored_forecast_lock: threading.Lock = field(default_factory=threading.Lock)
+    last_requested_refresh: float = -math.inf  # POST /v1/forecast/refresh is rate-limited
 
     @property
     def settings(self) -> Settings:

@@ -8,10 +8,10 @@ the application gave it a Kafka) publishes it, woken by the approval.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 from sqlmodel import Session, col, func, select
@@ -22,6 +22,7 @@ from advisor.deps import get_runtime, get_settings
 from advisor.parts import ApiRuntime
 from advisor.records import OutboxMessage, Recommendation
 from advisor.steering import SteeringResult, SteeringUnavailable, run_steering
+from advisor.timestamps import UtcDatetime
 from twin.db import session_scope
 from twin.settings import Settings
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
 
 RecommendationState = Literal["pending", "approved", "rejected", "expired", "superseded"]
+RecommendationId = Path(min_length=1, max_length=36, description="the recommendation's id (a UUID)")
 
 
 class RecommendationOut(BaseModel):
@@ -45,9 +47,9 @@ class RecommendationOut(BaseModel):
     score: float
     state: str
     source: str
-    created_at: datetime
-    expires_at: datetime
-    decided_at: datetime | None
+    created_at: UtcDatetime
+    expires_at: UtcDatetime
+    decided_at: UtcDatetime | None
     decided_by: str | None
     comment: str | None
     superseded_by: str | None
@@ -127,7 +129,7 @@ def list_recommendations(
     responses={404: {"description": "no such recommendation"}},
 )
 def get_recommendation(
-    recommendation_id: str, runtime: ApiRuntime = Depends(get_runtime)
+    recommendation_id: str = RecommendationId, runtime: ApiRuntime = Depends(get_runtime)
 ) -> RecommendationOut:
     with Session(runtime.engine) as session:
         rec = session.get(Recommendation, recommendation_id)
@@ -152,7 +154,7 @@ _DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
     openapi_extra=access(Role.APPROVER),
 )
 def approve(
-    recommendation_id: str,
+    recommendation_id: str = RecommendationId,
     runtime: ApiRuntime = Depends(get_runtime),
     body: ApproveIn | None = None,
     principal: Principal = Depends(require_role(Role.APPROVER)),
@@ -186,9 +188,9 @@ def approve(
     openapi_extra=access(Role.APPROVER),
 )
 def reject(
-    recommendation_id: str,
     body: RejectIn,
     runtime: ApiRuntime = Depends(get_runtime),
+    recommendation_id: str = RecommendationId,
     principal: Principal = Depends(require_role(Role.APPROVER)),
 ) -> RecommendationOut:
     engine = runtime.engine
@@ -207,6 +209,7 @@ def reject(
     "/run",
     response_model=RunOut,
     summary="Run cluster steering now: what-ifs against the SLOs, recording those that help (operator)",
+    responses={409: {"description": "steering cannot run yet (no SLOs, no node up, no usable models)"}},
 )
 def run_now(
     runtime: ApiRuntime = Depends(get_runtime), principal: Principal = Depends(require_role(Role.OPERATOR))

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from finetwin.cli import main
+from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.test_workflow import proposal, propose
 from tests.conftest import (
@@ -138,6 +139,7 @@ def test_the_app_works_as_the_service_role(two_roles: TwoRoles, tmp_path: Path) 
         assert owned == 0
     (rec_id,) = propose(service, proposal())
     # `finetwin api` migrates before serving: on an up-to-date schema a read, which the service may do.
+    migrate(service)
     app = api_app(advisor_settings(tmp_path), service)
     operator, approver = api_headers(service, "operator"), api_headers(service, "approver")
     with TestClient(app) as client:

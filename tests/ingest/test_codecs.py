@@ -170,7 +170,7 @@ def test_a_stop_held_up_past_the_deadline_exits_anyway(tmp_path: Path) -> None:
 
     script = (
         "import logging, threading, time\n"
-        "from ingest.commands import stop_on_signals\n"
+        "from finetwin.signals import stop_on_signals\n"
         "logging.basicConfig()\n"
         "stop = threading.Event()\n"
         "with stop_on_signals(stop, deadline_s=0.5):\n"
