@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from twin.domain import METHODS, RULE_ORDER, Outcome, broken_rule, canonical_gpu_name
+from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS
 
 # Every column of the published file, in its order.
 BENCHMARK_COLUMNS: tuple[str, ...] = (
@@ -33,12 +34,12 @@ BENCHMARK_COLUMNS: tuple[str, ...] = (
     "dataset_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second_per_gpu",
 )  # fmt: skip
 
-# What a configuration is: enough to predict a run, nothing measured.
-CONFIG_COLUMNS: tuple[str, ...] = (
-    "identifier", "experiment_id", "method", "model_name", "number_nodes", "gpu_model", "number_gpus",
-    "tokens_per_sample", "batch_size", "enable_roce", "fast_moe", "fast_kernels", "fms_hf_tuning_version",
-    "torch_dtype",
-)  # fmt: skip
+# What a configuration is: enough to predict a run, nothing measured. The columns of a configs CSV
+# (`finetwin predict`): the one job configuration's fields (twin.domain.JobConfig) and the benchmark's
+# descriptors, in the published file's order; its time cap comes from `experiment_id`, as in the benchmark.
+CONFIG_COLUMNS: tuple[str, ...] = tuple(
+    c for c in BENCHMARK_COLUMNS if c in CONFIG_FIELDS or c in DESCRIPTOR_FIELDS
+)
 
 POSITIVE_INT_COLUMNS = ("number_nodes", "number_gpus", "tokens_per_sample", "batch_size")
 NON_NEGATIVE_INT_COLUMNS = ("fast_moe",)

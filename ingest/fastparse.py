@@ -25,7 +25,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from ingest.events import MAX_MESSAGE_BYTES
-from twin.domain import Rule
+from twin.domain import Method, Rule
 from twin.limits import STORABLE_TEXT_PATTERN, STORE_INT_MAX, within_time_window
 
 # The bounds of `ingest.events`, from the same constants (twin.limits). `allow_inf_nan=False` needs no
@@ -62,8 +62,12 @@ class _Payload(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
 
 
 class JobSubmitted(_Payload, frozen=True):
+    """Mirrors `twin.domain.JobConfig` plus the descriptors of `twin.job_config.DescribedJobConfig`, then the
+    payload's own fields. Stricter in one place: `number_nodes` is required here (the contract defaults it
+    from `number_gpus`, which a struct default cannot), so a message without it takes the slow path."""
+
     model_name: Name
-    method: Literal["full", "lora", "gptq-lora"]
+    method: Method
     gpu_model: GpuModel
     number_gpus: PositiveInt
     number_nodes: PositiveInt
@@ -73,12 +77,12 @@ class JobSubmitted(_Payload, frozen=True):
     fast_moe: NonNegativeInt = 0
     fast_kernels: bool = False
     time_limit_s: PositiveFloat | None = None
-    tenant: Text200 | None = None
-    dataset_tokens: PositiveFloat | None = None
     experiment_id: Text2000 | None = None
     identifier: Text2000 | None = None
     fms_hf_tuning_version: Text50 | None = None
     torch_dtype: Text50 | None = None
+    tenant: Text200 | None = None
+    dataset_tokens: PositiveFloat | None = None
 
 
 class JobRejected(_Payload, frozen=True):
