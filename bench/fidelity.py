@@ -197,18 +197,19 @@ def print_live(result: dict[str, Any], every_s: float) -> bool:
     print(f"\nlive scoring of the bundled replay: {result['forecasts']} standing forecasts, one every "
           f"{every_s / 3600:g} h of telemetry time over {result['replay_span_h']:.0f} h; "
           f"{result['intervals']} interval figures scored")  # fmt: skip
-    header = f"{'figure':<46}{'n':>6}{'MAPE':>9}{'MAE':>10}{'bias':>10}{'coverage':>10}  target"
+    header = f"{'figure':<40}{'n':>6}{'MAPE':>9}{'WAPE':>8}{'MAE':>10}{'bias':>10}{'coverage':>10}  target"
     print(header)
     print("-" * len(header))
     ok = True
     for figure, stats in result["figures"].items():
-        mape = "-" if stats["mape"] is None else f"{100 * stats['mape']:.1f}%"
+        mape = "-" if stats["mape"] is None else f"{100 * stats['mape']:.0f}%"
+        wape = "-" if stats["wape"] is None else f"{100 * stats['wape']:.0f}%"
         target = ""
         if figure in LIVE_FIGURES:
             met = LIVE_COVERAGE[0] <= stats["coverage"] <= LIVE_COVERAGE[1]
             ok &= met
             target = f"{LIVE_COVERAGE[0]}-{LIVE_COVERAGE[1]}: {'yes' if met else 'NO'}"
-        print(f"{figure:<46}{stats['n']:>6}{mape:>9}{stats['mae']:>10.3g}{stats['bias']:>10.3g}"
+        print(f"{figure:<40}{stats['n']:>6}{mape:>9}{wape:>8}{stats['mae']:>10.3g}{stats['bias']:>10.3g}"
               f"{stats['coverage']:>10.2f}  {target}")  # fmt: skip
     return ok
 

@@ -34,7 +34,7 @@ A100, L40S = "NVIDIA-A100-SXM4-80GB", "L40S"
 LOAD = 0.8
 
 
-def build_inputs(jobs_per_day: float, seed: int = 0):  # type: ignore[no-untyped-def]
+def build_inputs(jobs_per_day: float, reference_nodes: tuple[int, int] = (5, 1), seed: int = 0):  # type: ignore[no-untyped-def]
     from calibrate.loader import bundled_benchmark_path, load_benchmark
     from twin.arrivals import ArrivalModel
     from twin.cluster import cluster_from_spec
@@ -69,8 +69,9 @@ def build_inputs(jobs_per_day: float, seed: int = 0):  # type: ignore[no-untyped
         gpu_models=[catalog[k].gpu_model for k in config_idx], duration_s=np.full(len(rows), np.nan),
         work_tokens=work, config_idx=config_idx, catalog=catalog,
     )  # fmt: skip
+    a100_nodes, l40s_nodes = reference_nodes
     reference = cluster_from_spec(
-        {"nodes": [{"gpu_model": A100, "count": 5}, {"gpu_model": L40S, "count": 1}]}
+        {"nodes": [{"gpu_model": A100, "count": a100_nodes}, {"gpu_model": L40S, "count": l40s_nodes}]}
     )
     # Scale the work so the mix offers LOAD of the reference cluster at this arrival rate.
     plan = build_plan(mix, prepare_catalog(catalog, FallbackModels()), reference, 1)
@@ -101,12 +102,42 @@ def slos():  # type: ignore[no-untyped-def]
     )
 
 
-def timed(inputs, models, runs: int, executor) -> tuple[float, dict]:  # type: ignore[no-untyped-def]
+def timed(inputs, models, runs: int, executor) -> tuple[float, float, dict]:  # type: ignore[no-untyped-def]
+    """Wall seconds, CPU seconds of this process (the whole work when it runs the tasks itself: the pool's
+    forkserver workers and Ray's are not our children to count), and the answer."""
+    import resource
+
     from twin.capacity import run_sweep
 
-    began = time.perf_counter()
+    def cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    began, cpu_began = time.perf_counter(), cpu()
     doc = run_sweep(inputs, models, request(runs), slos(), executor)
-    return time.perf_counter() - began, doc
+    return time.perf_counter() - began, cpu() - cpu_began, doc
+
+
+def large_run(jobs_per_day: float) -> tuple[float, float, float]:
+    """One 24 h run of a 10,000-GPU cluster (1,125 A100 + 125 L40S nodes) at `jobs_per_day`: wall seconds,
+    CPU seconds, and the peak memory the run allocates (tracemalloc, MB) - the unit of docs/scaling.md."""
+    import tracemalloc
+
+    from twin.capacity import SweepTask, prepare_inputs, run_sweep_task
+    from twin.config_changes import Admission
+    from twin.policies import Policy
+
+    inputs, models = build_inputs(jobs_per_day, reference_nodes=(1125, 125))
+    shared = prepare_inputs(inputs, models, request(1), slos())
+    task = SweepTask(0, ((L40S, 125), (A100, 1125)), Policy.BACKFILL, Admission.OFF, 0, 1)
+    began, cpu_began = time.perf_counter(), time.process_time()
+    run_sweep_task(shared, task)
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
+    tracemalloc.start()
+    run_sweep_task(shared, task)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return wall, cpu, peak / 2**20
 
 
 def main() -> None:
@@ -114,13 +145,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=32)
     parser.add_argument("--jobs-per-day", type=float, default=600.0)
     parser.add_argument("--ray-cpus", type=int, default=2)
+    parser.add_argument("--large-jobs-per-day", type=float, default=1e6 / 7, help="0 skips the large run")
     args = parser.parse_args()
 
     from twin.capacity import without_timings
     from twin.executors import LocalExecutor, RayExecutor
 
     inputs, models = build_inputs(args.jobs_per_day)
-    results: dict[str, tuple[float, dict]] = {}
+    load_before = os.getloadavg()[0]
+    results: dict[str, tuple[float, float, dict]] = {}
     results["local, 1 process"] = timed(inputs, models, args.runs, LocalExecutor(1))
     results["local, 2 processes"] = timed(inputs, models, args.runs, LocalExecutor(2))
 
@@ -132,32 +165,44 @@ def main() -> None:
 
         ray.init(address=head.address, log_to_driver=False, configure_logging=False)
         ray.get(ray.remote(lambda: None).remote())  # the connection is up before the clock starts
-        results[f"Ray, {args.ray_cpus} worker CPUs"] = timed(
-            inputs, models, args.runs, RayExecutor(head.address)
-        )
+        ray_name = f"Ray, {args.ray_cpus} worker CPUs"
+        results[ray_name] = timed(inputs, models, args.runs, RayExecutor(head.address))
         ray.shutdown()
     finally:
         head.stop()
 
-    answers = {json.dumps(without_timings(doc), sort_keys=True) for _, doc in results.values()}
-    first = next(iter(results.values()))[1]
-    scenarios = len(first["scenarios"])
+    answers = {json.dumps(without_timings(doc), sort_keys=True) for *_, doc in results.values()}
+    first = next(iter(results.values()))[2]
+    scenarios, runs = len(first["scenarios"]), len(first["scenarios"]) * args.runs
     cheapest = first["cheapest"]
     print(
         f"plan: {scenarios} scenarios x {args.runs} runs ({first['tasks']} tasks), 24 h of "
-        f"{args.jobs_per_day:g} jobs/day each; {os.cpu_count()} cores on this machine"
+        f"{args.jobs_per_day:g} jobs/day each; {os.cpu_count()} cores, load average {load_before:.1f} before "
+        f"and {os.getloadavg()[0]:.1f} after (other work on the machine shares the cores)"
     )
     print(f"identical answers on every executor: {len(answers) == 1}")
     if cheapest is not None:
         cost = cheapest["gpu_hours_per_day"]
         print(f"cheapest: {cheapest['nodes']} {cheapest['policy']} ({cost:g} GPU-h/day)")
     base_wall = results["local, 1 process"][0]
-    width = 26
-    print(f"{'executor':{width}}  {'wall s':>8}  {'scenarios/s':>11}  {'runs/s':>8}  {'vs 1 process':>12}")
-    for name, (wall, _) in results.items():
+    width = 22
+    print(f"{'executor':{width}}  {'wall s':>7}  {'scenarios/s':>11}  {'runs/s':>7}  {'vs 1 process':>12}  "
+          f"{'CPU s':>12}  {'CPU ms/run':>10}")  # fmt: skip
+    for name, (wall, cpu, _) in results.items():
+        cpu_text = (
+            f"{cpu:>12.1f}  {1000 * cpu / runs:>10.1f}"
+            if name == "local, 1 process"  # the others' workers are not our children to count
+            else f"{'-':>12}  {'-':>10}"
+        )
         print(
-            f"{name:{width}}  {wall:>8.2f}  {scenarios / wall:>11.2f}  {scenarios * args.runs / wall:>8.1f}  "
-            f"{base_wall / wall:>11.2f}x"
+            f"{name:{width}}  {wall:>7.2f}  {scenarios / wall:>11.2f}  {runs / wall:>7.1f}  "
+            f"{base_wall / wall:>11.2f}x  {cpu_text}"
+        )
+    if args.large_jobs_per_day:
+        wall, cpu, peak = large_run(args.large_jobs_per_day)
+        print(
+            f"one 24 h run at 10,000 GPUs and {args.large_jobs_per_day:,.0f} jobs/day (backfill): "
+            f"{wall:.1f} s wall, {cpu:.1f} s CPU, peak {peak:,.0f} MB allocated"
         )
     if len(answers) != 1:
         sys.exit("the executors disagree")

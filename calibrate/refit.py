@@ -262,6 +262,9 @@ def _metadata(
             "fingerprint": data.fingerprint,
             "n_rows": len(data),
             "rows_by_source": data.rows_by_source,
+            # The newest observed run it learned from (telemetry time): a backtest at an earlier time must
+            # not use this version (`ModelRegistry.version_in_use_at`).
+            "observed_through": _observed_through(table),
             "outcomes": {str(k): int(v) for k, v in table["outcome"].value_counts().items()},
             "benchmarks": data.benchmarks,
         },
@@ -279,6 +282,13 @@ def _metadata(
         "promoted": comparison.not_worse,
         "fit_seconds": round(fit_seconds, 3),
     }
+
+
+def _observed_through(table: pd.DataFrame) -> str | None:
+    if "observed_at" not in table.columns:
+        return None
+    newest = pd.to_datetime(table["observed_at"], utc=True, errors="coerce").max()
+    return None if pd.isna(newest) else newest.isoformat()
 
 
 def record_version(engine: Engine, metadata: dict[str, Any], *, promoted: bool) -> None:

@@ -136,6 +136,26 @@ class ModelRegistry:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def version_in_use_at(self, at: datetime) -> str | None:
+        """The version that was in use at `at`, among those that could have been: put in use (promoted or
+        rolled back to) at or before `at`, still stored, and fitted on nothing dated after `at` (a version
+        whose observed runs reach past `at` knows what came after; its metadata's `observed_through`).
+        None when no version qualifies."""
+        at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+        chosen = None
+        stored = set(self.versions())
+        for entry in self.history():
+            when = datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00"))
+            when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+            if when > at:
+                break
+            version = entry.get("version")
+            if entry.get("action") in ("promote", "rollback") and version in stored:
+                through = self.metadata(version).get("data", {}).get("observed_through")
+                if through is None or datetime.fromisoformat(through) <= at:
+                    chosen = version
+        return chosen
+
     def training_rows(self, version: str) -> frozenset[str]:
         path = self.path(version) / TRAINING_ROWS
         self._verify_file(version, path)

@@ -85,9 +85,10 @@ def postgres_url() -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    """A real Ray head (2 CPUs) on loopback for the session, this process connected to it as the driver.
+    """A real Ray head (2 CPUs) on loopback for a test module, this process connected to it as the driver
+    (module scope: the driver's threads and the head's processes do not outlive the tests that use them).
     Stopped by its process group, never `ray stop` (which would kill every Ray on the machine)."""
     try:
         import ray

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from twin.settings import Settings
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     import pandas as pd
     from fastapi import FastAPI
     from sqlalchemy import Engine
@@ -51,6 +53,17 @@ def load_job_models(settings: Settings, models_dir: Path | None = None) -> JobMo
     from calibrate.registry import load_models_in_use
 
     return load_models_in_use(models_dir or settings.resolved_models_dir())
+
+
+def load_job_models_at(
+    settings: Settings, at: datetime, models_dir: Path | None = None
+) -> tuple[str, JobModels] | None:
+    """The version that was in use at telemetry time `at` and was fitted on nothing after it, or None."""
+    from calibrate.registry import ModelRegistry
+
+    registry = ModelRegistry(models_dir or settings.resolved_models_dir())
+    version = registry.version_in_use_at(at)
+    return None if version is None else (version, registry.load(version))
 
 
 def load_benchmark_table(path: Path) -> pd.DataFrame:

@@ -76,12 +76,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     backtest = subparsers.add_parser(
         "backtest",
-        help="replay a benchmark workload and compare the twin's forecast with what happened",
-        description="Every benchmark row becomes a job arriving by a seeded Poisson process; the twin, "
-        "started at the window's start, forecasts jobs completed, GPU-hours, mean wait and makespan of the "
-        "window's jobs from the models, and is compared with the replay of the measured runs.",
+        help="compare the twin's forecast with what happened: a benchmark replay, or the store's telemetry",
+        description="--bench: every benchmark row becomes a job arriving by a seeded Poisson process; the "
+        "twin, started at the window's start, forecasts jobs completed, GPU-hours, mean wait, makespan and "
+        "energy of the window's jobs from the models, and is compared with the replay of the measured runs. "
+        "--from-store --at T --horizon H: the cluster's state at telemetry time T is rebuilt from the stored "
+        "events and forecast with the model version in use at T, against what the store recorded after T.",
     )
-    backtest.add_argument("--bench", type=Path, required=True, metavar="FILE", help="benchmark CSV")
+    backtest.add_argument("--bench", type=Path, default=None, metavar="FILE", help="benchmark CSV")
+    backtest.add_argument(
+        "--from-store", action="store_true", help="backtest the store's telemetry (with --at, --horizon)"
+    )
+    backtest.add_argument("--at", default=None, metavar="T", help="--from-store: RFC 3339 telemetry time")
+    backtest.add_argument("--horizon", default=None, metavar="H", help="--from-store: how far, e.g. 6h")
+    backtest.add_argument(
+        "--arrivals", choices=("observed", "model"), default="observed",
+        help="--from-store: the jobs submitted after T as they came (default), or drawn as a forecast would",
+    )  # fmt: skip
     backtest.add_argument("--window", default=None, help="START:END on the replay's clock, e.g. 0:24h (all)")
     backtest.add_argument("--cluster", type=Path, default=None, metavar="CLUSTER.yaml")
     backtest.add_argument("--load", type=float, default=0.7, help="offered load of the arrivals (0.7)")
@@ -290,6 +301,11 @@ def run_backtest_command(args: argparse.Namespace, settings: Settings) -> int:
     from twin.cli import CommandError, fit_benchmark_models, load_benchmark_table
     from twin.cluster import ClusterFormatError, load_cluster
     from twin.policies import Policy
+
+    if args.from_store:
+        return _backtest_from_store(args, settings)
+    if args.bench is None:
+        raise CommandError("give --bench FILE, or --from-store --at T --horizon H")
 
     try:
         window = parse_window(args.window)
@@ -519,14 +535,72 @@ def _print_whatif(doc: dict[str, Any]) -> None:
         print(f"SLO {slo['name']}: attainment {_fmt(a['mean'])} (CI {a['ci95']}), P(met) {met:+.0%}")
 
 
-def _print_backtest(doc: dict[str, Any]) -> None:
+def _backtest_from_store(args: argparse.Namespace, settings: Settings) -> int:
+    """Thin: parse, pick the model version that was in use at T, hand over to twin.store_backtest."""
+    from datetime import datetime
+
+    from twin.cli import CommandError, load_job_models_at
+    from twin.clock import as_utc
+    from twin.db import engine_from_settings, migrate
+    from twin.policies import Policy
+    from twin.store_backtest import backtest_from_store
+    from twin.units import parse_duration
+
+    if args.at is None or args.horizon is None:
+        raise CommandError("--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h)")
+    try:
+        at = as_utc(datetime.fromisoformat(args.at.strip().replace("Z", "+00:00")))
+    except ValueError:
+        raise CommandError(f"--at: not an RFC 3339 time: {args.at!r}") from None
+    try:
+        horizon = parse_duration(args.horizon)
+    except ValueError as exc:
+        raise CommandError(f"--horizon: {exc}") from None
+    if args.runs < 1:
+        raise CommandError("--runs must be at least 1")
+    try:
+        loaded = load_job_models_at(settings, at, args.models)
+    except Exception as exc:  # the registry refuses a tampered or unreadable version: say so
+        raise CommandError(f"the model version in use at {at.isoformat()} cannot be loaded: {exc}") from None
+    if loaded is None:
+        raise CommandError(
+            f"no model version was in use at {at.isoformat()} (or every one then was fitted on later data)"
+        )
+    version, models = loaded
+    engine = engine_from_settings(settings)
+    migrate(engine)
+    with _progress(args.runs, "backtest", args.json) as tick:
+        document = _checked(
+            lambda: backtest_from_store(
+                engine, models, at=at, horizon_s=horizon, cluster_id=settings.cluster_id, runs=args.runs,
+                seed=args.seed, policy=Policy(args.policy), arrivals=args.arrivals, workers=args.workers,
+                model_source=f"calibrated {version} (in use at {at.isoformat()})", progress=tick,
+            )
+        )  # fmt: skip
+    _emit(document, args.json, _print_store_backtest)
+    return 0
+
+
+def _print_store_backtest(doc: dict[str, Any]) -> None:
     print(
-        f"backtest: {doc['jobs_in_window']} of {doc['jobs_in_benchmark']} jobs in the window, "
-        f"{doc['runs']} run(s), policy {doc['policy']}, models: {doc['models']}"
+        f"backtest from the store at {doc['at']} over {doc['horizon_s']:g} s: {doc['jobs_in_window']} jobs, "
+        f"{doc['runs']} run(s), arrivals {doc['arrivals']}, models: {doc['models']}"
     )
+    _print_figures(doc)
+
+
+def _print_figures(doc: dict[str, Any]) -> None:
     print(f"{'figure':18} {'truth':>12} {'twin mean':>12} {'p10':>12} {'p90':>12} {'error':>8}")
     for name, f in doc["figures"].items():
         error = "-" if f["error"] is None else f"{f['error']:+.1%}"
         t = f["twin"]
         spread = f"{_fmt(t['mean']):>12} {_fmt(t['p10']):>12} {_fmt(t['p90']):>12}"
         print(f"{name:18} {_fmt(f['truth']):>12} {spread} {error:>8}")
+
+
+def _print_backtest(doc: dict[str, Any]) -> None:
+    print(
+        f"backtest: {doc['jobs_in_window']} of {doc['jobs_in_benchmark']} jobs in the window, "
+        f"{doc['runs']} run(s), policy {doc['policy']}, models: {doc['models']}"
+    )
+    _print_figures(doc)

@@ -7,6 +7,7 @@ inputs' notes; a job without its work (dataset tokens) gets the median work of t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -126,15 +127,15 @@ def load_live_inputs(
             f"starts at the telemetry's newest time, {abs(clock.lag_s):,.0f} s {ahead} the wall clock"
         )
     with Session(engine) as session:
-        nodes = session.exec(select(Node).where(Node.cluster_id == cluster_id)).all()
-        active = session.exec(
+        nodes = list(session.exec(select(Node).where(Node.cluster_id == cluster_id)).all())
+        active = list(session.exec(
             select(Job).where(Job.cluster_id == cluster_id, col(Job.state).in_(("submitted", "running")))
-        ).all()
-        history = session.exec(
+        ).all())  # fmt: skip
+        history = list(session.exec(
             select(Job).where(
                 Job.cluster_id == cluster_id, col(Job.submitted_at) >= since, col(Job.submitted_at) < now
             )
-        ).all()
+        ).all())  # fmt: skip
         observed_work = dict(
             session.exec(
                 select(
@@ -145,13 +146,41 @@ def load_live_inputs(
                 )
             ).all()
         )
-        failures = session.exec(
+        failures = list(session.exec(
             select(Job.failed_after_s)
             .where(Job.cluster_id == cluster_id, Job.state == "failed", col(Job.failed_after_s).is_not(None))
             .order_by(col(Job.ended_at).desc())
             .limit(MAX_FAILURE_TIMES)
-        ).all()
+        ).all())  # fmt: skip
+    return inputs_from_rows(
+        StoreRows(nodes, active, history, observed_work, failures),
+        cluster_id=cluster_id, now=now, since=since, notes=notes, clock=clock,
+    )  # fmt: skip
 
+
+@dataclass
+class StoreRows:
+    """What a forecast starts from, as the store's rows (read from it, or rebuilt for a past time)."""
+
+    nodes: list[Node]
+    active: list[Job]  # queued or running at `now`
+    history: list[Job]  # submitted in [since, now)
+    observed_work: dict[str, float]  # job id -> dataset tokens a finished run processed
+    failures: list[float | None]  # seconds into the run of observed runtime failures, newest first
+
+
+def inputs_from_rows(
+    rows: StoreRows,
+    *,
+    cluster_id: str,
+    now: datetime,
+    since: datetime,
+    notes: list[str],
+    clock: TwinClock | None = None,
+) -> TwinInputs:
+    nodes, active, history, observed_work, failures = (
+        rows.nodes, rows.active, rows.history, rows.observed_work, rows.failures[:MAX_FAILURE_TIMES]
+    )  # fmt: skip
     cluster = cluster_from_inventory((n.node_id, n.gpu_model, n.gpu_count, n.status) for n in nodes)
     if not cluster.nodes:
         raise NoClusterError(

@@ -3,8 +3,9 @@
 As the telemetry's time passes the end of an interval of a stored forecast, that interval's figures are
 compared with what the store recorded for it (`twin.actuals`): per figure and interval, the error of the
 forecast's mean and whether the actual lay inside its p10-p90 band. The skill of the twin over a window is
-then, per figure: the mean absolute percentage error (over intervals whose actual is not 0), the mean
-absolute error, the bias, and the coverage (the share of intervals whose actual lay inside the band; an
+then, per figure: the mean absolute percentage error (over intervals whose actual is not 0), the weighted
+one (total absolute error over total actual: not dominated by nearly idle intervals), the mean absolute
+error, the bias, and the coverage (the share of intervals whose actual lay inside the band; an
 honest p10-p90 band holds about 0.8 of them).
 """
 
@@ -26,7 +27,8 @@ from twin.db import session_scope
 from twin.forecast_store import STANDING, ForecastScore, StoredForecast, stored_forecasts
 from twin.store import utcnow
 
-# Within this, an actual on the band's edge counts as inside (a forecast of 0 jobs and 0 that happened).
+# Within this, an actual on the band's edge counts as inside (a forecast of 0 jobs and 0 that happened), and
+# an actual this close to 0 has no percentage error (floating-point crumbs of an idle GPU type).
 _EDGE = 1e-9
 
 
@@ -105,11 +107,13 @@ def summarize_scores(
         mean = np.array([v[0] for v in values], dtype=float)
         actual = np.array([v[1] for v in values], dtype=float)
         inside = np.array([v[2] for v in values], dtype=bool)
-        nonzero = actual != 0
+        nonzero = np.abs(actual) > _EDGE
+        total = float(np.abs(actual).sum())
         out[figure] = {
             "mape": float(np.mean(np.abs(mean[nonzero] - actual[nonzero]) / np.abs(actual[nonzero])))
             if nonzero.any()
             else None,
+            "wape": float(np.abs(mean - actual).sum() / total) if total > _EDGE else None,
             "mae": float(np.mean(np.abs(mean - actual))),
             "bias": float(np.mean(mean - actual)),
             "coverage": float(inside.mean()),

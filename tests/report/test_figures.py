@@ -52,12 +52,15 @@ def visible_texts(figure: Figure) -> list[Text]:
 
 
 def tick_labels_in_view(figure: Figure) -> set[int]:
-    """ids of the tick labels matplotlib actually draws (a tick outside the view keeps a stale label)."""
+    """ids of the tick labels matplotlib draws: a tick outside the view keeps a label it does not draw."""
     drawn_ids = set()
     for ax in figure.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            for tick in axis._update_ticks():  # the ticks of this draw, the way Axis.draw picks them
-                drawn_ids.update({id(tick.label1), id(tick.label2)})
+            low, high = sorted(axis.get_view_interval())
+            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+                location = tick.get_loc()
+                if location is not None and low - 1e-9 <= location <= high + 1e-9:
+                    drawn_ids.update({id(tick.label1), id(tick.label2)})
     return drawn_ids
 
 

@@ -73,6 +73,19 @@ def test_a_forecast_ensemble_on_ray_equals_the_local_one(ray_address: str) -> No
         assert json.dumps(on_ray[key]) == json.dumps(local[key])
 
 
+def test_a_whatif_on_ray_equals_the_local_one(ray_address: str) -> None:
+    from twin.whatif import WhatIf, run_whatif
+
+    inputs, models, _request, slos = mixed_sweep()
+    whatif = WhatIf.model_validate(
+        {"horizon": "6h", "runs": 5, "seed": 2, "changes": {"nodes": [{"gpu_model": A100, "add": 1}]}}
+    )
+    local = run_whatif(inputs, models, whatif, slos, workers=1)
+    on_ray = run_whatif(inputs, models, whatif, slos, ray_address=ray_address)
+    assert json.dumps(on_ray["difference"]) == json.dumps(local["difference"])
+    assert json.dumps(on_ray["scenario"]["summary"]) == json.dumps(local["scenario"]["summary"])
+
+
 def test_plan_command_with_ray_prints_what_the_local_pool_prints(
     ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -41,6 +41,9 @@ def document(start: datetime = T0) -> dict[str, object]:
     }
 
 
+UTILIZATION_SKILL = {"mape": 0.5, "wape": 0.25 / 0.75, "mae": 0.125, "bias": 0.125, "coverage": 0.5, "n": 2}
+
+
 def test_a_forecast_against_actuals_gives_hand_computed_errors_and_coverage() -> None:
     actual = {"utilization": np.array([0.25, 0.5]), "queue_length": np.array([4.0, 2.0])}
     scores = score_intervals(document(), actual, range(2))
@@ -51,8 +54,11 @@ def test_a_forecast_against_actuals_gives_hand_computed_errors_and_coverage() ->
     assert by["queue_length", 0].error == -2.0 and not by["queue_length", 0].inside
     summary = summarize_scores((s.figure, s.mean, s.actual, s.inside) for s in scores)
     # |0.5 - 0.25| / 0.25 = 1.0 and 0: MAPE 0.5; |2 - 4| / 4 = 0.5 and 0: MAPE 0.25.
-    assert summary["utilization"] == {"mape": 0.5, "mae": 0.125, "bias": 0.125, "coverage": 0.5, "n": 2}
-    assert summary["queue_length"] == {"mape": 0.25, "mae": 1.0, "bias": -1.0, "coverage": 0.5, "n": 2}
+    # WAPE: total |error| over total actual, 0.25 / 0.75 and 2 / 6.
+    assert summary["utilization"] == UTILIZATION_SKILL
+    assert summary["queue_length"] == {
+        "mape": 0.25, "wape": 2.0 / 6.0, "mae": 1.0, "bias": -1.0, "coverage": 0.5, "n": 2
+    }  # fmt: skip
 
 
 def store_history(engine: Engine) -> None:
@@ -107,7 +113,7 @@ def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engin
     assert result["scored"] == 1 and result["intervals"] == 14
     figures = result["figures"]
     # utilization: forecast 0.5 twice against 0.25 and 0.5.
-    assert figures["utilization"] == {"mape": 0.5, "mae": 0.125, "bias": 0.125, "coverage": 0.5, "n": 2}
+    assert figures["utilization"] == UTILIZATION_SKILL
     # queue: 2 against 0.75 (outside 1-3) and against 0 (outside; no MAPE on a zero actual).
     assert figures["queue_length"]["coverage"] == 0.0
     assert figures["queue_length"]["mape"] == pytest.approx(1.25 / 0.75)

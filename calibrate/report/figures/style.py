@@ -69,8 +69,10 @@ def interval_bars(
     label. A row of fewer than THIN pairs is hollow."""
     for i, (_, s, note) in enumerate(rows):
         if not s or not s["pairs"]:
+            # On a white ground, so the reference line at 1 does not run through the words.
             ax.text(0.01, i, note or "no pair", va="center", fontsize=8, color="dimgray", style="italic",
-                    transform=ax.get_yaxis_transform())  # fmt: skip
+                    transform=ax.get_yaxis_transform(),
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})  # fmt: skip
             continue
         thin = s["pairs"] < THIN
         ax.barh(

@@ -1,0 +1,130 @@
+"""The cluster as it stood at a past telemetry time T, rebuilt from the stored raw events.
+
+The `jobs` and `nodes` tables hold the present; a backtest needs the past. Every event the store applied is
+kept (`telemetry_events`), so folding the events dated at or before T gives the jobs, nodes, observed work
+and failure times of that moment, by the same rules ingest applies them (`ingest.apply`): a job's
+submission and start are its earliest reports, its progress the furthest one, its state never moves back,
+the first terminal event ends it, a node's status is its latest report. Events are folded in event-time
+order, so how late each was delivered does not matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from twin.clock import as_utc
+from twin.live_state import StoreRows
+from twin.store import JOB_STATE_RANK, Job, Node, TelemetryEvent
+
+_JOB_FIELDS = frozenset(Job.model_fields) - {"job_id", "cluster_id", "state", "outcome", "updated_at"}
+_TERMINAL = {"job.rejected": "rejected", "job.completed": "completed", "job.failed": "failed"}
+
+
+@dataclass
+class RebuiltState:
+    """The store's rows at time `at`, and what telemetry said by then."""
+
+    at: datetime
+    jobs: dict[str, Job]
+    nodes: list[Node]
+    observed_work: dict[str, float]  # job id -> dataset tokens of its completed run
+    observed_power_w: dict[str, float]  # job id -> average power per GPU its run measured
+    failures: list[float]  # seconds into the run of the runtime failures, newest first
+
+    def rows(self, since: datetime) -> StoreRows:
+        active = [j for j in self.jobs.values() if j.state in ("submitted", "running")]
+        history = [
+            j for j in self.jobs.values() if j.submitted_at is not None and since <= j.submitted_at < self.at
+        ]
+        return StoreRows(self.nodes, active, history, self.observed_work, list(self.failures))
+
+
+StoredEvent = tuple[str, datetime, str | None, Mapping[str, Any]]  # type, ts, job id, payload
+
+
+def stored_events(engine: Engine, cluster_id: str, until: datetime) -> list[StoredEvent]:
+    """(type, ts, job id, payload) of the cluster's events dated at or before `until`, in event-time order."""
+    with Session(engine) as session:
+        rows = session.exec(
+            select(TelemetryEvent.type, TelemetryEvent.ts, TelemetryEvent.job_id, TelemetryEvent.payload)
+            .where(TelemetryEvent.cluster_id == cluster_id, col(TelemetryEvent.ts) <= as_utc(until))
+            .order_by(col(TelemetryEvent.ts))
+        ).all()
+    return [(kind, as_utc(ts), job_id, payload) for kind, ts, job_id, payload in rows]
+
+
+def rebuild_at(engine: Engine, cluster_id: str, at: datetime) -> RebuiltState:
+    at = as_utc(at)
+    return fold_events(stored_events(engine, cluster_id, at), cluster_id, at)
+
+
+def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) -> RebuiltState:
+    """The state after the events dated at or before `at`, folded in event-time order."""
+    ordered = sorted((e for e in events if e[1] <= at), key=lambda e: e[1])
+    jobs: dict[str, Job] = {}
+    nodes: dict[str, Node] = {}
+    work: dict[str, float] = {}
+    power: dict[str, float] = {}
+    failed: list[tuple[datetime, float]] = []
+    for kind, ts, job_id, payload in ordered:
+        if kind == "node.status":
+            node_id = str(payload["node_id"])
+            nodes[node_id] = Node(
+                node_id=node_id, cluster_id=cluster_id, gpu_model=payload["gpu_model"],
+                gpu_count=int(payload["gpu_count"]), status=payload["status"], updated_at=ts,
+            )  # fmt: skip
+            continue
+        if job_id is None:
+            continue
+        job = jobs.get(job_id)
+        if job is None:
+            job = jobs[job_id] = Job(job_id=job_id, cluster_id=cluster_id, state="unknown", updated_at=ts)
+        job.updated_at = ts
+        if kind == "job.submitted":
+            for name, value in payload.items():
+                if name in _JOB_FIELDS:
+                    setattr(job, name, value)
+            job.submitted_at = job.submitted_at or ts
+            _advance(job, "submitted")
+        elif kind == "job.started":
+            job.started_at = job.started_at or ts
+            job.node_ids = list(payload.get("node_ids") or [])
+            _advance(job, "running")
+        elif kind == "job.progress":
+            done = payload.get("tokens_processed")
+            if done is not None and (job.tokens_processed is None or done >= job.tokens_processed):
+                job.tokens_processed = done
+                job.last_tokens_per_second = payload.get("tokens_per_second")
+                job.last_gpu_memory_peak_pct = payload.get("gpu_memory_peak_pct")
+                job.last_power_watts = payload.get("power_watts")
+        elif kind in _TERMINAL and _advance(job, _TERMINAL[kind]):
+            job.ended_at = ts
+            if kind == "job.rejected":
+                job.outcome, job.rule = "rejected", str(payload.get("rule"))
+            elif kind == "job.completed":
+                job.outcome = "valid"
+                tps, runtime = payload.get("dataset_tokens_per_second"), payload.get("train_runtime")
+                if tps and runtime:
+                    work[job_id] = float(tps) * float(runtime)
+                if payload.get("gpu_power_watts_avg"):
+                    power[job_id] = float(payload["gpu_power_watts_avg"])
+            else:
+                job.outcome, job.failure_reason = "runtime", payload.get("reason")
+                job.failed_after_s = payload.get("seconds_into_run")
+                if job.failed_after_s is not None:
+                    failed.append((ts, float(job.failed_after_s)))
+    failures = [seconds for _, seconds in sorted(failed, key=lambda f: f[0], reverse=True)]
+    return RebuiltState(at, jobs, [nodes[k] for k in sorted(nodes)], work, power, failures)
+
+
+def _advance(job: Job, state: str) -> bool:
+    if JOB_STATE_RANK[state] > JOB_STATE_RANK.get(job.state, 0):
+        job.state = state
+        return True
+    return False

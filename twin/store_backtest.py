@@ -1,0 +1,192 @@
+"""Backtest from the store: the twin started at a past telemetry time T against what the store then recorded.
+
+The state at T is rebuilt from the stored events (`twin.rebuild`): nodes, queued jobs, running jobs with
+their progress, and the failure times observed by then. The jobs submitted in (T, T + H] join as arrivals
+with their configuration and their declared work, never their outcome or run time (like the benchmark
+backtest; `arrivals="model"` draws them from the arrival process learned up to T instead, as a live
+forecast does). The caller passes the models that were in use at T.
+
+Truth and twin are measured by the same code (`twin.run_metrics.measure`) over [T, T + H] on the same jobs:
+the truth is those jobs' recorded submissions, starts and ends, at their measured power where they
+reported one (else what the twin assumes for a job without a power reading). The figures are the
+benchmark backtest's: `figures.{name}.truth`, `twin.{mean, p10, p90}`, `error` = (mean - truth) / truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine
+
+from twin.clock import as_utc
+from twin.cluster import gpu_tdp_watts
+from twin.ensemble import run_ensemble, spread
+from twin.forecast import ForecastOptions, TwinInputs, make_spec
+from twin.jsonsafe import json_safe
+from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_config
+from twin.plan import DEFAULT_POWER_FRACTION, JobPlan, Reject, pool_index
+from twin.policies import Policy
+from twin.protocols import JobModels
+from twin.rebuild import RebuiltState, rebuild_at
+from twin.run_metrics import measure
+from twin.simulator import End, SimResult
+from twin.slo_attainment import SloSet
+from twin.workload import Workload, concat
+
+FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s", "energy_kwh")
+OBSERVED, MODEL = "observed", "model"
+
+
+def backtest_from_store(
+    engine: Engine,
+    models: JobModels | None,
+    *,
+    at: datetime,
+    horizon_s: float,
+    cluster_id: str = "default",
+    runs: int = 8,
+    seed: int = 0,
+    policy: Policy = Policy.FIFO,
+    interval_s: float = 3600.0,
+    lookback: timedelta = timedelta(days=7),
+    arrivals: str = OBSERVED,
+    workers: int | None = None,
+    model_source: str = "calibrated",
+    progress: Callable[[], object] | None = None,
+) -> dict[str, Any]:
+    if horizon_s <= 0:
+        raise ValueError("the horizon must be positive")
+    if arrivals not in (OBSERVED, MODEL):
+        raise ValueError(f"arrivals must be {OBSERVED!r} or {MODEL!r}, not {arrivals!r}")
+    at = as_utc(at)
+    end = at + timedelta(seconds=horizon_s)
+    before = rebuild_at(engine, cluster_id, at)
+    after = rebuild_at(engine, cluster_id, end)
+    if not any(n.status == "up" for n in before.nodes):
+        raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to backtest")
+    earliest = min((j.submitted_at for j in after.jobs.values() if j.submitted_at is not None), default=at)
+    since = max(at - lookback, min(earliest, at))
+    inputs = inputs_from_rows(before.rows(since), cluster_id=cluster_id, now=at, since=since, notes=[])
+    if arrivals == OBSERVED:
+        inputs = replace(inputs, workload=concat([inputs.workload, _arrivals(before, after, at, end)]))
+    options = ForecastOptions(
+        horizon_s=horizon_s, interval_s=interval_s, runs=runs, seed=seed, policy=policy, workers=workers
+    )
+    spec = make_spec(inputs if arrivals == MODEL else replace(inputs, arrivals=None), models, options,
+                     SloSet(slos=[]))  # fmt: skip
+    outputs = run_ensemble(spec, runs, workers, progress)
+    truth = truth_figures(inputs, after, at, horizon_s, interval_s, arrivals == OBSERVED)
+    figures: dict[str, Any] = {}
+    for name in FIGURES:
+        forecast = spread([o.summary[name] for o in outputs])
+        actual = truth[name]
+        mean = forecast["mean"]
+        figures[name] = {
+            "truth": actual,
+            "twin": forecast,
+            "error": None if mean is None or actual == 0 else (mean - actual) / actual,
+        }
+    return json_safe(
+        {
+            "at": at.isoformat(),
+            "horizon_s": horizon_s,
+            "arrivals": arrivals,
+            "jobs_at_start": {
+                "running": len(inputs.workload.running),
+                "queued": int(np.sum(inputs.workload.arrival_s <= 0)) - len(inputs.workload.running),
+            },
+            "jobs_in_window": int(truth["jobs"]),
+            "runs": runs,
+            "seed": seed,
+            "policy": str(policy),
+            "models": model_source,
+            "cluster": {"nodes": len(inputs.cluster.nodes), "gpus_by_model": inputs.cluster.gpus_by_model()},
+            "observed_failure_times": len(before.failures),
+            "notes": inputs.notes,
+            "figures": figures,
+        }
+    )
+
+
+def _arrivals(before: RebuiltState, after: RebuiltState, at: datetime, end: datetime) -> Workload:
+    """The jobs submitted in (at, end], as the twin would have learned of them: configuration and declared
+    work (dataset tokens; else the typical work of what finished by `at`), never how they went."""
+    known = [w for w in before.observed_work.values() if w > 0]
+    typical = float(np.median(known)) if known else DEFAULT_WORK_TOKENS
+    rows = _Rows()
+    for job in sorted(after.jobs.values(), key=lambda j: (j.submitted_at or end, j.job_id)):
+        if job.submitted_at is None or not (at < job.submitted_at <= end) or job.job_id in before.jobs:
+            continue
+        config = job_config(job)
+        if config is None:
+            continue
+        work = float(job.dataset_tokens) if job.dataset_tokens and job.dataset_tokens > 0 else typical
+        rows.add(job.job_id, (job.submitted_at - at).total_seconds(), config, work, None)
+    return rows.build()
+
+
+def truth_figures(
+    inputs: TwinInputs, after: RebuiltState, at: datetime, horizon_s: float, interval_s: float, counted: bool
+) -> dict[str, float]:
+    """The window's figures from what the store recorded for the twin's jobs (the ones queued or running at
+    `at`, and with observed arrivals the ones submitted after it)."""
+    workload = inputs.workload
+    ids = [j for j in workload.job_ids]
+    if not counted:  # model arrivals: the truth's arrivals are the recorded submissions in the window
+        end = at + timedelta(seconds=horizon_s)
+        extra = [
+            j.job_id for j in after.jobs.values()
+            if j.submitted_at is not None and at < j.submitted_at <= end and job_config(j) is not None
+        ]  # fmt: skip
+        ids = ids + sorted(set(extra) - set(ids))
+    jobs = [after.jobs[j] for j in ids]
+    seconds = _seconds_from(at)
+    arrival = np.array([seconds(j.submitted_at) for j in jobs])
+    start = np.array([seconds(j.started_at) for j in jobs])
+    end_s = np.array([seconds(j.ended_at) for j in jobs])
+    start = np.where(start > horizon_s, np.nan, start)
+    end_s = np.where(end_s > horizon_s, np.nan, end_s)
+    outcome = np.full(len(jobs), End.PENDING.value, dtype=np.int8)
+    for k, job in enumerate(jobs):
+        if math.isnan(end_s[k]):
+            continue
+        outcome[k] = {"completed": End.COMPLETED, "failed": End.FAILED, "rejected": End.REJECTED}.get(
+            job.state, End.PENDING
+        )
+    gpus = np.array([int(j.number_gpus or 0) for j in jobs], dtype=np.int64)
+    power = np.array([_power(after, j) for j in jobs])
+    shell = Workload(
+        job_ids=ids, arrival_s=arrival, gpus=gpus, gpu_models=[j.gpu_model or "" for j in jobs],
+        duration_s=np.zeros(len(jobs)), work_tokens=np.zeros(len(jobs)),
+        config_idx=np.full(len(jobs), -1, dtype=np.int64),
+    )  # fmt: skip
+    pool, pools, _ = pool_index(shell, inputs.cluster)
+    elapsed = np.where(start < 0, -start, np.nan)
+    plan = JobPlan(
+        job_ids=ids, row=np.arange(len(jobs)), arrival_s=arrival, gpus=gpus, pool=pool, pools=pools,
+        hold_s=np.zeros(len(jobs)), fails=outcome == End.FAILED, estimate_s=np.zeros(len(jobs)),
+        power_w=power, reject=np.where(outcome == End.REJECTED, Reject.RULE, Reject.NONE).astype(np.int8),
+        elapsed_s=elapsed,
+    )  # fmt: skip
+    result = SimResult(start_s=start, end_s=end_s, outcome=outcome, alloc_gpus=gpus, until_s=horizon_s)
+    metrics = measure(plan, result, inputs.cluster.gpus_by_model(), horizon_s, interval_s)
+    return metrics.summary
+
+
+def _seconds_from(origin: datetime) -> Callable[[datetime | None], float]:
+    def seconds(ts: datetime | None) -> float:
+        return float("nan") if ts is None else (as_utc(ts) - origin).total_seconds()
+
+    return seconds
+
+
+def _power(state: RebuiltState, job: Any) -> float:
+    watts = state.observed_power_w.get(job.job_id) or job.last_power_watts
+    if watts and watts > 0:
+        return float(watts)
+    return gpu_tdp_watts(job.gpu_model or "") * DEFAULT_POWER_FRACTION
