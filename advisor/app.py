@@ -16,7 +16,6 @@ from sqlalchemy import Engine
 
 from advisor.auth import V1_PREFIX, authorize
 from advisor.fastpath import RepeatedAdviceFastPath
-from twin.db import engine_from_settings, migrate
 from twin.settings import Settings
 
 # Each module exposes `router` (an APIRouter); optional `startup(app)` / `shutdown(app)` run in the lifespan.
@@ -41,10 +40,8 @@ def serves_v1(router: APIRouter) -> bool:
     return any(getattr(route, "path", "").startswith(V1_PREFIX) for route in router.routes)
 
 
-def create_app(settings: Settings, engine: Engine | None = None, *, run_migrations: bool = True) -> FastAPI:
-    engine = engine or engine_from_settings(settings)
-    if run_migrations:
-        migrate(engine)
+def create_app(settings: Settings, engine: Engine) -> FastAPI:
+    """The app on `engine`'s store, whose schema is current (the application migrates it, not the API)."""
     modules = [importlib.import_module(name) for name in ROUTER_MODULES]
 
     @asynccontextmanager

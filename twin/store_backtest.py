@@ -58,6 +58,7 @@ def backtest_from_store(
     workers: int | None = None,
     model_source: str = "calibrated",
     progress: Callable[[], object] | None = None,
+    ray_address: str | None = None,  # run the twin's ensemble on this Ray cluster
 ) -> dict[str, Any]:
     if horizon_s <= 0:
         raise ValueError("the horizon must be positive")
@@ -79,7 +80,7 @@ def backtest_from_store(
     )
     spec = make_spec(inputs if arrivals == MODEL else replace(inputs, arrivals=None), models, options,
                      SloSet(slos=[]))  # fmt: skip
-    outputs = run_ensemble(spec, runs, workers, progress)
+    outputs = run_ensemble(spec, runs, workers, progress, ray_address=ray_address)
     truth = truth_figures(inputs, after, at, horizon_s, interval_s, arrivals == OBSERVED)
     figures: dict[str, Any] = {}
     for name in FIGURES:

@@ -19,7 +19,7 @@ class NodeOut(BaseModel):
     gpu_model: str
     gpu_count: int
     status: str
-    updated_at: datetime
+    updated_at: datetime | None  # None: stored out of the range a time can be read in (twin.db)
 
 
 class GpuPool(BaseModel):

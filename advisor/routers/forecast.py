@@ -77,6 +77,7 @@ def _options(settings: Settings) -> ForecastOptions:
         policy=Policy(settings.forecast_policy),
         plan=PlanOptions(admission=Admission(settings.forecast_admission)),
         workers=settings.forecast_workers,
+        ray_address=settings.ray_address,  # the standing forecast's ensemble on Ray when one is given
     )
 
 
@@ -179,13 +180,16 @@ def get_forecast(
             created = as_utc(stored.created_at)
             # Its age on the twin's clock (telemetry time since it started) and on the wall's.
             age = (clock.now - as_utc(stored.start)).total_seconds()
-            # Two periods: a missed refresh still serves the last one; an abandoned one does not.
-            if age <= 2 * settings.forecast_every:
+            age_wall = (datetime.now(UTC) - created).total_seconds()
+            # Two periods: a missed refresh still serves the last one; an abandoned one does not. Stale
+            # only on both clocks: a replay at --speed 600 passes two periods of telemetry time in a
+            # second, and every page load would otherwise recompute the ensemble.
+            if age <= 2 * settings.forecast_every or age_wall <= 2 * settings.forecast_min_wall_seconds:
                 return stored.document | {
                     "id": stored.id,
                     "stored_at": created.isoformat(),
                     "age_s": age,
-                    "age_wall_s": (datetime.now(UTC) - created).total_seconds(),
+                    "age_wall_s": age_wall,
                 }
     return compute_standing_forecast(app, clock) | {"age_s": 0.0, "age_wall_s": 0.0}
 
@@ -252,7 +256,13 @@ def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
     models, source = _job_models(app)
     try:
         return run_whatif(
-            inputs, models, body, _slos(app), workers=settings.forecast_workers, model_source=source
+            inputs,
+            models,
+            body,
+            _slos(app),
+            workers=settings.forecast_workers,
+            model_source=source,
+            ray_address=settings.ray_address,
         )
     except (ClusterFormatError, ValueError) as exc:  # e.g. removing more nodes than the cluster has
         raise HTTPException(422, str(exc)) from None

@@ -29,7 +29,7 @@ from advisor.routers.forecast import _job_models, _live, _slos
 from twin.capacity import SweepError, SweepRequest, enumerate_scenarios, make_tasks, run_sweep
 from twin.cluster import ClusterFormatError, cluster_from_spec
 from twin.db import session_scope
-from twin.executors import close_executor, make_executor
+from twin.executors import make_executor
 from twin.settings import Settings
 
 log = logging.getLogger("finetwin.plan")
@@ -116,6 +116,7 @@ def shutdown(app: FastAPI) -> None:
 
 def _run(job: PlanJob, work: Any, settings: Settings) -> None:
     job.status = "running"
+    # Not closed afterwards: on Ray, the API process keeps one connection for its plans and forecasts.
     executor = make_executor(settings.ray_address, settings.forecast_workers)
 
     def progress(done: int, total: int) -> None:
@@ -128,8 +129,6 @@ def _run(job: PlanJob, work: Any, settings: Settings) -> None:
         log.exception("capacity plan %s failed", job.id)
         job.error = f"{type(exc).__name__}: {exc}"
         job.status = "failed"
-    finally:
-        close_executor(executor)
 
 
 @router.post(

@@ -106,8 +106,10 @@ function draw(name, canvasId, type, data, options) {
 async function loadForecast() {
   const f = await api("/v1/forecast");
   const hours = (f.series.t_s || []).map((t) => `+${(t / 3600).toFixed(0)}h`);
+  const clock = f.clock && f.clock.source === "telemetry" ? "telemetry clock" : "wall clock";
   document.getElementById("forecast-meta").textContent =
-    `${f.runs} runs, ${f.models}, ${f.known_jobs ? f.known_jobs.total : 0} known jobs`;
+    `${f.runs} runs, ${f.models}, ${f.known_jobs ? f.known_jobs.total : 0} known jobs, ` +
+    `${fmt(f.arrivals_per_day, 0)} arrivals/day; starts ${when(f.start)} (${clock}), made ${age(f.age_s)} ago`;
   bandChart("utilization", "chart-utilization", hours, f.series.utilization, 100, { min: 0, max: 100 });
   bandChart("queue", "chart-queue", hours, f.series.queue_length, 1, { min: 0 });
   const slos = f.slos || [];
@@ -120,6 +122,76 @@ async function loadForecast() {
         backgroundColor: "rgba(26, 127, 55, 0.2)" },
     ],
   }, { scales: { y: { min: 0, max: 100 } } });
+}
+
+// --- forecast against what happened ---------------------------------------------------------------------
+
+// [figure, caption, scale]: each drawn as the stored forecast's band with the actual value over it.
+const VS_FIGURES = [
+  ["utilization", "Utilization %", 100], ["queue_length", "Queue length", 1], ["running_jobs", "Running jobs", 1],
+  ["jobs_completed", "Jobs completed per interval", 1], ["jobs_failed", "Jobs failed per interval", 1],
+  ["energy_kwh", "Energy per interval (kWh)", 1],
+];
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.round(s / 60)} min`;
+  return `${Math.floor(s / 3600)} h ${Math.round((s % 3600) / 60)} min`;
+}
+
+function vsCanvas(name, caption) {
+  const id = `chart-vs-${name}`;
+  if (!document.getElementById(id)) {
+    const figure = document.createElement("figure");
+    const label = document.createElement("figcaption");
+    label.textContent = `${caption}: forecast p10-p90 and mean, what happened (dots)`;
+    const canvas = document.createElement("canvas");
+    canvas.id = id;
+    figure.append(label, canvas);
+    document.getElementById("vs-charts").appendChild(figure);
+  }
+  return id;
+}
+
+async function loadVsActual() {
+  let view;
+  try {
+    view = await api("/v1/forecast/vs-actual");
+  } catch (error) {
+    if (error.status !== 404) throw error;
+    document.getElementById("vs-meta").textContent = "no stored forecast yet";
+    return;
+  }
+  const skill = await api("/v1/forecast/skill");
+  const total = view.t_s.length;
+  document.getElementById("vs-meta").textContent =
+    `forecast #${view.forecast_id} from ${when(view.start)}, ${age(view.age_s)} old on the telemetry's clock; ` +
+    `${view.intervals_passed} of ${total} intervals have happened`;
+  const parts = Object.entries(skill.figures)
+    .filter(([name]) => VS_FIGURES.some(([f]) => f === name))
+    .map(([name, s]) => `${name} ${Math.round(s.coverage * 100)} % inside p10-p90 (n ${s.n})`);
+  document.getElementById("vs-skill").textContent = skill.scored
+    ? `Skill over ${skill.scored} scored forecasts: ${parts.join("; ")}`
+    : "No forecast interval has been scored yet.";
+  const hours = view.t_s.map((t) => `+${(t / 3600).toFixed(0)}h`);
+  for (const [name, caption, scale] of VS_FIGURES) {
+    const band = view.figures[name];
+    if (!band) continue;
+    const s = (values) => values.map((v) => (v === null ? null : v * scale));
+    draw(`vs-${name}`, vsCanvas(name, caption), "line", {
+      labels: hours,
+      datasets: [
+        { label: "p90", data: s(band.p90), borderWidth: 0, pointRadius: 0, fill: "+1",
+          backgroundColor: "rgba(31, 119, 180, 0.18)" },
+        { label: "p10", data: s(band.p10), borderWidth: 0, pointRadius: 0, fill: false },
+        { label: "forecast mean", data: s(band.mean), borderColor: "rgb(31, 119, 180)", pointRadius: 0, fill: false },
+        { label: "actual", data: s(band.actual), borderColor: "rgb(207, 34, 46)", backgroundColor: "rgb(207, 34, 46)",
+          showLine: false, pointRadius: 3, clip: false },
+      ],
+    }, { plugins: { legend: { display: false } }, scales: { y: { min: 0 } } });
+  }
 }
 
 async function loadLiveError() {
@@ -263,7 +335,8 @@ async function loadAll() {
     setStatus("enter an API key to see the cluster", true);
     return;
   }
-  const parts = { cluster: loadCluster, forecast: loadForecast, "model error": loadLiveError,
+  const parts = { cluster: loadCluster, forecast: loadForecast, "forecast vs actual": loadVsActual,
+                  "model error": loadLiveError,
                   recommendations: loadRecommendations, audit: loadAudit, report: loadReport,
                   "capacity plan": loadPlan };
   const results = await Promise.allSettled(Object.values(parts).map((load) => load()));

@@ -17,6 +17,7 @@ from advisor.auth import Role, parse_key_id
 from advisor.keys import create_api_key, revoke_api_key
 from advisor.records import ApiKey
 from tests.advisor.conftest import FINETWIN, advisor_settings
+from twin.db import engine_from_settings
 
 REPO = Path(__file__).resolve().parents[2]
 OPEN_PATHS = ("/healthz", "/metrics", "/openapi.json", "/docs")
@@ -77,7 +78,7 @@ def test_keys_are_stored_hashed(engine: Engine) -> None:
 
 
 def test_a_revoked_key_stops_working(engine: Engine, tmp_path: Path) -> None:
-    app = create_app(advisor_settings(tmp_path, auth_cache_seconds=0), engine, run_migrations=False)
+    app = create_app(advisor_settings(tmp_path, auth_cache_seconds=0), engine)
     key = create_api_key(engine, Role.VIEWER, name="temp", actor="test")
     with TestClient(app) as client:
         assert client.get("/v1/jobs", headers={"X-API-Key": key}).status_code == 200
@@ -104,7 +105,7 @@ def test_keys_create_prints_the_key_alone_and_it_works(tmp_path: Path) -> None:
     )
     assert bad.returncode != 0 and "admin" in bad.stderr
     settings = advisor_settings(tmp_path)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, engine_from_settings(settings))) as client:
         assert client.get("/v1/audit", headers={"X-API-Key": lines[0]}).status_code == 200
 
 
@@ -140,7 +141,7 @@ def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_pa
         figures={"q1": out / "figures" / "q1.png"}, generated_at="2026-11-29T12:00:00Z", source="sample",
     )  # fmt: skip
     record_latest(report, reports_root(settings))
-    with TestClient(create_app(settings, engine, run_migrations=False)) as client:
+    with TestClient(create_app(settings, engine)) as client:
         info = client.get("/v1/reports/latest", headers=keys["viewer"]).json()
         assert info["available"] and info["url"] == "/reports/latest/"
         page = client.get(info["url"])
@@ -151,7 +152,7 @@ def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_pa
 
 
 def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from twin.cli import build_api_app
+    from finetwin.wiring import build_api_app
 
     settings = advisor_settings(tmp_path)
     app = build_api_app(settings, kafka_bootstrap="127.0.0.1:1")

@@ -15,12 +15,13 @@ from sqlalchemy import Engine
 
 from advisor import workflow
 from calibrate.records import LiveError
+from finetwin.schema import migrate
 from ingest.broker import free_port
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.kafka_util import read_topic
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.conftest import api_headers, tcp_listening, unique, wait_for
-from twin.db import make_engine, migrate, session_scope
+from twin.db import make_engine, session_scope
 from twin.store import utcnow
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]

@@ -10,11 +10,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from advisor.app import create_app
+from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.conftest import api_headers, wait_for
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 WAIT_SLO = {"slos": [{"name": "p95 wait <= 1 h", "metric": "wait_p95_s", "max": 3600}]}
@@ -30,7 +31,10 @@ def store(sqlite_url: str) -> Engine:
 
 @pytest.fixture
 def app_client(store: Engine, tmp_path: Path):  # type: ignore[no-untyped-def]
-    app = create_app(advisor_settings(tmp_path, forecast_workers=1), store, run_migrations=False)
+    # Six submissions over ten years of history: the live arrival process is (nearly) silent, so the
+    # answer does not hang on whether a job happens to arrive in the horizon.
+    settings = advisor_settings(tmp_path, forecast_workers=1, forecast_lookback_days=3650)
+    app = create_app(settings, store)
     with TestClient(app) as client:
         app.state.models_in_use = FakeInUse(FakeModels())
         yield client
@@ -103,7 +107,7 @@ def test_bad_plans_are_refused_with_a_reason(app_client: TestClient, store: Engi
 def test_a_plan_without_a_cluster_in_the_store_says_so(sqlite_url: str, tmp_path: Path) -> None:
     engine = make_engine(sqlite_url)
     migrate(engine)
-    app = create_app(advisor_settings(tmp_path), engine, run_migrations=False)
+    app = create_app(advisor_settings(tmp_path), engine)
     with TestClient(app) as client:
         response = client.post(
             "/v1/plan", json={"vary": [f"{A100}=1..2"]}, headers=api_headers(engine, "operator")

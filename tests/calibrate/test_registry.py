@@ -18,7 +18,7 @@ from calibrate.loader import load_benchmark
 from calibrate.promotion import manual_verdict, not_worse
 from calibrate.refit import calibrate_version
 from calibrate.registry import TRUSTED_TYPES, ModelRegistry, RegistryError, load_models_in_use
-from twin.cli import main
+from finetwin.cli import main
 
 METRICS = {
     "throughput_mdape": 0.06,

@@ -13,8 +13,8 @@ import pytest
 
 from calibrate.report import Report, build_report
 from calibrate.report.html import FigureMissingError, render_html
+from finetwin.cli import main
 from tests.report.conftest import row, write_bench
-from twin.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]

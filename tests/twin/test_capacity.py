@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from finetwin.cli import main
 from tests.twin.capacity_cases import FailingTask, mixed_sweep, narrowed
 from tests.twin.conftest import A100
 from twin.capacity import (
@@ -22,7 +23,6 @@ from twin.capacity import (
     scenario_cluster,
     without_timings,
 )
-from twin.cli import main
 from twin.cluster import cluster_from_spec
 from twin.executors import LocalExecutor
 from twin.forecast import ForecastOptions, TwinInputs, forecast
@@ -148,6 +148,22 @@ def test_a_failing_task_is_retried_and_a_broken_scenario_reported(tmp_path: Path
     assert [doc["scenarios"][k]["slos"] for k in others] == [clean["scenarios"][k]["slos"] for k in others]
 
 
+def test_in_process_the_same_retry_and_report(tmp_path: Path) -> None:
+    inputs, models, request, slos = mixed_sweep()
+    request = narrowed(request, vary=[f"{A100}=2..2", "L40S=1..1"], admissions=["off"], runs=2)
+    clean = run_sweep(inputs, models, request, slos, LocalExecutor(1))
+    retried = run_sweep(
+        inputs, models, request, slos, LocalExecutor(1), task_fn=FailingTask(str(tmp_path), flaky=True)
+    )
+    assert without_timings(retried) == without_timings(clean)
+    broken = run_sweep(
+        inputs, models, request, slos, LocalExecutor(1), task_fn=FailingTask(str(tmp_path), broken=1)
+    )
+    assert [f["scenario"] for f in broken["failed"]] == [1] and broken["scenarios"][0] == clean["scenarios"][
+        0
+    ]
+
+
 def test_a_worker_that_dies_does_not_hang_the_sweep(tmp_path: Path) -> None:
     inputs, models, request, slos = mixed_sweep()
     request = narrowed(request, vary=[f"{A100}=1..1"], runs=2, admissions=["off"])
@@ -233,3 +249,37 @@ def test_plan_command_table_and_bad_input(
     cluster, _jobs, slo = plan_files
     assert main(["plan", "--workload", str(_jobs), "--vary", f"{A100}=1..2"]) == 2
     assert "--cluster" in capsys.readouterr().err
+
+
+def test_plan_command_on_the_live_arrival_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --workload: the store's queue and observed arrivals, over the forecast horizon."""
+    from finetwin.schema import migrate
+    from tests.advisor.seed import seed_overloaded_cluster
+    from twin.db import make_engine
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    seed_overloaded_cluster(engine, jobs=4)  # one 8-GPU node, one job running and three queued
+    engine.dispose()
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", url)
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(tmp_path / "no-models"))
+    monkeypatch.delenv("FINETWIN_RAY_ADDRESS", raising=False)
+    # Four submissions over ten years of history: the arrival process is there but (nearly) silent, so
+    # the answer does not hang on whether a job happens to arrive (nor on the time of day).
+    monkeypatch.setenv("FINETWIN_FORECAST_LOOKBACK_DAYS", "3650")
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("slos:\n  - {name: p95 wait under 1 h, metric: wait_p95_s, max: 3600}\n")
+    argv = ["plan", "--slo", str(slo), "--vary", f"{A100}=1..4", "--runs", "2", "--horizon", "12h",
+            "--workers", "1", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["horizon_s"] == 12 * 3600.0 and len(doc["scenarios"]) == 4
+    meets = [row["meets_slos"] for row in doc["scenarios"]]
+    # Four jobs of a whole node each, the queued ones waiting for up to half an hour already: only a
+    # cluster that starts them all at once keeps the p95 wait under an hour.
+    assert meets == [False, False, False, True]
+    assert doc["cheapest"]["nodes"] == {A100: 4}

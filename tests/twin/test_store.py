@@ -94,7 +94,7 @@ def api(engine: Engine, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, 
     settings = Settings(
         data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False, forecast_runs=3
     )
-    app = create_app(settings, engine, run_migrations=False)
+    app = create_app(settings, engine)
     with TestClient(app) as client:
         yield client, api_headers(engine, "viewer")
 
@@ -160,7 +160,7 @@ def test_forecast_command_reads_the_store(
 ) -> None:
     import json
 
-    from twin.cli import main
+    from finetwin.cli import main
 
     monkeypatch.setenv("FINETWIN_DATABASE_URL", database_url)
     monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))

@@ -1,0 +1,92 @@
+"""The dashboard's forecast-against-what-happened charts, drawn in headless Chromium against a real API
+process: a stored forecast's band with the store's actuals over it, and the forecast's age on the
+telemetry's clock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from finetwin.schema import migrate
+from ingest.broker import free_port
+from tests.conftest import api_headers, tcp_listening, wait_for
+from tests.twin.test_clock import add_events
+from tests.twin.test_skill import T0, document, store_history
+from twin.db import make_engine
+from twin.forecast_store import save_forecast
+from twin.skill import score_due
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+FINETWIN = str(Path(sys.executable).with_name("finetwin"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+
+
+def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    store_history(engine)
+    now = T0 + timedelta(minutes=90)
+    add_events(engine, [T0, now])  # the telemetry's clock stands at T0 + 90 min
+    save_forecast(engine, document() | {"runs": 4, "models": "hand-made", "slos": []}, cluster_id="default")
+    score_due(engine, "default", now)
+    key = api_headers(engine, "viewer")["X-API-Key"]
+    engine.dispose()
+    port = free_port()
+    env = {**os.environ, "FINETWIN_DATABASE_URL": url, "FINETWIN_SCHEDULER_ENABLED": "false",
+           "FINETWIN_DATA_DIR": str(tmp_path / "data"), "FINETWIN_FORECAST_RUNS": "2"}  # fmt: skip
+    with (tmp_path / "api.log").open("wb") as log:
+        api = subprocess.Popen([FINETWIN, "api", "--port", str(port)], env=env, stdout=log, stderr=log)
+    try:
+        wait_for(lambda: tcp_listening(port) or api.poll() is not None, 60, "the API to listen")
+        assert api.poll() is None, (tmp_path / "api.log").read_text()
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(chromium_path), headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1600})
+                page.goto(f"http://127.0.0.1:{port}/")
+                page.fill("#key-input", key)
+                page.click("#key-form button[type=submit]")
+                names = ["vs-utilization", "vs-queue_length", "vs-running_jobs", "vs-jobs_completed",
+                         "vs-jobs_failed", "vs-energy_kwh"]  # fmt: skip
+                page.wait_for_function(f"{names}.every(n => window.finetwinCharts[n])", timeout=60_000)
+                drawn = page.evaluate(
+                    """(names) => Object.fromEntries(names.map((name) => {
+                        const chart = window.finetwinCharts[name];
+                        const c = chart.canvas;
+                        const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                        let red = 0;  // the actual's dots: rgb(207, 34, 46)
+                        for (let i = 0; i < px.length; i += 4)
+                            if (px[i] > 180 && px[i + 1] < 80 && px[i + 2] < 90 && px[i + 3] > 200) red++;
+                        return [name, {actual: chart.data.datasets[3].data, mean: chart.data.datasets[2].data,
+                                       red}];
+                    }))""",
+                    names,
+                )
+                # What happened in the one interval that has passed (hand-computed in test_skill), in
+                # percent for utilization; the interval still ahead has no actual yet.
+                assert drawn["vs-utilization"]["actual"] == [25.0, None]
+                assert drawn["vs-utilization"]["mean"] == [50.0, 50.0]
+                assert drawn["vs-queue_length"]["actual"] == [0.75, None]
+                assert drawn["vs-running_jobs"]["actual"] == [0.5, None]
+                for name in names:
+                    assert drawn[name]["red"] > 10, (name, drawn[name])  # the dot is on the canvas
+                meta = page.text_content("#vs-meta") or ""
+                assert "90 min old on the telemetry's clock" in meta and "1 of 2 intervals" in meta
+                assert "utilization 0 % inside p10-p90 (n 1)" in (page.text_content("#vs-skill") or "")
+                assert "error" not in (page.get_attribute("#status", "class") or "")
+                if os.environ.get("FINETWIN_UPDATE_DOCS") == "1":
+                    page.locator("#vs-actual").screenshot(path=str(Path("docs") / "forecast-vs-actual.png"))
+                page.locator("#vs-actual").screenshot(path=str(tmp_path / "vs-actual.png"))
+            finally:
+                browser.close()
+    finally:
+        api.terminate()
+        api.wait(timeout=20)
