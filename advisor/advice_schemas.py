@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 
 from twin.domain import GPU_TYPES, JobConfig, gpu_type
-from twin.job_config import JobConfigIn, JobConfigOut
+from twin.job_config import JobConfigIn, JobConfigOut, not_blank
 
 
 class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
@@ -16,7 +16,7 @@ class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
     it has to do. Stricter than the telemetry in what it can advise on: a GPU model of the catalogue, a model
     name that is not blank."""
 
-    dataset_tokens: float | None = Field(
+    dataset_tokens: StrictFloat | None = Field(
         default=None, gt=0, le=1e15, allow_inf_nan=False, description="the job's work, in tokens"
     )
 
@@ -29,13 +29,7 @@ class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
             known = ", ".join(f"{g.name} ({g.short})" for g in GPU_TYPES.values())
             raise ValueError(f"unknown GPU model {value!r}; known: {known}") from None
 
-    @field_validator("model_name")
-    @classmethod
-    def _strip(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("the model name is empty")
-        return value
+    strip_model_name = field_validator("model_name")(not_blank)
 
     def to_job(self) -> tuple[JobConfig, float | None]:
         return self.to_config(), self.dataset_tokens

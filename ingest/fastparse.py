@@ -27,7 +27,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from ingest.events import MAX_MESSAGE_BYTES
-from twin.domain import Method, Rule
+from twin.domain import MAX_TIME_LIMIT_S, Method, Rule
 from twin.limits import STORE_INT_MAX, time_window
 
 # The bounds of `ingest.events`, from the same constants (twin.limits). `allow_inf_nan=False` needs no
@@ -35,6 +35,7 @@ from twin.limits import STORE_INT_MAX, time_window
 PositiveInt = Annotated[int, Meta(ge=1, le=STORE_INT_MAX)]  # msgspec ints are strict, as pydantic's here
 NonNegativeInt = Annotated[int, Meta(ge=0, le=STORE_INT_MAX)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
+TimeLimit = Annotated[float, Meta(gt=0, le=MAX_TIME_LIMIT_S)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=1000)]
 # Lengths count characters, as pydantic's do. Text the store cannot hold: a NUL can only reach a JSON string
@@ -80,7 +81,7 @@ class JobSubmitted(_Payload, frozen=True):
     enable_roce: bool = False
     fast_moe: NonNegativeInt = 0
     fast_kernels: bool = False
-    time_limit_s: PositiveFloat | None = None
+    time_limit_s: TimeLimit | None = None
     experiment_id: Text2000 | None = None
     identifier: Text2000 | None = None
     fms_hf_tuning_version: Text50 | None = None

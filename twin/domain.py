@@ -140,6 +140,11 @@ RULE_ORDER: tuple[Rule, ...] = tuple(Rule)
 # The store's bound is the only upper one: the models answer for any size, and the code that searches over a
 # count (repairing the nodes of a job) does so in O(sqrt(n)).
 Count = Annotated[int, Field(ge=1, le=STORE_INT_MAX, strict=True)]
+# A flag is a JSON boolean: not 0, 1 or "true".
+Flag = Annotated[bool, Field(strict=True)]
+# A time cap finetwin accepts: a number of seconds (a JSON integer will do), at most about 31 years.
+MAX_TIME_LIMIT_S = 1e9
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False, strict=True)]
 
 
 def fewest_nodes(config: dict[str, Any]) -> int:
@@ -171,12 +176,12 @@ class JobConfig:
     ]
     batch_size: Count
     tokens_per_sample: Count
-    enable_roce: bool = False
+    enable_roce: Flag = False
     fast_moe: Annotated[
         int, Field(ge=0, le=STORE_INT_MAX, strict=True, description="expert-parallel degree, 0 = off")
     ] = 0
-    fast_kernels: bool = False
-    time_limit_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    fast_kernels: Flag = False
+    time_limit_s: Seconds | None = None
     # The benchmark's descriptors of the run (experiment_id, identifier, ...) when known: they feed the
     # protocol features, and are not part of what makes two configurations the same.
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)

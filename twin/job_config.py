@@ -47,6 +47,15 @@ class _JobConfigModel(BaseModel):
         return cls.model_construct(**{name: getattr(config, name) for name in CONFIG_FIELDS})
 
 
+def not_blank(value: str) -> str:
+    """A field validator for the API's models: a model name is trimmed and must say something (telemetry
+    records what a cluster reports, as it reports it)."""
+    value = value.strip()
+    if not value:
+        raise ValueError("the model name is empty")
+    return value
+
+
 def _bare(hint: Any) -> Any:
     """The type without its bounds: `Annotated[int, Field(ge=1)]` -> `int`, and inside `X | None`."""
     if get_origin(hint) is Annotated:

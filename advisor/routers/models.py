@@ -6,20 +6,26 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import Engine
 
 from advisor.auth import Role, access
 from advisor.deps import get_engine, get_settings
+from advisor.timestamps import UtcDatetime
 from calibrate.config_frame import configs_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
 from calibrate.refit import RefitScheduler
 from calibrate.registry import InUseModels, ModelRegistry, RegistryError
-from twin.job_config import DescribedJobConfig
+from twin.job_config import DescribedJobConfig, not_blank
 from twin.settings import Settings
 
 router = APIRouter(tags=["models"])
@@ -30,6 +36,8 @@ NO_MODEL = 409  # a client error the caller can resolve (calibrate a model), nev
 
 class ConfigIn(DescribedJobConfig):
     """One fine-tuning configuration in the benchmark's terms (the configuration columns of a row)."""
+
+    strip_model_name = field_validator("model_name")(not_blank)
 
 
 class PredictRequest(BaseModel):
@@ -89,7 +97,7 @@ class ModelsOut(BaseModel):
 
 class LiveErrorPointOut(BaseModel):
     job_id: str
-    ended_at: datetime
+    ended_at: UtcDatetime
     model_version: str
     predicted_outcome: str
     actual_outcome: str

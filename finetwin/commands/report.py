@@ -31,10 +31,10 @@ def report(
     bench: Annotated[
         str | None,
         typer.Option(
-            metavar="[FILE]",
-            is_flag=False,
-            flag_value=BUNDLED,
-            help="an LLMFineTuningBench CSV (38 columns); without FILE, the bundled real sample",
+            metavar="FILE",
+            # Typer has no option with an optional value (its is_flag/flag_value do nothing), so the bundled
+            # sample is named by a word rather than by --bench alone.
+            help=f"an LLMFineTuningBench CSV (38 columns), or {BUNDLED!r} for the bundled real sample",
         ),
     ] = None,
     observed: Annotated[
