@@ -68,7 +68,8 @@ def test_every_input_model_has_the_same_bounds(model: type[BaseModel], more: dic
         ("number_nodes", 0), ("batch_size", STORE_INT_MAX + 1), ("tokens_per_sample", STORE_INT_MAX + 1),
         ("fast_moe", -1), ("method", "qlora"), ("model_name", ""), ("model_name", "x" * 201),
         ("model_name", "llama\x00"), ("gpu_model", "x" * 101), ("time_limit_s", 0.0),
-        ("time_limit_s", math.inf),
+        ("time_limit_s", math.inf), ("time_limit_s", 2e9), ("time_limit_s", "600"), ("enable_roce", 1),
+        ("fast_kernels", "true"),
     ]:  # fmt: skip
         with pytest.raises(ValidationError, match=field):
             model.model_validate({**JOB, **more, field: wrong})
