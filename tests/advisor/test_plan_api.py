@@ -113,3 +113,22 @@ def test_a_plan_without_a_cluster_in_the_store_says_so(sqlite_url: str, tmp_path
             "/v1/plan", json={"vary": [f"{A100}=1..2"]}, headers=api_headers(engine, "operator")
         )
     assert response.status_code == 409
+
+
+def test_an_unreachable_ray_cluster_is_a_503_for_forecasts_and_a_failed_plan(
+    store: Engine, tmp_path: Path
+) -> None:
+    from ingest.broker import free_port
+
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    settings = advisor_settings(tmp_path, forecast_workers=1, forecast_runs=2, ray_address=address)
+    app = create_app(settings, store)
+    operator = api_headers(store, "operator")
+    with TestClient(app) as client:
+        app.state.models_in_use = FakeInUse(FakeModels())
+        forecast = client.get("/v1/forecast?refresh=true", headers=operator)
+        assert forecast.status_code == 503 and address in forecast.json()["detail"]
+        started = client.post("/v1/plan", json={"vary": [f"{A100}=1..2"], "runs": 1}, headers=operator)
+        plan = finished(client, started.json()["id"], operator)
+    assert plan["status"] == "failed" and "cannot reach the Ray cluster" in plan["error"]

@@ -283,3 +283,18 @@ def test_plan_command_on_the_live_arrival_process(
     # cluster that starts them all at once keeps the p95 wait under an hour.
     assert meets == [False, False, False, True]
     assert doc["cheapest"]["nodes"] == {A100: 4}
+
+
+def test_an_unreachable_ray_address_is_a_clear_error_not_a_hang(
+    plan_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ingest.broker import free_port
+
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(plan_argv(plan_files, "--ray", address)) == 2
+    assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
+    monkeypatch.setenv("FINETWIN_RAY_ADDRESS", address)  # the ensembles of the other commands too
+    cluster, jobs, _slo = plan_files
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs), "--runs", "2"]) == 2
+    assert "cannot reach the Ray cluster" in capsys.readouterr().err
