@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin, get_type_hints
 
+import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from twin.domain import JobConfig
@@ -114,6 +115,14 @@ class DescribedJobConfig(JobConfigIn):  # type: ignore[misc,valid-type]
         extra = {name: value for name in DESCRIPTOR_FIELDS if (value := getattr(self, name))}
         return JobConfig(**{name: getattr(self, name) for name in CONFIG_FIELDS}, extra=extra)
 
+
+# The largest value of each count (its `le` bound), for readers that check a whole column at once (CSV).
+FIELD_MAXIMUMS: dict[str, float] = {
+    name: bound.le
+    for name, info in JobConfigIn.model_fields.items()
+    for bound in info.metadata
+    if isinstance(bound, annotated_types.Le)
+}
 
 # Each field's Python type, to read a configuration from loosely typed rows (pandas, CSV).
 FIELD_TYPES: dict[str, type] = {name: _python_type(_HINTS[name]) for name in CONFIG_FIELDS}
