@@ -1,11 +1,13 @@
 """Accuracy of the calibrated models on rows they did not see, against plain baselines, on the two kinds of
-held-out set issue 3 states its targets on:
+held-out set issues 3 and 14 state their targets on, and two harder ones reported without a target:
 
 - random: 15 % of the rows at random (several seeds), like rows drawn from the rest of the benchmark;
 - block: contiguous blocks of the file (10 folds); the file is sorted by configuration, so a block is a
-  configuration region (a protocol, a model, a GPU type) the training rows never saw.
+  configuration region (a protocol, a model, a GPU type) the training rows never saw;
+- gpu-out: every row of one GPU type held out, for each GPU type (a provider adds a GPU);
+- model-out: every row of one LLM held out, for each LLM with at least 100 rows (a provider adds a model).
 
-    .venv/bin/python bench/accuracy.py [--bench FILE] [--seeds 5] [--blocks 10]
+    .venv/bin/python bench/accuracy.py [--bench FILE] [--seeds 5] [--blocks 10] [--no-groups]
 
 Baselines, fitted on the same training rows of each split:
 - median: the median throughput (share of runs that ran) of training rows with the same model, method, GPU,
@@ -37,16 +39,28 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from calibrate import accuracy  # noqa: E402
 from calibrate.fit import fit_models  # noqa: E402
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
-from calibrate.splits import BLOCK, RANDOM, Split, block_folds, random_holdouts  # noqa: E402
+from calibrate.splits import (  # noqa: E402
+    BLOCK,
+    GPU_OUT,
+    MIN_ROWS_PER_HELD_OUT_MODEL,
+    MODEL_OUT,
+    RANDOM,
+    Split,
+    block_folds,
+    leave_one_group_out,
+    random_holdouts,
+)
 from twin.domain import model_params_b  # noqa: E402
 
-TARGETS = {  # issue 3: (random rows, unseen blocks)
-    "throughput_mdape": (0.06, 0.14),
+TARGETS = {  # issues 3 and 14: (random rows, unseen blocks)
+    "throughput_mdape": (0.035, 0.07),
     "throughput_mape": (0.14, 0.30),
-    "failure_balanced_accuracy": (0.975, 0.93),
+    "failure_balanced_accuracy": (0.985, 0.95),
     "rules_exact": (1.0, 1.0),
 }
-BAND_TARGET = (0.70, 0.92)
+BAND_TARGET = (0.72, 0.90)  # issue 14: coverage of p10-p90 on held-out rows
+WIDTH_TARGET = (0.12, 0.30)  # issue 14: median (p90 - p10) / p50, random rows and unseen blocks
+KINDS = (RANDOM, BLOCK, GPU_OUT, MODEL_OUT)
 HIGHER_IS_BETTER = ("failure_balanced_accuracy", "rules_exact")
 MATCH_COLUMNS = ("model_name", "method", "gpu_model", "number_gpus", "batch_size", "tokens_per_sample")
 NAME_COLUMNS = ("model_name", "method", "gpu_model")
@@ -150,14 +164,15 @@ def pooled_metrics(table: pd.DataFrame, predictions: pd.DataFrame, has_rules: bo
         )
         if has_rules
         else float("nan"),
-        "band_coverage": accuracy.band_coverage(
-            actual[valid],
-            predictions["tokens_per_second_p10"].to_numpy()[valid],
-            predictions["tokens_per_second_p90"].to_numpy()[valid],
-        )
-        if has_band
-        else float("nan"),
     }
+    low = predictions["tokens_per_second_p10"].to_numpy()[valid]
+    high = predictions["tokens_per_second_p90"].to_numpy()[valid]
+    band = {
+        "band_coverage": accuracy.band_coverage(actual[valid], low, high),
+        "band_median_width": accuracy.median_relative_width(low, p50[valid], high),
+        "interval_score": accuracy.interval_score(actual[valid], low, high, alpha=0.2),
+    }
+    result |= {k: (v if has_band else float("nan")) for k, v in band.items()}
     return result
 
 
@@ -189,20 +204,27 @@ def ratio(metric: str, ours: float, baseline: float) -> float:
 
 def print_table(results: dict[str, dict], n_rows: dict[str, int]) -> bool:
     header = (
-        f"{'metric':<27} {'split':<7} {'finetwin':>9} {'gbm':>9} {'median':>9} {'ratio':>7} {'target':>8}  ok"
+        f"{'metric':<27} {'split':<9} {'finetwin':>9} {'gbm':>9} {'median':>9} {'ratio':>7} {'target':>8}  ok"
     )
     print(header)
     print("-" * len(header))
     all_ok = True
-    for metric in (*TARGETS, "failure_brier", "band_coverage"):
-        for kind in (RANDOM, BLOCK):
+    for metric in (*TARGETS, "failure_brier", "band_coverage", "band_median_width", "interval_score"):
+        for kind in (k for k in KINDS if k in results):
             row = results[kind]
             ours, gbm, median = (row[name][metric] for name in ("finetwin", "gbm", "median"))
             baselines = [b for b in (gbm, median) if not np.isnan(b)]
             lower = metric not in HIGHER_IS_BETTER
             best = (min(baselines) if lower else max(baselines)) if baselines else float("nan")
-            if metric == "band_coverage":
-                target, ok, text = BAND_TARGET, BAND_TARGET[0] <= ours <= BAND_TARGET[1], "0.70-0.92"
+            if kind not in (RANDOM, BLOCK):  # the harder splits: reported, no target
+                ok, text = True, "-"
+            elif metric == "band_coverage":
+                ok, text = BAND_TARGET[0] <= ours <= BAND_TARGET[1], f"{BAND_TARGET[0]}-{BAND_TARGET[1]}"
+            elif metric == "band_median_width":
+                target = WIDTH_TARGET[0 if kind == RANDOM else 1]
+                ok, text = ours <= target, f"{target:.3f}"
+            elif metric == "interval_score":
+                ok, text = True, "lower"
             elif metric in TARGETS:
                 target = TARGETS[metric][0 if kind == RANDOM else 1]
                 meets = ours <= target if lower else ours >= target
@@ -213,7 +235,7 @@ def print_table(results: dict[str, dict], n_rows: dict[str, int]) -> bool:
             all_ok &= bool(ok)
             shown_ratio = f"{ratio(metric, ours, best):>7.2f}" if baselines else f"{'':>7}"
             cells = " ".join(f"{v:>9.4f}" if not np.isnan(v) else f"{'-':>9}" for v in (ours, gbm, median))
-            print(f"{metric:<27} {kind:<7} {cells} {shown_ratio} {text:>8}  {'yes' if ok else 'NO'}")
+            print(f"{metric:<27} {kind:<9} {cells} {shown_ratio} {text:>8}  {'yes' if ok else 'NO'}")
     print(f"\nheld-out rows per kind (pooled over folds): {n_rows}")
     return all_ok
 
@@ -223,14 +245,19 @@ def main() -> None:
     parser.add_argument("--bench", type=Path, default=bundled_benchmark_path())
     parser.add_argument("--seeds", type=int, default=5, help="random 15 %% holdouts")
     parser.add_argument("--blocks", type=int, default=10, help="contiguous blocks of the file")
+    parser.add_argument("--no-groups", action="store_true", help="skip leave-one-GPU/model-out")
     args = parser.parse_args()
     table = load_benchmark(args.bench)
     splits = random_holdouts(table, seeds=range(args.seeds)) + block_folds(table, n_blocks=args.blocks)
+    if not args.no_groups:
+        splits += leave_one_group_out(table, "gpu_model", GPU_OUT)
+        splits += leave_one_group_out(table, "model_name", MODEL_OUT, min_rows=MIN_ROWS_PER_HELD_OUT_MODEL)
     started = time.perf_counter()
     with threadpool_limits(limits=1, user_api="openmp"):
         results = run(table, splits, {"finetwin": finetwin, "gbm": gbm_on_names, "median": median_of_matches})
-    n_rows = {kind: int(sum(len(s.test) for s in splits if s.kind == kind)) for kind in (RANDOM, BLOCK)}
-    print(f"{args.bench}: {len(table):,} rows; {args.seeds} random 15 % holdouts, {args.blocks} blocks\n")
+    n_rows = {kind: int(sum(len(s.test) for s in splits if s.kind == kind)) for kind in KINDS}
+    folds = {kind: sum(s.kind == kind for s in splits) for kind in KINDS}
+    print(f"{args.bench}: {len(table):,} rows; folds per kind {folds}\n")
     ok = print_table(results, n_rows)
     elapsed = time.perf_counter() - started
     print(f"all targets met and baselines beaten: {'yes' if ok else 'NO'} ({elapsed:.0f} s)")

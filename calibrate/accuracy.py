@@ -69,3 +69,22 @@ def exact_share(expected: np.ndarray, predicted: np.ndarray) -> float:
 
 def _none(values: np.ndarray) -> list[object]:
     return [None if (v is None or (isinstance(v, float) and np.isnan(v))) else v for v in values]
+
+
+def median_relative_width(low: np.ndarray, mid: np.ndarray, high: np.ndarray) -> float:
+    """Median of (high - low) / mid: how sharp a band is, in units of its prediction."""
+    mid = np.asarray(mid, dtype=float)
+    width = (np.asarray(high, dtype=float) - np.asarray(low, dtype=float)) / mid
+    return float(np.median(width)) if width.size else float("nan")
+
+
+def interval_score(actual: np.ndarray, low: np.ndarray, high: np.ndarray, alpha: float = 0.2) -> float:
+    """Mean Winkler interval score of central (1 - alpha) bands, relative to the actual value (so rows of
+    any size weigh alike): width plus 2 / alpha times how far the actual value falls outside. Lower is
+    better; it rewards a narrow band only where the band still holds the truth."""
+    actual = np.asarray(actual, dtype=float)
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    below = np.maximum(low - actual, 0.0)
+    above = np.maximum(actual - high, 0.0)
+    score = (high - low) + 2.0 / alpha * (below + above)
+    return float(np.mean(score / actual)) if actual.size else float("nan")

@@ -1,6 +1,6 @@
-"""The gradient-boosted estimators the three models share: scikit-learn's HistGradientBoosting, fed the
-feature frame of `calibrate.features` directly, with native splits on the categorical features (an unseen
-category is treated as missing).
+"""The gradient-boosted estimators the three models share: scikit-learn's HistGradientBoosting, fed columns
+of the numeric matrix of `calibrate.encoding`, with native splits on the categorical features' codes (an
+unseen category is treated as missing).
 
 Only scikit-learn types, so that a fitted estimator can be stored with skops (see `SKOPS_TRUSTED_TYPES`).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import pandas as pd
+import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
 from calibrate.features import CATEGORICAL_FEATURES
@@ -36,12 +36,18 @@ def classifier(features: Sequence[str], seed: int, params: dict[str, Any]) -> Hi
     )
 
 
-def trainable(X: pd.DataFrame) -> pd.DataFrame:
+def trainable(X: np.ndarray, features: Sequence[str]) -> np.ndarray:
     """Training rows with every all-missing numeric column set to 0: the trees' binning fails on a column
     with no value at all, and a constant column is never split on (prediction rows keep their NaN)."""
-    empty = [c for c in X.columns if c not in CATEGORICAL_FEATURES and X[c].isna().all()]
-    return X.assign(**{c: 0.0 for c in empty}) if empty else X
+    empty = [
+        j for j, name in enumerate(features) if name not in CATEGORICAL_FEATURES and np.isnan(X[:, j]).all()
+    ]
+    if not empty:
+        return X
+    X = X.copy()
+    X[:, empty] = 0.0
+    return X
 
 
-def _categories(features: Sequence[str]) -> list[str]:
-    return [f for f in features if f in CATEGORICAL_FEATURES]
+def _categories(features: Sequence[str]) -> np.ndarray:
+    return np.array([f in CATEGORICAL_FEATURES for f in features], dtype=bool)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
 from calibrate import boosting
+from calibrate.compiled import CompiledTrees
+from calibrate.encoding import columns
 from calibrate.features import MEMORY_FEATURES
 
 # A random 30 % of the features at each split: with many overlapping memory features, it keeps the trees
@@ -40,6 +41,7 @@ MEMBERS = 4
 MEMBER_MAX_TRAIN_ROWS = 8000
 VALID_THRESHOLD = 0.5  # p_valid at or above: predicted to run
 _EPSILON = 1e-6
+_MEMORY_COLUMNS = columns(MEMORY_FEATURES)
 
 
 @dataclass
@@ -47,20 +49,41 @@ class RuntimeFailureModel:
     members: list[HistGradientBoostingClassifier]
     calibrators: list[LogisticRegression]  # one per member: logit(member's p) -> calibrated p
 
-    def predict(self, features: pd.DataFrame) -> np.ndarray:
-        """p_valid per row."""
-        X = features[list(MEMORY_FEATURES)]
-        calibrated = [
-            calibrator.predict_proba(_logit(member.predict_proba(X)[:, 1]))[:, 1]
-            for member, calibrator in zip(self.members, self.calibrators, strict=True)
-        ]
-        return np.mean(calibrated, axis=0)
+    def __post_init__(self) -> None:
+        self._compiled = [CompiledTrees(member) for member in self.members]
+        # Platt scaling is one logistic function: its two numbers, not a scikit-learn call per member.
+        self._platt = [(float(c.coef_[0, 0]), float(c.intercept_[0])) for c in self.calibrators]
+
+    def predict(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
+        """p_valid per row of the encoded feature matrix. `reference`: through scikit-learn instead of the
+        compiled trees and the closed-form calibration (the same numbers, slower)."""
+        return np.mean(self.member_predictions(X, reference=reference), axis=0)
+
+    def member_predictions(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
+        """(members, n) calibrated p_valid of each member."""
+        if len(X) == 0:
+            return np.zeros((len(self.members), 0))
+        X = X[:, _MEMORY_COLUMNS]
+        if reference:
+            return np.array(
+                [
+                    calibrator.predict_proba(_logit(member.predict_proba(X)[:, 1]))[:, 1]
+                    for member, calibrator in zip(self.members, self.calibrators, strict=True)
+                ]
+            )
+        return np.array(
+            [
+                _sigmoid(slope * _logit(trees.predict(X))[:, 0] + intercept)
+                for trees, (slope, intercept) in zip(self._compiled, self._platt, strict=True)
+            ]
+        )
 
 
 def fit_failure(
-    features: pd.DataFrame, ran: np.ndarray, weight: np.ndarray | None, *, seed: int
+    X: np.ndarray, ran: np.ndarray, weight: np.ndarray | None, *, seed: int
 ) -> RuntimeFailureModel:
-    """Fit on rows that pass the admission rules; `ran` is True for valid runs, False for runtime failures."""
+    """Fit on rows (of the encoded feature matrix) that pass the admission rules; `ran` is True for valid
+    runs, False for runtime failures."""
     ran = np.asarray(ran, dtype=bool)
     counts = np.bincount(ran.astype(int), minlength=2)
     if counts.min() < MEMBERS:
@@ -68,7 +91,7 @@ def fit_failure(
             f"need at least {MEMBERS} valid runs and {MEMBERS} runtime failures to fit the failure model, "
             f"got {counts[1]} and {counts[0]}"
         )
-    X = features[list(MEMORY_FEATURES)]
+    X = X[:, _MEMORY_COLUMNS]
     folds = StratifiedKFold(MEMBERS, shuffle=True, random_state=seed).split(np.zeros(len(ran)), ran)
     members: list[HistGradientBoostingClassifier] = []
     calibrators: list[LogisticRegression] = []
@@ -78,17 +101,21 @@ def fit_failure(
             train = np.sort(rng.choice(train, MEMBER_MAX_TRAIN_ROWS, replace=False))
         member = boosting.classifier(MEMORY_FEATURES, seed + k, CLASSIFIER_PARAMS)
         member.fit(
-            boosting.trainable(X.iloc[train]),
+            boosting.trainable(X[train], MEMORY_FEATURES),
             ran[train],
             sample_weight=None if weight is None else weight[train],
         )
-        scores = _logit(member.predict_proba(X.iloc[held_out])[:, 1])
+        scores = _logit(member.predict_proba(X[held_out])[:, 1])
         calibrator = LogisticRegression(C=100.0).fit(
             scores, ran[held_out], sample_weight=None if weight is None else weight[held_out]
         )
         members.append(member)
         calibrators.append(calibrator)
     return RuntimeFailureModel(members, calibrators)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

@@ -116,8 +116,16 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     `table` is loader output (benchmark or configs) or `configs_to_frame` output; missing optional columns
     take their defaults. Raises ValueError naming the row (position) and column of an impossible value.
     """
+    columns, notes = feature_columns(table)
+    return pd.DataFrame(columns, index=table.index, columns=list(FEATURE_NAMES)), notes
+
+
+def feature_columns(table: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[str]]:
+    """`build_features` as one array per feature (FEATURE_NAMES order), without the frame around them: the
+    prediction path encodes these straight into a numeric matrix (`calibrate.encoding`). Building a frame
+    column by column cost most of a ~100-row prediction."""
     frame = validated_configs(table)
-    out = pd.DataFrame(index=table.index)
+    out: dict[str, np.ndarray] = {}
 
     names = frame["model_name"].to_numpy()
     params, active, notes = model_sizes(names)
@@ -187,10 +195,10 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     )
 
     out["method"] = methods
-    out["gpu_model"] = gpus_named
+    out["gpu_model"] = np.array(gpus_named, dtype=object)
     out["model_family"] = families
     out["protocol"] = protocol["protocol"]
-    out["tuning_version"] = frame["fms_hf_tuning_version"].to_numpy()
+    out["tuning_version"] = frame["fms_hf_tuning_version"].to_numpy(dtype=object)
     out["log_params"] = np.log(params)
     out["log_active_params"] = np.log(active)
     out["is_moe"] = (active < params * 0.95).astype(float)
@@ -222,7 +230,7 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     # NaN where the protocol does not state the setting: the trees learn where "not stated" belongs.
     out["gradient_accumulation"] = protocol["gradient_accumulation"].astype(float)
     out["reentrant_checkpointing"] = protocol["reentrant"].astype(float)
-    out["version_number"] = out["tuning_version"].map(version_number).to_numpy(dtype=float)
+    out["version_number"] = np.array([version_number(v) for v in out["tuning_version"]], dtype=float)
     out["state_bytes_per_param"] = state_bytes
     out["log_state_gb"] = np.log(state_gb)
     out["log_activation_gb"] = np.log(activation_gb)
@@ -232,7 +240,7 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     out["log_flops_per_token"] = np.log(flops_per_token)
     out["log_communication_ratio"] = np.log((communication_s + 1e-6) / compute_s)
     out[THROUGHPUT_OFFSET] = np.log(physics_tokens_per_second)
-    return out[list(FEATURE_NAMES)], notes
+    return {name: out[name] for name in FEATURE_NAMES}, notes
 
 
 def _per_method(methods: np.ndarray, table: Mapping[str, float]) -> np.ndarray:

@@ -10,6 +10,7 @@ load.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,8 +23,9 @@ from threadpoolctl import threadpool_limits
 from calibrate import accuracy
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
 from calibrate.config_frame import configs_to_frame
+from calibrate.encoding import FeatureEncoding
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure
-from calibrate.features import FEATURE_NAMES, build_features
+from calibrate.features import FEATURE_NAMES, feature_columns
 from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
@@ -37,7 +39,8 @@ __all__ = [
     "holdout_metrics",
 ]
 
-PARAMS_FORMAT = 1
+# 2: one numeric matrix with the categorical codes fixed at fit time, and the adaptive band.
+PARAMS_FORMAT = 2
 # OpenMP threads per fit. The models are small; on a shared two-core machine more threads spin against other
 # processes and made a fit twenty times slower in measurements, while one thread loses little.
 FIT_THREADS = 1
@@ -60,26 +63,36 @@ class CalibratedModels:
 
     def __init__(
         self,
+        encoding: FeatureEncoding,
         throughput: ThroughputModel,
         failure: RuntimeFailureModel,
         power: PowerUseModel,
         info: dict[str, Any] | None = None,
     ) -> None:
+        self.encoding = encoding
         self.throughput = throughput
         self.failure = failure
         self.power = power
         self.info = dict(info or {})
 
-    def predict_frame(self, table: pd.DataFrame, *, power: bool = False) -> pd.DataFrame:
+    def matrix(self, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(encoded feature matrix, canonical GPU names, a note per row) of loader-shaped rows."""
+        columns, notes = feature_columns(table)
+        return self.encoding.matrix(columns), columns["gpu_model"], notes
+
+    def predict_frame(
+        self, table: pd.DataFrame, *, power: bool = False, reference: bool = False
+    ) -> pd.DataFrame:
         """Loader output (benchmark or configs) -> one prediction per row, same index and order; with
-        `power`, also `power_watts` per GPU from the same features (one feature build, not two)."""
-        features, notes = build_features(table)
+        `power`, also `power_watts` per GPU from the same features (one feature build, not two).
+        `reference`: through scikit-learn's estimators instead of the compiled trees (same numbers)."""
+        X, gpus, notes = self.matrix(table)
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)
-        with _quiet_threads():
-            p_valid = self.failure.predict(features) if len(features) else np.zeros(0)
-            band = self.throughput.predict(features) if len(features) else np.zeros((0, 3))
-            watts = self.power.predict(features) if power and len(features) else np.zeros(len(features))
+        with _quiet_threads() if reference else contextlib.nullcontext():
+            p_valid = self.failure.predict(X, reference=reference)
+            band = self.throughput.predict(X, reference=reference)
+            watts = self.power.predict(X, gpus, reference=reference) if power else np.zeros(len(X))
         p_valid = np.where(rejected, 0.0, p_valid)
         outcome = np.where(
             rejected,
@@ -105,44 +118,44 @@ class CalibratedModels:
     def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
             return np.zeros((0, 3))
-        features, _ = build_features(configs_to_frame(configs))
-        with _quiet_threads():
-            return self.throughput.predict(features)
+        X, _, _ = self.matrix(configs_to_frame(configs))
+        return self.throughput.predict(X)
 
     def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """p_valid from the runtime-failure model alone; the admission rules are the caller's to check."""
         if not configs:
             return np.zeros(0)
-        features, _ = build_features(configs_to_frame(configs))
-        with _quiet_threads():
-            return self.failure.predict(features)
+        X, _, _ = self.matrix(configs_to_frame(configs))
+        return self.failure.predict(X)
 
     def predict_error_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """twin.protocols.ErrorCorrelationModel: the share of each config's throughput error that its error
         family shares (measured on held-out residuals when the version was fitted)."""
         if not configs:
             return np.zeros(0)
-        features, _ = build_features(configs_to_frame(configs))
-        return self.throughput.predict_error_correlation(features)
+        X, _, _ = self.matrix(configs_to_frame(configs))
+        return self.throughput.predict_error_correlation(X)
 
     def predict_error_quantiles(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """twin.protocols.ErrorDistributionModel: each config's standardized throughput error at
         twin.families.ERROR_QUANTILE_LEVELS, from held-out residuals of its novelty level."""
         if not configs:
             return np.zeros((0, len(ERROR_QUANTILE_LEVELS)))
-        features, _ = build_features(configs_to_frame(configs))
-        return self.throughput.predict_error_quantiles(features)
+        X, _, _ = self.matrix(configs_to_frame(configs))
+        return self.throughput.predict_error_quantiles(X)
 
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
             return np.zeros(0)
-        features, _ = build_features(configs_to_frame(configs))
-        with _quiet_threads():
-            return self.power.predict(features)
+        X, gpus, _ = self.matrix(configs_to_frame(configs))
+        return self.power.predict(X, gpus)
 
     def to_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(name -> scikit-learn pipeline, JSON-able parameters)."""
-        estimators: dict[str, Any] = {"throughput": self.throughput.regressor}
+        estimators: dict[str, Any] = {
+            "throughput": self.throughput.regressor,
+            "throughput_difficulty": self.throughput.difficulty,
+        }
         for k, (member, calibrator) in enumerate(
             zip(self.failure.members, self.failure.calibrators, strict=True)
         ):
@@ -153,6 +166,7 @@ class CalibratedModels:
         params = {
             "format": PARAMS_FORMAT,
             "feature_names": list(self.feature_names),
+            "encoding": self.encoding.params(),
             "throughput": self.throughput.params(),
             "failure": {"members": len(self.failure.members), "valid_threshold": VALID_THRESHOLD},
             "power": self.power.params(),
@@ -166,9 +180,12 @@ class CalibratedModels:
             raise ValueError(f"unsupported model parameters format {params.get('format')!r}")
         if list(params.get("feature_names", [])) != list(FEATURE_NAMES):
             raise ValueError("the stored models were fitted on other features than this finetwin builds")
+        encoding = FeatureEncoding.from_params(params["encoding"])
         members = int(params["failure"]["members"])
         try:
-            throughput = ThroughputModel.from_params(estimators["throughput"], params["throughput"])
+            throughput = ThroughputModel.from_params(
+                estimators["throughput"], estimators["throughput_difficulty"], params["throughput"]
+            )
             failure = RuntimeFailureModel(
                 [estimators[f"failure_{k}"] for k in range(members)],
                 [estimators[f"failure_calibration_{k}"] for k in range(members)],
@@ -180,7 +197,7 @@ class CalibratedModels:
             float(params["power"]["tdp_fraction"]),
             list(params["power"]["gpus_with_power"]),
         )
-        return cls(throughput, failure, power, params.get("info"))
+        return cls(encoding, throughput, failure, power, params.get("info"))
 
 
 def admission_rules(table: pd.DataFrame) -> list[str | None]:
@@ -214,7 +231,10 @@ def fit_models(
         weight.shape != (len(table),) or not np.all(np.isfinite(weight)) or np.any(weight < 0)
     ):
         raise ValueError("sample_weight must hold one finite, non-negative weight per row")
-    features, _ = build_features(table)
+    columns, _ = feature_columns(table)
+    encoding = FeatureEncoding.fit(columns)
+    X = encoding.matrix(columns)
+    gpus = columns["gpu_model"]
     outcome = table["outcome"].astype(str).to_numpy()
     throughput = pd.to_numeric(table["dataset_tokens_per_second"], errors="coerce").to_numpy(dtype=float)
     valid = outcome == Outcome.VALID.value
@@ -234,14 +254,12 @@ def fit_models(
             dtype=object,
         )
         throughput_model = fit_throughput(
-            features[usable],
-            throughput[usable],
-            _subset(weight, usable),
-            seed=seed,
-            families=families[usable],
+            X[usable], throughput[usable], _subset(weight, usable), seed=seed, families=families[usable]
         )
-        failure_model = fit_failure(features[passed], valid[passed], _subset(weight, passed), seed=seed)
-        power_model = fit_power(features[usable], power_watts[usable], _subset(weight, usable), seed=seed)
+        failure_model = fit_failure(X[passed], valid[passed], _subset(weight, passed), seed=seed)
+        power_model = fit_power(
+            X[usable], gpus[usable], power_watts[usable], _subset(weight, usable), seed=seed
+        )
     info = {
         "seed": seed,
         "n_rows": int(len(table)),
@@ -253,7 +271,7 @@ def fit_models(
         "error_correlation": dict(throughput_model.error_correlation),
         "error_quantiles": dict(throughput_model.error_quantiles),
     }
-    return CalibratedModels(throughput_model, failure_model, power_model, info)
+    return CalibratedModels(encoding, throughput_model, failure_model, power_model, info)
 
 
 def holdout_metrics(

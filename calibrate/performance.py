@@ -1,32 +1,38 @@
-"""The throughput model: whole-job `dataset_tokens_per_second` with a p10-p90 band.
+"""The throughput model: whole-job `dataset_tokens_per_second` with an adaptive p10-p90 band.
 
 A gradient-boosted regressor learns log(tokens/s) minus the physics bound of `calibrate.features`
 (`log_physics_tokens_per_second`): an efficiency, which carries over to model sizes and GPU counts the
 benchmark never ran, where a model of raw names would be lost.
 
-The band comes from out-of-fold residuals (split conformal), kept apart by whether the training rows hold the
-configuration's region (the same model under the same protocol) or not. The out-of-fold rows come from
-random folds and from contiguous blocks of the table, so a new region gets the wider residuals of
-configuration regions the model had not seen.
+The band is normalized split conformal: out-of-fold residuals (from random folds and from contiguous blocks
+of the table, so that some rows are of configuration regions their fold never saw) teach a second,
+small regressor how large the error is where (the difficulty: log |residual| from the features plus how
+many training rows share the row's region and its configuration); the band is the prediction plus the
+residual-over-difficulty quantiles times the row's difficulty. Narrow where the model has seen many
+neighbours, wide where it has not, with the coverage of the quantiles. The quantiles are kept apart by
+whether the training rows hold the configuration's region (the same model under the same protocol).
 
-The same out-of-fold residuals say how much of the error the rows of one error family share, and how the
-error is distributed in units of the band (`calibrate.correlation`, per novelty level): the twin's ensembles
-draw the shared share once per family and run, and read each job's error from that distribution.
+The same out-of-fold residuals, in units of each row's band, say how much of the error the rows of one
+error family share, and how the error is distributed (`calibrate.correlation`, per novelty level): the
+twin's ensembles draw the shared share once per family and run, and read each job's error from that
+distribution.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from scipy.special import ndtri
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
+from calibrate.compiled import CompiledTrees
 from calibrate.correlation import error_quantiles, shared_share, standardize
-from calibrate.features import FEATURE_NAMES, THROUGHPUT_OFFSET
+from calibrate.encoding import column, columns
+from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES, THROUGHPUT_OFFSET
 from twin.families import ERROR_QUANTILE_LEVELS
 
 # Shallow trees on a random half of the features at each split: the physics features carry most of the
@@ -49,6 +55,16 @@ BLOCK_FOLDS = 3
 # Each out-of-fold fit sees at most this many rows, so the band costs the same on the full benchmark as on
 # the sample (on 30,920 rows the band is then slightly conservative).
 RESIDUAL_MAX_TRAIN_ROWS = 4000
+# The difficulty regressor: few, large-leaved trees (it learns a scale, not a value).
+DIFFICULTY_PARAMS: dict[str, Any] = {
+    "max_iter": 60,
+    "learning_rate": 0.1,
+    "max_leaf_nodes": 8,
+    "min_samples_leaf": 40,
+    "early_stopping": False,
+}
+# Residuals smaller than this (1 % in tokens/s) are noise between repeats: the difficulty never goes below.
+MIN_ABS_RESIDUAL = 0.01
 BAND_QUANTILES = (0.10, 0.90)
 # Novel configurations take a wider nominal band: the held-out blocks of one table are less novel than the
 # regions a prediction meets later, so their residuals understate the error there.
@@ -68,102 +84,138 @@ _REGION_KEY = (
     "multi_node",
     "enable_roce",
     "model_family",
+    "log_params",
 )
+# The configuration inside its region: rows with the same key are repeats or near-repeats of one job.
+_CONFIG_KEY = (*_REGION_KEY, "number_gpus", "number_nodes", "log_batch", "log_tokens", "fast_kernels",
+               "expert_parallel")  # fmt: skip
+_REGION_COLUMNS = columns(_REGION_KEY)
+_CONFIG_COLUMNS = columns(_CONFIG_KEY)
+_OFFSET = column(THROUGHPUT_OFFSET)
+DIFFICULTY_FEATURES: tuple[str, ...] = (*FEATURE_NAMES, "region_seen", "log_region_rows", "log_config_rows")
 
 
 @dataclass
 class ThroughputModel:
     regressor: HistGradientBoostingRegressor
-    band: dict[str, list[float]]  # level -> [low, high] offsets of log(tokens/s) from the prediction
-    seen_regions: list[str]
+    difficulty: HistGradientBoostingRegressor  # log |residual| of log(tokens/s)
+    band: dict[str, list[float]]  # level -> [low, high] quantiles of residual / difficulty
+    region_rows: dict[str, int]  # training rows per region key
+    config_rows: dict[str, int]  # training rows per configuration key
     # level -> share of the (standardized) error shared within an error family (twin.families)
     error_correlation: dict[str, float] = field(default_factory=dict)
     # level -> the standardized error at twin.families.ERROR_QUANTILE_LEVELS (absent: a normal's)
     error_quantiles: dict[str, list[float]] = field(default_factory=dict)
 
-    def predict(self, features: pd.DataFrame) -> np.ndarray:
-        """(n, 3) tokens/s: p10, p50, p90."""
-        center = (
-            self.regressor.predict(features[list(FEATURE_NAMES)]) + features[THROUGHPUT_OFFSET].to_numpy()
-        )
-        levels = novelty_levels(features, set(self.seen_regions))
-        low = np.array([self.band[str(level)][0] for level in levels])
-        high = np.array([self.band[str(level)][1] for level in levels])
-        return np.exp(np.column_stack([center + low, center, center + high]))
+    def __post_init__(self) -> None:
+        self._center = CompiledTrees(self.regressor)
+        self._difficulty = CompiledTrees(self.difficulty)
 
-    def predict_error_correlation(self, features: pd.DataFrame) -> np.ndarray:
-        """(n,) the share of each row's error its error family shares (0 for versions fitted before it was
-        measured: independent errors, as the twin assumed then)."""
-        levels = novelty_levels(features, set(self.seen_regions))
-        return np.array([self.error_correlation.get(str(level), 0.0) for level in levels], dtype=float)
+    def predict(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
+        """(n, 3) tokens/s: p10, p50, p90, for rows of the encoded feature matrix. `reference`: through
+        scikit-learn instead of the compiled trees (the same numbers, slower)."""
+        if len(X) == 0:
+            return np.zeros((0, 3))
+        center_trees = self._center.reference_predict if reference else self._center.predict
+        scale_trees = self._difficulty.reference_predict if reference else self._difficulty.predict
+        center = center_trees(X) + X[:, _OFFSET]
+        context = neighbourhood(X, self.region_rows, self.config_rows)
+        scale = np.exp(scale_trees(np.column_stack([X, context])))
+        level = np.where(context[:, 0] == 1.0, SEEN_REGION, NEW_REGION)
+        low = np.array([self.band[str(k)][0] for k in (SEEN_REGION, NEW_REGION)])[level]
+        high = np.array([self.band[str(k)][1] for k in (SEEN_REGION, NEW_REGION)])[level]
+        return np.exp(np.column_stack([center + low * scale, center, center + high * scale]))
 
-    def predict_error_quantiles(self, features: pd.DataFrame) -> np.ndarray:
+    def levels(self, X: np.ndarray) -> np.ndarray:
+        """Each row's novelty level: SEEN_REGION when the training rows hold its region."""
+        seen = neighbourhood(X, self.region_rows, self.config_rows)[:, 0] == 1.0
+        return np.where(seen, SEEN_REGION, NEW_REGION)
+
+    def predict_error_correlation(self, X: np.ndarray) -> np.ndarray:
+        """(n,) the share of each row's error its error family shares (0 where it was not measured:
+        independent errors)."""
+        return np.array([self.error_correlation.get(str(k), 0.0) for k in self.levels(X)], dtype=float)
+
+    def predict_error_quantiles(self, X: np.ndarray) -> np.ndarray:
         """(n, levels) each row's standardized error at ERROR_QUANTILE_LEVELS (a normal's where its level's
         distribution was not measured)."""
-        levels = novelty_levels(features, set(self.seen_regions))
+        levels = self.levels(X)
         normal = ndtri(ERROR_QUANTILE_LEVELS)
         tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
-        return np.array([tables.get(str(level), normal) for level in levels]).reshape(len(levels), -1)
+        return np.array([tables.get(str(k), normal) for k in levels]).reshape(len(levels), -1)
 
     def params(self) -> dict[str, Any]:
         return {
             "band": self.band,
-            "seen_regions": self.seen_regions,
+            "region_rows": self.region_rows,
+            "config_rows": self.config_rows,
             "error_correlation": self.error_correlation,
             "error_quantiles": self.error_quantiles,
         }
 
     @classmethod
-    def from_params(cls, regressor: HistGradientBoostingRegressor, params: dict[str, Any]) -> ThroughputModel:
-        correlation = {str(k): float(v) for k, v in (params.get("error_correlation") or {}).items()}
-        quantiles = {str(k): [float(x) for x in v] for k, v in (params.get("error_quantiles") or {}).items()}
-        return cls(regressor, params["band"], list(params["seen_regions"]), correlation, quantiles)
+    def from_params(
+        cls, regressor: HistGradientBoostingRegressor, difficulty: HistGradientBoostingRegressor,
+        params: Mapping[str, Any],
+    ) -> ThroughputModel:  # fmt: skip
+        return cls(
+            regressor,
+            difficulty,
+            {str(k): [float(v) for v in pair] for k, pair in params["band"].items()},
+            {str(k): int(v) for k, v in params["region_rows"].items()},
+            {str(k): int(v) for k, v in params["config_rows"].items()},
+            {str(k): float(v) for k, v in (params.get("error_correlation") or {}).items()},
+            {str(k): [float(x) for x in v] for k, v in (params.get("error_quantiles") or {}).items()},
+        )
 
 
 def fit_throughput(
-    features: pd.DataFrame,
+    X: np.ndarray,
     tokens_per_second: np.ndarray,
     weight: np.ndarray | None,
     *,
     seed: int,
     families: np.ndarray | None = None,
 ) -> ThroughputModel:
-    """Fit on valid runs: `features` rows and their measured tokens/s (positive); `families`, each row's
-    error family (`twin.families`), to measure how much error a family shares."""
-    if len(features) < 10:
-        raise ValueError(f"need at least 10 valid runs to fit throughput, got {len(features)}")
-    target = np.log(tokens_per_second) - features[THROUGHPUT_OFFSET].to_numpy()
-    X = features[list(FEATURE_NAMES)]
+    """Fit on valid runs: rows of the encoded feature matrix and their measured tokens/s (positive);
+    `families`, each row's error family (`twin.families`), to measure how much error a family shares."""
+    if len(X) < 10:
+        raise ValueError(f"need at least 10 valid runs to fit throughput, got {len(X)}")
+    target = np.log(tokens_per_second) - X[:, _OFFSET]
     regressor = boosting.regressor(FEATURE_NAMES, seed, REGRESSOR_PARAMS)
-    regressor.fit(boosting.trainable(X), target, sample_weight=weight)
-    residuals, levels, from_blocks, rows = _out_of_fold_residuals(features, target, weight, seed=seed)
-    band = _band(residuals, levels, from_blocks)
+    regressor.fit(boosting.trainable(X, FEATURE_NAMES), target, sample_weight=weight)
+    residuals, contexts, from_blocks, rows = _out_of_fold_residuals(X, target, weight, seed=seed)
+    difficulty, band, scores = _difficulty_and_band(X[rows], contexts, residuals, from_blocks, seed=seed)
+    levels = np.where(contexts[:, 0] == 1.0, SEEN_REGION, NEW_REGION)
     row_families = np.asarray(families)[rows] if families is not None else None
-    correlation, quantiles = _error_structure(residuals, levels, from_blocks, row_families, band)
-    return ThroughputModel(regressor, band, sorted(set(region_keys(features))), correlation, quantiles)
+    correlation, quantiles = _error_structure(scores, levels, from_blocks, row_families, band)
+    return ThroughputModel(
+        regressor, difficulty, band, _counts(keys(X, _REGION_COLUMNS)), _counts(keys(X, _CONFIG_COLUMNS)),
+        correlation, quantiles,
+    )  # fmt: skip
 
 
 def _error_structure(
-    residuals: np.ndarray,
+    scores: np.ndarray,
     levels: np.ndarray,
     from_blocks: np.ndarray,
     families: np.ndarray | None,
     band: dict[str, list[float]],
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """Per novelty level, from the residuals the level's band came from: the share of error a family
-    shares (a level without enough families takes the other's; seen: 0 when neither has), and the
-    distribution of the error in band units."""
+    """Per novelty level, from the residuals (over each row's difficulty) the level's band came from: the
+    share of error a family shares (a level without enough families takes the other's; seen: 0 when
+    neither has), and the distribution of the error in band units."""
     seen = levels == SEEN_REGION
     pools = {SEEN_REGION: seen & ~from_blocks, NEW_REGION: ~seen}
     shares: dict[str, float | None] = {}
     quantiles: dict[str, list[float]] = {}
     for level, mask in pools.items():
         low, high = band[str(level)]
-        raw = standardize(residuals[mask], np.full(mask.sum(), low), np.full(mask.sum(), high), clip=None)
+        raw = standardize(scores[mask], np.full(mask.sum(), low), np.full(mask.sum(), high), clip=None)
         table = error_quantiles(raw)
         if table is not None:
             quantiles[str(level)] = [round(float(x), 4) for x in table]
-        clipped = standardize(residuals[mask], np.full(mask.sum(), low), np.full(mask.sum(), high))
+        clipped = standardize(scores[mask], np.full(mask.sum(), low), np.full(mask.sum(), high))
         shares[str(level)] = shared_share(clipped, families[mask]) if families is not None else None
     if families is None:
         return {}, quantiles
@@ -176,25 +228,38 @@ def _error_structure(
     return correlation, quantiles
 
 
-def region_keys(features: pd.DataFrame) -> np.ndarray:
-    """The region of each row: its protocol and its model (family and size)."""
-    key = features[_REGION_KEY[0]].astype(str)
-    for column in _REGION_KEY[1:]:
-        key = key + "|" + features[column].astype(str)
-    return (key + "|" + features["log_params"].round(3).astype(str)).to_numpy()
+def keys(X: np.ndarray, key_columns: np.ndarray) -> np.ndarray:
+    """A text key per row from some of its matrix columns (codes and rounded numbers), built once per
+    distinct row: the full benchmark has few distinct regions among many rows."""
+    if len(X) == 0:
+        return np.zeros(0, dtype=object)
+    part = np.round(X[:, key_columns], 3)
+    distinct, inverse = np.unique(part, axis=0, return_inverse=True)
+    texts = np.array(["|".join(f"{v:g}" for v in row) for row in distinct], dtype=object)
+    return texts[inverse.reshape(-1)]
 
 
-def novelty_levels(features: pd.DataFrame, seen_regions: set[str]) -> np.ndarray:
-    seen = np.array([key in seen_regions for key in region_keys(features)], dtype=bool)
-    return np.where(seen, SEEN_REGION, NEW_REGION)
+def neighbourhood(
+    X: np.ndarray, region_rows: Mapping[str, int], config_rows: Mapping[str, int]
+) -> np.ndarray:
+    """(n, 3): whether the training rows hold the row's region, and log(1 + training rows) of its region
+    and of its configuration."""
+    regions = np.array([region_rows.get(k, 0) for k in keys(X, _REGION_COLUMNS)], dtype=float)
+    configs = np.array([config_rows.get(k, 0) for k in keys(X, _CONFIG_COLUMNS)], dtype=float)
+    return np.column_stack([(regions > 0).astype(float), np.log1p(regions), np.log1p(configs)])
+
+
+def _counts(found: np.ndarray) -> dict[str, int]:
+    values, counts = np.unique(found.astype(str), return_counts=True)
+    return {str(v): int(c) for v, c in zip(values, counts, strict=True)}
 
 
 def _out_of_fold_residuals(
-    features: pd.DataFrame, target: np.ndarray, weight: np.ndarray | None, *, seed: int
+    X: np.ndarray, target: np.ndarray, weight: np.ndarray | None, *, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Residuals of log(tokens/s), each row's novelty level, whether it was held out in a block, and its
-    position in `features`."""
-    n = len(features)
+    """Residuals of log(tokens/s), each held-out row's neighbourhood in its fold's training rows, whether it
+    was held out in a block, and its row number."""
+    n = len(X)
     rng = np.random.default_rng(seed)
     random_part = rng.permutation(n) % RESIDUAL_PARTS
     block_part = np.arange(n) * RESIDUAL_PARTS // n
@@ -202,9 +267,8 @@ def _out_of_fold_residuals(
     folds = [(random_part == k, False) for k in range(RANDOM_FOLDS)] + [
         (block_part == k, True) for k in spread
     ]
-    X = features[list(FEATURE_NAMES)]
     residuals: list[np.ndarray] = []
-    levels: list[np.ndarray] = []
+    contexts: list[np.ndarray] = []
     from_blocks: list[np.ndarray] = []
     rows: list[np.ndarray] = []
     for held_out, is_block in folds:
@@ -217,38 +281,67 @@ def _out_of_fold_residuals(
             train[keep] = True
         model = boosting.regressor(FEATURE_NAMES, seed, RESIDUAL_PARAMS)
         model.fit(
-            boosting.trainable(X[train]),
+            boosting.trainable(X[train], FEATURE_NAMES),
             target[train],
             sample_weight=None if weight is None else weight[train],
         )
-        residuals.append(target[held_out] - model.predict(X[held_out]))
-        levels.append(novelty_levels(features[held_out], set(region_keys(features[train]))))
+        residuals.append(target[held_out] - CompiledTrees(model).predict(X[held_out]))
+        contexts.append(
+            neighbourhood(
+                X[held_out],
+                _counts(keys(X[train], _REGION_COLUMNS)),
+                _counts(keys(X[train], _CONFIG_COLUMNS)),
+            )
+        )
         from_blocks.append(np.full(int(held_out.sum()), is_block))
         rows.append(np.flatnonzero(held_out))
-    return (
-        np.concatenate(residuals),
-        np.concatenate(levels),
-        np.concatenate(from_blocks),
-        np.concatenate(rows),
-    )
+    return (np.concatenate(residuals), np.concatenate(contexts), np.concatenate(from_blocks),
+            np.concatenate(rows))  # fmt: skip
 
 
-def _band(residuals: np.ndarray, levels: np.ndarray, from_blocks: np.ndarray) -> dict[str, list[float]]:
-    """Residual quantiles per novelty level, as [low, high] offsets that contain 0 (the prediction).
+def _difficulty_and_band(
+    X: np.ndarray, contexts: np.ndarray, residuals: np.ndarray, from_blocks: np.ndarray, *, seed: int
+) -> tuple[HistGradientBoostingRegressor, dict[str, list[float]], np.ndarray]:
+    """The difficulty regressor (on all out-of-fold rows), the band's quantiles of residual / difficulty,
+    and each out-of-fold row's residual / difficulty.
 
-    A seen region takes its band from the random folds alone: a held-out block makes even its seen rows'
-    neighbourhood sparser than any prediction from the full table will be. A level with too few residuals
-    borrows all of them, and a new region's band is never narrower than a seen one's.
+    The quantiles come from difficulties cross-fitted in two halves (each half's from a regressor that did
+    not see it): scored on its own training rows, a difficulty model would look surer than it is.
+
+    A seen region takes its quantiles from the random folds alone: a held-out block makes even its seen
+    rows' neighbourhood sparser than any prediction from the full table will be. A level with too few
+    residuals borrows all of them, and a new region's band is never narrower than a seen one's.
     """
-    seen = levels == SEEN_REGION
+    design = np.column_stack([X, contexts])
+    target = np.log(np.maximum(np.abs(residuals), MIN_ABS_RESIDUAL))
+    half = np.random.default_rng(seed).permutation(len(residuals)) % 2 == 0
+    scale = np.empty(len(residuals))
+    for part in (half, ~half):
+        if part.all() or not part.any():
+            scale[:] = np.exp(np.mean(target))
+            continue
+        model = _difficulty_regressor(seed).fit(boosting.trainable(design[~part], DIFFICULTY_FEATURES),
+                                               target[~part])  # fmt: skip
+        scale[part] = np.exp(CompiledTrees(model).predict(design[part]))
+    scores = residuals / scale
+    seen = contexts[:, 0] == 1.0
     pools = {
-        SEEN_REGION: (residuals[seen & ~from_blocks], residuals[seen], BAND_QUANTILES),
-        NEW_REGION: (residuals[~seen], residuals[~seen], NOVEL_BAND_QUANTILES),
+        SEEN_REGION: (scores[seen & ~from_blocks], scores[seen], BAND_QUANTILES),
+        NEW_REGION: (scores[~seen], scores[~seen], NOVEL_BAND_QUANTILES),
     }
     band: dict[str, list[float]] = {}
     previous = [0.0, 0.0]
     for level, (preferred, fallback, quantiles) in pools.items():
-        chosen = next((p for p in (preferred, fallback) if p.size >= MIN_RESIDUALS_PER_LEVEL), residuals)
+        chosen = next((p for p in (preferred, fallback) if p.size >= MIN_RESIDUALS_PER_LEVEL), scores)
         low, high = (float(q) for q in np.quantile(chosen, quantiles))
         band[str(level)] = previous = [min(low, previous[0]), max(high, previous[1])]
-    return band
+    difficulty = _difficulty_regressor(seed).fit(boosting.trainable(design, DIFFICULTY_FEATURES), target)
+    return difficulty, band, scores
+
+
+def _difficulty_regressor(seed: int) -> HistGradientBoostingRegressor:
+    return HistGradientBoostingRegressor(
+        categorical_features=[name in CATEGORICAL_FEATURES for name in DIFFICULTY_FEATURES],
+        random_state=seed,
+        **DIFFICULTY_PARAMS,
+    )

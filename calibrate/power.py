@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
+from calibrate.compiled import CompiledTrees
 from calibrate.features import FEATURE_NAMES
 from twin.domain import GPU_TYPES, UNKNOWN_GPU
 
@@ -37,14 +37,18 @@ class PowerUseModel:
     tdp_fraction: float
     gpus_with_power: list[str]
 
-    def predict(self, features: pd.DataFrame) -> np.ndarray:
-        gpus = features["gpu_model"].astype(str).to_numpy()
+    def __post_init__(self) -> None:
+        self._compiled = CompiledTrees(self.regressor) if self.regressor is not None else None
+
+    def predict(self, X: np.ndarray, gpus: np.ndarray, *, reference: bool = False) -> np.ndarray:
+        """Watts per GPU for rows of the encoded feature matrix and their (canonical) GPU names."""
+        gpus = np.asarray(gpus).astype(str)
         tdp = tdp_watts(gpus)
         watts = tdp * self.tdp_fraction
         measured = np.isin(gpus, self.gpus_with_power)
-        if self.regressor is not None and measured.any():
-            share = np.exp(self.regressor.predict(features.loc[measured, list(FEATURE_NAMES)]))
-            watts[measured] = tdp[measured] * share
+        if self._compiled is not None and measured.any():
+            trees = self._compiled.reference_predict if reference else self._compiled.predict
+            watts[measured] = tdp[measured] * np.exp(trees(X[measured]))
         return watts
 
     def params(self) -> dict[str, Any]:
@@ -56,18 +60,19 @@ def tdp_watts(gpus: np.ndarray) -> np.ndarray:
 
 
 def fit_power(
-    features: pd.DataFrame, watts: np.ndarray, weight: np.ndarray | None, *, seed: int
+    X: np.ndarray, gpus: np.ndarray, watts: np.ndarray, weight: np.ndarray | None, *, seed: int
 ) -> PowerUseModel:
-    """Fit on valid runs; `watts` is NaN where a run has no power telemetry."""
+    """Fit on valid runs (rows of the encoded feature matrix, their GPU names); `watts` is NaN where a run
+    has no power telemetry."""
     watts = np.asarray(watts, dtype=float)
     measured = np.isfinite(watts) & (watts > 0)
     if measured.sum() < MIN_POWER_RUNS:
         return PowerUseModel(None, DEFAULT_TDP_FRACTION, [])
-    gpus = features["gpu_model"].astype(str).to_numpy()
+    gpus = np.asarray(gpus).astype(str)
     share = watts[measured] / tdp_watts(gpus[measured])
     regressor = boosting.regressor(FEATURE_NAMES, seed, POWER_PARAMS)
     regressor.fit(
-        boosting.trainable(features.loc[measured, list(FEATURE_NAMES)]),
+        boosting.trainable(X[measured], FEATURE_NAMES),
         np.log(share),
         sample_weight=None if weight is None else np.asarray(weight)[measured],
     )

@@ -62,3 +62,23 @@ def block_folds(table: pd.DataFrame, *, n_blocks: int = 10) -> list[Split]:
         train = np.concatenate([order[:start], order[stop:]])
         splits.append(Split(BLOCK, fold, np.sort(train), np.sort(test)))
     return splits
+
+
+GPU_OUT = "gpu-out"
+MODEL_OUT = "model-out"
+# A model is held out on its own only with this many rows: fewer say little about it.
+MIN_ROWS_PER_HELD_OUT_MODEL = 100
+
+
+def leave_one_group_out(table: pd.DataFrame, column: str, kind: str, *, min_rows: int = 1) -> list[Split]:
+    """Every row of one value of `column` held out at a time (a GPU type, an LLM), for each value with at
+    least `min_rows` rows: what a provider meets when it adds a GPU type or a model."""
+    values = table[column].astype(str).to_numpy()
+    names, counts = np.unique(values, return_counts=True)
+    splits = []
+    for fold, name in enumerate(n for n, c in zip(names, counts, strict=True) if c >= min_rows):
+        held_out = values == name
+        if held_out.all():
+            continue
+        splits.append(Split(kind, fold, np.flatnonzero(~held_out), np.flatnonzero(held_out)))
+    return splits

@@ -1,18 +1,17 @@
-"""Engines and sessions for the store, and its migrations.
+"""Engines and sessions for the store.
 
 SQLite by default (a file under the data directory), PostgreSQL through psycopg 3 when
-`FINETWIN_DATABASE_URL` is set. `migrate()` brings any database to the newest schema with Alembic.
+`FINETWIN_DATABASE_URL` is set. The schema's migrations belong to the application (`finetwin.schema`),
+which knows every package's tables.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from typing import Any
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlmodel import Session
 
 from twin.settings import Settings
@@ -41,34 +40,52 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+    @event.listens_for(engine, "connect")
+    def _lenient_times(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        register_lenient_time_loaders(dbapi_connection)
+
+    return engine
+
+
+def register_lenient_time_loaders(connection: Any) -> None:
+    """Read a stored time Python cannot hold as None (unknown) instead of failing the whole query.
+
+    PostgreSQL holds times from 4713 BC to 294276 AD; Python's datetime, years 1 to 9999. Telemetry is now
+    bounded to ten years around its arrival (twin.limits), but a row stored before that (year 10000 from
+    `9999-12-31T23:59:59-01:00`, 1 BC, `infinity`) made every query that read it fail, and the API answer
+    500 until the row was deleted by hand. Costs ~1 µs per time read (the C loader, wrapped)."""
+    import psycopg
+    from psycopg.adapt import Loader
+
+    for name in ("timestamptz", "timestamp"):
+        oid = connection.adapters.types[name].oid
+        for format_ in (psycopg.pq.Format.TEXT, psycopg.pq.Format.BINARY):
+            strict = connection.adapters.get_loader(oid, format_)
+            if strict is None or getattr(strict, "lenient", False):
+                continue
+
+            class Lenient(Loader):
+                lenient = True
+                format = format_
+                _strict = strict
+
+                def __init__(self, oid: int, context: Any = None) -> None:
+                    super().__init__(oid, context)
+                    self._inner = self._strict(oid, context)
+
+                def load(self, data: Any) -> Any:
+                    try:
+                        return self._inner.load(data)
+                    except psycopg.DataError:  # out of Python's range: the time is unknown
+                        return None
+
+            connection.adapters.register_loader(name, Lenient)
 
 
 def engine_from_settings(settings: Settings) -> Engine:
     return make_engine(settings.resolved_database_url())
-
-
-def alembic_config(url: str) -> Config:
-    script_location = Path(__file__).with_name("migrations")
-    config = Config()
-    config.set_main_option("script_location", str(script_location))
-    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
-    return config
-
-
-_MIGRATION_LOCK_KEY = 0x66696E6574776E  # "finetwn"
-
-
-def migrate(engine: Engine, revision: str = "head") -> None:
-    """Create or upgrade the schema to `revision` on the engine's database."""
-    config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            # Processes starting together (two ingest workers, the API) must not race to create the schema:
-            # the lock is held until this transaction ends, and the second one then finds it up to date.
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
 
 
 @contextmanager

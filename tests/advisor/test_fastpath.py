@@ -122,7 +122,7 @@ def test_everything_else_reaches_the_app_with_its_body(case: str, kwargs: dict, 
 
 def _routed_app(settings: Settings, engine: Engine) -> tuple[FastAPI, list[str]]:
     """The app, recording every request that reaches FastAPI's dependencies."""
-    app = create_app(settings, engine, run_migrations=False)
+    app = create_app(settings, engine)
     routed: list[str] = []
 
     async def counting(request: Request) -> Principal | None:

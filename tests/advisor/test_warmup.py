@@ -14,10 +14,11 @@ from advisor.app import create_app
 from advisor.prediction_memo import PredictionMemo
 from advisor.warmup import benchmark_families, warm
 from calibrate.loader import bundled_benchmark_path, load_benchmark
+from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeModels
 from tests.conftest import api_headers
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 
 
 def test_one_representative_per_family_of_the_benchmark() -> None:
@@ -48,9 +49,7 @@ def warming_client(sqlite_url: str, calibrated_models_dir: Path, tmp_path: Path)
     engine = make_engine(sqlite_url)
     migrate(engine)
     settings = advisor_settings(tmp_path, models_dir=calibrated_models_dir, advice_warm_memo=True)
-    with TestClient(
-        create_app(settings, engine, run_migrations=False), headers=api_headers(engine, "viewer")
-    ) as c:
+    with TestClient(create_app(settings, engine), headers=api_headers(engine, "viewer")) as c:
         yield c
 
 

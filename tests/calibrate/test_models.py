@@ -238,3 +238,38 @@ def test_holdout_metrics_are_deterministic_for_a_seed(sample: pd.DataFrame) -> N
         assert math.isfinite(first[key]), key
     assert first["n_test"] == pytest.approx(round(len(table) * 0.15))
     assert first["n_train"] + first["n_test"] == len(table)
+
+
+def test_compiled_trees_equal_the_scikit_learn_estimators_on_the_real_sample(
+    models: CalibratedModels, sample: pd.DataFrame
+) -> None:
+    """Issue 14, point 4: Treelite's predictions within 1e-6 relative of scikit-learn's own, for every
+    number a prediction carries; also for configurations with categories no model saw (unknown GPU and
+    model family, a protocol never run), which both must send where missing values go."""
+    unseen = sample.head(40).assign(
+        gpu_model="H200-SXM", model_name="qwen2-7b", experiment_id="SFTTrainer.never-seen-protocol"
+    )
+    for table in (sample, unseen):
+        compiled = models.predict_frame(table, power=True)
+        reference = models.predict_frame(table, power=True, reference=True)
+        for column in ("p_valid", *BAND, "power_watts"):
+            got, want = compiled[column].to_numpy(float), reference[column].to_numpy(float)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12, err_msg=column)
+
+
+def test_the_band_is_narrower_where_the_model_has_seen_the_configuration(
+    models: CalibratedModels, sample: pd.DataFrame, predicted: pd.DataFrame
+) -> None:
+    """Issue 14, point 1: the band adapts. A configuration the training rows hold many times gets a
+    narrower band than the same configuration moved to a GPU type nobody ran that model on."""
+    width = (predicted[BAND[2]] - predicted[BAND[0]]) / predicted[BAND[1]]
+    valid = sample["outcome"] == "valid"
+    assert width[valid].std() > 0.05 * width[valid].median()  # not one constant for everything
+    seen = sample[valid].head(200)
+    moved = seen.assign(model_name="llama3.1-405b")  # a size the benchmark never ran
+    moved_band = models.predict_frame(moved)
+    moved_width = (moved_band[BAND[2]] - moved_band[BAND[0]]) / moved_band[BAND[1]]
+    assert moved_width.median() > 1.5 * width[seen.index].median()
+    assert (predicted[BAND[0]] <= predicted[BAND[1]]).all() and (
+        predicted[BAND[1]] <= predicted[BAND[2]]
+    ).all()

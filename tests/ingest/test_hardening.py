@@ -231,3 +231,51 @@ def test_a_node_status_dated_in_the_future_does_not_pin_the_node(engine: Engine)
     with engine.connect() as connection:
         assert connection.execute(select(Node.status).where(Node.node_id == "l40s-00")).scalar_one() == "down"
     assert store_count(engine, TelemetryEvent) == 4
+
+
+def test_times_stored_before_the_bounds_do_not_break_the_api(pg_engine: Engine, tmp_path: Any) -> None:
+    """Rows PostgreSQL stored before the schema bounded times (year 10000 and 1 BC in UTC, `infinity`), which
+    no Python datetime holds: the cluster, the jobs, a fresh forecast and a what-if still answer, with those
+    times unknown (None), instead of 500 until the rows are deleted by hand."""
+    from fastapi.testclient import TestClient
+    from sqlalchemy import text
+
+    from advisor.app import create_app
+    from tests.conftest import api_headers
+    from tests.twin.test_store import populate
+
+    populate(pg_engine, datetime.now(UTC))
+    job = "INSERT INTO jobs (job_id, cluster_id, state, submitted_at, started_at, updated_at) VALUES "
+    with pg_engine.begin() as connection:
+        connection.execute(
+            text(job + "('far', 'default', 'submitted', '9999-12-31T23:59:59-01:00', NULL, now())")
+        )
+        connection.execute(
+            text(job + "('bc', 'default', 'running', '0001-01-01T00:00:00+01:00', 'infinity', now())")
+        )
+        connection.execute(text(
+            "INSERT INTO nodes (node_id, cluster_id, gpu_model, gpu_count, status, updated_at) VALUES "
+            "('far-node', 'default', 'NVIDIA-A100-SXM4-80GB', 8, 'up', '9999-12-31T23:59:59-01:00')"
+        ))  # fmt: skip
+        connection.execute(text(
+            "INSERT INTO telemetry_events (event_id, type, ts, cluster_id, job_id, payload, received_at) "
+            "VALUES "
+            "(gen_random_uuid(), 'job.submitted', '9999-12-31T23:59:59-01:00', 'default', 'far', '{}', now())"
+        ))  # fmt: skip
+    settings = Settings(
+        data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False, forecast_runs=2
+    )
+    with TestClient(create_app(settings, pg_engine)) as client:
+        headers = api_headers(pg_engine, "operator")
+        cluster = client.get("/v1/cluster", headers=headers)
+        assert cluster.status_code == 200, cluster.text
+        assert {n["node_id"]: n["updated_at"] for n in cluster.json()["nodes"]}["far-node"] is None
+        jobs = client.get("/v1/jobs", headers=headers)
+        assert jobs.status_code == 200, jobs.text
+        far = client.get("/v1/jobs/far", headers=headers)
+        assert far.status_code == 200 and far.json()["submitted_at"] is None
+        assert client.get("/v1/jobs/bc", headers=headers).status_code == 200
+        forecast = client.get("/v1/forecast", params={"refresh": "true"}, headers=headers)
+        assert forecast.status_code == 200, forecast.text
+        whatif = client.post("/v1/whatif", json={"runs": 2}, headers=headers)
+        assert whatif.status_code == 200, whatif.text

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
 import tests.twin.capacity_cases as cases
+from finetwin.cli import main
 from tests.twin.capacity_cases import FailingTask, mixed_sweep, narrowed
 from tests.twin.conftest import A100
 from twin.capacity import run_sweep, without_timings
-from twin.cli import main
 from twin.executors import LocalExecutor, RayExecutor
 from twin.forecast import ForecastOptions, forecast
 
@@ -106,3 +109,63 @@ def test_plan_command_with_ray_prints_what_the_local_pool_prints(
     on_ray = json.loads(capsys.readouterr().out)
     assert on_ray["executor"] == "ray"
     assert without_timings(on_ray) == without_timings(local)
+
+
+def pin_the_twins_clock(engine: Engine) -> None:
+    """One telemetry event a day ahead of the seed: the twin's clock reads the telemetry (it disagrees with
+    the wall clock), so two plans a few seconds apart start from the same instant and the same state."""
+    from sqlmodel import Session, func, select
+
+    from twin.db import session_scope
+    from twin.store import Job, TelemetryEvent
+
+    with Session(engine) as session:
+        seeded = session.exec(select(func.max(Job.updated_at))).one()
+    ts = seeded + timedelta(days=1)
+    with session_scope(engine) as session:
+        session.add(
+            TelemetryEvent(
+                event_id=str(uuid.uuid4()), type="node.status", ts=ts, cluster_id="default",
+                payload={}, received_at=ts,
+            )
+        )  # fmt: skip
+
+
+def test_the_api_runs_a_plan_on_ray_when_the_address_is_set(
+    ray_address: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from advisor.app import create_app
+    from finetwin.schema import migrate
+    from tests.advisor.conftest import advisor_settings
+    from tests.advisor.fakes import FakeInUse, FakeModels
+    from tests.advisor.seed import seed_overloaded_cluster
+    from tests.conftest import api_headers, wait_for
+    from twin.db import make_engine
+
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    seed_overloaded_cluster(engine, jobs=4)
+    pin_the_twins_clock(engine)
+    operator = api_headers(engine, "operator")
+    body = {"vary": [f"{A100}=1..3"], "policies": ["fifo", "backfill"], "runs": 3, "horizon": "6h"}
+    documents = {}
+    for name, address in (("local", None), ("ray", ray_address)):
+        settings = advisor_settings(
+            tmp_path / name, forecast_workers=1, forecast_lookback_days=3650, ray_address=address
+        )
+        app = create_app(settings, engine)
+        with TestClient(app) as client:
+            app.state.models_in_use = FakeInUse(FakeModels())
+            plan_id = client.post("/v1/plan", json=body, headers=operator).json()["id"]
+
+            def done(client: TestClient = client, plan_id: str = plan_id) -> dict | None:
+                plan = client.get(f"/v1/plan/{plan_id}", headers=operator).json()
+                return plan if plan["status"] in ("done", "failed") else None
+
+            finished = wait_for(done, 120, f"the plan on {name}")
+        assert finished["status"] == "done", finished
+        documents[name] = finished["result"]
+    assert documents["ray"]["executor"] == "ray"
+    assert without_timings(documents["ray"]) == without_timings(documents["local"])
