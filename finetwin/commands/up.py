@@ -16,6 +16,7 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.commands.telemetry import (
+    EXIT_UNDECODABLE,
     Epoch,
     JobPrefix,
     Load,
@@ -122,7 +123,8 @@ def up(
         topic = settings.telemetry_topic
         ensure_topics(bus, settings, topic)
         worker = ingest_worker(bus, engine, settings, topic)
-        ingest_thread = threading.Thread(target=worker.run, args=(stop,), name="ingest")
+        failed: list[BaseException] = []
+        ingest_thread = threading.Thread(target=_ingest, args=(worker, stop, failed), name="ingest")
         ingest_thread.start()
         parts.callback(ingest_thread.join)
         parts.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
@@ -139,7 +141,7 @@ def up(
             log.info("replayed %d of %d events (%d jobs)", sent, len(plan.events), plan.jobs)
             if exit_when_done:
                 if not _wait_until_stored(plan, worker, engine, stop):
-                    return 130  # interrupted before the store had everything
+                    return EXIT_UNDECODABLE if failed else 130  # stopped before the store had everything
                 counts = replayed_job_counts(engine, job_prefix_of(job_prefix, seed))
                 if as_json:
                     print(json.dumps(counts), flush=True)
@@ -147,7 +149,19 @@ def up(
                     output.say(f"replay stored: {counts}", stderr=True)
                 return 0
         stop.wait()
-    return 0
+    return EXIT_UNDECODABLE if failed else 0
+
+
+def _ingest(worker: IngestWorker, stop: threading.Event, failed: list[BaseException]) -> None:
+    """The ingest worker's thread: a batch it cannot decode (logged by the worker, with where) stops the whole
+    of `up`, which then exits with `finetwin ingest`'s status for it, rather than serve without ingest."""
+    from ingest.bus import UndecodableBatch
+
+    try:
+        worker.run(stop)
+    except UndecodableBatch as exc:
+        failed.append(exc)
+        stop.set()
 
 
 def _bus(bootstrap: str | None, settings: Settings, parts: contextlib.ExitStack) -> Bus:
