@@ -1,10 +1,9 @@
 """Advice answers remembered per model version: the same configuration asked again under the same models
 gets the same bytes back without evaluating the models.
 
-An answer is filed twice: under the validated request (canonical JSON: equal requests however they were
-written) and under the request body's exact bytes, which `advisor.fastpath` looks up before FastAPI
-parses anything. The cache forgets everything when the version in use changes (the version is part of
-the key) and holds at most `size` entries, least recently used first out.
+An answer is filed under the validated request (canonical JSON: equal requests however they were
+written). The cache forgets everything when the version in use changes (the version is part of the key)
+and holds at most `size` entries, least recently used first out.
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ from cachetools import LRUCache
 
 from calibrate.registry import RegistryError
 
-# Bodies up to this size are also filed by their bytes (an advice request is a few hundred bytes).
-MAX_RAW_KEY_BYTES = 16 * 1024
-# (model version, canonical request JSON) or (model version, raw request body): str and bytes never collide.
-CacheKey = tuple[str, str | bytes]
+# (model version, canonical request JSON)
+CacheKey = tuple[str, str]
 
 
 class AnswerCache:

@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 
 from advisor.auth import V1_PREFIX, authorize
-from advisor.fastpath import RepeatedAdviceFastPath
 from twin.db import engine_from_settings, migrate
 from twin.settings import Settings
 
@@ -80,11 +79,6 @@ def create_app(settings: Settings, engine: Engine | None = None, *, run_migratio
             app.include_router(module.router, dependencies=[Depends(authorize)])
         else:
             app.include_router(module.router)
-
-    # A repeated advice request (same bytes, same models, a key verified moments ago) is answered before
-    # FastAPI parses it: see advisor.fastpath.
-    if settings.advice_fast_path:
-        app.add_middleware(RepeatedAdviceFastPath, state=app.state)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,35 +1,24 @@
 """`POST /v1/advise`: advice for one job configuration (see `advisor.advice`).
 
-Answers are cached per model version (`advisor.answer_cache`; a repeated request is answered by
-`advisor.fastpath` before it reaches this router). Answers not in the cache are computed in
-batches (`advisor.batching`): concurrent requests share one model call, at most `advice_max_batch`
-configurations per call, and the same configuration asked twice at once is computed once. Rows predicted
-for earlier answers are not predicted again (`advisor.prediction_memo`, `advice_memo_rows` rows).
+An answer costs one call of the compiled models (~100 configurations); the same configuration asked again
+under the same model version is answered from `advisor.answer_cache`, the one cache left in front of the
+models (issue 14 measured and removed the fast path, the batching, the prediction memo and its warm-up:
+with compiled trees they no longer paid for themselves, see bench/api.py).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from typing import Any
+from fastapi import APIRouter, HTTPException, Request, Response
+from starlette.concurrency import run_in_threadpool
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
-
-from advisor.advice import advise_many
+from advisor.advice import advise_job
 from advisor.advice_plan import AdviceError
 from advisor.advice_predict import ModelsUnusable
 from advisor.advice_schemas import AdviceOut, AdviceRequest
-from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
+from advisor.answer_cache import AnswerCache, version_in_use
 from advisor.auth import Role, access
-from advisor.batching import Batcher
-from advisor.prediction_memo import PredictionMemo
-from advisor.routers.models import NO_MODEL, app_models_in_use, models_in_use
-from advisor.warmup import warm_in_background
-from calibrate.refit import refit_benchmarks
+from advisor.routers.models import NO_MODEL, models_in_use
 from calibrate.registry import InUseModels, RegistryError
-from twin.settings import Settings
-
-log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/advise", tags=["advice"])
 
@@ -40,16 +29,6 @@ def answer_cache(request: Request) -> AnswerCache:
         cache = AnswerCache(request.app.state.settings.advice_cache_size)
         request.app.state.advice_cache = cache
     return cache
-
-
-def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]]:
-    batcher = getattr(request.app.state, "advice_batcher", None)
-    if batcher is None:
-        app = request.app
-        # The models in use are looked up per batch (`models_in_use` has run for the request by then).
-        batcher = Batcher(lambda bodies: _answers(app, bodies), app.state.settings.advice_max_batch)
-        app.state.advice_batcher = batcher
-    return batcher
 
 
 @router.post(
@@ -63,86 +42,23 @@ def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
 async def advise(body: AdviceRequest, request: Request) -> Response:
-    # Async: a cached answer (the same configuration under the same models) never leaves the event loop;
-    # loading models and computing answers run in the thread pool, in batches.
+    # Async: a cached answer never leaves the event loop; loading models and computing an answer run in
+    # the thread pool.
     models = models_in_use(request)
     cache = answer_cache(request)
     request_key = body.model_dump_json()
-    raw = await request.body()  # already read by FastAPI: the exact bytes, for advisor.fastpath
-    raw_key = raw if len(raw) <= MAX_RAW_KEY_BYTES else None
     version = version_in_use(models)
     if version is not None:
         cached = cache.get((version, request_key))
         if cached is not None:
-            if raw_key is not None:
-                cache.put((version, raw_key), cached)
             return Response(content=cached, media_type="application/json")
-    version, content = await answer_batcher(request).submit(request_key, body)
+    version, content = await run_in_threadpool(_answer, models, body)
     cache.put((version, request_key), content)
-    if raw_key is not None:
-        cache.put((version, raw_key), content)
     return Response(content=content, media_type="application/json")
 
 
-def prediction_memo(app: FastAPI, version: str, models: Any) -> PredictionMemo | None:
-    """The memo of the version in use (a new version starts an empty one, warmed in the background when
-    `advice_warm_memo`); None when turned off."""
-    settings: Settings = app.state.settings
-    if settings.advice_memo_rows == 0:
-        return None
-    with _memo_lock:
-        memo = getattr(app.state, "prediction_memo", None)
-        if memo is None or memo.version != version:
-            memo = PredictionMemo(version, settings.advice_memo_rows)
-            app.state.prediction_memo = memo
-            registry = getattr(app_models_in_use(app), "registry", None)  # which benchmark it learned from
-            if settings.advice_warm_memo and registry is not None:
-                warm_in_background(
-                    memo, models, lambda: refit_benchmarks(settings, registry), _new_warm_stop(app)
-                )
-    return memo
-
-
-_memo_lock = threading.Lock()
-
-
-def _new_warm_stop(app: FastAPI) -> threading.Event:
-    """A stop signal for a new warm-up; the previous one's is set: its memo is of a retired version."""
-    previous = getattr(app.state, "advice_warm_stop", None)
-    if previous is not None:
-        previous.set()
-    stop = app.state.advice_warm_stop = threading.Event()
-    return stop
-
-
-def startup(app: FastAPI) -> None:
-    """Warm the memo of the version in use at once, not at the first request (loading the models takes a
-    second, so it happens on a thread too)."""
-    settings: Settings = app.state.settings
-    if not (settings.advice_warm_memo and settings.advice_memo_rows):
-        return
-
-    def load_and_warm() -> None:
-        try:
-            loaded = app_models_in_use(app).get()
-        except RegistryError as exc:
-            log.warning("no advice memo warm-up: the model in use cannot load: %s", exc)
-            return
-        if loaded is not None:
-            prediction_memo(app, loaded[0], loaded[1])
-
-    threading.Thread(target=load_and_warm, name="warm-advice", daemon=True).start()
-
-
-def shutdown(app: FastAPI) -> None:
-    stop = getattr(app.state, "advice_warm_stop", None)
-    if stop is not None:
-        stop.set()
-
-
-def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
-    """(model version, answer JSON) per request, or the HTTP error for that request alone."""
-    models: InUseModels = app.state.models_in_use  # `models_in_use` ran for the request before
+def _answer(models: InUseModels, body: AdviceRequest) -> tuple[str, bytes]:
+    """(model version, answer JSON), or the HTTP error."""
     try:
         loaded = models.get()
     except RegistryError as exc:
@@ -152,15 +68,11 @@ def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes
             status_code=NO_MODEL, detail="no calibrated model is in use; run `finetwin calibrate` first"
         )
     version, job_models = loaded
+    config, dataset_tokens = body.to_job()
     try:
-        answers = advise_many(
-            [body.to_job() for body in bodies], job_models, version, prediction_memo(app, version, job_models)
-        )
+        answer = advise_job(config, dataset_tokens, job_models, version)
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
-    return [
-        HTTPException(status_code=422, detail=str(answer))
-        if isinstance(answer, AdviceError)
-        else (version, answer.model_dump_json().encode("utf-8"))
-        for answer in answers
-    ]
+    except AdviceError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from None
+    return version, answer.model_dump_json().encode("utf-8")
