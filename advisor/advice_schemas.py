@@ -5,28 +5,30 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from twin.domain import GPU_TYPES, JobConfig, gpu_type
 
 
 class AdviceRequest(BaseModel):
-    """One fine-tuning job configuration in the benchmark's terms, plus the work it has to do."""
+    """One fine-tuning job configuration in the benchmark's terms, plus the work it has to do.
+
+    Numbers and flags are strict: `true` is not a GPU count, `"4"` not a number, `0` not a flag."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model_name: str = Field(min_length=1, max_length=200, examples=["llama3-8b"])
     method: Literal["full", "lora", "gptq-lora"]
     gpu_model: str = Field(min_length=1, max_length=100, examples=["NVIDIA-A100-SXM4-80GB"])
-    number_gpus: int = Field(ge=1, le=4096)
-    number_nodes: int = Field(default=1, ge=1, le=512)
-    batch_size: int = Field(ge=1, le=1_000_000)
-    tokens_per_sample: int = Field(ge=1, le=1_000_000)
-    enable_roce: bool = False
-    fast_moe: int = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
-    fast_kernels: bool = False
-    time_limit_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    dataset_tokens: float | None = Field(
+    number_gpus: StrictInt = Field(ge=1, le=4096)
+    number_nodes: StrictInt = Field(default=1, ge=1, le=512)
+    batch_size: StrictInt = Field(ge=1, le=1_000_000)
+    tokens_per_sample: StrictInt = Field(ge=1, le=1_000_000)
+    enable_roce: StrictBool = False
+    fast_moe: StrictInt = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
+    fast_kernels: StrictBool = False
+    time_limit_s: StrictFloat | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    dataset_tokens: StrictFloat | None = Field(
         default=None, gt=0, le=1e15, allow_inf_nan=False, description="the job's work, in tokens"
     )
 

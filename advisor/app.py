@@ -9,13 +9,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, FastAPI
 from sqlalchemy import Engine
 
 from advisor.auth import V1_PREFIX, authorize
-from twin.db import engine_from_settings, migrate
+from advisor.errors import document_errors, install_error_handlers
+from advisor.guards import RequestGuard
 from twin.settings import Settings
 
 # Each module exposes `router` (an APIRouter); optional `startup(app)` / `shutdown(app)` run in the lifespan.
@@ -40,10 +39,8 @@ def serves_v1(router: APIRouter) -> bool:
     return any(getattr(route, "path", "").startswith(V1_PREFIX) for route in router.routes)
 
 
-def create_app(settings: Settings, engine: Engine | None = None, *, run_migrations: bool = True) -> FastAPI:
-    engine = engine or engine_from_settings(settings)
-    if run_migrations:
-        migrate(engine)
+def create_app(settings: Settings, engine: Engine) -> FastAPI:
+    """The app on `engine`'s store, whose schema is current (the application migrates it, not the API)."""
     modules = [importlib.import_module(name) for name in ROUTER_MODULES]
 
     @asynccontextmanager
@@ -80,14 +77,8 @@ def create_app(settings: Settings, engine: Engine | None = None, *, run_migratio
         else:
             app.include_router(module.router)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # A bad request says what is wrong, field by field, with a 422.
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
-        return JSONResponse(status_code=422, content={"detail": detail, "errors": errors})
-
+    # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    app.openapi = document_errors(app)  # type: ignore[method-assign]
     return app

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import threading
 import time
 import uuid
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -116,23 +118,36 @@ def any_key_exists(session: Session) -> bool:
 
 
 class KeyCache:
-    """Verified keys for a few seconds, so a burst of requests costs one database lookup per key.
+    """Verified keys for a few seconds, so a burst of requests costs one database lookup per key; unknown
+    keys remembered as unknown, so a repeated wrong key costs none.
 
-    Keyed by the key's hash, never the key. A revoked key stops working within `ttl_s`.
+    Keyed by the key's hash, never the key. A revoked key stops working within `ttl_s`; a key created after
+    a failed attempt with it works within `negative_ttl_s`. The two are kept apart and each is bounded, so
+    a flood of unknown keys cannot push the verified ones out.
     """
 
-    def __init__(self, engine: Engine, ttl_s: float) -> None:
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, engine: Engine, ttl_s: float, negative_ttl_s: float = 30.0) -> None:
         self.engine = engine
         self.ttl_s = ttl_s
-        self._entries: dict[str, tuple[float, Principal | None]] = {}
+        self.negative_ttl_s = negative_ttl_s
+        self._known: dict[str, tuple[float, Principal]] = {}
+        self._unknown: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def cached(self, key: str) -> tuple[bool, Principal | None]:
-        """(found, principal) from memory only: cheap enough for the event loop."""
+        """(found, principal) from memory only: cheap enough for the event loop. (True, None) is a key
+        known to be unknown."""
+        digest = hash_key(key)
+        now = time.monotonic()
         with self._lock:
-            hit = self._entries.get(hash_key(key))
-        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
-            return True, hit[1]
+            known = self._known.get(digest)
+            if known is not None and now - known[0] < self.ttl_s:
+                return True, known[1]
+            unknown = self._unknown.get(digest)
+            if unknown is not None and now - unknown < self.negative_ttl_s:
+                return True, None
         return False, None
 
     def lookup(self, key: str) -> Principal | None:
@@ -144,10 +159,59 @@ class KeyCache:
         with Session(self.engine) as session:
             principal = verify_key(session, key)
         with self._lock:
-            if len(self._entries) > 10_000:  # unknown keys must not grow it without bound
-                self._entries.clear()
-            self._entries[digest] = (now, principal)
+            if principal is None:
+                self._unknown[digest] = now
+                self._unknown.move_to_end(digest)
+                while len(self._unknown) > self.MAX_ENTRIES:  # the oldest go first
+                    self._unknown.popitem(last=False)
+            else:
+                self._unknown.pop(digest, None)
+                if len(self._known) >= self.MAX_ENTRIES:  # only as many as there are keys: never in practice
+                    self._known.clear()
+                self._known[digest] = (now, principal)
         return principal
+
+
+class FailureLimiter:
+    """Failed key checks per client address in a sliding window: past `max_failures`, the address is told
+    to wait (429) instead of having more unknown keys looked up. Bounded: the longest-quiet addresses are
+    forgotten first.
+
+    Behind a reverse proxy every client has the proxy's address: run uvicorn with `--forwarded-allow-ips`
+    for the proxy so that the client's own address is used.
+    """
+
+    MAX_ADDRESSES = 10_000
+
+    def __init__(self, max_failures: int, window_s: float) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def retry_after(self, address: str) -> float | None:
+        """Seconds until `address` may try an unknown key again, or None when it may now."""
+        now = time.monotonic()
+        with self._lock:
+            failures = self._failures.get(address)
+            if failures is None:
+                return None
+            while failures and now - failures[0] >= self.window_s:
+                failures.popleft()
+            if len(failures) < self.max_failures:
+                return None
+            return failures[0] + self.window_s - now
+
+    def record_failure(self, address: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            failures = self._failures.setdefault(address, deque())
+            failures.append(now)
+            while len(failures) > self.max_failures:  # only the newest ones decide
+                failures.popleft()
+            self._failures.move_to_end(address)
+            while len(self._failures) > self.MAX_ADDRESSES:
+                self._failures.popitem(last=False)
 
 
 _header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="finetwin keys create")
@@ -157,14 +221,32 @@ def _key_cache(request: Request) -> KeyCache:
     cache = getattr(request.app.state, "key_cache", None)
     if cache is None:
         settings = request.app.state.settings
-        cache = KeyCache(request.app.state.engine, ttl_s=settings.auth_cache_seconds)
+        cache = KeyCache(
+            request.app.state.engine,
+            ttl_s=settings.auth_cache_seconds,
+            negative_ttl_s=settings.auth_negative_cache_seconds,
+        )
         request.app.state.key_cache = cache
     return cache
 
 
+def _failure_limiter(request: Request) -> FailureLimiter:
+    limiter = getattr(request.app.state, "auth_failures", None)
+    if limiter is None:
+        settings = request.app.state.settings
+        limiter = FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds)
+        request.app.state.auth_failures = limiter
+    return limiter
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
 async def _authenticate(request: Request, key: str | None) -> Principal:
     """Async so that a request whose key is cached never leaves the event loop; the database is asked
-    (in the thread pool) at most once per key per `auth_cache_seconds`."""
+    (in the thread pool) at most once per key per `auth_cache_seconds`, and not at all for an address that
+    failed too often lately (429)."""
     cached = getattr(request.state, "principal", None)
     if cached is not None:
         return cached
@@ -175,10 +257,20 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
             headers={"WWW-Authenticate": API_KEY_HEADER},
         )
     cache = _key_cache(request)
+    limiter = _failure_limiter(request)
+    address = client_address(request)
     found, principal = cache.cached(key)
     if not found:
+        wait_s = limiter.retry_after(address)
+        if wait_s is not None:
+            raise HTTPException(
+                status_code=429,
+                detail=f"too many failed key checks from {address}; retry in {math.ceil(wait_s)} s",
+                headers={"Retry-After": str(math.ceil(wait_s))},
+            )
         principal = await run_in_threadpool(cache.lookup, key)
     if principal is None:
+        limiter.record_failure(address)
         raise HTTPException(
             status_code=401, detail="invalid or revoked API key", headers={"WWW-Authenticate": API_KEY_HEADER}
         )

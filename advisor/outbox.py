@@ -288,8 +288,16 @@ def _try_flock(handle: IO[str]) -> bool:
     return True
 
 
+def relay_round(relay: OutboxRelay) -> int | None:
+    """One round of the relay: publish what is pending if this process holds the outbox's lock. Returns how
+    many were sent, or None when another relay holds the lock."""
+    with relay_lock(relay.engine) as held:
+        return relay.publish_pending() if held else None
+
+
 class RelayThread:
-    """Runs the relay in the API process: woken after each approval, and every `poll_s` for leftovers."""
+    """The relay loop (in the API process, and in `finetwin relay`): woken after each approval, and every
+    `poll_s` for leftovers; a failed round is logged and retried on a fresh producer."""
 
     def __init__(self, relay: OutboxRelay, poll_s: float) -> None:
         self.relay = relay
@@ -318,9 +326,9 @@ class RelayThread:
             if self._stop.is_set():
                 break
             try:
-                with relay_lock(self.relay.engine) as held:
-                    if held:
-                        self.relay.publish_pending()
+                sent = relay_round(self.relay)
+                if sent:
+                    log.info("published %d action(s)", sent)
             except Exception:  # noqa: BLE001 - a broker or database hiccup must not end the relay
                 log.exception("outbox relay round failed; retrying in %.0f s", self.poll_s)
                 self.relay.close_producer()

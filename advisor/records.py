@@ -1,7 +1,7 @@
 """The advisor's tables: API keys, declared SLOs, recommendations, the append-only audit log and the
 outbox of actions waiting to be published on Kafka.
 
-The schema is created by migration 0004 (`twin/migrations/versions/0004_advisor.py`); these classes are
+The schema is created by migration 0004 (`finetwin/migrations/versions/0004_advisor.py`); these classes are
 how the code reads and writes it. Timestamps are timezone-aware UTC.
 """
 

@@ -154,10 +154,11 @@ def print_backtests(results: list[dict[str, Any]]) -> bool:
 def live_scoring(every_s: float, runs: int, horizon_s: float, interval_s: float) -> dict[str, Any]:
     """The bundled sample replayed into a SQLite store; a standing forecast every `every_s` of telemetry time
     from the store as it stood; every passed interval scored. Returns `twin.skill.skill` and counts."""
+    from finetwin.schema import migrate
     from ingest.apply import apply_events
     from ingest.replay import plan_replay
     from twin.clock import twin_clock
-    from twin.db import make_engine, migrate
+    from twin.db import make_engine
     from twin.forecast import ForecastOptions, forecast
     from twin.forecast_store import save_forecast
     from twin.live_state import load_live_inputs

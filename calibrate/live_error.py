@@ -5,10 +5,10 @@ the job ends (`job.completed`, `job.failed` for lack of memory, `job.rejected`) 
 with what happened (`live_errors`). After a batch that added live errors, the rolling error of the model in
 use is checked and `on_drift` is called when it is past a threshold (the API's refit scheduler listens).
 
-Events are duck-typed on `type`, `job_id`, `ts` and `payload`: calibrate does not import ingest at runtime.
-A job whose `job.submitted` arrives after it ended still gets its live error, from the store's record of how
-it ended. Nothing here may stop ingest: a model that cannot be loaded is logged and the batch goes on
-without predictions (database errors still roll the batch back, as they must).
+Events are duck-typed on `type`, `job_id`, `ts` and `payload` (`TelemetryEvent`): calibrate does not
+import ingest. A job whose `job.submitted` arrives after it ended still gets its live error, from the
+store's record of how it ended. Nothing here may stop ingest: a model that cannot be loaded is logged and
+the batch goes on without predictions (database errors still roll the batch back, as they must).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select, insert, select
 
@@ -31,8 +31,15 @@ from twin.domain import Outcome
 from twin.settings import Settings
 from twin.store import Job, ObservedRun, utcnow
 
-if TYPE_CHECKING:
-    from ingest.events import Event
+
+class TelemetryEvent(Protocol):
+    """What this hook reads of an ingest event (calibrate does not import ingest)."""
+
+    type: str
+    job_id: str | None
+    ts: datetime
+    payload: Any
+
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +71,7 @@ class LivePredictions:
         self.on_drift = on_drift
         self._recorded_versions: set[str] = set()
 
-    def __call__(self, connection: Connection, events: Sequence[Event]) -> None:
+    def __call__(self, connection: Connection, events: Sequence[TelemetryEvent]) -> None:
         submitted = _last_per_job(e for e in events if e.type == SUBMITTED)
         ended = _last_per_job(e for e in events if e.type in ENDED)
         if not submitted and not ended:

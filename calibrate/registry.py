@@ -184,8 +184,16 @@ class ModelRegistry:
                 f"version {version}: {extra} is not in its manifest (added after the fit); "
                 "refusing to load it"
             )
+        inside = path.resolve()
         for name, digest in files.items():
             artifact = path / name
+            # A manifest entry such as `estimators/../../x.skops` (or one through a symbolic link) would
+            # have a file outside the version loaded as if it were the version's own.
+            if not isinstance(name, str) or not artifact.resolve().is_relative_to(inside):
+                raise RegistryError(
+                    f"version {version}: manifest entry {name!r} is outside the version's directory; "
+                    "refusing to load it"
+                )
             if not artifact.is_file():
                 raise RegistryError(f"version {version}: artifact {name} is missing; refusing to load it")
             if sha256_file(artifact) != digest:

@@ -24,7 +24,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -135,29 +135,28 @@ def plan_replay(
 
 def send_replay(
     plan: ReplayPlan | Sequence[tuple[float, Event]], producer: BusProducer, topic: str, *,
-    speed: float = 0.0, stop: threading.Event | None = None, progress: bool = False,
+    speed: float = 0.0, stop: threading.Event | None = None, progress: Callable[[int], object] | None = None,
 ) -> int:  # fmt: skip
     """Send the plan's events (key = job id); `speed` > 0 paces them at `speed` simulated seconds per wall
-    second, 0 sends as fast as the producer goes. Returns how many were sent (fewer if `stop` was set)."""
-    from tqdm import tqdm
-
+    second, 0 sends as fast as the producer goes. Returns how many were sent (fewer if `stop` was set).
+    `progress(n)` hears every 1000 events sent (and the rest at the end): the caller draws the bar."""
     events = plan.events if isinstance(plan, ReplayPlan) else plan
     stop = stop or threading.Event()
     started = time.monotonic()
     sent = 0
-    with tqdm(total=len(events), unit="event", desc="replay", disable=not progress) as bar:
-        for at, event in events:
-            if speed > 0:
-                delay = started + at / speed - time.monotonic()
-                if delay > 0 and stop.wait(delay):  # pacing is the point here; stop cuts it short
-                    break
-            if stop.is_set():
+    for at, event in events:
+        if speed > 0:
+            delay = started + at / speed - time.monotonic()
+            if delay > 0 and stop.wait(delay):  # pacing is the point here; stop cuts it short
                 break
-            producer.send(topic, event.to_json(), event.key.encode())
-            sent += 1
-            if sent % 1000 == 0:
-                bar.update(1000)
-        bar.update(sent % 1000)
+        if stop.is_set():
+            break
+        producer.send(topic, event.to_json(), event.key.encode())
+        sent += 1
+        if progress is not None and sent % 1000 == 0:
+            progress(1000)
+    if progress is not None:
+        progress(sent % 1000)
     producer.flush()
     return sent
 

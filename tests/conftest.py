@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from finetwin.schema import migrate
 from ingest.broker import BrokerUnavailable, EmbeddedBroker, free_port, port_open
 from tests.services import docker_available, session_services, start_kafka_container, start_postgres_container
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 
 REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "") not in ("", "0", "false")
 POSTGRES_HOST = os.environ.get("FINETWIN_TEST_PG_HOST", "127.0.0.1")
@@ -255,7 +256,7 @@ def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: 
     import contextlib
     import io
 
-    from twin.cli import main
+    from finetwin.cli import main
 
     models_dir = tmp_path_factory.mktemp("calibrated") / "models"
     printed = io.StringIO()

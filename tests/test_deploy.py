@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from twin.cli import build_parser
+from finetwin.cli import command as finetwin_command
 from twin.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,8 +43,15 @@ def test_compose_has_kafka_kraft_postgres_ingest_and_api() -> None:
 
 @pytest.mark.parametrize("command", _finetwin_commands(), ids=shlex.join)
 def test_every_service_runs_a_finetwin_command_that_exists(command: list[str]) -> None:
-    args = build_parser().parse_args(command)  # SystemExit (a failure) if the subcommand or a flag is unknown
-    assert callable(args.handler)
+    # Resolve the command line as the console script would, down to the command that runs, and parse its
+    # options (a usage error, so a failure, if a subcommand or a flag is unknown); nothing is invoked.
+    words, found, name = list(command), finetwin_command(), "finetwin"
+    while hasattr(found, "commands"):  # a group: descend to the subcommand named next
+        name, words = words[0], words[1:]
+        found = found.commands.get(name)
+        assert found is not None, f"no command {name!r}"
+    found.make_context(name, words)
+    assert callable(found.callback)
 
 
 def test_service_environment_names_real_settings() -> None:

@@ -6,7 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import inspect, text
 
-from twin.db import make_engine, migrate
+from finetwin.schema import migrate
+from twin.db import make_engine
 
 
 def test_migrations_create_every_table_and_are_idempotent(database_url: str) -> None:

@@ -1,19 +1,17 @@
-"""Engines and sessions for the store, and its migrations.
+"""Engines and sessions for the store.
 
 SQLite by default (a file under the data directory), PostgreSQL through psycopg 3 when
-`FINETWIN_DATABASE_URL` is set. `migrate()` brings any database to the newest schema with Alembic.
+`FINETWIN_DATABASE_URL` is set. The schema's migrations belong to the application (`finetwin.schema`),
+which knows every package's tables.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlmodel import Session
 
 from twin.settings import Settings
@@ -88,29 +86,6 @@ def register_lenient_time_loaders(connection: Any) -> None:
 
 def engine_from_settings(settings: Settings) -> Engine:
     return make_engine(settings.resolved_database_url())
-
-
-def alembic_config(url: str) -> Config:
-    script_location = Path(__file__).with_name("migrations")
-    config = Config()
-    config.set_main_option("script_location", str(script_location))
-    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
-    return config
-
-
-_MIGRATION_LOCK_KEY = 0x66696E6574776E  # "finetwn"
-
-
-def migrate(engine: Engine, revision: str = "head") -> None:
-    """Create or upgrade the schema to `revision` on the engine's database."""
-    config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            # Processes starting together (two ingest workers, the API) must not race to create the schema:
-            # the lock is held until this transaction ends, and the second one then finds it up to date.
-            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
 
 
 @contextmanager

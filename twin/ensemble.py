@@ -191,7 +191,8 @@ def run_ensemble(
     ray_address: str | None = None,
 ) -> list[RunOutput]:
     """Runs 0..runs-1, in order; the same outputs whatever the number of worker processes, and on a Ray
-    cluster when `ray_address` is given. `progress` is called once per finished run (a progress bar)."""
+    cluster when `ray_address` is given. `progress` is called once per finished run (a progress bar); an
+    exception it raises stops a local ensemble, after the runs in flight, and propagates."""
     if runs < 1:
         raise ValueError("an ensemble needs at least one run")
     if ray_address:
@@ -207,10 +208,16 @@ def run_ensemble(
     # forkserver: workers start from a clean process, safe even when the caller runs threads (the API).
     context = get_context("forkserver")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(spec,)) as pool:
-        for output in pool.map(_run_in_worker, range(runs)):
-            outputs.append(output)
-            if progress is not None:
-                progress()
+        try:
+            for output in pool.map(_run_in_worker, range(runs)):
+                outputs.append(output)
+                if progress is not None:
+                    progress()
+        except BaseException:
+            # `progress` may raise to stop the ensemble (the API's client left): the runs not started are
+            # dropped instead of being waited for when the pool closes.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     return outputs
 
 

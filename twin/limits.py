@@ -27,8 +27,7 @@ DEFAULT_MAX_CLOCK_SKEW = timedelta(hours=1)
 # Text the store can hold: PostgreSQL refuses NUL in `text` and `json`. (A lone UTF-16 surrogate, which
 # JSON's `\ud800` escape stands for, cannot be encoded as UTF-8 for any database either; pydantic and
 # msgspec refuse it already, and this check does too.)
-STORABLE_TEXT_PATTERN = "^[^\x00\ud800-\udfff]*$"  # Python `re` (msgspec's patterns are too)
-STORABLE_TEXT = re.compile(STORABLE_TEXT_PATTERN)
+STORABLE_TEXT = re.compile("^[^\x00\ud800-\udfff]*$")
 
 
 def is_storable_text(text: str) -> bool:

@@ -63,6 +63,16 @@ class Settings(BaseSettings):
     api_port: int = 8080
     # Periodic work in the API process (refits, standing forecast, recommendations); off in most tests.
     scheduler_enabled: bool = True
+    # A request body larger than this is refused (413) before anything reads it (advisor.guards).
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    # Failed key checks per client address: more than this many in the window and the address gets 429
+    # for unknown keys until the window has passed (keys verified before keep working).
+    auth_max_failures: int = Field(30, ge=1)
+    auth_failure_window_seconds: float = Field(60.0, gt=0)
+    # An unknown key is remembered as unknown this long (a repeat costs no database lookup).
+    auth_negative_cache_seconds: float = Field(30.0, ge=0)
+    # POST /v1/forecast/refresh: at most one stored refresh per this many seconds.
+    forecast_refresh_min_seconds: float = Field(60.0, ge=0)
 
     # Declared SLOs file (YAML); unset = built-in defaults.
     slo_file: Path | None = None

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
 
 from twin.run_metrics import RunMetrics
 
@@ -40,9 +40,11 @@ class Slo(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     metric: SloMetric
-    max: float | None = Field(default=None, description="the figure must stay at or below this")
-    min: float | None = Field(default=None, description="the figure must stay at or above this")
-    gpu_model: str | None = Field(default=None, description="utilization of one GPU type only")
+    max: StrictFloat | None = Field(default=None, description="the figure must stay at or below this")
+    min: StrictFloat | None = Field(default=None, description="the figure must stay at or above this")
+    gpu_model: str | None = Field(
+        default=None, min_length=1, max_length=100, description="utilization of one GPU type only"
+    )
 
     @model_validator(mode="after")
     def _one_bound(self) -> Slo:

@@ -1,5 +1,5 @@
 """The SQL store's tables (SQLModel). The schema itself is created and upgraded by the Alembic
-migrations in `twin/migrations`; these classes are how the code reads and writes it.
+migrations in `finetwin/migrations`; these classes are how the code reads and writes it.
 
 Measured columns carry the benchmark's own names so an observed run is a benchmark row.
 """

@@ -13,10 +13,20 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
 from scipy import stats
 
 from twin.cluster import Cluster, ClusterFormatError
@@ -31,15 +41,16 @@ from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.units import parse_duration
 
 MAX_RUNS = 256
+Duration = Annotated[str, Field(min_length=1, max_length=32, examples=["24h", "90m"])]
 
 
 class NodeChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gpu_model: str = Field(min_length=1, max_length=100)
-    add: int = Field(default=0, ge=0, le=10_000)
-    remove: int = Field(default=0, ge=0, le=10_000)
-    gpus_per_node: int = Field(default=8, ge=1, le=64)
+    add: StrictInt = Field(default=0, ge=0, le=10_000)
+    remove: StrictInt = Field(default=0, ge=0, le=10_000)
+    gpus_per_node: StrictInt = Field(default=8, ge=1, le=64)
 
 
 class ScenarioChanges(BaseModel):
@@ -49,7 +60,7 @@ class ScenarioChanges(BaseModel):
     policy: Policy | None = None
     admission: Admission | None = None
     optimizations: list[Optimization] = Field(default_factory=list)
-    right_size_batches: bool = False
+    right_size_batches: StrictBool = False
 
     def is_empty(self) -> bool:
         return not (
@@ -63,10 +74,11 @@ class WhatIf(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="what-if", max_length=200)
-    horizon: str | float | None = "24h"  # None: until every known job has ended (no future arrivals)
-    interval: str | float = "1h"
-    runs: int = Field(default=32, ge=1, le=MAX_RUNS)
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    # None: until every known job has ended (no future arrivals). Strict: `true` is not a duration.
+    horizon: Duration | StrictFloat | None = "24h"
+    interval: Duration | StrictFloat = "1h"
+    runs: StrictInt = Field(default=32, ge=1, le=MAX_RUNS)
+    seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     policy: Policy = Policy.FIFO  # the baseline's
     admission: Admission = Admission.OFF  # the baseline's
     changes: ScenarioChanges = Field(default_factory=ScenarioChanges)
@@ -120,6 +132,43 @@ def apply_changes(
         notes=inputs.notes,
     )
     return scenario_inputs, options.with_changes(policy=changes.policy or options.policy, plan=plan)
+
+
+@dataclass(frozen=True)
+class ScenarioSize:
+    """How big a what-if is before it runs: the larger of its two clusters, and its simulated work."""
+
+    nodes: int
+    gpus: int
+    jobs_per_run: int  # known jobs plus the arrivals expected over the horizon
+    runs: int  # of each ensemble (baseline and scenario)
+    intervals: int  # steps of each run's series
+
+    @property
+    def job_runs(self) -> int:
+        """Jobs simulated in all: both ensembles, every run."""
+        return 2 * self.runs * self.jobs_per_run
+
+
+def scenario_size(inputs: TwinInputs, whatif: WhatIf) -> ScenarioSize:
+    """Counted from the request and the live state alone (no simulation), so a request too big to run
+    can be refused at once."""
+    nodes, gpus = len(inputs.cluster.nodes), inputs.cluster.total_gpus
+    added = sum(c.add for c in whatif.changes.nodes)
+    added_gpus = sum(c.add * c.gpus_per_node for c in whatif.changes.nodes)
+    horizon_s = None if whatif.horizon is None else parse_duration(whatif.horizon)
+    jobs = len(inputs.workload)
+    if horizon_s is not None and inputs.arrivals is not None:
+        jobs += math.ceil(inputs.arrivals.daily_jobs * horizon_s / 86400.0)
+    interval_s = parse_duration(whatif.interval)
+    span_s = horizon_s if horizon_s is not None else 0.0
+    return ScenarioSize(
+        nodes=nodes + added,
+        gpus=gpus + added_gpus,
+        jobs_per_run=jobs,
+        runs=whatif.runs,
+        intervals=math.ceil(span_s / interval_s) if interval_s > 0 else 0,
+    )
 
 
 def paired_difference(baseline: list[float], scenario: list[float]) -> dict[str, Any]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict
 from sqlmodel import Session
 
 from advisor import audit_log
 from advisor.deps import get_session
+from advisor.timestamps import UtcDatetime
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 
@@ -18,7 +17,7 @@ class AuditEntryOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
-    ts: datetime
+    ts: UtcDatetime
     actor: str
     subject: str
     from_state: str | None

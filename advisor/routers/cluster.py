@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 from sqlmodel import Session, func, select
 
 from advisor.deps import get_session
+from advisor.timestamps import UtcDatetime
 from twin.store import Job, Node
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
@@ -19,7 +18,7 @@ class NodeOut(BaseModel):
     gpu_model: str
     gpu_count: int
     status: str
-    updated_at: datetime | None  # None: stored out of the range a time can be read in (twin.db)
+    updated_at: UtcDatetime | None  # None: stored out of the range a time can be read in (twin.db)
 
 
 class GpuPool(BaseModel):

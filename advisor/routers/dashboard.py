@@ -2,8 +2,13 @@
 `/v1` API with the key the user enters; and the latest characterization report, linked from it.
 
 The page and its assets are open (they hold no data); every number on the page comes from `/v1`, which
-needs a key. The report is derived from the public benchmark and is served read-only from the directory
-`finetwin report` recorded as the latest (`calibrate.report.latest`).
+needs a key. The report is derived from the public benchmark; of the directory `finetwin report` recorded
+as the latest (`calibrate.report.latest`), only the files the report itself wrote are served (its
+report.md, numbers.json and figures, as the pointer lists them), as text, JSON or PNG: never HTML or SVG,
+which would run on the dashboard's origin, where the key sits in the browser's storage.
+
+Every answer of this router carries a Content-Security-Policy: the page runs only its own scripts and
+styles and talks only to its own origin; a report file may run nothing at all.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
 router = APIRouter(tags=["dashboard"])
@@ -27,6 +32,25 @@ _MEDIA_TYPES = {
     ".svg": "image/svg+xml",
     ".csv": "text/plain; charset=utf-8",
 }
+# What a report may be served as: nothing a browser would run.
+_REPORT_MEDIA_TYPES = {k: _MEDIA_TYPES[k] for k in (".md", ".json", ".png")}
+
+# The dashboard: its own scripts, styles and images, requests to its own API; no inline script, no
+# plugin, no framing. Chart.js sets canvas sizes through the CSSOM, which style-src does not restrict.
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+# A report file: shown, never run (a sandbox with no permission, nothing loaded).
+REPORT_POLICY = "default-src 'none'; img-src 'self'; sandbox; frame-ancestors 'none'"
+
+
+def _headers(policy: str) -> dict[str, str]:
+    return {
+        "Content-Security-Policy": policy,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
 
 
 def _inside(root: Path, relative: str) -> Path:
@@ -40,13 +64,15 @@ def _inside(root: Path, relative: str) -> Path:
 
 @router.get("/", include_in_schema=False)
 def index() -> FileResponse:
-    return FileResponse(STATIC / "index.html", media_type=_MEDIA_TYPES[".html"])
+    return FileResponse(
+        STATIC / "index.html", media_type=_MEDIA_TYPES[".html"], headers=_headers(PAGE_POLICY)
+    )
 
 
 @router.get("/static/{name:path}", include_in_schema=False)
 def static(name: str) -> FileResponse:
     path = _inside(STATIC, name)
-    return FileResponse(path, media_type=_MEDIA_TYPES[path.suffix])
+    return FileResponse(path, media_type=_MEDIA_TYPES[path.suffix], headers=_headers(PAGE_POLICY))
 
 
 class LatestReport(BaseModel):
@@ -75,6 +101,22 @@ def latest_report_info(request: Request) -> LatestReport:
     )
 
 
+def report_files(pointer: dict) -> dict[str, Path]:
+    """The files the report wrote, by their path under its directory: what the pointer lists (report.md,
+    numbers.json, the figures), inside the directory, of a type that is only ever shown."""
+    root = Path(pointer["out_dir"]).resolve()
+    figures = pointer.get("figures") or {}
+    listed = [pointer.get("report_md"), pointer.get("numbers_json"), *figures.values()]
+    files: dict[str, Path] = {}
+    for entry in listed:
+        if not isinstance(entry, str) or not entry:
+            continue
+        path = Path(entry).resolve()
+        if path.is_relative_to(root) and path.suffix in _REPORT_MEDIA_TYPES:
+            files[path.relative_to(root).as_posix()] = path
+    return files
+
+
 @router.get("/reports/latest/", include_in_schema=False)
 def latest_report_page(request: Request) -> RedirectResponse:
     pointer = _latest(request)
@@ -84,9 +126,11 @@ def latest_report_page(request: Request) -> RedirectResponse:
 
 
 @router.get("/reports/latest/{name:path}", include_in_schema=False)
-def latest_report_file(name: str, request: Request) -> FileResponse:
+def latest_report_file(name: str, request: Request) -> Response:
     pointer = _latest(request)
     if pointer is None:
         raise HTTPException(status_code=404, detail="no report yet: run `finetwin report`")
-    path = _inside(Path(pointer["out_dir"]), name)
-    return FileResponse(path, media_type=_MEDIA_TYPES[path.suffix])
+    path = report_files(pointer).get(name)
+    if path is None or not path.is_file():
+        raise HTTPException(status_code=404, detail=f"the report has no file {name!r}")
+    return FileResponse(path, media_type=_REPORT_MEDIA_TYPES[path.suffix], headers=_headers(REPORT_POLICY))

@@ -1,9 +1,14 @@
 """Forecasts and what-ifs over HTTP.
 
-`GET /v1/forecast` returns the latest standing forecast (or computes one when there is none, or it is
-stale on the twin's clock, or `refresh=true`); `POST /v1/whatif` compares a scenario with the baseline on
-paired seeds. `GET /v1/forecast/skill` is how well the stored forecasts did against what then happened, and
-`GET /v1/forecast/vs-actual` one stored forecast with the actuals drawn over it (the dashboard's charts).
+`GET /v1/forecast` returns the latest standing forecast; when there is none or it is stale on the twin's
+clock, one computed for the asking (kept in memory for `FINETWIN_FORECAST_MIN_WALL_SECONDS`, never stored:
+a GET writes nothing). `POST /v1/forecast/refresh` (operator) computes and stores a new standing forecast
+now, at most once per `FINETWIN_FORECAST_REFRESH_MIN_SECONDS`. `GET /v1/forecast/skill` is how well the
+stored forecasts did against what then happened, and `GET /v1/forecast/vs-actual` one stored forecast with
+the actuals drawn over it (the dashboard's charts).
+
+`POST /v1/whatif` compares a scenario with the baseline on paired seeds. Its size (nodes, GPUs, jobs x runs,
+intervals) is bounded and checked before anything runs (422), and it stops when the client disconnects.
 
 The twin's clock is the telemetry's (`twin.clock`): `startup` puts a tick on the app's scheduler every
 `FINETWIN_FORECAST_MIN_WALL_SECONDS`; a tick makes a new standing forecast once `FINETWIN_FORECAST_EVERY`
@@ -13,13 +18,17 @@ time has passed (`twin.skill`). A replay at --speed 600 is so forecast and score
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
-from pydantic import Field
+from fastapi.concurrency import run_in_threadpool
+from pydantic import Field, StrictInt
 
 from advisor.auth import Role, access
 from advisor.slos_in_force import current_slos
@@ -38,19 +47,48 @@ from twin.skill import forecast_vs_actual, score_due, skill
 from twin.slo_attainment import SloFormatError
 from twin.uncalibrated import FallbackModels
 from twin.units import parse_duration
-from twin.whatif import WhatIf, run_whatif
+from twin.whatif import ScenarioSize, WhatIf, run_whatif, scenario_size
 
 log = logging.getLogger("finetwin.forecast")
 router = APIRouter(tags=["forecast"])
 
 NO_STATE = 409  # nothing to forecast yet (no node up) or the models fail verification: the caller can act
 MAX_API_RUNS = 64  # a what-if over HTTP is bounded: two ensembles of at most this many runs
+# The rest of a what-if's size, checked against the live state before it runs. 100 entries adding 10,000
+# nodes of 64 GPUs with 64 runs tied up a core for minutes; these keep one request to seconds: the twin
+# simulates ~15k jobs/s on one core (2,000 queued jobs, 2 x 8 runs: 2.1 s), so the job bound is ~13 s.
+MAX_WHATIF_NODES = 2_000
+MAX_WHATIF_GPUS = 16_384
+MAX_WHATIF_JOB_RUNS = 200_000  # jobs simulated in all: 2 ensembles x runs x (known jobs + arrivals)
+MAX_WHATIF_INTERVALS = 2_000  # steps of each run's series (horizon / interval)
+REFRESH_BUSY = 429
 
 
 class WhatIfRequest(WhatIf):
     """A scenario: `changes` against a baseline of the live state (paired seeds)."""
 
-    runs: int = Field(default=16, ge=1, le=MAX_API_RUNS)
+    runs: StrictInt = Field(default=16, ge=1, le=MAX_API_RUNS)
+
+
+class ClientGone(Exception):
+    """Raised between two runs of a what-if whose client has disconnected, to stop it."""
+
+
+def size_problems(size: ScenarioSize) -> list[str]:
+    """What makes a what-if too big to run over HTTP (nothing: it may run)."""
+    problems = []
+    if size.nodes > MAX_WHATIF_NODES:
+        problems.append(f"{size.nodes} nodes (at most {MAX_WHATIF_NODES})")
+    if size.gpus > MAX_WHATIF_GPUS:
+        problems.append(f"{size.gpus} GPUs (at most {MAX_WHATIF_GPUS})")
+    if size.job_runs > MAX_WHATIF_JOB_RUNS:
+        problems.append(
+            f"{size.job_runs} simulated jobs: 2 ensembles x {size.runs} runs x {size.jobs_per_run} jobs "
+            f"(at most {MAX_WHATIF_JOB_RUNS}; fewer runs or a shorter horizon)"
+        )
+    if size.intervals > MAX_WHATIF_INTERVALS:
+        problems.append(f"{size.intervals} intervals (at most {MAX_WHATIF_INTERVALS}; a longer interval)")
+    return problems
 
 
 def _job_models(app: FastAPI) -> tuple[JobModels | None, str]:
@@ -146,9 +184,25 @@ def standing_tick(app: FastAPI) -> None:
         lock.release()
 
 
+def _unstored_forecast(app: FastAPI, clock: TwinClock) -> dict[str, Any]:
+    """A forecast for a reader when no fresh standing one is stored: computed at most once per
+    `FINETWIN_FORECAST_MIN_WALL_SECONDS` (and one at a time), kept in memory, never written."""
+    settings: Settings = app.state.settings
+    with app.state.unstored_forecast_lock:
+        kept = getattr(app.state, "unstored_forecast", None)
+        if kept is not None and time.monotonic() - kept[0] < settings.forecast_min_wall_seconds:
+            return kept[1] | {"age_s": 0.0, "age_wall_s": time.monotonic() - kept[0]}
+        models, source = _job_models(app)
+        document = forecast(_live(app, clock), models, _options(settings), _slos(app), model_source=source)
+        app.state.unstored_forecast = (time.monotonic(), document)
+        return document | {"age_s": 0.0, "age_wall_s": 0.0}
+
+
 def startup(app: FastAPI) -> None:
     settings: Settings = app.state.settings
     app.state.forecast_lock = threading.Lock()
+    app.state.unstored_forecast_lock = threading.Lock()
+    app.state.last_requested_refresh = -math.inf
     app.state.scheduler.add_job(
         standing_tick,
         "interval",
@@ -162,36 +216,68 @@ def startup(app: FastAPI) -> None:
     )
 
 
+_NO_STATE_RESPONSE: dict[int | str, dict[str, Any]] = {
+    409: {"description": "nothing to forecast yet (no node up) or the models fail verification"}
+}
+
+
 @router.get(
     "/v1/forecast",
     summary="The standing forecast: queue, waits, utilization, completions, failures, energy, SLOs",
-    responses={409: {"description": "nothing to forecast yet (no node up) or the models fail verification"}},
+    description="The stored standing forecast while it is fresh (two periods of the twin's clock); "
+    "otherwise one computed for the asking, not stored. A GET never writes: operators refresh with "
+    "POST /v1/forecast/refresh.",
+    responses=_NO_STATE_RESPONSE,
 )
-def get_forecast(
-    request: Request,
-    refresh: bool = Query(default=False, description="compute a new one now instead of the stored one"),
-) -> dict[str, Any]:
+def get_forecast(request: Request) -> dict[str, Any]:
     app = request.app
     settings: Settings = app.state.settings
     clock = _clock(app)
-    if not refresh:
-        stored = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
-        if stored is not None and stored.start is not None:
-            created = as_utc(stored.created_at)
-            # Its age on the twin's clock (telemetry time since it started) and on the wall's.
-            age = (clock.now - as_utc(stored.start)).total_seconds()
-            age_wall = (datetime.now(UTC) - created).total_seconds()
-            # Two periods: a missed refresh still serves the last one; an abandoned one does not. Stale
-            # only on both clocks: a replay at --speed 600 passes two periods of telemetry time in a
-            # second, and every page load would otherwise recompute the ensemble.
-            if age <= 2 * settings.forecast_every or age_wall <= 2 * settings.forecast_min_wall_seconds:
-                return stored.document | {
-                    "id": stored.id,
-                    "stored_at": created.isoformat(),
-                    "age_s": age,
-                    "age_wall_s": age_wall,
-                }
-    return compute_standing_forecast(app, clock) | {"age_s": 0.0, "age_wall_s": 0.0}
+    stored = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
+    if stored is not None and stored.start is not None:
+        created = as_utc(stored.created_at)
+        # Its age on the twin's clock (telemetry time since it started) and on the wall's.
+        age = (clock.now - as_utc(stored.start)).total_seconds()
+        age_wall = (datetime.now(UTC) - created).total_seconds()
+        # Two periods: a missed refresh still serves the last one; an abandoned one does not. Stale
+        # only on both clocks: a replay at --speed 600 passes two periods of telemetry time in a
+        # second, and every page load would otherwise recompute the ensemble.
+        if age <= 2 * settings.forecast_every or age_wall <= 2 * settings.forecast_min_wall_seconds:
+            return stored.document | {
+                "id": stored.id,
+                "stored_at": created.isoformat(),
+                "age_s": age,
+                "age_wall_s": age_wall,
+            }
+    return _unstored_forecast(app, clock)
+
+
+@router.post(
+    "/v1/forecast/refresh",
+    summary="Compute and store a new standing forecast now (operator; at most one per "
+    "FINETWIN_FORECAST_REFRESH_MIN_SECONDS)",
+    responses=_NO_STATE_RESPONSE | {REFRESH_BUSY: {"description": "refreshed moments ago, or refreshing"}},
+)
+def refresh_forecast(request: Request) -> dict[str, Any]:
+    app = request.app
+    settings: Settings = app.state.settings
+    lock: threading.Lock = app.state.forecast_lock  # shared with the scheduler's tick
+    if not lock.acquire(blocking=False):
+        busy = "a refresh is running; GET /v1/forecast when it is done"
+        raise HTTPException(REFRESH_BUSY, busy, headers={"Retry-After": "5"})
+    try:
+        period = settings.forecast_refresh_min_seconds
+        wait_s = app.state.last_requested_refresh + period - time.monotonic()
+        if wait_s > 0:
+            raise HTTPException(
+                REFRESH_BUSY,
+                f"refreshed less than {period:g} s ago; retry in {wait_s:.0f} s",
+                headers={"Retry-After": str(math.ceil(wait_s))},
+            )
+        app.state.last_requested_refresh = time.monotonic()
+        return compute_standing_forecast(app) | {"age_s": 0.0, "age_wall_s": 0.0}
+    finally:
+        lock.release()
 
 
 def parse_since(text: str | None, now: datetime) -> datetime | None:
@@ -230,6 +316,7 @@ def get_skill(
 @router.get(
     "/v1/forecast/vs-actual",
     summary="A stored forecast's bands with what then happened, per figure, and its age on the twin's clock",
+    responses={404: {"description": "no stored forecast yet"}},
 )
 def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
     app = request.app
@@ -246,23 +333,63 @@ def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
 @router.post(
     "/v1/whatif",
     summary="A scenario against the baseline forecast on paired seeds: each difference with its interval",
-    responses={409: {"description": "nothing to forecast yet (no node up) or the models fail verification"}},
+    responses=_NO_STATE_RESPONSE,
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
+async def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
+    # Async, so that it can watch the connection while the ensembles run in the thread pool.
     app = request.app
     settings: Settings = app.state.settings
-    inputs = _live(app)
-    models, source = _job_models(app)
+    inputs = await run_in_threadpool(_live, app)
     try:
+        problems = size_problems(scenario_size(inputs, body))
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    if problems:
+        raise HTTPException(422, "the what-if is too big to run here: " + "; ".join(problems))
+    models, source = await run_in_threadpool(_job_models, app)
+    slos = await run_in_threadpool(_slos, app)
+    stop = threading.Event()
+    finished = 0
+
+    def progress() -> None:
+        nonlocal finished
+        finished += 1
+        if stop.is_set():
+            raise ClientGone
+
+    def compute() -> dict[str, Any]:
+        workers = settings.forecast_workers
         return run_whatif(
             inputs,
             models,
             body,
-            _slos(app),
-            workers=settings.forecast_workers,
+            slos,
+            workers=workers,
             model_source=source,
+            progress=progress,
             ray_address=settings.ray_address,
         )
+
+    work = asyncio.ensure_future(run_in_threadpool(compute))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        stop.set()  # the runs in flight finish, no other starts
+        await asyncio.wait({work})
+    try:
+        return work.result()
+    except ClientGone:
+        log.info("what-if stopped after %d of %d runs: the client disconnected", finished, 2 * body.runs)
+        raise HTTPException(499, "the client disconnected") from None  # nobody reads it; ends the request
     except (ClusterFormatError, ValueError) as exc:  # e.g. removing more nodes than the cluster has
         raise HTTPException(422, str(exc)) from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

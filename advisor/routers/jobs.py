@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict
 from sqlmodel import Session, col, func, select
 
 from advisor.deps import get_session
+from advisor.timestamps import UtcDatetime
 from twin.store import Job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -37,9 +37,9 @@ class JobOut(BaseModel):
     time_limit_s: float | None
     tenant: str | None
     dataset_tokens: float | None
-    submitted_at: datetime | None
-    started_at: datetime | None
-    ended_at: datetime | None
+    submitted_at: UtcDatetime | None
+    started_at: UtcDatetime | None
+    ended_at: UtcDatetime | None
     node_ids: list[str] | None
     rule: str | None
     failure_reason: str | None
@@ -79,7 +79,9 @@ def list_jobs(
 @router.get(
     "/{job_id}", response_model=JobOut, summary="One job", responses={404: {"description": "no such job"}}
 )
-def get_job(job_id: str, session: Session = Depends(get_session)) -> JobOut:
+def get_job(
+    job_id: str = Path(min_length=1, max_length=200), session: Session = Depends(get_session)
+) -> JobOut:
     job = session.get(Job, job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")

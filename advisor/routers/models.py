@@ -6,15 +6,24 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import Engine
 
 from advisor.auth import Role, access
 from advisor.deps import get_engine, get_settings
+from advisor.timestamps import UtcDatetime
 from calibrate.config_frame import records_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
 from calibrate.refit import RefitScheduler
@@ -35,18 +44,26 @@ class ConfigIn(BaseModel):
     model_name: str = Field(min_length=1, max_length=200, examples=["llama3-8b"])
     method: Literal["full", "lora", "gptq-lora"]
     gpu_model: str = Field(min_length=1, max_length=100, examples=["NVIDIA-A100-SXM4-80GB"])
-    number_gpus: int = Field(ge=1, le=4096)
-    number_nodes: int = Field(ge=1, le=512)
-    batch_size: int = Field(ge=1, le=1_000_000)
-    tokens_per_sample: int = Field(ge=1, le=10_000_000)
-    enable_roce: bool = False
-    fast_moe: int = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
-    fast_kernels: bool = False
-    time_limit_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    number_gpus: StrictInt = Field(ge=1, le=4096)
+    number_nodes: StrictInt = Field(ge=1, le=512)
+    batch_size: StrictInt = Field(ge=1, le=1_000_000)
+    tokens_per_sample: StrictInt = Field(ge=1, le=10_000_000)
+    enable_roce: StrictBool = False
+    fast_moe: StrictInt = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
+    fast_kernels: StrictBool = False
+    time_limit_s: StrictFloat | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
     experiment_id: str | None = Field(default=None, max_length=2000)
     identifier: str | None = Field(default=None, max_length=2000)
     fms_hf_tuning_version: str | None = Field(default=None, max_length=50)
     torch_dtype: str | None = Field(default=None, max_length=50)
+
+    @field_validator("model_name")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("the model name is empty")
+        return value
 
 
 class PredictRequest(BaseModel):
@@ -106,7 +123,7 @@ class ModelsOut(BaseModel):
 
 class LiveErrorPointOut(BaseModel):
     job_id: str
-    ended_at: datetime
+    ended_at: UtcDatetime
     model_version: str
     predicted_outcome: str
     actual_outcome: str

@@ -8,10 +8,10 @@ bootstrap is configured) publishes it.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, func, select
 
@@ -20,6 +20,7 @@ from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_engine, get_settings
 from advisor.outbox import OutboxRelay, RelayThread
 from advisor.records import OutboxMessage, Recommendation
+from advisor.timestamps import UtcDatetime
 from twin.db import session_scope
 from twin.settings import Settings
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/recommendations", tags=["recommendations"])
 
 RecommendationState = Literal["pending", "approved", "rejected", "expired", "superseded"]
+RecommendationId = Path(min_length=1, max_length=36, description="the recommendation's id (a UUID)")
 
 
 class RecommendationOut(BaseModel):
@@ -43,9 +45,9 @@ class RecommendationOut(BaseModel):
     score: float
     state: str
     source: str
-    created_at: datetime
-    expires_at: datetime
-    decided_at: datetime | None
+    created_at: UtcDatetime
+    expires_at: UtcDatetime
+    decided_at: UtcDatetime | None
     decided_by: str | None
     comment: str | None
     superseded_by: str | None
@@ -124,7 +126,7 @@ def list_recommendations(
     summary="One recommendation",
     responses={404: {"description": "no such recommendation"}},
 )
-def get_recommendation(recommendation_id: str, request: Request) -> RecommendationOut:
+def get_recommendation(request: Request, recommendation_id: str = RecommendationId) -> RecommendationOut:
     with Session(request.app.state.engine) as session:
         rec = session.get(Recommendation, recommendation_id)
         if rec is None:
@@ -148,8 +150,8 @@ _DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
     openapi_extra=access(Role.APPROVER),
 )
 def approve(
-    recommendation_id: str,
     request: Request,
+    recommendation_id: str = RecommendationId,
     body: ApproveIn | None = None,
     principal: Principal = Depends(require_role(Role.APPROVER)),
     settings: Settings = Depends(get_settings),
@@ -183,9 +185,9 @@ def approve(
     openapi_extra=access(Role.APPROVER),
 )
 def reject(
-    recommendation_id: str,
     body: RejectIn,
     request: Request,
+    recommendation_id: str = RecommendationId,
     principal: Principal = Depends(require_role(Role.APPROVER)),
 ) -> RecommendationOut:
     engine = request.app.state.engine
@@ -204,6 +206,7 @@ def reject(
     "/run",
     response_model=RunOut,
     summary="Run cluster steering now: what-ifs against the SLOs, recording those that help (operator)",
+    responses={409: {"description": "steering cannot run yet (no SLOs, no node up, no usable models)"}},
 )
 def run_now(request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))) -> RunOut:
     from advisor.steering import SteeringUnavailable, run_steering

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.auth import Principal, Role, require_role
 from advisor.slos_in_force import SlosInForce, current_slos, declare_slos
+from advisor.timestamps import UtcDatetime
 from twin.slo_attainment import Slo, SloFormatError, SloSet
 
 router = APIRouter(prefix="/v1/slos", tags=["slos"])
 
 
+class SlosIn(BaseModel):
+    """The whole new set. `slos` is required: `{}` is a mistake, not a wish to drop every SLO (that is
+    `{"slos": []}`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slos: list[Slo] = Field(max_length=100, description="the SLOs in force from now on; [] for none")
+
+
 class SlosOut(BaseModel):
     slos: list[Slo]
     source: str
-    updated_at: datetime | None
+    updated_at: UtcDatetime | None
     updated_by: str | None
 
 
@@ -37,9 +45,10 @@ def get_slos(request: Request) -> SlosOut:
 
 @router.put("", response_model=SlosOut, summary="Declare the SLOs (replaces the set in force; operator)")
 def put_slos(
-    body: SloSet, request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))
+    body: SlosIn, request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))
 ) -> SlosOut:
-    return _out(declare_slos(request.app.state.engine, body, actor=principal.actor))
+    slos = SloSet(slos=body.slos)
+    return _out(declare_slos(request.app.state.engine, slos, actor=principal.actor))
 
 
 def startup(app: FastAPI) -> None:

@@ -14,7 +14,7 @@ from advisor.app import create_app
 from tests.conftest import api_headers
 from twin.settings import Settings
 
-# The installed console script (`python -m twin.cli` would load twin.cli twice, as __main__ and as itself).
+# The installed console script (`python -m finetwin.cli` would load the module twice: __main__, and itself).
 FINETWIN = [str(Path(sys.executable).with_name("finetwin"))]
 
 
@@ -34,7 +34,7 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def client(engine: Engine, settings: Settings) -> Iterator[TestClient]:
-    app = create_app(settings, engine, run_migrations=False)
+    app = create_app(settings, engine)
     with TestClient(app) as test_client:
         yield test_client
 

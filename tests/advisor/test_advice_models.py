@@ -14,9 +14,10 @@ from advisor.advice import advise_job, advise_many
 from advisor.advice_schemas import AdviceRequest
 from advisor.app import create_app
 from advisor.routers.models import models_in_use
+from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.conftest import api_headers
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 
 pytestmark = pytest.mark.slow
 JOB = {
@@ -29,9 +30,7 @@ JOB = {
 def client(sqlite_url: str, calibrated_models_dir: Path, tmp_path: Path) -> Iterator[TestClient]:
     engine = make_engine(sqlite_url)
     migrate(engine)
-    app = create_app(
-        advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine, run_migrations=False
-    )
+    app = create_app(advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine)
     with TestClient(app, headers=api_headers(engine, "viewer")) as test_client:
         yield test_client
 
@@ -117,7 +116,7 @@ def test_finetwin_advise_reads_yaml_and_json(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from twin.cli import main
+    from finetwin.cli import main
 
     monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))

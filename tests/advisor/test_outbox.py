@@ -18,10 +18,11 @@ from sqlmodel import Session, select
 from advisor import workflow
 from advisor.outbox import MESSAGE_ID_HEADER, OutboxRelay, relay_lock
 from advisor.records import OutboxMessage
+from finetwin.schema import migrate
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.kafka_util import read_topic
 from tests.conftest import unique
-from twin.db import make_engine, migrate, session_scope
+from twin.db import make_engine, session_scope
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

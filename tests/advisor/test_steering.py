@@ -11,11 +11,12 @@ from sqlalchemy import Engine
 
 from advisor.app import create_app
 from advisor.steering import candidates
+from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.conftest import api_headers
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 from twin.forecast import ForecastOptions
 from twin.live_state import load_live_inputs
 
@@ -33,7 +34,7 @@ def store(sqlite_url: str) -> Engine:
 @pytest.fixture
 def app_client(store: Engine, tmp_path: Path):  # type: ignore[no-untyped-def]
     settings = advisor_settings(tmp_path, steering_replications=4, steering_horizon_hours=12)
-    app = create_app(settings, store, run_migrations=False)
+    app = create_app(settings, store)
     with TestClient(app) as client:
         app.state.models_in_use = FakeInUse(FakeModels())
         yield client
@@ -94,13 +95,13 @@ def test_slos_are_validated_and_audited(app_client: TestClient, store: Engine) -
 def test_the_slo_file_is_read_and_a_bad_one_stops_the_api(store: Engine, tmp_path: Path) -> None:
     good = tmp_path / "slos.yaml"
     good.write_text("slos:\n  - {name: util, metric: utilization, min: 0.5}\n")
-    app = create_app(advisor_settings(tmp_path, slo_file=good), store, run_migrations=False)
+    app = create_app(advisor_settings(tmp_path, slo_file=good), store)
     with TestClient(app) as client:
         got = client.get("/v1/slos", headers=api_headers(store, "viewer")).json()
         assert got["source"] == "file" and got["slos"][0]["metric"] == "utilization"
         assert app.state.scheduler.get_job("recommendations-steering") is not None
     bad = tmp_path / "bad.yaml"
     bad.write_text("slos:\n  - {name: util, metric: joy, min: 0.5}\n")
-    app = create_app(advisor_settings(tmp_path, slo_file=bad), store, run_migrations=False)
+    app = create_app(advisor_settings(tmp_path, slo_file=bad), store)
     with pytest.raises(Exception, match="bad.yaml"), TestClient(app):
         pass

@@ -14,10 +14,11 @@ from sqlalchemy import Engine
 
 from advisor.app import create_app
 from calibrate.live_error import prediction_hook
+from finetwin.schema import migrate
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobSubmitted, new_event
 from tests.conftest import api_headers
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 from twin.settings import Settings
 
 CONFIG = {
@@ -37,7 +38,7 @@ def store(sqlite_url: str) -> Iterator[Engine]:
 
 def client_for(engine: Engine, models_dir: Path, tmp_path: Path, role: str = "viewer") -> TestClient:
     settings = Settings(data_dir=tmp_path / "data", models_dir=models_dir, scheduler_enabled=False)
-    app = create_app(settings, engine, run_migrations=False)
+    app = create_app(settings, engine)
     return TestClient(app, headers=api_headers(engine, role, name=f"{role}-tester"))
 
 

@@ -1,5 +1,5 @@
 """The command-line contract: `finetwin calibrate`, `finetwin predict` and `finetwin models`, exactly as
-scripts call them (through `twin.cli.main`)."""
+scripts call them (through `finetwin.cli.main`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from calibrate.loader import CONFIG_COLUMNS, load_benchmark
 from calibrate.predict import PREDICTION_COLUMNS
 from calibrate.registry import ModelRegistry
-from twin.cli import main
+from finetwin.cli import main
 
 CONFIG_HEADER = ",".join(CONFIG_COLUMNS)
 

@@ -21,9 +21,10 @@ from calibrate.observed import observed_table, observed_weights
 from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.refit import REFIT_NOW_JOB_ID, RefitResult, RefitScheduler
 from calibrate.registry import ModelRegistry
+from finetwin.schema import migrate
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobFailed, JobRejected, JobSubmitted, new_event
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 from twin.settings import Settings
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)

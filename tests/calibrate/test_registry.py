@@ -18,7 +18,7 @@ from calibrate.loader import load_benchmark
 from calibrate.promotion import manual_verdict, not_worse
 from calibrate.refit import calibrate_version
 from calibrate.registry import TRUSTED_TYPES, ModelRegistry, RegistryError, load_models_in_use
-from twin.cli import main
+from finetwin.cli import main
 
 METRICS = {
     "throughput_mdape": 0.06,
@@ -105,6 +105,22 @@ def test_a_tampered_artifact_is_refused(registry_copy: Path, target: str) -> Non
         load_models_in_use(registry_copy)
     assert expected in str(refused.value)
     assert "v0001" in str(refused.value)
+
+
+@pytest.mark.parametrize("entry", ["estimators/../../x.skops", "../x.skops", "/tmp/x.skops"])
+def test_a_manifest_entry_outside_the_version_is_refused(tmp_path: Path, entry: str) -> None:
+    registry = ModelRegistry(tmp_path / "models")
+    version = registry.save(Parts(), {"reason": "test"}, [])  # type: ignore[arg-type]
+    path = registry.path(version)
+    outside = (path / entry).resolve() if not entry.startswith("/") else tmp_path / "x.skops"
+    entry = entry if not entry.startswith("/") else str(outside)
+    outside.write_bytes(sio.dumps({"planted": True}))  # a file that matches its manifest entry exactly
+    manifest = json.loads((path / "MANIFEST.json").read_text())
+    manifest["files"][entry] = hashlib.sha256(outside.read_bytes()).hexdigest()
+    (path / "MANIFEST.json").write_text(json.dumps(manifest))
+    for use in (registry.verify, registry.load, lambda v: registry.promote(v, reason="test")):
+        with pytest.raises(RegistryError, match="outside the version's directory; refusing"):
+            use(version)
 
 
 class Parts:

@@ -20,12 +20,13 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from calibrate.loader import load_benchmark
+from finetwin.schema import migrate
 from ingest.bus import KafkaBus, create_topic, make_consumer
 from ingest.events import Event
 from ingest.replay import ReplayPlan, plan_replay
 from ingest.worker import IngestWorker
 from tests.conftest import wait_for
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 from twin.store import Job, ObservedRun, TelemetryEvent
 
 PARTITIONS = 6

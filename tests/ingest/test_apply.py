@@ -204,7 +204,8 @@ def test_a_shuffled_replay_applied_twice_matches_the_benchmark(
 def test_two_workers_racing_on_the_same_events_apply_each_once(postgres_url: str) -> None:
     """A rebalance can hand events to a second worker while the first is still applying them (PostgreSQL):
     the second waits for the first's transaction, then skips what it committed and builds on its rows."""
-    from twin.db import make_engine, migrate
+    from finetwin.schema import migrate
+    from twin.db import make_engine
 
     engine = make_engine(postgres_url)
     migrate(engine)

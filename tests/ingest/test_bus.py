@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import Engine
 
 from calibrate.loader import outcome_counts
+from finetwin.cli import main
 from ingest.broker import free_port
 from ingest.bus import InProcessBus
 from ingest.replay import plan_replay, send_replay
 from ingest.worker import IngestWorker
 from tests.ingest.conftest import assert_store_matches_benchmark
-from twin.cli import main
 
 
 def test_uncommitted_messages_are_redelivered_to_the_group() -> None:
@@ -75,7 +75,7 @@ def test_up_falls_back_to_the_in_process_bus_without_tansu(
     monkeypatch.setenv("FINETWIN_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.delenv("FINETWIN_DATABASE_URL", raising=False)
     monkeypatch.delenv("FINETWIN_KAFKA_BOOTSTRAP", raising=False)
-    caplog.set_level(logging.WARNING, logger="ingest.commands")
+    caplog.set_level(logging.WARNING, logger="finetwin.commands.up")
     argv = [
         "up",
         "--replay",

@@ -15,13 +15,14 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine
 
+from finetwin.schema import migrate
 from ingest.broker import EmbeddedBroker
 from ingest.bus import KafkaBus, UndecodableBatch
 from ingest.events import JobSubmitted, new_event
 from ingest.worker import IngestWorker
 from tests.conftest import unique, wait_for
 from tests.ingest.conftest import IngestProcess, new_topic, store_count
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 EVENTS = 200
@@ -159,3 +160,32 @@ def test_sigterm_stops_finetwin_ingest_within_seconds(
     assert elapsed < 20, f"{elapsed:.1f} s to stop:\n{command.output()[-2000:]}"
     assert status in (0, 1), command.output()[-2000:]  # 1: the stop deadline cut a wait on the gone broker
     assert "stopped:" in command.output() or status == 1
+
+
+def test_a_stop_held_up_past_the_deadline_exits_anyway(tmp_path: Path) -> None:
+    """The last resort behind SIGTERM: a process whose loop does not return after the signal (a call that
+    waits on a broker or database that is gone) exits with status 1 once the deadline passes."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, threading, time\n"
+        "from finetwin.signals import stop_on_signals\n"
+        "logging.basicConfig()\n"
+        "stop = threading.Event()\n"
+        "with stop_on_signals(stop, deadline_s=0.5):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(120)  # held up: never looks at `stop`\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, errors = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 1 and time.monotonic() - started < 10
+    assert "exiting now" in errors

@@ -12,12 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from finetwin.cli import main
 from ingest.bus import InProcessBus
 from ingest.events import MEASURED_FIELDS, parse_event
 from ingest.replay import ReplayPlan, plan_replay, send_replay
 from tests.conftest import unique
 from tests.ingest.conftest import new_topic, read_topic
-from twin.cli import main
 from twin.domain import GPUS_PER_NODE
 
 

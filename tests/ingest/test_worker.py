@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import Engine
 
+from finetwin.cli import main
 from ingest.events import MAX_MESSAGE_BYTES, InvalidEvent, JobSubmitted, new_event, parse_event
 from ingest.replay import ReplayPlan
 from ingest.worker import parse_message, read_dead_letter
@@ -24,7 +25,6 @@ from tests.ingest.conftest import (
     store_count,
     worker_thread,
 )
-from twin.cli import main
 
 
 def malformed_messages(good: list[bytes], count: int, seed: int = 1) -> list[tuple[bytes, str]]:

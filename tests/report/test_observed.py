@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from twin.cli import main
+from finetwin.cli import main
 from twin.db import session_scope
 from twin.store import Job, ObservedRun
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.report import build_report, latest_report
+from finetwin.cli import main
 from tests.report.conftest import row, write_bench
-from twin.cli import main
 from twin.settings import Settings
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -13,8 +13,8 @@ import pytest
 
 from calibrate.report import Report, build_report
 from calibrate.report.html import FigureMissingError, render_html
+from finetwin.cli import main
 from tests.report.conftest import row, write_bench
-from twin.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
@@ -136,3 +136,35 @@ def test_chromium_shows_every_figure_with_the_network_cut(
     assert all(complete and width > 300 and height > 200 for complete, width, height in sizes)
     assert requested == [alone.as_uri()]  # the page itself and nothing else
     assert "Q4 — How to go faster?" in headings
+
+
+@pytest.mark.parametrize(
+    ("argv", "formats"),
+    [
+        (["--bench", "bundled", "--format", "html"], ("md", "html")),
+        (["--format", "html", "--bench", "bundled"], ("md", "html")),
+        (["--bench", "bundled"], ("md",)),
+    ],
+)
+def test_cli_names_the_bundled_sample_and_the_format_in_any_order(
+    argv: list[str],
+    formats: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only the command's glue: which table and which formats reach build_report (drawn elsewhere)."""
+    import calibrate.report.build as build
+
+    seen: dict[str, object] = {}
+
+    def record(table: object, out_dir: Path, *, source: str, formats: tuple[str, ...]) -> Report:
+        seen.update(rows=len(table), source=source, formats=formats)  # type: ignore[arg-type]
+        out = Path(out_dir)
+        html = out / "report.html" if "html" in formats else None
+        return Report(out, out / "report.md", out / "numbers.json", {}, {}, "now", source, html)
+
+    monkeypatch.setattr(build, "build_report", record)
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    assert main(["report", *argv, "--out", str(tmp_path / "out")]) == 0
+    assert seen["rows"] == 3983 and str(seen["source"]).endswith("llmftbench_sample.csv")
+    assert seen["formats"] == formats

@@ -87,7 +87,7 @@ def test_backtest_command_calibrates_on_the_benchmark(
 ) -> None:
     import json
 
-    from twin.cli import main
+    from finetwin.cli import main
 
     monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
     assert main(["backtest", "--bench", str(sample_csv), "--window", "9h:1h"]) == 2

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from finetwin.cli import main
 from tests.twin.capacity_cases import FailingTask, mixed_sweep, narrowed
 from tests.twin.conftest import A100
 from twin.capacity import (
@@ -22,7 +23,6 @@ from twin.capacity import (
     scenario_cluster,
     without_timings,
 )
-from twin.cli import main
 from twin.cluster import cluster_from_spec
 from twin.executors import LocalExecutor
 from twin.forecast import ForecastOptions, TwinInputs, forecast
@@ -255,8 +255,9 @@ def test_plan_command_on_the_live_arrival_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without --workload: the store's queue and observed arrivals, over the forecast horizon."""
+    from finetwin.schema import migrate
     from tests.advisor.seed import seed_overloaded_cluster
-    from twin.db import make_engine, migrate
+    from twin.db import make_engine
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = make_engine(url)
@@ -282,3 +283,18 @@ def test_plan_command_on_the_live_arrival_process(
     # cluster that starts them all at once keeps the p95 wait under an hour.
     assert meets == [False, False, False, True]
     assert doc["cheapest"]["nodes"] == {A100: 4}
+
+
+def test_an_unreachable_ray_address_is_a_clear_error_not_a_hang(
+    plan_files: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ingest.broker import free_port
+
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(plan_argv(plan_files, "--ray", address)) == 2
+    assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
+    monkeypatch.setenv("FINETWIN_RAY_ADDRESS", address)  # the ensembles of the other commands too
+    cluster, jobs, _slo = plan_files
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs), "--runs", "2"]) == 2
+    assert "cannot reach the Ray cluster" in capsys.readouterr().err

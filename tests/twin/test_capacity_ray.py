@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import Engine
 
 import tests.twin.capacity_cases as cases
+from finetwin.cli import main
 from tests.twin.capacity_cases import FailingTask, mixed_sweep, narrowed
 from tests.twin.conftest import A100
 from twin.capacity import run_sweep, without_timings
-from twin.cli import main
 from twin.executors import LocalExecutor, RayExecutor
 from twin.forecast import ForecastOptions, forecast
 
@@ -137,11 +137,12 @@ def test_the_api_runs_a_plan_on_ray_when_the_address_is_set(
     from fastapi.testclient import TestClient
 
     from advisor.app import create_app
+    from finetwin.schema import migrate
     from tests.advisor.conftest import advisor_settings
     from tests.advisor.fakes import FakeInUse, FakeModels
     from tests.advisor.seed import seed_overloaded_cluster
     from tests.conftest import api_headers, wait_for
-    from twin.db import make_engine, migrate
+    from twin.db import make_engine
 
     engine = make_engine(sqlite_url)
     migrate(engine)
@@ -154,7 +155,7 @@ def test_the_api_runs_a_plan_on_ray_when_the_address_is_set(
         settings = advisor_settings(
             tmp_path / name, forecast_workers=1, forecast_lookback_days=3650, ray_address=address
         )
-        app = create_app(settings, engine, run_migrations=False)
+        app = create_app(settings, engine)
         with TestClient(app) as client:
             app.state.models_in_use = FakeInUse(FakeModels())
             plan_id = client.post("/v1/plan", json=body, headers=operator).json()["id"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twin.cli import main
+from finetwin.cli import main
 from twin.workload import Workload, write_jobs_csv
 
 CLUSTER = """nodes:

@@ -13,9 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from finetwin.schema import migrate
 from ingest.broker import free_port
 from tests.conftest import api_headers, wait_for
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 
 FINETWIN = str(Path(sys.executable).with_name("finetwin"))
 # The bound: a replay at --speed 600 is forecast and scored within four minutes.

@@ -94,7 +94,7 @@ def api(engine: Engine, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, 
     settings = Settings(
         data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False, forecast_runs=3
     )
-    app = create_app(settings, engine, run_migrations=False)
+    app = create_app(settings, engine)
     with TestClient(app) as client:
         yield client, api_headers(engine, "viewer")
 
@@ -115,8 +115,25 @@ def test_forecast_endpoint_computes_stores_and_serves(
     served = client.get("/v1/forecast", headers=headers)
     assert served.status_code == 200 and served.json()["id"] == stored.id
     assert set(served.json()["summary"]["wait_p95_s"]) == {"mean", "p10", "p90"}
-    fresh = client.get("/v1/forecast", params={"refresh": "true"}, headers=headers)
+    # Refreshing is an operator's POST, at most one per FINETWIN_FORECAST_REFRESH_MIN_SECONDS.
+    assert client.post("/v1/forecast/refresh", headers=headers).status_code == 403
+    operator = api_headers(engine, "operator")
+    fresh = client.post("/v1/forecast/refresh", headers=operator)
     assert fresh.status_code == 200 and fresh.json()["id"] > stored.id
+    again = client.post("/v1/forecast/refresh", headers=operator)
+    assert again.status_code == 429 and int(again.headers["Retry-After"]) > 0
+    assert latest_forecast(engine, cluster_id="default").id == fresh.json()["id"]  # type: ignore[union-attr]
+
+
+def test_a_forecast_get_never_writes(api: tuple[TestClient, dict[str, str]], engine: Engine) -> None:
+    """GET /v1/forecast?refresh=true wrote a row per request; a GET now only reads, whatever it asks."""
+    client, headers = api
+    populate(engine, datetime.now(UTC))
+    for params in ({}, {"refresh": "true"}, {}):
+        response = client.get("/v1/forecast", params=params, headers=headers)
+        assert response.status_code == 200 and "id" not in response.json()
+        assert set(response.json()["summary"]["wait_p95_s"]) == {"mean", "p10", "p90"}
+    assert latest_forecast(engine, cluster_id="default") is None
 
 
 def test_whatif_endpoint_validates_and_pairs(api: tuple[TestClient, dict[str, str]], engine: Engine) -> None:
@@ -160,7 +177,7 @@ def test_forecast_command_reads_the_store(
 ) -> None:
     import json
 
-    from twin.cli import main
+    from finetwin.cli import main
 
     monkeypatch.setenv("FINETWIN_DATABASE_URL", database_url)
     monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))

@@ -16,9 +16,10 @@ from sqlmodel import Session, select
 
 from calibrate.loader import load_benchmark
 from calibrate.registry import ModelRegistry
+from finetwin.schema import migrate
 from ingest.apply import apply_events
 from ingest.replay import plan_replay
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 from twin.rebuild import rebuild_at
 from twin.store import Job, Node
 
@@ -112,7 +113,7 @@ def test_finetwin_backtest_from_store(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from twin.cli import main
+    from finetwin.cli import main
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     engine = make_engine(url)

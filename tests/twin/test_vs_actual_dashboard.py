@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from finetwin.schema import migrate
 from ingest.broker import free_port
 from tests.conftest import api_headers, tcp_listening, wait_for
 from tests.twin.test_clock import add_events
 from tests.twin.test_skill import T0, document, store_history
-from twin.db import make_engine, migrate
+from twin.db import make_engine
 from twin.forecast_store import save_forecast
 from twin.skill import score_due
 

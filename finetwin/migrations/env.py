@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection `twin.db.migrate` hands over, or on the configured URL."""
+"""Alembic environment: runs on the connection `finetwin.schema.migrate` hands over, or on the URL given."""
 
 from __future__ import annotations
 

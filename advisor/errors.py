@@ -1,0 +1,105 @@
+"""One shape for every error the API answers, and an OpenAPI document that says so.
+
+Every 4xx is `{"detail": "<what is wrong, for a person>", "errors": [{"loc", "msg", "type"}, ...]}`, with
+`errors` (field by field) on validation errors only. FastAPI's own document describes its default 422
+(`detail` a list) and leaves out the answers that come from outside a route (a body that is not JSON, too
+large, a key missing or unknown, too many failed attempts): `document_errors` rewrites the document so that
+what it says is what the API does (`tests/advisor/test_fuzz.py` checks responses against it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from advisor.auth import V1_PREFIX
+from twin.executors import ExecutorUnavailable
+
+_BODY_METHODS = frozenset({"post", "put", "patch"})
+
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(description="where: body / query / path, then the field")
+    msg: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="what is wrong, in words")
+    errors: list[FieldError] | None = Field(default=None, description="validation errors, field by field")
+
+
+def validation_error_response(exc: RequestValidationError) -> JSONResponse:
+    """A bad request says what is wrong, field by field, with a 422."""
+    errors = [
+        {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())], "msg": e.get("msg", ""),
+         "type": e.get("type", "")}
+        for e in exc.errors()
+    ]  # fmt: skip
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
+    return JSONResponse(status_code=422, content={"detail": detail or "invalid request", "errors": errors})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error_response(exc)
+
+    @app.exception_handler(ExecutorUnavailable)
+    async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:
+        # FINETWIN_RAY_ADDRESS names a Ray cluster that does not answer: the server's to fix, not the caller.
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
+
+
+# Answers that can come from outside the route itself, by when they apply.
+_FOR_BODIES = {
+    "400": "the body cannot be read (not UTF-8, nested too deep)",
+    "413": "the body is larger than FINETWIN_MAX_BODY_BYTES",
+}
+_FOR_V1 = {
+    "401": "no API key, or an unknown or revoked one",
+    "403": "the key's role is not enough for this",
+    "429": "too many failed key checks from this address; retry after Retry-After seconds",
+}
+_ALWAYS = {"422": "invalid request: the message says which field and why (a NUL character anywhere too)"}
+
+
+def document_errors(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """An `app.openapi` that documents every error answer with `ErrorOut`."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for model in (FieldError, ErrorOut):
+            schemas[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+        for path, operations in document.get("paths", {}).items():
+            for method, operation in operations.items():
+                responses = operation.setdefault("responses", {})
+                wanted = dict(_ALWAYS)
+                if method in _BODY_METHODS:
+                    wanted |= _FOR_BODIES
+                if path.startswith(V1_PREFIX):
+                    wanted |= _FOR_V1
+                for status, description in wanted.items():
+                    responses.setdefault(status, {"description": description})
+                for status, response in responses.items():
+                    if status.startswith("4"):
+                        response["content"] = error
+                        response.setdefault("description", "error")
+        app.openapi_schema = document
+        return document
+
+    return openapi

@@ -1,0 +1,120 @@
+"""Checks every request passes before anything else reads it: an ASGI middleware, outermost.
+
+- A body larger than `FINETWIN_MAX_BODY_BYTES` is a 413 before it is parsed: by its Content-Length at once,
+  or, when it is sent without one (chunked), as soon as more than the limit has arrived. The body is read
+  here (at most the limit) and handed on, so nothing behind (the advice fast path, FastAPI) reads more.
+- A NUL character in the path, the query or a JSON body is a 422: PostgreSQL cannot store one in a text
+  column (psycopg raises, which was a 500), and no finetwin identifier or text has a use for it.
+
+Answers have the shape of every other error (`advisor.errors.ErrorOut`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# In JSON a NUL inside a string is the escape \u0000 (the raw byte is not valid JSON at all); it is one when
+# an even number of backslashes (escaped backslashes) comes before it.
+_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        where = _nul_in_target(scope)
+        if where is not None:
+            await _error(send, 422, f"the {where} contains a NUL character", where, "nul_character")
+            return
+        length = _content_length(scope)
+        if length is not None and length > self.max_body_bytes:
+            await _too_large(send, self.max_body_bytes)
+            return
+        if length == 0 or (length is None and not _has_header(scope, b"transfer-encoding")):
+            await self.app(scope, receive, send)  # no body to check
+            return
+        messages, size = await _read_body(receive, self.max_body_bytes)
+        if size > self.max_body_bytes:
+            await _too_large(send, self.max_body_bytes)
+            return
+        body = b"".join(m.get("body", b"") for m in messages)
+        if b"\x00" in body or _JSON_NUL.search(body):
+            await _error(send, 422, "the request body contains a NUL character", "body", "nul_character")
+            return
+        await self.app(scope, _replay(messages, receive), send)
+
+
+def _nul_in_target(scope: Scope) -> str | None:
+    if "\x00" in scope.get("path", ""):
+        return "path"
+    if b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
+        return "query"
+    return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _has_header(scope: Scope, wanted: bytes) -> bool:
+    return any(name == wanted for name, _ in scope["headers"])
+
+
+async def _read_body(receive: Receive, limit: int) -> tuple[list[Message], int]:
+    """The request's messages until the body ends, the client leaves, or more than `limit` bytes came."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages, size
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False) or size > limit:
+            return messages, size
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that hands the app the messages already read, then the client's (its disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    detail = f"the request body is larger than {limit} bytes (FINETWIN_MAX_BODY_BYTES)"
+    await _error(send, 413, detail, "body", "body_too_large")
+
+
+async def _error(send: Send, status: int, detail: str, where: str, kind: str) -> None:
+    body = json.dumps({"detail": detail, "errors": [{"loc": [where], "msg": detail, "type": kind}]}).encode(
+        "utf-8"
+    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 413:
+        headers.append((b"connection", b"close"))  # the rest of the body is not read
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,64 @@
+"""The `finetwin` console script: a typer app whose commands live one group per module in
+`finetwin/commands/`. Each command builds its parts through `finetwin.wiring` and calls into the
+libraries; a user's mistake is printed on stderr without a traceback (exit status 2).
+
+Command modules import only typer-level things at the top so `finetwin --help` stays fast; heavy imports
+(pandas, scikit-learn, Kafka, FastAPI) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+
+from finetwin.commands import advise, api, calibrate, keys, migrate, models, plan, report, telemetry, twin, up
+from twin.settings import Settings
+
+app = typer.Typer(
+    name="finetwin",
+    help="A digital twin for GPU clusters that run LLM fine-tuning jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+Verbose = Annotated[int, typer.Option("-v", "--verbose", count=True, help="more logging (-vv for debug)")]
+
+
+@app.callback()
+def _root(ctx: typer.Context, verbose: Verbose = 0) -> None:
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kafka").setLevel(logging.WARNING if verbose < 2 else logging.DEBUG)
+    ctx.obj = Settings()  # the one settings object, passed down to every part
+
+
+for group in (telemetry, up, calibrate, models, twin, plan, api, keys, advise, report, migrate):
+    group.register(app)
+
+
+def command() -> Any:
+    """The click command behind the typer app (tests resolve deploy files' command lines with it)."""
+    return typer.main.get_command(app)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command line; returns its exit status (usage errors are printed by typer, status 2)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        app(args=args, prog_name="finetwin")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""One module per command group; each has `register(app)` adding its commands to the typer app.
+
+A command reads its options, builds its parts through `finetwin.wiring` and calls into the libraries: no
+business logic here. It returns its exit status (None = 0) and raises `CommandError` for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from finetwin import output
+from finetwin.errors import CommandError
+
+
+def add_command(
+    app: typer.Typer,
+    function: Callable[..., int | None],
+    name: str,
+    *,
+    group: str | None = None,
+    **options: Any,
+) -> None:
+    """Add `function` as command `name`; `group` names it in error messages (`finetwin GROUP: error: ...`)."""
+    app.command(name, **options)(_reporting(group or name, function))
+
+
+def _reporting(name: str, function: Callable[..., int | None]) -> Callable[..., None]:
+    """The command as typer runs it: a CommandError becomes a message and exit status 2 (no traceback), a
+    second Ctrl-C exit status 130, a non-zero return its exit status."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            status = function(*args, **kwargs)
+        except CommandError as exc:
+            output.error(name, str(exc))
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        if status:
+            raise typer.Exit(status)
+
+    return run

@@ -1,0 +1,65 @@
+"""`finetwin advise`: advice for one job configuration (will it run, repair, fewest GPUs, best throughput
+and cost, placement, optimizations)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from finetwin import output
+from finetwin.commands import add_command
+from finetwin.commands.options import first_error
+from finetwin.errors import CommandError
+from twin.settings import Settings
+
+
+def register(app: typer.Typer) -> None:
+    add_command(app, advise, "advise", help="advice for one job configuration (JSON or YAML file)")
+
+
+def advise(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Argument(help="JSON or YAML file with one configuration ('-' = stdin)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the whole answer as JSON")] = False,
+) -> int:
+    from advisor.advice import advise_job
+    from advisor.advice_plan import AdviceError
+    from advisor.advice_predict import ModelsUnusable
+    from advisor.advice_schemas import AdviceRequest
+    from advisor.advice_text import render_text
+    from advisor.config_file import ConfigFileError, read_config_file
+    from calibrate.registry import ModelRegistry, RegistryError
+
+    settings: Settings = ctx.obj
+    try:
+        raw = read_config_file(config)
+    except ConfigFileError as exc:
+        raise CommandError(str(exc)) from exc
+    try:
+        request = AdviceRequest.model_validate(raw)
+    except ValueError as exc:
+        raise CommandError(f"{config}: {first_error(exc)}") from exc
+    try:
+        loaded = ModelRegistry(settings.resolved_models_dir()).load_in_use()
+    except RegistryError as exc:
+        raise CommandError(f"the model in use cannot be loaded: {exc}") from exc
+    if loaded is None:
+        raise CommandError("no calibrated models yet: run `finetwin calibrate` first")
+    version, models = loaded
+    job, dataset_tokens = request.to_job()
+    try:
+        answer = advise_job(job, dataset_tokens, models, model_version=version)
+    except AdviceError as exc:
+        raise CommandError(f"{config}: {exc}") from exc
+    except ModelsUnusable as exc:
+        raise CommandError(f"{exc}; run `finetwin calibrate`") from exc
+    if as_json:
+        json.dump(answer.model_dump(mode="json"), sys.stdout, indent=2)
+        print()
+    else:
+        output.say(render_text(answer))
+    return 0

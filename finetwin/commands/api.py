@@ -1,0 +1,86 @@
+"""`finetwin api` (serve the HTTP API and dashboard) and `finetwin relay` (publish approved actions from
+the outbox to Kafka)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Annotated
+
+import typer
+
+from finetwin.commands import add_command
+from finetwin.errors import CommandError
+from finetwin.signals import stop_on_signals
+from twin.settings import Settings
+
+log = logging.getLogger("finetwin.relay")
+
+
+def register(app: typer.Typer) -> None:
+    add_command(app, api, "api", help="serve the HTTP API and dashboard")
+    add_command(app, relay, "relay", help="publish approved actions from the outbox to Kafka")
+
+
+def api(
+    ctx: typer.Context,
+    host: Annotated[
+        str | None, typer.Option(help="address to bind (default FINETWIN_API_HOST or 127.0.0.1)")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="port (default FINETWIN_API_PORT or 8080)")] = None,
+    access_log: Annotated[
+        bool,
+        typer.Option(
+            "--access-log",
+            help="log every request (off by default: it costs ~15% of the requests per second)",
+        ),
+    ] = False,
+) -> int:
+    import uvicorn
+
+    from advisor.app import create_app
+    from finetwin.wiring import migrated_engine
+
+    settings: Settings = ctx.obj
+    app = create_app(settings, migrated_engine(settings))
+    uvicorn.run(
+        app,
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level="info",
+        access_log=access_log,
+    )
+    return 0
+
+
+def relay(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option("--once", help="one round, then exit")] = False,
+) -> int:
+    from advisor.outbox import OutboxRelay, RelayThread, relay_round
+    from finetwin.wiring import migrated_engine
+
+    settings: Settings = ctx.obj
+    if not settings.kafka_bootstrap:
+        raise CommandError("set FINETWIN_KAFKA_BOOTSTRAP to the Kafka cluster that carries finetwin.actions")
+    engine = migrated_engine(settings)
+    outbox = OutboxRelay(engine, settings.kafka_bootstrap)
+    if once:
+        try:
+            sent = relay_round(outbox)
+        finally:
+            outbox.close()
+        if sent is None:
+            raise CommandError("another relay holds the outbox lock")
+        if sent:
+            log.info("published %d action(s)", sent)
+        return 0
+    # The same loop as the API's relay (woken now, then every poll interval; a failed round is logged and
+    # retried), in a thread while this one waits for SIGTERM / Ctrl-C.
+    stop = threading.Event()
+    thread = RelayThread(outbox, poll_s=settings.relay_poll_seconds).start()
+    thread.wake()
+    with stop_on_signals(stop):
+        stop.wait()
+    thread.stop()
+    return 0

@@ -1,0 +1,132 @@
+"""`finetwin calibrate` (fit a new model version) and `finetwin predict` (a CSV of configurations)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from finetwin import output
+from finetwin.commands import add_command
+from finetwin.commands.options import ModelsDir, models_dir
+from finetwin.errors import CommandError
+from finetwin.numbers import num, pct
+from twin.settings import Settings
+
+
+def register(app: typer.Typer) -> None:
+    add_command(
+        app,
+        calibrate,
+        "calibrate",
+        help="fit the throughput and failure models and write a new model version",
+        epilog="Fit both models on benchmark CSVs (and the runs observed through telemetry), write a new "
+        "version under --models, and put it in use only if its held-out metrics are not worse.",
+    )
+    add_command(
+        app,
+        predict,
+        "predict",
+        help="predict outcome and throughput for a CSV of configurations",
+        epilog="Read a CSV with the benchmark's configuration columns and write the same rows with outcome, "
+        "rule, p_valid, tokens_per_second_p10/p50/p90 and note added.",
+    )
+
+
+def calibrate(
+    ctx: typer.Context,
+    bench: Annotated[
+        list[Path] | None, typer.Option(metavar="FILE", help="benchmark CSV (repeatable)")
+    ] = None,
+    observed: Annotated[bool, typer.Option("--observed", help="add the runs observed in the store")] = False,
+    models: ModelsDir = None,
+    seed: Annotated[int, typer.Option(help="seed of the fit and the held-out split")] = 0,
+) -> int:
+    from calibrate.dataset import WeightPolicy
+    from calibrate.loader import BenchmarkFormatError
+    from calibrate.refit import calibrate_version
+    from finetwin.wiring import migrated_engine
+
+    settings: Settings = ctx.obj
+    benchmarks = bench or []
+    if not benchmarks and not observed:
+        raise CommandError("nothing to fit on: give --bench FILE (repeatable) and/or --observed")
+    engine = migrated_engine(settings) if observed else None
+    try:
+        result = calibrate_version(
+            models_dir(models, settings),
+            benchmarks=benchmarks,
+            engine=engine,
+            observed=observed,
+            weights=WeightPolicy(settings.observed_weight, settings.observed_half_life_days),
+            tolerance=settings.promote_tolerance,
+            reason="finetwin calibrate",
+            seed=seed,
+        )
+    except BenchmarkFormatError as exc:
+        raise CommandError(f"bad benchmark: {exc}") from None
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        if engine is not None:
+            engine.dispose()
+    output.say(result.message)
+    data = result.metadata.get("data", {})
+    output.say("rows: " + ", ".join(f"{k} {v}" for k, v in data.get("rows_by_source", {}).items()))
+    comparison = result.comparison
+    if comparison is not None:
+        output.say(f"held-out ({comparison.test_rows} rows, basis: {comparison.basis}):")
+        output.show(_metrics_table(comparison.candidate, comparison.incumbent, comparison.against))
+    return 0
+
+
+def predict(
+    ctx: typer.Context,
+    input_csv: Annotated[Path, typer.Option("--input", metavar="CONFIGS.csv")],
+    output_csv: Annotated[Path, typer.Option("--output", metavar="PRED.csv")],
+    models: ModelsDir = None,
+) -> int:
+    from calibrate.loader import BenchmarkFormatError
+    from calibrate.predict import data_row_number, read_configs, write_predictions
+    from calibrate.registry import ModelRegistry, RegistryError
+
+    settings: Settings = ctx.obj
+    try:
+        configs = read_configs(input_csv)  # bad input is reported before the models are loaded
+    except BenchmarkFormatError as exc:
+        row = data_row_number(Path(exc.path), exc.line) if exc.line and exc.line > 1 else None
+        where = f" (data row {row})" if row else ""
+        raise CommandError(f"bad input: {exc}{where}") from None
+    directory = models_dir(models, settings)
+    try:
+        loaded = ModelRegistry(directory).load_in_use()
+    except RegistryError as exc:
+        raise CommandError(str(exc)) from None
+    if loaded is None:
+        raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
+    version, job_models = loaded
+    summary = write_predictions(job_models, configs, output_csv)
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
+    output.say(
+        f"{summary.rows} rows predicted with {version} -> {output_csv} ({outcomes}; {summary.flagged} noted)"
+    )
+    return 0
+
+
+def _metrics_table(candidate: dict[str, Any], incumbent: dict[str, Any] | None, against: str | None) -> Any:
+    names = (
+        "throughput_mdape",
+        "throughput_mape",
+        "band_coverage",
+        "failure_balanced_accuracy",
+        "failure_brier",
+    )
+    columns: list[str | tuple[str, str]] = ["metric", ("new", "right")]
+    if incumbent:
+        columns.append((against or "in use", "right"))
+    rows = []
+    for name in names:
+        fmt = num if name.startswith("failure") else pct
+        rows.append([name, fmt(candidate.get(name))] + ([fmt(incumbent.get(name))] if incumbent else []))
+    return output.table(columns, rows)

@@ -1,0 +1,70 @@
+"""`finetwin keys create | list | revoke`: API keys."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+from finetwin import output
+from finetwin.commands import add_command
+from finetwin.errors import CommandError
+from twin.settings import Settings
+
+RoleName = Literal["viewer", "operator", "approver"]
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="create, list or revoke API keys", no_args_is_help=True)
+    add_command(
+        group, create, "create", help="create a key and print it (alone, once) on stdout", group="keys"
+    )
+    add_command(group, list_keys, "list", help="list keys (ids, names, roles; never the keys)", group="keys")
+    add_command(group, revoke, "revoke", help="revoke a key by its id", group="keys")
+    app.add_typer(group, name="keys")
+
+
+def create(
+    ctx: typer.Context,
+    role: Annotated[RoleName, typer.Option(help="viewer < operator < approver")],
+    name: Annotated[str | None, typer.Option(help="who or what uses it (shown in the audit log)")] = None,
+) -> int:
+    from advisor.auth import Role
+    from advisor.keys import create_api_key
+    from finetwin.wiring import migrated_engine
+
+    engine = migrated_engine(ctx.obj)
+    key = create_api_key(engine, Role(role), name=name or f"{role} key", actor="cli")
+    print(key)
+    return 0
+
+
+def list_keys(ctx: typer.Context) -> int:
+    from sqlmodel import Session, col, select
+
+    from advisor.records import ApiKey
+    from finetwin.wiring import migrated_engine
+
+    settings: Settings = ctx.obj
+    engine = migrated_engine(settings)
+    with Session(engine) as session:
+        rows = list(session.exec(select(ApiKey).order_by(col(ApiKey.created_at))))
+    output.show(output.table(
+        ["id", "role", "created", "revoked", "name"],
+        [[row.key_id, row.role, f"{row.created_at:%Y-%m-%d %H:%M:%S}",
+          row.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if row.revoked_at else "-", row.name] for row in rows],
+    ))  # fmt: skip
+    return 0
+
+
+def revoke(
+    ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="the id shown by `finetwin keys list`")]
+) -> int:
+    from advisor.keys import revoke_api_key
+    from finetwin.wiring import migrated_engine
+
+    engine = migrated_engine(ctx.obj)
+    if not revoke_api_key(engine, key_id, actor="cli"):
+        raise CommandError(f"no active key with id {key_id!r} (see `finetwin keys list`)")
+    output.say(f"revoked {key_id}")
+    return 0

@@ -1,0 +1,139 @@
+"""`finetwin models list | show | promote | rollback`: the model registry."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from finetwin import output
+from finetwin.commands import add_command
+from finetwin.commands.options import ModelsDir, models_dir
+from finetwin.errors import CommandError
+from finetwin.numbers import num, pct
+from twin.settings import Settings
+
+Version = Annotated[str, typer.Argument(help="e.g. v0003")]
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="list, show, promote or roll back model versions", no_args_is_help=True)
+    add_command(
+        group,
+        list_versions,
+        "list",
+        help="every version, its held-out metrics, the one in use",
+        group="models",
+    )
+    add_command(
+        group, show, "show", help="one version's metadata (default: the one in use), verified", group="models"
+    )
+    add_command(
+        group,
+        promote,
+        "promote",
+        help="put a version in use if it is not worse than the current",
+        group="models",
+    )
+    add_command(
+        group, rollback, "rollback", help="back to the version in use before the current one", group="models"
+    )
+    app.add_typer(group, name="models")
+
+
+def list_versions(ctx: typer.Context, models: ModelsDir = None) -> int:
+    from calibrate.registry import ModelRegistry
+
+    settings: Settings = ctx.obj
+    registry = ModelRegistry(models_dir(models, settings))
+    versions = registry.list_versions()
+    if not versions:
+        output.say(f"no model versions in {registry.root}")
+        return 0
+    rows = []
+    for info in versions:
+        m = info.metadata.get("heldout_metrics", {})
+        rows.append([
+            f"{'*' if info.in_use else ' '} {info.version}", info.metadata.get("created_at", ""),
+            info.metadata.get("data", {}).get("n_rows", 0), pct(m.get("throughput_mdape")),
+            pct(m.get("throughput_mape")), num(m.get("failure_balanced_accuracy")),
+            pct(m.get("band_coverage")), info.metadata.get("reason", ""),
+        ])  # fmt: skip
+    columns = ["  version", "created", ("rows", "right"), ("MdAPE", "right"), ("MAPE", "right"),
+               ("bal.acc", "right"), ("band", "right"), "reason"]  # fmt: skip
+    output.show(output.table(columns, rows))
+    output.say("* = in use")
+    return 0
+
+
+def show(
+    ctx: typer.Context,
+    version: Annotated[str | None, typer.Argument(help="e.g. v0003")] = None,
+    models: ModelsDir = None,
+) -> int:
+    from calibrate.registry import ModelRegistry, RegistryError
+
+    settings: Settings = ctx.obj
+    registry = ModelRegistry(models_dir(models, settings))
+    try:
+        version = version or registry.in_use()
+        if version is None:
+            raise CommandError(f"no version is in use in {registry.root}; name one (finetwin models list)")
+        metadata = registry.metadata(version)
+    except RegistryError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        registry.verify(version)
+        verified = "every artifact matches its manifest"
+    except RegistryError as exc:
+        verified = f"FAILED: {exc}"
+    print(json.dumps({**metadata, "in_use": version == registry.in_use(), "verified": verified}, indent=2))
+    return 0
+
+
+def promote(
+    ctx: typer.Context,
+    version: Version,
+    force: Annotated[bool, typer.Option("--force", help="promote even if its metrics are worse")] = False,
+    models: ModelsDir = None,
+) -> int:
+    from calibrate.promotion import manual_verdict
+    from calibrate.registry import ModelRegistry, RegistryError
+
+    settings: Settings = ctx.obj
+    registry = ModelRegistry(models_dir(models, settings))
+    try:
+        candidate = registry.metadata(version)
+        current = registry.in_use()
+        if current == version:
+            output.say(f"{version} is already in use")
+            return 0
+        in_use = registry.metadata(current) if current else None
+        verdict, basis = manual_verdict(candidate, in_use, settings.promote_tolerance)
+        if not verdict.not_worse and not force:
+            reasons = "; ".join(r for r in verdict.reasons if "WORSE" in r or "cannot" in r)
+            raise CommandError(
+                f"{version} is worse than {current} in use ({basis}): {reasons}. "
+                "Use --force to promote it anyway."
+            )
+        reason = "finetwin models promote" + (" --force" if force and not verdict.not_worse else "")
+        registry.promote(version, reason=reason)
+    except RegistryError as exc:
+        raise CommandError(str(exc)) from None
+    output.say(f"{version} is in use (was {current or 'none'}; {basis})")
+    return 0
+
+
+def rollback(ctx: typer.Context, models: ModelsDir = None) -> int:
+    from calibrate.registry import ModelRegistry, RegistryError
+
+    settings: Settings = ctx.obj
+    registry = ModelRegistry(models_dir(models, settings))
+    current = registry.in_use()
+    try:
+        version = registry.rollback(reason="finetwin models rollback")
+    except RegistryError as exc:
+        raise CommandError(str(exc)) from None
+    output.say(f"{version} is in use again (was {current})")
+    return 0

@@ -1,0 +1,275 @@
+"""`finetwin ingest` (consume job telemetry into the store) and `finetwin replay` (a benchmark CSV as job
+telemetry on Kafka)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from finetwin import output
+from finetwin.commands import add_command
+from finetwin.errors import CommandError
+from finetwin.signals import stop_on_signals
+from twin.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from ingest.replay import ReplayPlan
+
+log = logging.getLogger(__name__)
+
+EXIT_UNDECODABLE = 3  # `finetwin ingest` stopped at a record batch it cannot decode
+# After SIGTERM / Ctrl-C, `finetwin ingest` finishes its batch and exits; if a broker or database that is
+# gone holds it up longer than this, it exits anyway (status 1): what it had not committed is redelivered.
+STOP_DEADLINE_S = 15.0
+
+Bootstrap = Annotated[
+    str | None, typer.Option(help="Kafka bootstrap servers (default FINETWIN_KAFKA_BOOTSTRAP)")
+]
+Topic = Annotated[
+    str | None, typer.Option(help="telemetry topic (default FINETWIN_TELEMETRY_TOPIC or finetwin.telemetry)")
+]
+Seed = Annotated[int, typer.Option(help="seed of the arrival process and event ids")]
+JobPrefix = Annotated[str | None, typer.Option(help="job id prefix (default replay-<seed>-)")]
+MeanInterarrival = Annotated[float, typer.Option(help="mean seconds between submissions")]
+Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bar")]
+
+
+def _epoch(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"not an RFC 3339 time: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+Epoch = Annotated[
+    datetime | None,
+    typer.Option(
+        parser=_epoch, metavar="TIME",
+        help="RFC 3339 time the replay's timeline starts at (default: now; pin it for reproducible runs)",
+    ),
+]  # fmt: skip
+
+
+def register(app: typer.Typer) -> None:
+    add_command(
+        app, ingest, "ingest", help="consume job telemetry from Kafka into the store (until SIGTERM / Ctrl-C)"
+    )
+    add_command(app, replay, "replay", help="replay a benchmark CSV as job telemetry on Kafka")
+
+
+# --- finetwin ingest
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """What each consumer of `finetwin ingest` needs (pickled into the children of --processes N)."""
+
+    bootstrap: str
+    topic: str
+    group: str | None
+    batch_size: int | None
+    metrics_port: int | None
+
+
+def ingest(
+    ctx: typer.Context,
+    bootstrap: Bootstrap = None,
+    topic: Topic = None,
+    group: Annotated[
+        str | None, typer.Option(help="consumer group (default FINETWIN_CONSUMER_GROUP or finetwin-ingest)")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="messages per transaction (default FINETWIN_INGEST_BATCH_SIZE)")
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="serve Prometheus metrics on this port (with --processes N: process i on this port + i)"
+        ),
+    ] = None,
+    processes: Annotated[
+        int, typer.Option(help="consumers to run in the group, each a child process: more use more cores")
+    ] = 1,
+) -> int:
+    from finetwin.wiring import ensure_topics, kafka_bootstrap, migrated_engine
+    from ingest.bus import KafkaBus
+
+    settings: Settings = ctx.obj
+    if processes < 1:
+        raise CommandError(f"--processes must be 1 or more, not {processes}")
+    options = IngestOptions(
+        kafka_bootstrap(bootstrap, settings),
+        topic or settings.telemetry_topic,
+        group,
+        batch_size,
+        metrics_port,
+    )
+    engine = migrated_engine(settings)  # migrated here, once, before any consumer starts
+    ensure_topics(KafkaBus(options.bootstrap), settings, options.topic)
+    if processes == 1:
+        return _consume(options, settings, engine, metrics_port)
+    engine.dispose()  # each child opens connections of its own
+    from ingest.processes import run_children
+
+    child = functools.partial(_consume_in_child, options, settings, logging.getLogger().level)
+    return run_children(processes, child, "ingest")
+
+
+def _consume_in_child(options: IngestOptions, settings: Settings, log_level: int, index: int) -> None:
+    """One of `finetwin ingest --processes N`'s consumers (runs in a spawned child process)."""
+    from twin.db import engine_from_settings
+
+    logging.basicConfig(
+        level=log_level, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
+    )
+    logging.getLogger("kafka").setLevel(max(log_level, logging.WARNING))
+    metrics_port = options.metrics_port + index if options.metrics_port else None
+    try:
+        status = _consume(options, settings, engine_from_settings(settings), metrics_port)
+    except KeyboardInterrupt:  # a second Ctrl-C
+        status = 130
+    sys.exit(status)
+
+
+def _consume(options: IngestOptions, settings: Settings, engine: Engine, metrics_port: int | None) -> int:
+    """Run one ingest worker in this process until SIGTERM / Ctrl-C."""
+    from finetwin.wiring import ingest_worker
+    from ingest.bus import ConsumerTuning, KafkaBus, UndecodableBatch
+    from ingest.worker import settle_garbage_collector
+
+    bus = KafkaBus(options.bootstrap, ConsumerTuning.from_settings(settings))
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=settings.api_host)
+    stop = threading.Event()
+    worker = ingest_worker(bus, engine, settings, options.topic, options.group, options.batch_size)
+    log.info(
+        "ingesting %s on %s into %s (group %s)",
+        options.topic,
+        options.bootstrap,
+        engine.url.render_as_string(),
+        options.group or settings.consumer_group,
+    )
+    settle_garbage_collector()
+    status = 0
+    with stop_on_signals(stop, deadline_s=STOP_DEADLINE_S):
+        try:
+            worker.run(stop)
+        except UndecodableBatch:  # logged by the worker, with where and why
+            status = EXIT_UNDECODABLE
+    stats = worker.stats
+    log.info(
+        "stopped: %d messages, %d events applied, %d duplicates, %d dead letters",
+        stats.messages, stats.applied, stats.duplicates, stats.dead_letters,
+    )  # fmt: skip
+    engine.dispose()
+    return status
+
+
+# --- finetwin replay
+
+
+def replay(
+    ctx: typer.Context,
+    bootstrap: Bootstrap = None,
+    topic: Topic = None,
+    bench: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="benchmark CSV (default: the bundled real sample)")
+    ] = None,
+    speed: Annotated[
+        float, typer.Option(help="simulated seconds per wall-clock second, 0 = as fast as possible")
+    ] = 0.0,
+    seed: Seed = 0,
+    job_prefix: JobPrefix = None,
+    mean_interarrival: MeanInterarrival = 60.0,
+    epoch: Epoch = None,
+    quiet: Quiet = False,
+) -> int:
+    from finetwin.wiring import ensure_topics, kafka_bootstrap
+    from ingest.bus import KafkaBus
+    from ingest.replay import send_replay
+
+    settings: Settings = ctx.obj
+    address = kafka_bootstrap(bootstrap, settings)
+    topic = topic or settings.telemetry_topic
+    plan = replay_plan(
+        settings, bench, speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival,
+        epoch=epoch,
+    )  # fmt: skip
+    ahead = _ahead_of_wall_s(plan, speed)
+    if ahead > settings.max_clock_skew.total_seconds():
+        log.warning(
+            "the replay's timeline starts at %s and runs up to %.0f s ahead of the wall clock: an ingest "
+            "bounded by FINETWIN_MAX_CLOCK_SKEW (%s) dead-letters what runs further ahead; raise it there, "
+            "or pin --epoch in the past",
+            plan.epoch.isoformat(), ahead, settings.max_clock_skew,
+        )  # fmt: skip
+    bus = KafkaBus(address)
+    ensure_topics(bus, settings, topic)
+    producer = bus.producer()
+    stop = threading.Event()
+    try:
+        with (
+            stop_on_signals(stop),
+            output.progress(len(plan.events), "replay", "events", quiet=quiet) as tick,
+        ):
+            sent = send_replay(plan, producer, topic, speed=speed, stop=stop, progress=tick)
+    finally:
+        producer.close()
+    output.say(f"replayed {sent} of {len(plan.events)} events ({plan.jobs} jobs) to {topic}", stderr=True)
+    return 0
+
+
+def _ahead_of_wall_s(plan: ReplayPlan, speed: float) -> float:
+    """How far the replay's last event is dated ahead of the wall clock when it is sent."""
+    sent_after = plan.duration_s / speed if speed > 0 else 0.0
+    last_sent = datetime.now(UTC) + timedelta(seconds=sent_after)
+    return (plan.epoch + timedelta(seconds=plan.duration_s) - last_sent).total_seconds()
+
+
+def job_prefix_of(job_prefix: str | None, seed: int) -> str:
+    from ingest.replay import default_job_prefix
+
+    return job_prefix if job_prefix is not None else default_job_prefix(seed)
+
+
+def replay_plan(
+    settings: Settings,
+    bench: Path | None,
+    *,
+    speed: float,
+    seed: int,
+    job_prefix: str | None,
+    mean_interarrival: float,
+    epoch: datetime | None = None,
+) -> ReplayPlan:
+    """The benchmark's rows as timed telemetry events (the bundled sample when no file is given)."""
+    from finetwin.wiring import bundled_benchmark_path, load_benchmark_table
+    from ingest.replay import plan_replay
+
+    path = bench or bundled_benchmark_path()
+    if speed < 0:
+        raise CommandError(f"--speed must be 0 or more, not {speed:g}")
+    if mean_interarrival <= 0:
+        raise CommandError(f"--mean-interarrival must be positive, not {mean_interarrival:g}")
+    try:
+        table = load_benchmark_table(path)
+        return plan_replay(
+            table, seed=seed, job_prefix=job_prefix_of(job_prefix, seed),
+            mean_interarrival_s=mean_interarrival, cluster_id=settings.cluster_id,
+            epoch=epoch or datetime.now(UTC),
+        )  # fmt: skip
+    except ValueError as exc:  # BenchmarkFormatError names the file, line and column
+        raise CommandError(str(exc)) from exc

@@ -1,0 +1,358 @@
+"""`finetwin forecast`, `simulate`, `whatif` and `backtest`: the twin's forecasts, from the live state or
+from explicit files."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from finetwin import output
+from finetwin.commands import add_command, twin_output
+from finetwin.commands.options import Json, ModelsDir, first_error
+from finetwin.commands.twin_inputs import (
+    AdmissionName,
+    EnsembleChoices,
+    OptimizationName,
+    PolicyName,
+    checked,
+    declared_slos,
+    explicit_inputs,
+    forecast_options,
+    job_models,
+    live_inputs,
+    needs_models,
+)
+from finetwin.errors import CommandError
+from twin.settings import Settings
+
+Interval = Annotated[str | None, typer.Option(help="width of one step of the series (default 1h)")]
+Runs = Annotated[int | None, typer.Option(help="seeded runs in the ensemble")]
+EnsembleSeed = Annotated[int | None, typer.Option(help="seed of the ensemble")]
+PolicyChoice = Annotated[PolicyName | None, typer.Option(help="scheduling policy")]
+AdmissionChoice = Annotated[AdmissionName | None, typer.Option(help="admission control")]
+Optimize = Annotated[list[OptimizationName] | None, typer.Option(help="switch on (repeatable)")]
+Workers = Annotated[int | None, typer.Option(help="processes (default: by ensemble size)")]
+
+
+def register(app: typer.Typer) -> None:
+    add_command(
+        app,
+        forecast,
+        "forecast",
+        help="forecast the cluster from its live state (ensemble of seeded runs)",
+        epilog="Start from the store's nodes, queued and running jobs, draw future arrivals from the "
+        "observed arrival process, and report mean and p10/p90 across runs: queue, waits, utilization by "
+        "GPU type, completions, failed GPU-hours, energy and SLO attainment.",
+    )
+    add_command(
+        app,
+        simulate,
+        "simulate",
+        help="run the twin on an explicit cluster and workload",
+        epilog="CLUSTER.yaml is `nodes: [{gpu_model, count, gpus_per_node}]`; JOBS.csv has job_id, "
+        "arrival_s, gpus and either duration_s or a benchmark configuration with dataset_tokens.",
+    )
+    add_command(
+        app,
+        whatif,
+        "whatif",
+        help="compare a scenario with the baseline forecast (paired seeds)",
+        epilog="SCENARIO.yaml: name, horizon, runs, seed, policy, admission, changes: {nodes: "
+        "[{gpu_model, add|remove}], policy, admission, optimizations: [fast_kernels, roce, fast_moe], "
+        "right_size_batches}; optional cluster: FILE and workload: FILE instead of the live state.",
+    )
+    add_command(
+        app,
+        backtest,
+        "backtest",
+        help="compare the twin's forecast with what happened: a benchmark replay, or the store's telemetry",
+        epilog="--bench: every benchmark row becomes a job arriving by a seeded Poisson process; the twin, "
+        "started at the window's start, forecasts jobs completed, GPU-hours, mean wait, makespan and energy "
+        "of the window's jobs from the models, and is compared with the replay of the measured runs. "
+        "--from-store --at T --horizon H: the cluster's state at telemetry time T is rebuilt from the stored "
+        "events and forecast with the model version in use at T, against what the store recorded after T.",
+    )
+
+
+def forecast(
+    ctx: typer.Context,
+    horizon: Annotated[
+        str | None, typer.Option(help="how far ahead, e.g. 24h (default from settings)")
+    ] = None,
+    interval: Interval = None,
+    runs: Runs = None,
+    seed: EnsembleSeed = None,
+    policy: PolicyChoice = None,
+    admission: AdmissionChoice = None,
+    optimize: Optimize = None,
+    workers: Workers = None,
+    models: ModelsDir = None,
+    as_json: Json = False,
+    store: Annotated[bool, typer.Option("--store", help="also store it in the database")] = False,
+    skill: Annotated[
+        bool,
+        typer.Option(
+            "--skill",
+            help="instead: how the stored forecasts did against what happened (error and p10-p90 coverage)",
+        ),
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(help="with --skill: intervals from this RFC 3339 time, or this long back (24h)"),
+    ] = None,
+) -> int:
+    from finetwin.wiring import migrated_engine
+    from twin.clock import twin_clock
+    from twin.forecast import forecast as run_forecast
+    from twin.forecast_store import ON_DEMAND, save_forecast
+
+    settings: Settings = ctx.obj
+    engine = migrated_engine(settings)
+    clock = twin_clock(engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds)
+    if skill:
+        return _skill(engine, settings, clock.now, since, as_json)
+    choices = EnsembleChoices(horizon, interval, runs, seed, policy, admission, optimize or [], workers)
+    options = forecast_options(choices, settings, default_horizon=f"{settings.forecast_horizon_hours}h")
+    slos = declared_slos(settings)
+    engine, inputs = live_inputs(settings, engine, clock)
+    job_models_, source = job_models(models, settings, needed=needs_models(inputs))
+    with output.progress(options.runs, "forecast", "runs", quiet=as_json) as tick:
+        document = run_forecast(inputs, job_models_, options, slos, model_source=source, progress=tick)
+    if store:
+        save_forecast(engine, document, cluster_id=settings.cluster_id, kind=ON_DEMAND)
+    twin_output.emit(document, as_json, twin_output.print_forecast)
+    return 0
+
+
+def _skill(engine: object, settings: Settings, now: datetime, since_text: str | None, as_json: bool) -> int:
+    """How the stored forecasts did against what the store then recorded (twin.skill)."""
+    from twin.skill import skill
+    from twin.units import parse_duration
+
+    since = None
+    if since_text:
+        try:
+            since = now - timedelta(seconds=parse_duration(since_text))
+        except ValueError:
+            try:
+                since = datetime.fromisoformat(since_text.replace("Z", "+00:00"))
+            except ValueError:
+                raise CommandError(f"--since: not a time or a duration: {since_text!r}") from None
+    document = skill(engine, settings.cluster_id, since)
+    if as_json:
+        print(json.dumps(document, indent=2))
+    else:
+        twin_output.print_skill(document)
+    return 0
+
+
+def simulate(
+    ctx: typer.Context,
+    cluster: Annotated[Path, typer.Option(metavar="CLUSTER.yaml")],
+    workload: Annotated[Path, typer.Option(metavar="JOBS.csv")],
+    horizon: Annotated[
+        str | None, typer.Option(help="stop at this time (default: when every job ended)")
+    ] = None,
+    interval: Interval = None,
+    runs: Runs = 1,
+    seed: EnsembleSeed = None,
+    policy: PolicyChoice = None,
+    admission: AdmissionChoice = None,
+    optimize: Optimize = None,
+    workers: Workers = None,
+    models: ModelsDir = None,
+    as_json: Json = False,
+) -> int:
+    from twin.forecast import TwinInputs
+    from twin.forecast import forecast as run_forecast
+
+    settings: Settings = ctx.obj
+    nodes, jobs = explicit_inputs(cluster, workload)
+    choices = EnsembleChoices(horizon, interval, runs, seed, policy, admission, optimize or [], workers)
+    options = forecast_options(choices, settings, default_horizon=None).with_changes(keep_jobs=True)
+    inputs = TwinInputs(cluster=nodes, workload=jobs)
+    job_models_, source = job_models(models, settings, needed=needs_models(inputs))
+    slos = declared_slos(settings)
+    with output.progress(options.runs, "simulate", "runs", quiet=as_json) as tick:
+        document = checked(lambda: run_forecast(inputs, job_models_, options, slos, source, tick))
+    twin_output.emit(document, as_json, twin_output.print_forecast)
+    return 0
+
+
+def whatif(
+    ctx: typer.Context,
+    scenario: Annotated[Path, typer.Argument(metavar="SCENARIO.yaml")],
+    workers: Workers = None,
+    models: ModelsDir = None,
+    as_json: Json = False,
+) -> int:
+    import yaml
+    from pydantic import ValidationError
+
+    from twin.forecast import TwinInputs
+    from twin.whatif import WhatIf, run_whatif
+
+    settings: Settings = ctx.obj
+    try:
+        spec = yaml.safe_load(scenario.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CommandError(f"{scenario}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise CommandError(f"{scenario}: not valid YAML: {exc}") from None
+    if not isinstance(spec, dict):
+        raise CommandError(f"{scenario}: expected a mapping (name, horizon, runs, changes, ...)")
+    cluster_file, workload_file = spec.pop("cluster", None), spec.pop("workload", None)
+    try:
+        what = WhatIf.model_validate(spec)
+    except ValidationError as exc:
+        raise CommandError(f"{scenario}: {first_error(exc)}") from None
+    if (cluster_file is None) != (workload_file is None):
+        raise CommandError(f"{scenario}: give both cluster and workload files, or neither (live state)")
+    if cluster_file is not None:
+        base = scenario.parent
+        inputs = TwinInputs(*explicit_inputs(base / str(cluster_file), base / str(workload_file)))
+    else:
+        _engine, inputs = live_inputs(settings)
+    job_models_, source = job_models(models, settings, needed=needs_models(inputs))
+    slos = declared_slos(settings)
+    with output.progress(2 * what.runs, "what-if", "runs", quiet=as_json) as tick:
+        document = checked(
+            lambda: run_whatif(
+                inputs,
+                job_models_,
+                what,
+                slos,
+                workers=workers,
+                model_source=source,
+                progress=tick,
+                ray_address=settings.ray_address,
+            )
+        )
+    twin_output.emit(document, as_json, twin_output.print_whatif)
+    return 0
+
+
+def backtest(
+    ctx: typer.Context,
+    bench: Annotated[Path | None, typer.Option(metavar="FILE", help="benchmark CSV")] = None,
+    window: Annotated[
+        str | None, typer.Option(help="START:END on the replay's clock, e.g. 0:24h (all)")
+    ] = None,
+    cluster: Annotated[Path | None, typer.Option(metavar="CLUSTER.yaml")] = None,
+    load: Annotated[float, typer.Option(help="offered load of the arrivals")] = 0.7,
+    policy: Annotated[PolicyName, typer.Option()] = "fifo",
+    runs: Annotated[int, typer.Option()] = 8,
+    seed: Annotated[int, typer.Option()] = 0,
+    workers: Annotated[int | None, typer.Option()] = None,
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR", help="use the models in use under DIR (default: calibrate on --bench itself)"
+        ),
+    ] = None,
+    from_store: Annotated[
+        bool, typer.Option("--from-store", help="backtest the store's telemetry (with --at, --horizon)")
+    ] = False,
+    at: Annotated[str | None, typer.Option(metavar="T", help="--from-store: RFC 3339 telemetry time")] = None,
+    horizon: Annotated[str | None, typer.Option(metavar="H", help="--from-store: how far, e.g. 6h")] = None,
+    arrivals: Annotated[
+        Literal["observed", "model"],
+        typer.Option(
+            help="--from-store: the jobs submitted after T as they came, or drawn as a forecast would"
+        ),
+    ] = "observed",
+    as_json: Json = False,
+) -> int:
+    from finetwin.wiring import fit_benchmark_models, load_benchmark_table
+    from twin.backtest import parse_window, run_backtest
+    from twin.cluster import ClusterFormatError, load_cluster
+    from twin.policies import Policy
+
+    settings: Settings = ctx.obj
+    if from_store:
+        return _backtest_from_store(
+            settings, at=at, horizon=horizon, runs=runs, seed=seed, policy=policy, arrivals=arrivals,
+            workers=workers, models=models, as_json=as_json,
+        )  # fmt: skip
+    if bench is None:
+        raise CommandError("give --bench FILE, or --from-store --at T --horizon H")
+    try:
+        span = parse_window(window)
+    except ValueError as exc:
+        raise CommandError(f"--window: {exc}") from None
+    if runs < 1:
+        raise CommandError("--runs must be at least 1")
+    try:
+        table = load_benchmark_table(bench)
+    except ValueError as exc:  # BenchmarkFormatError names the file, line and column
+        raise CommandError(str(exc)) from None
+    try:
+        nodes = load_cluster(cluster) if cluster is not None else None
+    except ClusterFormatError as exc:
+        raise CommandError(str(exc)) from None
+    if models is not None:
+        job_models_, source = job_models(models, settings, needed=True)
+    else:
+        job_models_, source = fit_benchmark_models(bench, seed=seed), f"calibrated on {bench.name}"
+    with output.progress(runs, "backtest", "runs", quiet=as_json) as tick:
+        document = checked(
+            lambda: run_backtest(
+                table, job_models_, cluster=nodes, window=span, policy=Policy(policy), runs=runs,
+                seed=seed, load=load, workers=workers, model_source=source, progress=tick,
+                ray_address=settings.ray_address,
+            )
+        )  # fmt: skip
+    twin_output.emit(document, as_json, twin_output.print_backtest)
+    return 0
+
+
+def _backtest_from_store(
+    settings: Settings, *, at: str | None, horizon: str | None, runs: int, seed: int, policy: str,
+    arrivals: str, workers: int | None, models: Path | None, as_json: bool,
+) -> int:  # fmt: skip
+    """Parse, pick the model version that was in use at T, hand over to twin.store_backtest."""
+    from finetwin.wiring import load_job_models_at, migrated_engine
+    from twin.clock import as_utc
+    from twin.policies import Policy
+    from twin.store_backtest import backtest_from_store
+    from twin.units import parse_duration
+
+    if at is None or horizon is None:
+        raise CommandError("--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h)")
+    try:
+        when = as_utc(datetime.fromisoformat(at.strip().replace("Z", "+00:00")))
+    except ValueError:
+        raise CommandError(f"--at: not an RFC 3339 time: {at!r}") from None
+    try:
+        horizon_s = parse_duration(horizon)
+    except ValueError as exc:
+        raise CommandError(f"--horizon: {exc}") from None
+    if runs < 1:
+        raise CommandError("--runs must be at least 1")
+    try:
+        loaded = load_job_models_at(settings, when, models)
+    except Exception as exc:  # the registry refuses a tampered or unreadable version: say so
+        raise CommandError(
+            f"the model version in use at {when.isoformat()} cannot be loaded: {exc}"
+        ) from None
+    if loaded is None:
+        raise CommandError(
+            f"no model version was in use at {when.isoformat()} (or every one then was fitted on later data)"
+        )
+    version, job_models_ = loaded
+    engine = migrated_engine(settings)
+    with output.progress(runs, "backtest", "runs", quiet=as_json) as tick:
+        document = checked(
+            lambda: backtest_from_store(
+                engine, job_models_, at=when, horizon_s=horizon_s, cluster_id=settings.cluster_id, runs=runs,
+                seed=seed, policy=Policy(policy), arrivals=arrivals, workers=workers,
+                model_source=f"calibrated {version} (in use at {when.isoformat()})", progress=tick,
+                ray_address=settings.ray_address,
+            )
+        )  # fmt: skip
+    twin_output.emit(document, as_json, twin_output.print_store_backtest)
+    return 0

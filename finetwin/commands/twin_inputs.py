@@ -1,0 +1,155 @@
+"""What the twin's commands build from their options: forecast options, SLOs, an explicit cluster and
+workload, the models a forecast uses."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from finetwin.errors import CommandError
+from twin.settings import Settings
+
+if TYPE_CHECKING:
+    from twin.forecast import ForecastOptions
+    from twin.protocols import JobModels
+
+log = logging.getLogger(__name__)
+
+PolicyName = Literal["fifo", "backfill", "spf"]
+AdmissionName = Literal["off", "reject", "repair"]
+
+
+class OptimizationName(StrEnum):  # an enum: typer takes no list of Literal
+    fast_kernels = "fast_kernels"
+    roce = "roce"
+    fast_moe = "fast_moe"
+
+
+@dataclass(frozen=True)
+class EnsembleChoices:
+    """The options of an ensemble as given on the command line (None = from settings)."""
+
+    horizon: str | None = None
+    interval: str | None = None
+    runs: int | None = None
+    seed: int | None = None
+    policy: str | None = None
+    admission: str | None = None
+    optimize: list[str] = field(default_factory=list)
+    workers: int | None = None
+
+
+def forecast_options(
+    choices: EnsembleChoices, settings: Settings, default_horizon: str | None
+) -> ForecastOptions:
+    from twin.config_changes import Admission, Optimization
+    from twin.forecast import ForecastOptions
+    from twin.plan import PlanOptions
+    from twin.policies import Policy
+    from twin.units import parse_duration
+
+    try:
+        horizon_text = choices.horizon if choices.horizon is not None else default_horizon
+        horizon = parse_duration(horizon_text) if horizon_text is not None else None
+        interval = (
+            parse_duration(choices.interval)
+            if choices.interval is not None
+            else settings.forecast_interval_minutes * 60.0
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    runs = choices.runs if choices.runs is not None else settings.forecast_runs
+    if runs < 1:
+        raise CommandError("--runs must be at least 1")
+    return ForecastOptions(
+        horizon_s=horizon,
+        interval_s=interval,
+        runs=runs,
+        seed=choices.seed if choices.seed is not None else settings.forecast_seed,
+        policy=Policy(choices.policy or settings.forecast_policy),
+        plan=PlanOptions(
+            admission=Admission(choices.admission or settings.forecast_admission),
+            optimizations=frozenset(Optimization(o) for o in choices.optimize),
+        ),
+        workers=choices.workers if choices.workers is not None else settings.forecast_workers,
+        ray_address=settings.ray_address,
+    )
+
+
+def declared_slos(settings: Settings) -> Any:
+    from twin.slo_attainment import SloFormatError, load_slos
+
+    try:
+        return load_slos(settings.slo_file)
+    except SloFormatError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def explicit_inputs(cluster_path: Path, workload_path: Path) -> tuple[Any, Any]:
+    from twin.cluster import ClusterFormatError, load_cluster
+    from twin.workload import WorkloadFormatError, read_jobs_csv
+
+    try:
+        return load_cluster(cluster_path), read_jobs_csv(workload_path)
+    except (ClusterFormatError, WorkloadFormatError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def live_inputs(settings: Settings, engine: Any = None, clock: Any = None) -> Any:
+    """The twin's inputs from the store's live state (its nodes, queue, running jobs, arrival process), at
+    `clock` (twin.clock; default: the wall clock)."""
+    from datetime import timedelta
+
+    from finetwin.wiring import migrated_engine
+    from twin.live_state import NoClusterError, load_live_inputs
+
+    engine = engine if engine is not None else migrated_engine(settings)
+    lookback = timedelta(days=settings.forecast_lookback_days)
+    try:
+        return engine, load_live_inputs(
+            engine, cluster_id=settings.cluster_id, lookback=lookback, clock=clock
+        )
+    except NoClusterError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def needs_models(inputs: Any) -> bool:
+    from twin.workload import NO_CONFIG
+
+    if (inputs.workload.config_idx != NO_CONFIG).any():
+        return True
+    return inputs.arrivals is not None and bool((inputs.arrivals.mix.config_idx != NO_CONFIG).any())
+
+
+def job_models(models: Path | None, settings: Settings, needed: bool) -> tuple[JobModels | None, str]:
+    """The calibrated models in use; the uncalibrated fallback (with a warning) when none has been fitted."""
+    from finetwin.wiring import load_job_models
+    from twin.uncalibrated import FallbackModels
+
+    if not needed:
+        return None, "none (fixed durations)"
+    try:
+        loaded = load_job_models(settings, models)
+    except Exception as exc:  # the registry refuses a tampered or unreadable version: say so, do not guess
+        raise CommandError(f"the models in use cannot be loaded: {exc}") from None
+    if loaded is None:
+        if models is not None:
+            raise CommandError(f"no calibrated model in use under {models} (run finetwin calibrate)")
+        log.warning("no calibrated model in use yet: forecasting with the uncalibrated fallback")
+        return FallbackModels(), "fallback"
+    return loaded, "calibrated"
+
+
+def checked(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Runs the twin; a problem with the inputs (a job without work, a scenario removing every node) is
+    the user's to fix: a message, not a traceback."""
+    from twin.executors import ExecutorUnavailable
+
+    try:
+        return work()
+    except (ValueError, ExecutorUnavailable) as exc:  # ExecutorUnavailable: FINETWIN_RAY_ADDRESS is wrong
+        raise CommandError(str(exc)) from None

@@ -1,0 +1,109 @@
+"""How `forecast`, `simulate`, `whatif` and `backtest` print their documents: JSON as is, or tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from finetwin import output
+from finetwin.numbers import short
+
+
+def emit(document: dict[str, Any], as_json: bool, printer: Callable[[dict[str, Any]], None]) -> None:
+    if as_json:
+        json.dump(document, sys.stdout, default=_json_default, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        printer(document)
+
+
+def _json_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def print_forecast(doc: dict[str, Any]) -> None:
+    horizon = doc.get("horizon_s")
+    output.say(
+        f"{doc['runs']} run(s), horizon {'until done' if horizon is None else f'{horizon / 3600:g} h'}, "
+        f"policy {doc['policy']}, admission {doc['admission']}, models: {doc['models']}"
+    )
+    for note in doc.get("notes", []):
+        output.say(f"note: {note}")
+    rows = [(k, v) for k, v in doc["summary"].items() if k != "utilization_by_type"]
+    rows += [(f"utilization {gpu}", v) for gpu, v in doc["summary"].get("utilization_by_type", {}).items()]
+    output.show(output.table(
+        ["figure", ("mean", "right"), ("p10", "right"), ("p90", "right")],
+        [[name, short(v["mean"]), short(v["p10"]), short(v["p90"])] for name, v in rows],
+    ))  # fmt: skip
+    for slo in doc.get("slos", []):
+        a = slo["attainment"]
+        output.say(
+            f"SLO {slo['name']}: attained in {short(a['mean'])} of intervals "
+            f"(p10 {short(a['p10'])}, p90 {short(a['p90'])}), met over the horizon in "
+            f"{slo['probability_met']:.0%} of runs"
+        )
+
+
+def print_whatif(doc: dict[str, Any]) -> None:
+    output.say(f"what-if {doc['name']!r}: {json.dumps(doc['changes'])}")
+    rows = []
+    for name, diff in doc["difference"].items():
+        if name == "slos":
+            continue
+        base = doc["baseline"]["summary"][name]["mean"]
+        scen = doc["scenario"]["summary"][name]["mean"]
+        ci = diff.get("ci95") or [None, None]
+        rows.append(
+            [name, short(base), short(scen), short(diff["mean"]), f"[{short(ci[0])}, {short(ci[1])}]"]
+        )
+    columns = ["figure", ("baseline", "right"), ("scenario", "right"), ("difference", "right"), "95% CI"]
+    output.show(output.table(columns, rows))
+    for slo in doc["difference"]["slos"]:
+        a = slo["attainment"]
+        met = slo["probability_met"]
+        output.say(f"SLO {slo['name']}: attainment {short(a['mean'])} (CI {a['ci95']}), P(met) {met:+.0%}")
+
+
+def print_backtest(doc: dict[str, Any]) -> None:
+    output.say(
+        f"backtest: {doc['jobs_in_window']} of {doc['jobs_in_benchmark']} jobs in the window, "
+        f"{doc['runs']} run(s), policy {doc['policy']}, models: {doc['models']}"
+    )
+    _print_figures(doc)
+
+
+def print_store_backtest(doc: dict[str, Any]) -> None:
+    output.say(
+        f"backtest from the store at {doc['at']} over {doc['horizon_s']:g} s: {doc['jobs_in_window']} jobs, "
+        f"{doc['runs']} run(s), arrivals {doc['arrivals']}, models: {doc['models']}"
+    )
+    _print_figures(doc)
+
+
+def _print_figures(doc: dict[str, Any]) -> None:
+    rows = []
+    for name, f in doc["figures"].items():
+        error = "-" if f["error"] is None else f"{f['error']:+.1%}"
+        t = f["twin"]
+        rows.append([name, short(f["truth"]), short(t["mean"]), short(t["p10"]), short(t["p90"]), error])
+    columns = ["figure", ("truth", "right"), ("twin mean", "right"), ("p10", "right"), ("p90", "right"),
+               ("error", "right")]  # fmt: skip
+    output.show(output.table(columns, rows))
+
+
+def print_skill(doc: dict[str, Any]) -> None:
+    output.say(f"{doc['scored']} forecasts scored over {doc['intervals']} interval figures")
+    rows = []
+    for figure, stats in doc["figures"].items():
+        mape = "-" if stats["mape"] is None else f"{100 * stats['mape']:.1f}%"
+        rows.append([figure, stats["n"], mape, f"{stats['mae']:.3g}", f"{stats['bias']:.3g}",
+                     f"{stats['coverage']:.2f}"])  # fmt: skip
+    columns = ["figure", ("n", "right"), ("MAPE", "right"), ("MAE", "right"), ("bias", "right"),
+               ("p10-p90 coverage", "right")]  # fmt: skip
+    output.show(output.table(columns, rows))

@@ -1,0 +1,239 @@
+"""`finetwin up`: the whole system in one process on embedded defaults — a broker (unless one is given),
+the ingest worker, the API and dashboard, and a replay of the bundled benchmark as telemetry."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from finetwin import output
+from finetwin.commands import add_command
+from finetwin.commands.telemetry import (
+    Epoch,
+    JobPrefix,
+    MeanInterarrival,
+    Quiet,
+    Seed,
+    job_prefix_of,
+    replay_plan,
+)
+from finetwin.errors import CommandError
+from finetwin.signals import stop_on_signals
+from twin.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from ingest.bus import Bus
+    from ingest.replay import ReplayPlan
+    from ingest.worker import IngestWorker, WorkerStats
+
+log = logging.getLogger(__name__)
+
+UP_DEFAULT_SPEED = 600.0  # ten simulated minutes per second, so the dashboard moves
+
+
+def register(app: typer.Typer) -> None:
+    add_command(
+        app, up, "up", help="broker + ingest + API + benchmark replay in one process, on embedded defaults"
+    )
+
+
+def up(
+    ctx: typer.Context,
+    bootstrap: Annotated[
+        str | None,
+        typer.Option(help="use this Kafka instead of starting a broker (FINETWIN_KAFKA_BOOTSTRAP)"),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="API address (default FINETWIN_API_HOST or 127.0.0.1)")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="API port (default FINETWIN_API_PORT or 8080)")] = None,
+    bench: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay", metavar="FILE", help="benchmark CSV to replay (default: the bundled sample)"
+        ),
+    ] = None,
+    no_replay: Annotated[bool, typer.Option("--no-replay", help="do not replay anything")] = False,
+    speed: Annotated[
+        float, typer.Option(help="simulated seconds per wall-clock second, 0 = as fast as possible")
+    ] = UP_DEFAULT_SPEED,
+    seed: Seed = 0,
+    job_prefix: JobPrefix = None,
+    mean_interarrival: MeanInterarrival = 60.0,
+    epoch: Epoch = None,
+    quiet: Quiet = False,
+    exit_when_done: Annotated[
+        bool,
+        typer.Option(
+            "--exit-when-done", help="exit once the replay is sent and every event of it is in the store"
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='with --exit-when-done: print {"jobs", "valid", "rejected", "runtime"} of the replayed jobs '
+            "found in the store",
+        ),
+    ] = False,
+) -> int:
+    from finetwin.wiring import build_api_app, ensure_topics, ingest_worker, migrated_engine
+    from ingest.replay import send_replay
+
+    settings: Settings = ctx.obj
+    if as_json and not exit_when_done:
+        raise CommandError("--json needs --exit-when-done (the counts are printed once the replay is in)")
+    if exit_when_done and no_replay:
+        raise CommandError("--exit-when-done needs a replay; drop --no-replay")
+    plan = None
+    if not no_replay:
+        plan = replay_plan(
+            settings, bench, speed=speed, seed=seed, job_prefix=job_prefix,
+            mean_interarrival=mean_interarrival, epoch=epoch,
+        )  # fmt: skip
+        # The replay's timeline starts now and runs ahead of the wall clock (by up to its whole span at
+        # --speed 0): up's own worker takes the replay's clock as the cluster's. A separate `finetwin
+        # ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
+        ahead = timedelta(seconds=plan.duration_s) + timedelta(minutes=10)
+        settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
+    if exit_when_done:
+        # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
+        settings = settings.model_copy(update={"scheduler_enabled": False})
+    stop = threading.Event()
+    with stop_on_signals(stop), contextlib.ExitStack() as parts:
+        bus = _bus(bootstrap, settings, parts)
+        engine = migrated_engine(settings)
+        parts.callback(engine.dispose)
+        topic = settings.telemetry_topic
+        ensure_topics(bus, settings, topic)
+        worker = ingest_worker(bus, engine, settings, topic)
+        ingest_thread = threading.Thread(target=worker.run, args=(stop,), name="ingest")
+        ingest_thread.start()
+        parts.callback(ingest_thread.join)
+        parts.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
+        app = build_api_app(
+            settings, engine, run_migrations=False, kafka_bootstrap=getattr(bus, "bootstrap", None)
+        )
+        url = _serve_api(app, host or settings.api_host, settings.api_port if port is None else port, parts)
+        output.say(f"finetwin is up: API on {url} (docs at {url}/docs); Ctrl-C stops", stderr=True)
+        if plan is not None:
+            producer = bus.producer()
+            parts.callback(producer.close)
+            with output.progress(len(plan.events), "replay", "events", quiet=quiet or as_json) as tick:
+                sent = send_replay(plan, producer, topic, speed=speed, stop=stop, progress=tick)
+            log.info("replayed %d of %d events (%d jobs)", sent, len(plan.events), plan.jobs)
+            if exit_when_done:
+                if not _wait_until_stored(plan, worker, engine, stop):
+                    return 130  # interrupted before the store had everything
+                counts = replayed_job_counts(engine, job_prefix_of(job_prefix, seed))
+                if as_json:
+                    print(json.dumps(counts), flush=True)
+                else:
+                    output.say(f"replay stored: {counts}", stderr=True)
+                return 0
+        stop.wait()
+    return 0
+
+
+def _bus(bootstrap: str | None, settings: Settings, parts: contextlib.ExitStack) -> Bus:
+    """The given Kafka, else an embedded Tansu broker, else (no Tansu for this platform) an in-process bus."""
+    from ingest.broker import BrokerUnavailable, EmbeddedBroker, tansu_binary
+    from ingest.bus import ConsumerTuning, InProcessBus, KafkaBus
+
+    tuning = ConsumerTuning.from_settings(settings)
+    bootstrap = bootstrap or settings.kafka_bootstrap
+    if bootstrap:
+        return KafkaBus(bootstrap, tuning)
+    if tansu_binary() is None:
+        log.warning(
+            "no Tansu broker binary for this platform: using an in-process bus, so only this process can "
+            "publish telemetry (set FINETWIN_KAFKA_BOOTSTRAP to use a real Kafka)"
+        )
+        return InProcessBus(settings.telemetry_partitions)
+    try:
+        broker = EmbeddedBroker().start()
+    except BrokerUnavailable as exc:
+        raise CommandError(f"cannot start the embedded broker: {exc}") from exc
+    parts.callback(broker.stop)
+    log.info("embedded Kafka-protocol broker (Tansu, in memory) on %s", broker.bootstrap)
+    return KafkaBus(broker.bootstrap, tuning)
+
+
+def _serve_api(app: object, host: str, port: int, parts: contextlib.ExitStack) -> str:
+    """Serve the API in a thread; returns its URL once it accepts connections."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+
+    def stop_api() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+    parts.callback(stop_api)
+    # uvicorn offers no event for "listening"; its `started` flag is set once the socket is bound.
+    while not server.started:
+        if not thread.is_alive():
+            raise CommandError(f"cannot serve the API on {host}:{port} (is the port taken?)")
+        threading.Event().wait(0.02)
+    bound = port or server.servers[0].sockets[0].getsockname()[1]
+    return f"http://{host}:{bound}"
+
+
+def _wait_until_stored(plan: ReplayPlan, worker: IngestWorker, engine: Engine, stop: threading.Event) -> bool:
+    """Block until every event of the replay is in the store (False if `stop` came first). Woken by the
+    worker after each batch; the store has the last word, as the worker may also count other messages."""
+    ids = [str(event.event_id) for _, event in plan.events]
+
+    def handled(stats: WorkerStats) -> int:
+        return stats.applied + stats.duplicates + stats.dead_letters
+
+    worker.wait_until(lambda s: handled(s) >= len(ids) or stop.is_set())
+    while not stop.is_set():
+        seen = handled(worker.stats)
+        if stored_event_count(engine, ids) == len(ids):
+            return True
+        worker.wait_until(lambda s, seen=seen: handled(s) > seen or stop.is_set(), timeout_s=5)
+    return False
+
+
+def stored_event_count(engine: Engine, event_ids: list[str]) -> int:
+    from sqlalchemy import func, select
+
+    from twin.store import TelemetryEvent
+
+    found = 0
+    with engine.connect() as connection:
+        for start in range(0, len(event_ids), 900):
+            chunk = event_ids[start : start + 900]
+            query = select(func.count()).select_from(TelemetryEvent).where(TelemetryEvent.event_id.in_(chunk))  # type: ignore[attr-defined]
+            found += connection.execute(query).scalar_one()
+    return found
+
+
+def replayed_job_counts(engine: Engine, job_prefix: str) -> dict[str, int]:
+    """Jobs in the store whose id starts with `job_prefix`, in all and by outcome."""
+    from sqlalchemy import func, select
+
+    from twin.store import Job
+
+    counts = {"jobs": 0, "valid": 0, "rejected": 0, "runtime": 0}
+    mine = func.substr(Job.job_id, 1, len(job_prefix)) == job_prefix
+    with engine.connect() as connection:
+        for outcome, count in connection.execute(
+            select(Job.outcome, func.count()).where(mine).group_by(Job.outcome)
+        ):
+            counts["jobs"] += count
+            if outcome in counts:
+                counts[outcome] = count
+    return counts

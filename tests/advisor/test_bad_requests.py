@@ -1,0 +1,250 @@
+"""Bad requests get a 4xx that says what is wrong, never a 500 (issue 10), on SQLite and PostgreSQL.
+
+Each case below was a 500, a silent coercion, a write on a GET or an unbounded computation before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, event
+
+from advisor.app import create_app
+from tests.advisor.conftest import advisor_settings
+from tests.advisor.fakes import FakeInUse, FakeModels
+from tests.advisor.seed import seed_overloaded_cluster
+from tests.advisor.test_workflow import proposal, propose
+from tests.conftest import api_headers, tcp_listening, wait_for
+
+A100 = "NVIDIA-A100-SXM4-80GB"
+CONFIG = {
+    "model_name": "llama3-8b", "method": "lora", "gpu_model": A100, "number_gpus": 4, "number_nodes": 1,
+    "batch_size": 8, "tokens_per_sample": 1024,
+}  # fmt: skip
+
+
+def _app(engine: Engine, tmp_path: Path, **settings: object) -> TestClient:
+    app = create_app(advisor_settings(tmp_path, **settings), engine)
+    app.state.models_in_use = FakeInUse(None)
+    return TestClient(app)
+
+
+@pytest.fixture
+def api(engine: Engine, tmp_path: Path) -> Iterator[TestClient]:
+    with _app(engine, tmp_path) as client:
+        yield client
+
+
+def _refused(response, status: int, *words: str) -> dict:  # type: ignore[no-untyped-def]
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert isinstance(body["detail"], str) and all(w in body["detail"] for w in words), body
+    return body
+
+
+# --- NUL characters (PostgreSQL cannot store them: psycopg raised, a 500) ------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/jobs/a%00b",
+        "/v1/jobs?gpu_model=a%00b",
+        "/v1/audit?subject=a%00b",
+        "/v1/recommendations/a%00b",
+        "/v1/models/live-error?model_version=a%00b",
+    ],
+)
+def test_a_nul_in_the_path_or_query_is_422(api: TestClient, engine: Engine, path: str) -> None:
+    body = _refused(api.get(path, headers=api_headers(engine, "viewer")), 422, "NUL")
+    assert body["errors"][0]["loc"] == ["path" if "?" not in path else "query"]
+
+
+def test_a_nul_in_a_comment_or_an_slo_name_is_422(api: TestClient, engine: Engine) -> None:
+    (rec_id,) = propose(engine, proposal())
+    approver = api_headers(engine, "approver")
+    for verb in ("approve", "reject"):
+        response = api.post(
+            f"/v1/recommendations/{rec_id}/{verb}", json={"comment": "ok\x00"}, headers=approver
+        )
+        _refused(response, 422, "NUL")
+    slos = {"slos": [{"name": "wait\x00", "metric": "wait_p95_s", "max": 60}]}
+    _refused(api.put("/v1/slos", json=slos, headers=approver), 422, "NUL")
+    # A backslash followed by "u0000" is text, not a NUL: it is stored as it came.
+    text = "not a NUL: \\u0000"
+    rejected = api.post(f"/v1/recommendations/{rec_id}/reject", json={"comment": text}, headers=approver)
+    assert rejected.status_code == 200 and rejected.json()["comment"] == text
+
+
+# --- bodies and strings bounded --------------------------------------------------------------------------
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_parsed(engine: Engine, tmp_path: Path) -> None:
+    viewer = api_headers(engine, "viewer")
+    with _app(engine, tmp_path, max_body_bytes=4096) as client:
+        big = b"[" * 5000  # not even JSON: a 413 says it was never parsed
+        _refused(client.post("/v1/advise", content=big, headers=viewer), 413, "4096 bytes")
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: refused once the limit has arrived
+            for _ in range(10):
+                yield b" " * 1000
+
+        _refused(client.post("/v1/advise", content=chunks(), headers=viewer), 413, "FINETWIN_MAX_BODY_BYTES")
+        small = client.post("/v1/advise", json=CONFIG, headers=viewer)
+        assert small.status_code == 409  # within the limit it goes on (no model is in use here)
+
+
+def test_strings_have_maximum_lengths(api: TestClient, engine: Engine) -> None:
+    operator = api_headers(engine, "operator")
+    long_name = {"slos": [{"name": "x" * 2_000_000, "metric": "wait_p95_s", "max": 60}]}
+    _refused(api.put("/v1/slos", json=long_name, headers=operator), 413)  # over the body limit first
+    for slo in (
+        {"name": "x" * 201, "metric": "wait_p95_s", "max": 60},
+        {"name": "u", "metric": "utilization", "min": 0.5, "gpu_model": "x" * 101},
+    ):
+        _refused(api.put("/v1/slos", json={"slos": [slo]}, headers=operator), 422, "at most")
+    _refused(api.post("/v1/whatif", json={"horizon": "1" * 40 + "h"}, headers=operator), 422, "at most 32")
+    _refused(api.get("/v1/jobs/" + "j" * 201, headers=operator), 422, "at most 200")
+
+
+# --- types and required fields ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change", [{"fast_kernels": 0}, {"number_gpus": True}, {"number_gpus": "4"}, {"time_limit_s": "60"}]
+)
+def test_numbers_and_flags_are_not_coerced(api: TestClient, engine: Engine, change: dict) -> None:
+    viewer = api_headers(engine, "viewer")
+    (field,) = change
+    for path in ("/v1/advise", "/v1/predict"):
+        body = _refused(api.post(path, json=CONFIG | change, headers=viewer), 422, field)
+        assert body["errors"][0]["loc"][-1] == field
+
+
+def test_a_blank_model_name_is_422(api: TestClient, engine: Engine) -> None:
+    viewer = api_headers(engine, "viewer")
+    for path in ("/v1/predict", "/v1/advise"):
+        _refused(
+            api.post(path, json=CONFIG | {"model_name": " "}, headers=viewer), 422, "model name is empty"
+        )
+
+
+def test_an_empty_slo_set_must_be_explicit(api: TestClient, engine: Engine) -> None:
+    operator = api_headers(engine, "operator")
+    before = api.get("/v1/slos", headers=operator).json()
+    _refused(api.put("/v1/slos", json={}, headers=operator), 422, "slos")
+    assert api.get("/v1/slos", headers=operator).json() == before  # nothing was declared
+    cleared = api.put("/v1/slos", json={"slos": []}, headers=operator)
+    assert cleared.status_code == 200 and cleared.json()["slos"] == [] and cleared.json()["source"] == "api"
+
+
+# --- what-ifs bounded ------------------------------------------------------------------------------------
+
+
+def test_a_whatif_too_big_is_refused_before_it_runs(engine: Engine, tmp_path: Path) -> None:
+    seed_overloaded_cluster(engine)
+    viewer = api_headers(engine, "viewer")
+    with _app(engine, tmp_path) as client:
+        huge = {
+            "runs": 64,
+            "changes": {"nodes": [{"gpu_model": A100, "add": 10_000, "gpus_per_node": 64}] * 100},
+        }
+        body = _refused(client.post("/v1/whatif", json=huge, headers=viewer), 422, "too big")
+        assert "1000001 nodes" in body["detail"] and "64000008 GPUs" in body["detail"]
+        steps = {"horizon": "30d", "interval": "1m", "runs": 1}
+        _refused(client.post("/v1/whatif", json=steps, headers=viewer), 422, "43200 intervals")
+        small = client.post("/v1/whatif", json={"horizon": "2h", "runs": 2}, headers=viewer)
+        assert small.status_code == 200
+
+
+class _Records(logging.Handler):
+    """Sets `seen` when a record containing `text` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen, self.messages = text, threading.Event(), []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.text in message:
+            self.messages.append(message)
+            self.seen.set()
+
+
+def test_a_whatif_stops_when_its_client_disconnects(engine: Engine, tmp_path: Path) -> None:
+    """A real uvicorn server: the client sends a long what-if and hangs up; the ensembles stop."""
+    import uvicorn
+
+    from ingest.broker import free_port
+
+    seed_overloaded_cluster(engine, jobs=400, nodes=4)
+    viewer = api_headers(engine, "viewer")
+    app = create_app(advisor_settings(tmp_path, forecast_workers=1), engine)
+    app.state.models_in_use = FakeInUse(FakeModels())
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    records = _Records("what-if stopped")
+    logger = logging.getLogger("finetwin.forecast")
+    logger.addHandler(records)
+    logger.setLevel(logging.INFO)
+    thread.start()
+    try:
+        wait_for(lambda: tcp_listening(port), 30, "uvicorn to listen")
+        body = json.dumps({"runs": 64, "horizon": None}).encode()  # 2 x 64 runs of 400 queued jobs
+        request = (
+            f"POST /v1/whatif HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"X-API-Key: {viewer['X-API-Key']}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        with socket.create_connection(("127.0.0.1", port)) as connection:
+            connection.sendall(request)
+        assert records.seen.wait(60), "the what-if did not stop when its client left"
+        finished, total = (int(w) for w in records.messages[0].split() if w.isdigit())
+        assert total == 128 and finished < total
+    finally:
+        logger.removeHandler(records)
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+# --- unknown keys ----------------------------------------------------------------------------------------
+
+
+def _key_lookups(engine: Engine) -> list[str]:
+    """Every statement that reads the keys table, as it runs."""
+    seen: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _count(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        if "api_keys" in statement:
+            seen.append(statement)
+
+    return seen
+
+
+def test_unknown_keys_are_remembered_and_limited_per_address(engine: Engine, tmp_path: Path) -> None:
+    viewer = api_headers(engine, "viewer")
+    lookups = _key_lookups(engine)
+    limits = {"auth_max_failures": 5, "auth_failure_window_seconds": 600, "auth_cache_seconds": 600}
+    with _app(engine, tmp_path, **limits) as client:
+        assert client.get("/v1/jobs", headers=viewer).status_code == 200  # verified, and cached
+        same = {"X-API-Key": "ft_0123456789ab_not-a-key"}
+        for _ in range(3):
+            _refused(client.get("/v1/jobs", headers=same), 401, "invalid")
+        assert len(lookups) == 2  # the valid key once, the same unknown key once
+        for i in range(2):
+            _refused(client.get("/v1/jobs", headers={"X-API-Key": f"ft_{i:012d}_guess"}), 401)
+        assert len(lookups) == 4
+        for i in range(20):  # five failures from this address: the next unknown keys cost nothing
+            response = client.get("/v1/jobs", headers={"X-API-Key": f"ft_{i + 100:012d}_guess"})
+            _refused(response, 429, "too many failed key checks")
+            assert int(response.headers["Retry-After"]) > 0
+        assert len(lookups) == 4
+        assert client.get("/v1/jobs", headers=viewer).status_code == 200  # a verified key keeps working

@@ -1,0 +1,27 @@
+"""CSV cells a spreadsheet would run: a cell that starts with `=`, `+`, `-` or `@` (or a tab or carriage
+return, which some spreadsheets skip before looking) is taken as a formula when the file is opened, and a
+formula can fetch URLs or run commands (CSV injection). Such a cell is written with a leading `'`, which
+spreadsheets show as text; a plain number such as `-1.5` or `+3` is left alone (a spreadsheet reads it as
+the number it is).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# A plain decimal number, as a spreadsheet reads one (not "-inf" or "-nan", which it would evaluate).
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def neutralise(cell: str) -> str:
+    """The cell as text a spreadsheet will not evaluate."""
+    if not cell.startswith(FORMULA_STARTS) or _NUMBER.fullmatch(cell):
+        return cell
+    return "'" + cell
+
+
+def neutralise_row(cells: Iterable[object]) -> list[object]:
+    """Every text cell of a row neutralised; numbers and other values as they are."""
+    return [neutralise(c) if isinstance(c, str) else c for c in cells]
