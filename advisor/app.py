@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 
 from advisor.auth import V1_PREFIX, authorize
 from advisor.errors import document_errors, install_error_handlers
+from advisor.fastpath import RepeatedAdviceFastPath
 from advisor.guards import RequestGuard
 from twin.settings import Settings
 
@@ -77,6 +78,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         else:
             app.include_router(module.router)
 
+    # A repeated advice request (same bytes, same models, a key verified moments ago) is answered before
+    # FastAPI parses it: see advisor.fastpath.
+    if settings.advice_fast_path:
+        app.add_middleware(RepeatedAdviceFastPath, state=app.state)
     # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
     app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
     install_error_handlers(app)

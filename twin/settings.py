@@ -105,6 +105,8 @@ class Settings(BaseSettings):
     steering_replications: int = 8  # seeded runs per what-if (paired between baseline and action)
     relay_poll_seconds: float = 2.0  # the outbox relay also looks for unsent messages this often
     advice_cache_size: int = 2048  # advice answers remembered per model version (same config, same answer)
+    advice_max_batch: int = Field(64, ge=1)  # uncached advice requests answered together in one model call
+    advice_fast_path: bool = True  # answer repeated advice before FastAPI parses it (advisor.fastpath)
 
     # Fail instead of skipping when a test service is missing (CI).
     require_services: bool = Field(default=False)

@@ -1,22 +1,24 @@
 """`POST /v1/advise`: advice for one job configuration (see `advisor.advice`).
 
-An answer costs one call of the compiled models (~100 configurations); the same configuration asked again
-under the same model version is answered from `advisor.answer_cache`, the one cache left in front of the
-models (issue 14 measured and removed the fast path, the batching, the prediction memo and its warm-up:
-with compiled trees they no longer paid for themselves, see bench/api.py).
+Answers are cached per model version (`advisor.answer_cache`, the one cache in front of the models; a
+repeated request is answered from it by `advisor.fastpath` before it reaches this router). Answers not in
+the cache are computed in batches (`advisor.batching`): concurrent requests share one call of the compiled
+models, at most `advice_max_batch` configurations per call, and the same configuration asked twice at once
+is computed once. Issue 14 removed the memo of predicted rows and its warm-up (a second cache, which the
+compiled trees no longer need); bench/api.py measured what the fast path and the batching still save.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request, Response
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 
-from advisor.advice import advise_job
+from advisor.advice import advise_many
 from advisor.advice_plan import AdviceError
 from advisor.advice_predict import ModelsUnusable
 from advisor.advice_schemas import AdviceOut, AdviceRequest
-from advisor.answer_cache import AnswerCache, version_in_use
+from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
 from advisor.auth import Role, access
+from advisor.batching import Batcher
 from advisor.routers.models import NO_MODEL, models_in_use
 from calibrate.registry import InUseModels, RegistryError
 
@@ -31,6 +33,16 @@ def answer_cache(request: Request) -> AnswerCache:
     return cache
 
 
+def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]]:
+    batcher = getattr(request.app.state, "advice_batcher", None)
+    if batcher is None:
+        app = request.app
+        # The models in use are looked up per batch (`models_in_use` has run for the request by then).
+        batcher = Batcher(lambda bodies: _answers(app, bodies), app.state.settings.advice_max_batch)
+        app.state.advice_batcher = batcher
+    return batcher
+
+
 @router.post(
     "",
     response_model=AdviceOut,
@@ -42,23 +54,30 @@ def answer_cache(request: Request) -> AnswerCache:
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
 async def advise(body: AdviceRequest, request: Request) -> Response:
-    # Async: a cached answer never leaves the event loop; loading models and computing an answer run in
-    # the thread pool.
+    # Async: a cached answer (the same configuration under the same models) never leaves the event loop;
+    # loading models and computing answers run in the thread pool, in batches.
     models = models_in_use(request)
     cache = answer_cache(request)
     request_key = body.model_dump_json()
+    raw = await request.body()  # already read by FastAPI: the exact bytes, for advisor.fastpath
+    raw_key = raw if len(raw) <= MAX_RAW_KEY_BYTES else None
     version = version_in_use(models)
     if version is not None:
         cached = cache.get((version, request_key))
         if cached is not None:
+            if raw_key is not None:
+                cache.put((version, raw_key), cached)
             return Response(content=cached, media_type="application/json")
-    version, content = await run_in_threadpool(_answer, models, body)
+    version, content = await answer_batcher(request).submit(request_key, body)
     cache.put((version, request_key), content)
+    if raw_key is not None:
+        cache.put((version, raw_key), content)
     return Response(content=content, media_type="application/json")
 
 
-def _answer(models: InUseModels, body: AdviceRequest) -> tuple[str, bytes]:
-    """(model version, answer JSON), or the HTTP error."""
+def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
+    """(model version, answer JSON) per request, or the HTTP error for that request alone."""
+    models: InUseModels = app.state.models_in_use  # `models_in_use` ran for the request before
     try:
         loaded = models.get()
     except RegistryError as exc:
@@ -68,11 +87,13 @@ def _answer(models: InUseModels, body: AdviceRequest) -> tuple[str, bytes]:
             status_code=NO_MODEL, detail="no calibrated model is in use; run `finetwin calibrate` first"
         )
     version, job_models = loaded
-    config, dataset_tokens = body.to_job()
     try:
-        answer = advise_job(config, dataset_tokens, job_models, version)
+        answers = advise_many([body.to_job() for body in bodies], job_models, version)
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
-    except AdviceError as exc:
-        raise HTTPException(status_code=422, detail=str(exc)) from None
-    return version, answer.model_dump_json().encode("utf-8")
+    return [
+        HTTPException(status_code=422, detail=str(answer))
+        if isinstance(answer, AdviceError)
+        else (version, answer.model_dump_json().encode("utf-8"))
+        for answer in answers
+    ]

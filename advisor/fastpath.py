@@ -1,0 +1,109 @@
+"""Repeated advice answered before FastAPI: an ASGI middleware in front of the app.
+
+A `POST /v1/advise` whose exact body was answered before under the model version in use, sent with a key
+the key cache verified within its TTL, is answered here from `advisor.answer_cache`, skipping routing,
+validation and dependency solving (which cost most of a cached answer's time). Anything else, including
+every first request, every key the cache does not hold and every invalid key, goes to the app unchanged,
+with the body it sent, so the app's checks and messages apply as they always do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
+from advisor.auth import API_KEY_HEADER, Role
+
+ADVISE_PATH = "/v1/advise"
+_KEY_HEADER = API_KEY_HEADER.lower().encode("latin-1")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class RepeatedAdviceFastPath:
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state  # the FastAPI app's state: its answer cache, key cache and models in use
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != ADVISE_PATH:
+            await self.app(scope, receive, send)
+            return
+        answer, body = await self._cached_answer(scope, receive)
+        if answer is not None:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(answer)).encode("ascii")),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": answer})
+            return
+        await self.app(scope, _replay(body, receive) if body is not None else receive, send)
+
+    async def _cached_answer(
+        self, scope: Scope, receive: Receive
+    ) -> tuple[bytes | None, list[Message] | None]:
+        """(the cached answer or None, the request messages read so far or None when none were read)."""
+        cache = getattr(self.state, "advice_cache", None)
+        key_cache = getattr(self.state, "key_cache", None)
+        models = getattr(self.state, "models_in_use", None)
+        if cache is None or key_cache is None or models is None:
+            return None, None  # nothing answered yet: the app sets these up on its first request
+        key, length = _header(scope, _KEY_HEADER), _header(scope, b"content-length")
+        if not key or not length or not length.isdigit() or int(length) > MAX_RAW_KEY_BYTES:
+            return None, None
+        found, principal = key_cache.cached(key.decode("latin-1"))
+        if not found or principal is None or not principal.role.allows(Role.VIEWER):
+            return None, None  # unknown, expired or invalid: the app checks it and says why
+        messages = await _read_body(receive, int(length))
+        if messages[-1]["type"] != "http.request" or messages[-1].get("more_body", False):
+            return None, messages  # disconnected or longer than announced: the app deals with it
+        version = version_in_use(models)
+        if version is None:
+            return None, messages
+        body = b"".join(m.get("body", b"") for m in messages)
+        return cache.get((version, body)), messages
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of a header, as Starlette's `Headers.get` reads it (names arrive lower-cased)."""
+    for header, value in scope["headers"]:
+        if header == name:
+            return value
+    return None
+
+
+async def _read_body(receive: Receive, limit: int) -> list[Message]:
+    """The request's messages until the body ends, the client leaves, or more than `limit` bytes came."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False) or size > limit:
+            return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that hands the app the messages already read, then the rest from the client."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
