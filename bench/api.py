@@ -47,7 +47,6 @@ import uvloop
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "calibrate" / "data" / "llmftbench_sample.csv"
 sys.path.insert(0, str(REPO))  # the packages, not bench/twin.py or bench/ingest.py, answer `import twin`
-FINETWIN = str(Path(sys.executable).with_name("finetwin"))
 
 BASE = {
     "model_name": "llama3-8b", "method": "lora", "gpu_model": "NVIDIA-A100-SXM4-80GB", "number_gpus": 4,
@@ -214,11 +213,17 @@ def fit_models(tree: Path, work: Path) -> Path:
     target = work / "models"
     began = time.perf_counter()
     subprocess.run(
-        [FINETWIN, "calibrate", "--bench", str(SAMPLE), "--models", str(target)],
+        [*finetwin(tree), "calibrate", "--bench", str(SAMPLE), "--models", str(target)],
         env=tree_env(tree, {}), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     print(f"{tree}: fitted on the bundled sample in {time.perf_counter() - began:.1f} s", file=sys.stderr)
     return target
+
+
+def finetwin(tree: Path) -> list[str]:
+    """The `finetwin` command of `tree`'s own code (the CLI moved from twin/cli.py to finetwin/cli.py)."""
+    module = "finetwin.cli" if (tree / "finetwin" / "cli.py").exists() else "twin.cli"
+    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
 
 
 def tree_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
@@ -245,11 +250,14 @@ def in_process(n: int = SINGLE_CLIENT_QUESTIONS) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def api_server(env: dict[str, str]) -> Iterator[int]:
+def api_server(tree: Path, env: dict[str, str]) -> Iterator[int]:
     """`finetwin api` on a free port; yields the port once it accepts connections."""
     port = free_port()
     server = subprocess.Popen(
-        [FINETWIN, "api", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*finetwin(tree), "api", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 60
@@ -312,10 +320,10 @@ def measure_tree(tree: Path, clients: int, seconds: float, seed: int) -> dict[st
             "FINETWIN_KAFKA_BOOTSTRAP": "", "FINETWIN_ADVICE_WARM_MEMO": "false",
         })  # fmt: skip
         key = subprocess.run(
-            [FINETWIN, "keys", "create", "--role", "viewer", "--name", "bench"],
+            [*finetwin(tree), "keys", "create", "--role", "viewer", "--name", "bench"],
             env=env, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
-        with api_server(env) as port:
+        with api_server(tree, env) as port:
             warm_up(port, key)
             return scenarios(port, key, clients, seconds, seed)
 
