@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from twin.csv_cells import MAX_CSV_COLUMNS, too_many_columns
 from twin.domain import METHODS, RULE_ORDER, Outcome, broken_rule, canonical_gpu_name
 
 # Every column of the published file, in its order.
@@ -43,6 +45,12 @@ CONFIG_COLUMNS: tuple[str, ...] = (
 POSITIVE_INT_COLUMNS = ("number_nodes", "number_gpus", "tokens_per_sample", "batch_size")
 NON_NEGATIVE_INT_COLUMNS = ("fast_moe",)
 FLAG_COLUMNS = ("enable_roce",)
+# The largest value each whole-number column may hold: what a cluster could run (the API's bounds), far
+# inside int64 (a `1e308` cast to int64 became garbage, and a traceback further on).
+INT_MAXIMUMS = {
+    "number_nodes": 512, "number_gpus": 4096, "tokens_per_sample": 10_000_000, "batch_size": 1_000_000,
+    "fast_moe": 4096,
+}  # fmt: skip
 MEASURED_COLUMNS: tuple[str, ...] = tuple(
     c for c in BENCHMARK_COLUMNS if c not in CONFIG_COLUMNS and c not in ("is_valid", "lh_created_at")
 )
@@ -131,11 +139,13 @@ def _read(path: str | Path, required: Iterable[str]) -> _Frame:
             raise BenchmarkFormatError(path, 1, None, "empty file, expected a header row") from None
         except (csv.Error, UnicodeDecodeError) as exc:
             raise BenchmarkFormatError(path, 1, None, f"not a CSV header: {exc}") from None
+        if len(header) > MAX_CSV_COLUMNS:  # the benchmark has 38
+            raise BenchmarkFormatError(path, 1, None, too_many_columns(len(header)))
         header = [h.strip() for h in header]
         for column in required:
             if column not in header:
                 raise BenchmarkFormatError(path, 1, column, "missing from the header")
-        duplicated = {h for h in header if header.count(h) > 1}
+        duplicated = {h for h, n in Counter(header).items() if n > 1}
         if duplicated:
             raise BenchmarkFormatError(path, 1, sorted(duplicated)[0], "appears twice in the header")
         rows: list[list[str]] = []
@@ -174,6 +184,9 @@ def _typed_config(frame: _Frame) -> pd.DataFrame:
         values = _numbers(frame, column)
         not_int = values != np.round(values)
         _raise_first(frame, not_int, column, "must be a whole number")
+        if column in INT_MAXIMUMS:
+            limit = INT_MAXIMUMS[column]
+            _raise_first(frame, values > limit, column, f"must be at most {limit:,}")
         if column in POSITIVE_INT_COLUMNS:
             _raise_first(frame, values < 1, column, "must be at least 1")
         elif column in FLAG_COLUMNS:

@@ -74,6 +74,7 @@ def default_job_prefix(seed: int) -> str:
 def plan_replay(
     table: pd.DataFrame, *, seed: int = 0, job_prefix: str | None = None, mean_interarrival_s: float = 60.0,
     cluster_id: str = "default", epoch: datetime | None = None,
+    target_utilization: float = TARGET_UTILIZATION,
 ) -> ReplayPlan:  # fmt: skip
     """The telemetry of every row of a benchmark table, in simulated time order, dated from `epoch`
     (default: a fixed date derived from the seed)."""
@@ -99,7 +100,11 @@ def plan_replay(
 
     durations = {i: _run_seconds(rows[i], uniforms[i, 0]) for i in range(len(rows))}
     span = float(arrivals[-1]) if len(rows) else 1.0
-    cluster = _Cluster.sized_for(((rows[i], d) for i, d in durations.items() if d is not None), span)
+    if not 0 < target_utilization <= 1:
+        raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization}")
+    cluster = _Cluster.sized_for(
+        ((rows[i], d) for i, d in durations.items() if d is not None), span, target_utilization
+    )
     events: list[tuple[float, Event]] = [
         make("node.status", NodeStatus(node_id=node_id, gpu_model=gpu, gpu_count=GPUS_PER_NODE, status="up"),
              0.0, None, k)
@@ -262,7 +267,12 @@ class _Cluster:
                 self.free_at[node_id] = [0.0] * GPUS_PER_NODE
 
     @classmethod
-    def sized_for(cls, jobs: Iterable[tuple[dict[str, Any], float]], span: float) -> _Cluster:
+    def sized_for(
+        cls,
+        jobs: Iterable[tuple[dict[str, Any], float]],
+        span: float,
+        utilization: float = TARGET_UTILIZATION,
+    ) -> _Cluster:
         """Enough nodes of each GPU model for its largest job and for its GPU-seconds at the target
         utilization over the replay's span."""
         largest: dict[str, int] = {}
@@ -273,7 +283,7 @@ class _Cluster:
             largest[gpu] = max(largest.get(gpu, 1), nodes)
             gpu_seconds[gpu] = gpu_seconds.get(gpu, 0.0) + int(row["number_gpus"]) * duration
         return cls({
-            gpu: max(largest[gpu], math.ceil(gpu_seconds[gpu] / (GPUS_PER_NODE * span * TARGET_UTILIZATION)))
+            gpu: max(largest[gpu], math.ceil(gpu_seconds[gpu] / (GPUS_PER_NODE * span * utilization)))
             for gpu in largest
         })  # fmt: skip
 

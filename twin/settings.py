@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = 5.0  # a verified key is trusted this long (revocation takes up to this)
     recommendation_ttl_hours: float = 24.0  # a pending recommendation expires after this long
     steering_interval_minutes: float = 30.0  # scheduled cluster steering (what-ifs against the SLOs)
+    # ... of telemetry time (a replay at --speed 600 steers every few wall minutes), at most once per this
+    # many wall seconds (a steering run is a dozen paired ensembles)
+    steering_min_wall_seconds: float = 120.0
     steering_horizon_hours: float = 24.0  # how far each what-if forecast looks ahead
     steering_replications: int = 8  # seeded runs per what-if (paired between baseline and action)
     relay_poll_seconds: float = 2.0  # the outbox relay also looks for unsent messages this often
