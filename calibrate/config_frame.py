@@ -61,41 +61,53 @@ def records_to_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return configs_to_frame([config_from_row(record) for record in records])
 
 
-def validated_configs(table: pd.DataFrame) -> pd.DataFrame:
-    """The configuration columns of `table`, typed, trimmed and lower-cased, missing optional ones filled.
+def validated_configs(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The configuration columns of `table` as arrays, typed, trimmed and lower-cased, missing optional
+    ones filled. Plain arrays, not a frame: pandas' per-column costs dominated advice-sized tables.
 
     Raises ValueError naming the row (position) and column of an impossible value."""
     missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"missing configuration columns: {', '.join(missing)}")
-    frame = pd.DataFrame(index=table.index)
+    frame: dict[str, np.ndarray] = {}
     for column in ("model_name", "method", "gpu_model"):
-        frame[column] = table[column].astype(str).str.strip()
-    frame["model_name"] = frame["model_name"].str.lower()
-    frame["method"] = frame["method"].str.lower()
-    _check(frame, ~frame["method"].isin(METHODS), "method", f"must be one of {', '.join(METHODS)}")
-    _check(frame, frame["model_name"] == "", "model_name", "is empty")
+        frame[column] = _text(table[column])
+    frame["model_name"] = np.array([name.lower() for name in frame["model_name"]], dtype=object)
+    frame["method"] = np.array([method.lower() for method in frame["method"]], dtype=object)
+    _check(~np.isin(frame["method"], METHODS), "method", f"must be one of {', '.join(METHODS)}")
+    _check(frame["model_name"] == "", "model_name", "is empty")
     for column in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
-        values = pd.to_numeric(table[column], errors="coerce")
-        _check(frame, ~(values >= 1), column, "must be a number of at least 1")
-        frame[column] = values.to_numpy(dtype=float)
+        values = _numbers(table[column])
+        _check(~(values >= 1), column, "must be a number of at least 1")
+        frame[column] = values
+    n = len(table)
     for column, default in OPTIONAL_COLUMNS.items():
         if column not in table.columns:
-            frame[column] = default
+            frame[column] = np.full(n, default, dtype=object if isinstance(default, str) else None)
         elif column in ("enable_roce", "fast_kernels"):
             frame[column] = table[column].fillna(False).astype(bool).to_numpy()
         elif column == "fast_moe":
-            values = pd.to_numeric(table[column], errors="coerce").fillna(0.0)
-            _check(frame, values < 0, column, "must not be negative")
-            frame[column] = values.to_numpy(dtype=float)
+            values = np.nan_to_num(_numbers(table[column]), nan=0.0)
+            _check(values < 0, column, "must not be negative")
+            frame[column] = values
         elif column == "time_limit_s":
-            frame[column] = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+            frame[column] = _numbers(table[column])
         else:
-            frame[column] = table[column].fillna(default).astype(str).str.strip().to_numpy()
+            frame[column] = _text(table[column].fillna(default))
     return frame
 
 
-def _check(frame: pd.DataFrame, bad: pd.Series, column: str, message: str) -> None:
+def _text(column: pd.Series) -> np.ndarray:
+    return np.array([str(value).strip() for value in column.to_numpy()], dtype=object)
+
+
+def _numbers(column: pd.Series) -> np.ndarray:
+    if column.dtype.kind in "iuf":
+        return column.to_numpy(dtype=float)
+    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+
+
+def _check(bad: np.ndarray, column: str, message: str) -> None:
     bad_array = np.asarray(bad, dtype=bool)
     if bad_array.any():
         row = int(np.argmax(bad_array))
