@@ -2,8 +2,8 @@
 happens at import time. One router per resource lives in `advisor/routers/`, each included here.
 
 The lifespan starts, in order, what runs beside the requests: the SLO file's check, the online refits,
-the standing forecast, the recommendations' expiry and steering, the outbox relay, the advice memo's
-warm-up, then the scheduler that runs the periodic ones; it stops them in reverse.
+the standing forecast, the recommendations' expiry and steering, the outbox relay, then the scheduler
+that runs the periodic ones; it stops them in reverse.
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ def create_app(parts: ApiParts) -> FastAPI:
         if parts.outbox_relay is not None:
             runtime.relay = RelayThread(parts.outbox_relay, poll_s=parts.settings.relay_poll_seconds).start()
             runtime.relay.wake()  # publish whatever an earlier process left unsent
-        advise.warm_memo_at_start(runtime)
         if parts.settings.scheduler_enabled:
             parts.scheduler.start()
         try:
@@ -94,7 +93,6 @@ def create_app(parts: ApiParts) -> FastAPI:
         finally:
             if parts.scheduler.running:
                 parts.scheduler.shutdown(wait=False)
-            advise.stop_warming(runtime)
             if runtime.relay is not None:
                 runtime.relay.stop()
                 runtime.relay = None

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from advisor.auth import FailureLimiter, KeyCache
     from advisor.batching import Batcher
     from advisor.outbox import OutboxRelay, RelayThread
-    from advisor.prediction_memo import PredictionMemo
     from calibrate.refit import RefitScheduler
 
 
@@ -78,9 +77,7 @@ class ApiRuntime:
     plan_jobs: Any  # advisor.routers.plan.PlanJobs
     batcher: Batcher[Any, tuple[str, bytes]] | None = None  # set by create_app (it calls back into this)
     relay: RelayThread | None = None  # started by the lifespan when there is an outbox relay
-    prediction_memo: PredictionMemo | None = None  # the memo of the version in use (advisor.routers.advise)
-    advice_warm_stop: threading.Event | None = None  # stops the warm-up of a retired version's memo
-    memo_lock: threading.Lock = field(default_factory=threading.Lock)
+    last_steering: dict[str, Any] | None = None  # the last steering run's outcome, for the dashboard
     forecast_lock: threading.Lock = field(default_factory=threading.Lock)  # the standing forecast's
     # A forecast computed for a reader when no fresh standing one is stored: (monotonic time, document).
     unstored_forecast: tuple[float, dict[str, Any]] | None = None

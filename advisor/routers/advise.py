@@ -1,17 +1,14 @@
 """`POST /v1/advise`: advice for one job configuration (see `advisor.advice`).
 
-Answers are cached per model version (`advisor.answer_cache`; a repeated request is answered by
-`advisor.fastpath` before it reaches this router). Answers not in the cache are computed in
-batches (`advisor.batching`): concurrent requests share one model call, at most `advice_max_batch`
-configurations per call, and the same configuration asked twice at once is computed once. Rows predicted
-for earlier answers are not predicted again (`advisor.prediction_memo`, `advice_memo_rows` rows).
+Answers are cached per model version (`advisor.answer_cache`, the one cache in front of the models; a
+repeated request is answered from it by `advisor.fastpath` before it reaches this router). Answers not in
+the cache are computed in batches (`advisor.batching`): concurrent requests share one call of the compiled
+models, at most `advice_max_batch` configurations per call, and the same configuration asked twice at once
+is computed once. Issue 14 removed the memo of predicted rows and its warm-up (a second cache, which the
+compiled trees no longer need); bench/api.py measured what the fast path and the batching still save.
 """
 
 from __future__ import annotations
-
-import logging
-import threading
-from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
@@ -23,14 +20,8 @@ from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
 from advisor.auth import Role, access
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime
-from advisor.prediction_memo import PredictionMemo
 from advisor.routers.models import NO_MODEL
-from advisor.warmup import warm_in_background
-from calibrate.refit import refit_benchmarks
 from calibrate.registry import RegistryError
-from twin.settings import Settings
-
-log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/advise", tags=["advice"])
 
@@ -70,57 +61,6 @@ async def advise(
     return Response(content=content, media_type="application/json")
 
 
-def prediction_memo(runtime: ApiRuntime, version: str, models: Any) -> PredictionMemo | None:
-    """The memo of the version in use (a new version starts an empty one, warmed in the background when
-    `advice_warm_memo`); None when turned off."""
-    settings: Settings = runtime.settings
-    if settings.advice_memo_rows == 0:
-        return None
-    with runtime.memo_lock:
-        memo = runtime.prediction_memo
-        if memo is None or memo.version != version:
-            memo = PredictionMemo(version, settings.advice_memo_rows)
-            runtime.prediction_memo = memo
-            registry = getattr(runtime.models_in_use, "registry", None)  # which benchmark it learned from
-            if settings.advice_warm_memo and registry is not None:
-                warm_in_background(
-                    memo, models, lambda: refit_benchmarks(settings, registry), _new_warm_stop(runtime)
-                )
-    return memo
-
-
-def _new_warm_stop(runtime: ApiRuntime) -> threading.Event:
-    """A stop signal for a new warm-up; the previous one's is set: its memo is of a retired version."""
-    if runtime.advice_warm_stop is not None:
-        runtime.advice_warm_stop.set()
-    runtime.advice_warm_stop = threading.Event()
-    return runtime.advice_warm_stop
-
-
-def warm_memo_at_start(runtime: ApiRuntime) -> None:
-    """Warm the memo of the version in use at once, not at the first request (loading the models takes a
-    second, so it happens on a thread too)."""
-    settings: Settings = runtime.settings
-    if not (settings.advice_warm_memo and settings.advice_memo_rows):
-        return
-
-    def load_and_warm() -> None:
-        try:
-            loaded = runtime.models_in_use.get()
-        except RegistryError as exc:
-            log.warning("no advice memo warm-up: the model in use cannot load: %s", exc)
-            return
-        if loaded is not None:
-            prediction_memo(runtime, loaded[0], loaded[1])
-
-    threading.Thread(target=load_and_warm, name="warm-advice", daemon=True).start()
-
-
-def stop_warming(runtime: ApiRuntime) -> None:
-    if runtime.advice_warm_stop is not None:
-        runtime.advice_warm_stop.set()
-
-
 def answers(runtime: ApiRuntime, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
     """(model version, answer JSON) per request, or the HTTP error for that request alone."""
     try:
@@ -133,8 +73,7 @@ def answers(runtime: ApiRuntime, bodies: list[AdviceRequest]) -> list[tuple[str,
         )
     version, job_models = loaded
     try:
-        memo = prediction_memo(runtime, version, job_models)
-        answers = advise_many([body.to_job() for body in bodies], job_models, version, memo)
+        answers = advise_many([body.to_job() for body in bodies], job_models, version)
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
     return [

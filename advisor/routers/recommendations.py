@@ -8,7 +8,7 @@ the application gave it a Kafka) publishes it, woken by the approval.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
@@ -123,6 +123,24 @@ def list_recommendations(
 
 
 @router.get(
+    "/steering",
+    summary="The last steering run: when (wall and telemetry time), what it evaluated, and why it "
+    "recommended nothing when it did not",
+)
+def last_steering(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
+    settings: Settings = runtime.settings
+    last = runtime.last_steering
+    if last is None:
+        return {
+            "ran": False,
+            "why_none": "steering has not run yet: it runs every "
+            f"{settings.steering_interval_minutes:g} min of telemetry time, at most every "
+            f"{settings.steering_min_wall_seconds:g} s, once a model is in use and SLOs are declared",
+        }
+    return last
+
+
+@router.get(
     "/{recommendation_id}",
     response_model=RecommendationOut,
     summary="One recommendation",
@@ -154,8 +172,8 @@ _DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
     openapi_extra=access(Role.APPROVER),
 )
 def approve(
-    recommendation_id: str = RecommendationId,
     runtime: ApiRuntime = Depends(get_runtime),
+    recommendation_id: str = RecommendationId,
     body: ApproveIn | None = None,
     principal: Principal = Depends(require_role(Role.APPROVER)),
     settings: Settings = Depends(get_settings),
@@ -218,6 +236,7 @@ def run_now(
         result = _steer(runtime, actor=principal.actor, source="on-demand")
     except SteeringUnavailable as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from exc
+    _remember(runtime, result)
     with Session(runtime.engine) as session:
         recs = [_out(session, r) for r in result.recommendations]
     return RunOut(evaluated=result.evaluated, recommended=len(recs), recommendations=recs, notes=result.notes)
@@ -233,8 +252,8 @@ def schedule_expiry_and_steering(runtime: ApiRuntime) -> None:
         max_instances=1, coalesce=True, replace_existing=True,
     )  # fmt: skip
     scheduler.add_job(
-        _steering_job, "interval", minutes=runtime.settings.steering_interval_minutes, args=[runtime],
-        id="recommendations-steering", max_instances=1, coalesce=True, replace_existing=True,
+        _steering_job, "interval", seconds=STEERING_TICK_S, args=[runtime], id="recommendations-steering",
+        max_instances=1, coalesce=True, replace_existing=True,
     )  # fmt: skip
 
 
@@ -249,13 +268,55 @@ def _steer(runtime: ApiRuntime, *, actor: str, source: str) -> SteeringResult:
     return run_steering(runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source)
 
 
+# The steering job looks this often whether a run is due: soon after the first model is in use, then every
+# FINETWIN_STEERING_INTERVAL_MINUTES of telemetry time, at most every FINETWIN_STEERING_MIN_WALL_SECONDS.
+STEERING_TICK_S = 30.0
+
+
 def _steering_job(runtime: ApiRuntime) -> None:
+    """Steers when due (see STEERING_TICK_S); a run that could not happen (no model yet) is retried at the
+    next tick."""
+    from twin.clock import twin_clock
+
+    settings: Settings = runtime.settings
+    tolerance = settings.forecast_clock_tolerance_seconds
+    clock = twin_clock(runtime.engine, settings.cluster_id, tolerance_s=tolerance)
+    last = runtime.last_steering
+    if last is not None and last.get("telemetry_at"):
+        since = (clock.now - datetime.fromisoformat(last["telemetry_at"])).total_seconds()
+        wall = (datetime.now(UTC) - datetime.fromisoformat(last["at"])).total_seconds()
+        if since < settings.steering_interval_minutes * 60.0 or wall < settings.steering_min_wall_seconds:
+            return
     try:
         result = _steer(runtime, actor="system", source="schedule")
     except SteeringUnavailable as exc:
         log.info("scheduled steering skipped: %s", exc)
+        runtime.last_steering = {
+            "ran": False, "at": datetime.now(UTC).isoformat(), "telemetry_at": None, "why_none": str(exc)
+        }  # fmt: skip
         return
+    except Exception:  # the scheduler must keep running; the next tick tries again
+        log.exception("scheduled steering failed")
+        return
+    _remember(runtime, result, clock.now)
     log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))
+
+
+def _remember(runtime: ApiRuntime, result: Any, telemetry_at: datetime | None = None) -> None:
+    """The last run's outcome, for the panel (this process's memory: it is about the latest run only)."""
+    if telemetry_at is None:
+        from twin.clock import twin_clock
+
+        telemetry_at = twin_clock(runtime.engine, runtime.settings.cluster_id).now
+    runtime.last_steering = {
+        "ran": True,
+        "at": datetime.now(UTC).isoformat(),
+        "telemetry_at": telemetry_at.isoformat(),
+        "evaluated": result.evaluated,
+        "recommended": len(result.recommendations),
+        "why_none": result.why_none,
+        "notes": result.notes,
+    }
 
 
 def ttl(settings: Settings) -> timedelta:
