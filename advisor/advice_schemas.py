@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
-from twin.domain import GPU_TYPES, JobConfig, gpu_type
+from twin.domain import JobConfig, known_gpu_name
 
 
 class AdviceRequest(BaseModel):
@@ -35,11 +35,7 @@ class AdviceRequest(BaseModel):
     @field_validator("gpu_model")
     @classmethod
     def _known_gpu(cls, value: str) -> str:
-        try:
-            return gpu_type(value).name
-        except KeyError:
-            known = ", ".join(f"{g.name} ({g.short})" for g in GPU_TYPES.values())
-            raise ValueError(f"unknown GPU model {value!r}; known: {known}") from None
+        return known_gpu_name(value)  # the one check (and "did you mean") of every GPU name
 
     @field_validator("model_name")
     @classmethod
