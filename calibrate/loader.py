@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.columns import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
+from twin.csv_cells import MAX_CSV_COLUMNS, too_many_columns
 from twin.domain import (
     GPU_TYPES,
     METHODS,
@@ -28,6 +30,7 @@ from twin.domain import (
     canonical_gpu_name,
     unknown_gpu_message,
 )  # fmt: skip
+from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS, FIELD_MAXIMUMS
 
 # Every column of the published file, in its order.
 BENCHMARK_COLUMNS: tuple[str, ...] = (
@@ -42,16 +45,19 @@ BENCHMARK_COLUMNS: tuple[str, ...] = (
     "dataset_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second_per_gpu",
 )  # fmt: skip
 
-# What a configuration is: enough to predict a run, nothing measured.
-CONFIG_COLUMNS: tuple[str, ...] = (
-    "identifier", "experiment_id", "method", "model_name", "number_nodes", "gpu_model", "number_gpus",
-    "tokens_per_sample", "batch_size", "enable_roce", "fast_moe", "fast_kernels", "fms_hf_tuning_version",
-    "torch_dtype",
-)  # fmt: skip
+# What a configuration is: enough to predict a run, nothing measured. The columns of a configs CSV
+# (`finetwin predict`): the one job configuration's fields (twin.domain.JobConfig) and the benchmark's
+# descriptors, in the published file's order; its time cap comes from `experiment_id`, as in the benchmark.
+CONFIG_COLUMNS: tuple[str, ...] = tuple(
+    c for c in BENCHMARK_COLUMNS if c in CONFIG_FIELDS or c in DESCRIPTOR_FIELDS
+)
 
 POSITIVE_INT_COLUMNS = ("number_nodes", "number_gpus", "tokens_per_sample", "batch_size")
 NON_NEGATIVE_INT_COLUMNS = ("fast_moe",)
 FLAG_COLUMNS = ("enable_roce",)
+# The largest value each whole-number column may hold: the one job configuration's bounds (what the store
+# holds), far inside int64 (a `1e308` cast to int64 became garbage, and a traceback further on).
+INT_MAXIMUMS = {c: int(FIELD_MAXIMUMS[c]) for c in POSITIVE_INT_COLUMNS + NON_NEGATIVE_INT_COLUMNS}
 MEASURED_COLUMNS: tuple[str, ...] = tuple(
     c for c in BENCHMARK_COLUMNS if c not in CONFIG_COLUMNS and c not in ("is_valid", "lh_created_at")
 )
@@ -149,6 +155,8 @@ def _read(path: str | Path, required: Iterable[str]) -> _Frame:
             raise BenchmarkFormatError(path, 1, None, "empty file, expected a header row") from None
         except (csv.Error, UnicodeDecodeError) as exc:
             raise BenchmarkFormatError(path, 1, None, f"not a CSV header: {exc}") from None
+        if len(header) > MAX_CSV_COLUMNS:  # the benchmark has 38
+            raise BenchmarkFormatError(path, 1, None, too_many_columns(len(header)))
         header = [h.strip() for h in header]
         required = tuple(required)
         missing = [column for column in required if column not in header]
@@ -159,7 +167,7 @@ def _read(path: str | Path, required: Iterable[str]) -> _Frame:
                 None,
                 f"missing from the header: {', '.join(missing)} (needed: {', '.join(required)})",
             )
-        duplicated = {h for h in header if header.count(h) > 1}
+        duplicated = {h for h, n in Counter(header).items() if n > 1}
         if duplicated:
             raise BenchmarkFormatError(path, 1, sorted(duplicated)[0], "appears twice in the header")
         rows: list[list[str]] = []
@@ -199,6 +207,9 @@ def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataF
         values = _numbers(frame, column)
         not_int = values != np.round(values)
         _raise_first(frame, not_int, column, "must be a whole number")
+        if column in INT_MAXIMUMS:
+            limit = INT_MAXIMUMS[column]
+            _raise_first(frame, values > limit, column, f"must be at most {limit:,}")
         if column in POSITIVE_INT_COLUMNS:
             _raise_first(frame, values < 1, column, "must be at least 1")
         elif column in FLAG_COLUMNS:

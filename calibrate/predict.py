@@ -1,7 +1,8 @@
 """Predicting a CSV of configurations: the same rows, in the same order, with the predictions added.
 
 The input's own cells are written back exactly as they were (not re-typed), so a prediction file can be
-joined back to its input by position or by any column of it.
+joined back to its input by position or by any column of it; except a cell a spreadsheet would run as a
+formula (`=...`, `@...`), which is written as text with a leading `'` (`twin.csv_cells`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from calibrate.loader import BenchmarkFormatError, load_configs
+from twin.csv_cells import neutralise_row
 
 PREDICTION_COLUMNS: tuple[str, ...] = (
     "outcome", "rule", "p_valid", "tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90",
@@ -63,9 +65,9 @@ def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> P
     try:
         with temporary.open("w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
-            writer.writerow([*configs.header, *PREDICTION_COLUMNS])
+            writer.writerow(neutralise_row([*configs.header, *PREDICTION_COLUMNS]))
             for line, row in zip(lines, predicted.itertuples(index=False), strict=True):
-                writer.writerow([*configs.raw_rows[int(line)], *_cells(row)])
+                writer.writerow(neutralise_row([*configs.raw_rows[int(line)], *_cells(row)]))
         os.replace(temporary, output_path)
     finally:
         temporary.unlink(missing_ok=True)

@@ -11,6 +11,9 @@ import re
 from collections.abc import Iterable
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# finetwin's CSV inputs have a few dozen columns; a header with thousands is a mistake (and made reading
+# quadratic), so readers refuse it before reading a row.
+MAX_CSV_COLUMNS = 256
 # A plain decimal number, as a spreadsheet reads one (not "-inf" or "-nan", which it would evaluate).
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
@@ -20,6 +23,10 @@ def neutralise(cell: str) -> str:
     if not cell.startswith(FORMULA_STARTS) or _NUMBER.fullmatch(cell):
         return cell
     return "'" + cell
+
+
+def too_many_columns(count: int) -> str:
+    return f"has {count:,} columns; at most {MAX_CSV_COLUMNS} are read"
 
 
 def neutralise_row(cells: Iterable[object]) -> list[object]:

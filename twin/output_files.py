@@ -9,8 +9,11 @@ never a read-only file or a directory.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
+
+_ANY_WRITE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
 class OutputPathError(ValueError):
@@ -27,7 +30,7 @@ def check_output_file(path: Path, *, force: bool = False) -> Path:
             raise OutputPathError(f"{path}: already exists; use --force to overwrite it")
         if not path.is_file():
             raise OutputPathError(f"{path}: is not a regular file; refusing to overwrite it")
-        if not os.access(path, os.W_OK):
+        if not path.stat().st_mode & _ANY_WRITE:  # by its mode: root may write anything, yet should not here
             raise OutputPathError(f"{path}: is read-only; refusing to overwrite it even with --force")
     _check_parent(path.parent)
     return path

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
 from twin.domain import JobConfig, canonical_gpu_name
 
 NO_CONFIG = -1
@@ -161,6 +162,8 @@ def read_jobs_csv(path: str | Path) -> Workload:
             raise WorkloadFormatError(path, 1, None, "empty file, expected a header row") from None
         except (csv.Error, UnicodeDecodeError) as exc:
             raise WorkloadFormatError(path, 1, None, f"not a CSV header: {exc}") from None
+        if len(header) > MAX_CSV_COLUMNS:
+            raise WorkloadFormatError(path, 1, None, too_many_columns(len(header)))
         for column in REQUIRED_COLUMNS:
             if column not in header:
                 raise WorkloadFormatError(path, 1, column, "missing from the header")
@@ -185,6 +188,7 @@ def read_jobs_csv(path: str | Path) -> Workload:
     return builder.build()
 
 
+MAX_INTEGER = 10_000_000  # the largest whole number a cell may hold (GPUs, nodes, batch, tokens per sample)
 _TRUE = {"1", "1.0", "true", "yes", "y", "t"}
 _FALSE = {"", "0", "0.0", "false", "no", "n", "f", "none", "nan"}
 
@@ -227,6 +231,8 @@ class _Builder:
         value = self.number(row, name, line)
         if value != int(value) or value < minimum:
             raise WorkloadFormatError(self.path, line, name, f"must be an integer ≥ {minimum}: {value!r}")
+        if value > MAX_INTEGER:  # `1e308` is a whole number, but no count of GPUs, nodes or tokens
+            raise WorkloadFormatError(self.path, line, name, f"must be at most {MAX_INTEGER:,}: {value!r}")
         return int(value)
 
     def flag(self, row: list[str], name: str, line: int) -> bool:
@@ -300,7 +306,8 @@ class _Builder:
 
 
 def write_jobs_csv(workload: Workload, path: str | Path) -> None:
-    """The inverse of `read_jobs_csv` (duration-only and configured rows alike)."""
+    """The inverse of `read_jobs_csv` (duration-only and configured rows alike); a text cell a spreadsheet
+    would run as a formula (a job id or model name from telemetry) is written with a leading `'`."""
     columns = list(REQUIRED_COLUMNS) + list(OPTIONAL_COLUMNS)
     with Path(path).open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -329,4 +336,4 @@ def write_jobs_csv(workload: Workload, path: str | Path) -> None:
                     "time_limit_s": "" if cfg.time_limit_s is None else cfg.time_limit_s,
                     "dataset_tokens": repr(float(workload.work_tokens[i])),
                 }
-            writer.writerow([row.get(c, "") for c in columns])
+            writer.writerow(neutralise_row(row.get(c, "") for c in columns))

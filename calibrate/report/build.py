@@ -15,7 +15,7 @@ import pandas as pd
 from calibrate.loader import load_benchmark
 from calibrate.report.batch import batch_doubling
 from calibrate.report.feasibility import feasibility
-from calibrate.report.figures import draw_all
+from calibrate.report.figures import FIGURE_FILES, draw_all
 from calibrate.report.html import HTML_FILE, render_html
 from calibrate.report.inventory import inventory
 from calibrate.report.optimizations import optimizations
@@ -100,6 +100,11 @@ def compute_numbers(table: pd.DataFrame, *, source: str, generated_at: str | Non
         **optimizations(table),
     }
     return json_safe(numbers)
+
+
+def report_file_names() -> list[str]:
+    """Every file `build_report` may write or remove in its directory, whatever the formats."""
+    return [REPORT_FILE, NUMBERS_FILE, HTML_FILE, *FIGURE_FILES.values()]
 
 
 def build_report(

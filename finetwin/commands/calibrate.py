@@ -99,12 +99,18 @@ def predict(
     input_csv: Annotated[Path, typer.Option("--input", metavar="CONFIGS.csv")],
     output_csv: Annotated[Path, typer.Option("--output", metavar="PRED.csv")],
     models: ModelsDir = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --output if it exists")] = False,
 ) -> int:
     from calibrate.loader import BenchmarkFormatError
     from calibrate.predict import data_row_number, read_configs, write_predictions
     from calibrate.registry import ModelRegistry, RegistryError
+    from twin.output_files import OutputPathError, check_output_file
 
     settings: Settings = ctx.obj
+    try:
+        check_output_file(output_csv, force=force)  # before any work: a mistake costs nothing
+    except OutputPathError as exc:
+        raise CommandError(f"--output {exc}") from None
     try:
         configs = read_configs(input_csv)  # bad input is reported before the models are loaded
     except BenchmarkFormatError as exc:

@@ -52,16 +52,25 @@ def report(
             "the figures inside, for sharing by mail",
         ),
     ] = "md",
+    force: Annotated[
+        bool, typer.Option("--force", help="overwrite the files of an earlier report in --out")
+    ] = False,
 ) -> int:
     import pandas as pd
 
     from calibrate.loader import BenchmarkFormatError, bundled_benchmark_path, load_benchmark
-    from calibrate.report.build import build_report
+    from calibrate.report.build import build_report, report_file_names
     from calibrate.report.latest import record_latest, reports_root
+    from twin.output_files import OutputPathError, check_output_dir
 
     settings: Settings = ctx.obj
     if bench is None and not observed:
         raise CommandError("nothing to report on: give --bench FILE and/or --observed")
+    if out is not None:
+        try:  # before any work: a mistake costs nothing
+            check_output_dir(out, report_file_names(), force=force)
+        except OutputPathError as exc:
+            raise CommandError(f"--out {exc}") from None
     tables: list[pd.DataFrame] = []
     sources: list[str] = []
     if bench is not None:

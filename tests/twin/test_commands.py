@@ -99,6 +99,12 @@ def test_configured_jobs_without_a_calibrated_model_use_the_labelled_fallback(
             "line 3: column 'arrival_s': not a number",
         ),
         ("job_id,arrival_s,gpus,duration_s\nj1,0,0,10\n", "line 2: column 'gpus': must be an integer"),
+        # A whole number too large for any count was a traceback (OverflowError) (issue 10).
+        ("job_id,arrival_s,gpus,duration_s\nj1,0,1e308,10\n", "line 2: column 'gpus': must be at most"),
+        (
+            "job_id,arrival_s,gpus,duration_s" + ",x" * 300 + "\nj1,0,1,10" + ",0" * 300 + "\n",
+            "line 1: has 304 columns; at most 256 are read",
+        ),
         ("job_id,arrival_s,gpus,duration_s\nj1,0,1,10\nj1,1,1,10\n", "line 3: column 'job_id': duplicate"),
         (
             "job_id,arrival_s,gpus,duration_s,model_name,method,gpu_model,batch_size,tokens_per_sample,dataset_tokens\n"
