@@ -223,7 +223,7 @@ def fit_models(tree: Path, work: Path) -> Path:
 def finetwin(tree: Path) -> list[str]:
     """The `finetwin` command of `tree`'s own code (the CLI moved from twin/cli.py to finetwin/cli.py)."""
     module = "finetwin.cli" if (tree / "finetwin" / "cli.py").exists() else "twin.cli"
-    # The tree first on sys.path here too: `-c` would put the working directory (maybe another checkout) first.
+    # The tree first on sys.path here too: `-c` puts the working directory (maybe another checkout) first.
     code = f"import sys; sys.path.insert(0, {str(tree)!r}); from {module} import main; sys.exit(main())"
     return [sys.executable, "-c", code]
 
