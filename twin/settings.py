@@ -109,8 +109,6 @@ class Settings(BaseSettings):
     relay_poll_seconds: float = 2.0  # the outbox relay also looks for unsent messages this often
     advice_cache_size: int = 2048  # advice answers remembered per model version (same config, same answer)
     advice_max_batch: int = Field(64, ge=1)  # uncached advice requests answered together in one model call
-    advice_memo_rows: int = Field(200_000, ge=0)  # predicted configurations remembered (0 = off)
-    advice_warm_memo: bool = True  # fill the memo with the benchmark's families when a version comes in
     advice_fast_path: bool = True  # answer repeated advice before FastAPI parses it (advisor.fastpath)
 
     # Fail instead of skipping when a test service is missing (CI).
