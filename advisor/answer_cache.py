@@ -10,8 +10,9 @@ the key) and holds at most `size` entries, least recently used first out.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Any
+
+from cachetools import LRUCache
 
 from calibrate.registry import RegistryError
 
@@ -24,24 +25,18 @@ CacheKey = tuple[str, str | bytes]
 class AnswerCache:
     def __init__(self, size: int) -> None:
         self.size = size
-        self._entries: OrderedDict[CacheKey, bytes] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: LRUCache[CacheKey, bytes] = LRUCache(maxsize=max(size, 1))
+        self._lock = threading.Lock()  # LRUCache is not thread-safe, and the API answers from a thread pool
 
     def get(self, key: CacheKey) -> bytes | None:
         with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-            return found
+            return self._entries.get(key)
 
     def put(self, key: CacheKey, value: bytes) -> None:
         if self.size <= 0:
             return
         with self._lock:
             self._entries[key] = value
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
 
 
 def version_in_use(models: Any) -> str | None:

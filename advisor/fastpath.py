@@ -9,20 +9,15 @@ with the body it sent, so the app's checks and messages apply as they always do.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
 from advisor.auth import API_KEY_HEADER, Role
 
 ADVISE_PATH = "/v1/advise"
 _KEY_HEADER = API_KEY_HEADER.lower().encode("latin-1")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class RepeatedAdviceFastPath:

@@ -9,7 +9,6 @@ came (tests/calibrate/test_models_parts.py checks it).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,67 +17,32 @@ import pandas as pd
 
 from calibrate.loader import time_limit_seconds
 from twin.domain import METHODS, JobConfig
-
-# Columns a frame needs for `build_features`; the others have defaults.
-REQUIRED_COLUMNS: tuple[str, ...] = (
-    "model_name",
-    "method",
-    "gpu_model",
-    "number_gpus",
-    "number_nodes",
-    "batch_size",
-    "tokens_per_sample",
+from twin.job_config import (
+    CONFIG_DEFAULTS,
+    CONFIG_FIELDS,
+    DESCRIPTOR_FIELDS,
+    REQUIRED_FIELDS,
+    config_from_row,
 )
+
+# Columns a frame needs for `build_features` (what a JobConfig must state); the others have defaults: the
+# JobConfig's own, and the loader's for the benchmark's descriptors.
+REQUIRED_COLUMNS: tuple[str, ...] = REQUIRED_FIELDS
+DESCRIPTOR_COLUMNS: tuple[str, ...] = DESCRIPTOR_FIELDS
 OPTIONAL_COLUMNS: dict[str, Any] = {
-    "enable_roce": False,
-    "fast_moe": 0,
-    "fast_kernels": False,
-    "time_limit_s": np.nan,
+    **{name: np.nan if default is None else default for name, default in CONFIG_DEFAULTS.items()},
     "experiment_id": "",
     "identifier": "",
     "fms_hf_tuning_version": "",
     "torch_dtype": "bfloat16",
 }
-DESCRIPTOR_COLUMNS = ("experiment_id", "identifier", "fms_hf_tuning_version", "torch_dtype")
-
-
-def config_from_row(row: Mapping[str, Any]) -> JobConfig:
-    """A JobConfig from one loader row, telemetry payload, API body or store record (a mapping or a pandas
-    row); the benchmark's descriptor columns go to `extra`."""
-    limit = row.get("time_limit_s")
-    extra = {key: str(row[key]) for key in DESCRIPTOR_COLUMNS if key in row and _present(row[key])}
-    return JobConfig(
-        model_name=str(row["model_name"]),
-        method=str(row["method"]),
-        gpu_model=str(row["gpu_model"]),
-        number_gpus=int(row["number_gpus"]),
-        number_nodes=int(row["number_nodes"]),
-        batch_size=int(row["batch_size"]),
-        tokens_per_sample=int(row["tokens_per_sample"]),
-        enable_roce=bool(row.get("enable_roce", False)),
-        fast_moe=int(row.get("fast_moe", 0)),
-        fast_kernels=bool(row.get("fast_kernels", False)),
-        time_limit_s=float(limit) if _present(limit) else None,
-        extra=extra,
-    )
 
 
 def configs_to_frame(configs: Sequence[JobConfig]) -> pd.DataFrame:
-    """The loader's column layout for a list of JobConfigs, so they go through the same features."""
+    """The loader's column layout for JobConfigs, so they go through the same features as benchmark rows."""
     rows = []
     for config in configs:
-        row: dict[str, Any] = {
-            "model_name": config.model_name,
-            "method": config.method,
-            "gpu_model": config.gpu_model,
-            "number_gpus": config.number_gpus,
-            "number_nodes": config.number_nodes,
-            "batch_size": config.batch_size,
-            "tokens_per_sample": config.tokens_per_sample,
-            "enable_roce": config.enable_roce,
-            "fast_moe": config.fast_moe,
-            "fast_kernels": config.fast_kernels,
-        }
+        row: dict[str, Any] = {name: getattr(config, name) for name in CONFIG_FIELDS}
         for key in DESCRIPTOR_COLUMNS:
             row[key] = config.extra.get(key, OPTIONAL_COLUMNS[key])
         # As the loader does for a benchmark row: a protocol with `stop_after_seconds` is time-limited.
@@ -148,11 +112,3 @@ def _check(bad: np.ndarray, column: str, message: str) -> None:
     if bad_array.any():
         row = int(np.argmax(bad_array))
         raise ValueError(f"row {row}: column {column!r} {message}")
-
-
-def _present(value: Any) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, float) and math.isnan(value):
-        return False
-    return not (isinstance(value, str) and not value.strip())

@@ -46,6 +46,7 @@ from ingest.events import (
     new_event,
 )
 from twin.domain import GPUS_PER_NODE, Rule, gpu_type, model_params_b
+from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS
 
 REPLAY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://finetwin/replay")
 # Nodes are sized for this utilization: jobs mostly start within minutes (measured on the sample), as
@@ -180,24 +181,8 @@ def _submitted(row: dict[str, Any]) -> JobSubmitted:
     dataset_tokens = None
     if row["outcome"] == "valid":
         dataset_tokens = float(row["dataset_tokens_per_second"]) * float(row["train_runtime"])
-    return JobSubmitted(
-        model_name=row["model_name"],
-        method=row["method"],
-        gpu_model=row["gpu_model"],
-        number_gpus=int(row["number_gpus"]),
-        number_nodes=int(row["number_nodes"]),
-        batch_size=int(row["batch_size"]),
-        tokens_per_sample=int(row["tokens_per_sample"]),
-        enable_roce=bool(row["enable_roce"]),
-        fast_moe=int(row["fast_moe"]),
-        fast_kernels=bool(row["fast_kernels"]),
-        time_limit_s=_value(row, "time_limit_s"),
-        dataset_tokens=dataset_tokens,
-        experiment_id=_value(row, "experiment_id"),
-        identifier=_value(row, "identifier"),
-        fms_hf_tuning_version=_value(row, "fms_hf_tuning_version"),
-        torch_dtype=_value(row, "torch_dtype"),
-    )
+    configuration = {name: _value(row, name) for name in (*CONFIG_FIELDS, *DESCRIPTOR_FIELDS)}
+    return JobSubmitted(**configuration, dataset_tokens=dataset_tokens)
 
 
 def _completed(row: dict[str, Any]) -> JobCompleted:
