@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
+from fastapi_offline import FastAPIOffline
 
 from advisor.answer_cache import AnswerCache
 from advisor.auth import V1_PREFIX, FailureLimiter, KeyCache, authorize
@@ -98,7 +99,9 @@ def create_app(parts: ApiParts) -> FastAPI:
                 runtime.relay = None
             runtime.plan_jobs.pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc from files the fastapi-offline package ships, not from a CDN: the API's
+    # documentation works on a machine without internet, as the dashboard does with its vendored Chart.js.
+    app = FastAPIOffline(
         title="finetwin",
         version="0.1.0",
         description="Digital twin of a GPU cluster running LLM fine-tuning jobs: state, forecasts, advice.",
