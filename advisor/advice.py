@@ -19,9 +19,8 @@ from advisor.advice_answer import Answer, finite_or_none, paper_evidence
 from advisor.advice_optimizations import fast_kernels_advice, fast_moe_advice, roce_advice
 from advisor.advice_options import best_cost, best_throughput, fewest_gpus
 from advisor.advice_plan import AdviceError, Plan, plan_advice
-from advisor.advice_predict import predict
+from advisor.advice_predict import Predicted, predict
 from advisor.advice_schemas import AdviceOut, ChangeOut, ConfigOut, Placement, Repair, Verdict, Work
-from advisor.prediction_memo import Predicted, PredictionMemo
 from twin.domain import GPUS_PER_NODE, JobConfig
 
 # Below this, the verdict is "likely out of memory".
@@ -42,13 +41,10 @@ def advise_many(
     jobs: Sequence[tuple[JobConfig, float | None]],
     models: Any,
     model_version: str | None = None,
-    memo: PredictionMemo | None = None,
 ) -> list[AdviceOut | AdviceError]:
-    """Answers for several configurations with ONE model call for all their rows: the models' fixed cost
-    per call (~40 ms) dwarfs the cost per row, so concurrent requests answered together cost little more
-    than one. A configuration the advisor cannot reason about gets its AdviceError in its place; the
-    others are answered. ModelsUnusable fails them all. With a `memo` (of these models' version), rows
-    predicted before are not predicted again."""
+    """Answers for several configurations with one model call for all their rows. A configuration the
+    advisor cannot reason about gets its AdviceError in its place; the others are answered.
+    ModelsUnusable fails them all."""
     plans: list[Plan | AdviceError] = []
     for config, dataset_tokens in jobs:
         try:
@@ -56,11 +52,7 @@ def advise_many(
         except AdviceError as exc:
             plans.append(exc)
     configs = [c for plan in plans if isinstance(plan, Plan) for c in plan.rows.configs]
-    if memo is None:
-        predicted = predict(models, configs)
-    else:
-        prefetch = [c for plan in plans if isinstance(plan, Plan) for c in plan.prefetch]
-        predicted = memo.predict(configs, lambda missing: predict(models, missing), prefetch)
+    predicted = predict(models, configs)
     answers: list[AdviceOut | AdviceError] = []
     start = 0
     for plan in plans:

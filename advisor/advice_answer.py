@@ -10,8 +10,8 @@ import numpy as np
 
 from advisor import findings
 from advisor.advice_plan import Rows
+from advisor.advice_predict import Predicted
 from advisor.advice_schemas import Band, ConfigOut, Evidence, Option, Prediction
-from advisor.prediction_memo import Predicted
 from twin.domain import gpu_type
 
 # A configuration is recommended only if the failure model gives it at least this chance to run.

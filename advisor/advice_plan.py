@@ -57,9 +57,6 @@ class Plan:
     moe: dict[int, int]
     ladder: list[int]
     searched: list[int]
-    # Not weighed by this answer, but by the next one in the same family: the asked job without fast
-    # kernels (for the kernels' speedup) is one of these. Predicted only alongside rows that need a call.
-    prefetch: list[JobConfig]
 
 
 def plan_advice(config: JobConfig, dataset_tokens: float | None) -> Plan:
@@ -101,19 +98,10 @@ def plan_advice(config: JobConfig, dataset_tokens: float | None) -> Plan:
         rows.add(c) for c in with_batch_gpus(tuned.with_changes(fast_moe=moe_choice(tuned)), MIN_GPU_LADDER)
     ]
     searched = [rows.add(c) for c in grid(tuned.with_changes(fast_moe=0))]
-    prefetch = [
-        rows.configs[i].with_changes(fast_kernels=False) for i in searched if not rows.configs[i].enable_roce
-    ]
     return Plan(
         config, dataset_tokens, work, notes, rule, repaired, changes, placed, tuned, rows,
-        i_asked, i_repaired, i_placed, i_repaired_nodes, kernels, roce, moe, ladder, searched, prefetch,
+        i_asked, i_repaired, i_placed, i_repaired_nodes, kernels, roce, moe, ladder, searched,
     )  # fmt: skip
-
-
-def candidate_rows(config: JobConfig) -> tuple[list[JobConfig], list[JobConfig]]:
-    """(the configurations an answer for `config` weighs, those it prefetches for its family)."""
-    plan = plan_advice(config, None)
-    return plan.rows.configs, plan.prefetch
 
 
 def moe_choice(config: JobConfig) -> int:

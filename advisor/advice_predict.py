@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from advisor.prediction_memo import Predicted
 from twin.domain import JobConfig
 
 BAND_COLUMNS = ("tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90")
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """Predictions aligned with a list of configurations."""
+
+    p_valid: np.ndarray  # (n,)
+    tps: np.ndarray  # (n, 3): p10, p50, p90 tokens/s
+    watts: np.ndarray  # (n,) per GPU
+    notes: list[str | None]
+
+    def rows(self, start: int, stop: int) -> Predicted:
+        """The predictions of rows start..stop-1 (one answer's share of a call)."""
+        return Predicted(
+            self.p_valid[start:stop], self.tps[start:stop], self.watts[start:stop], self.notes[start:stop]
+        )
 
 
 class ModelsUnusable(RuntimeError):

@@ -5,29 +5,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 
 from twin.domain import GPU_TYPES, JobConfig, gpu_type
+from twin.job_config import JobConfigIn, JobConfigOut, not_blank
 
 
-class AdviceRequest(BaseModel):
-    """One fine-tuning job configuration in the benchmark's terms, plus the work it has to do.
+class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
+    """One fine-tuning job configuration in the benchmark's terms (`twin.domain.JobConfig`), plus the work
+    it has to do. Stricter than the telemetry in what it can advise on: a GPU model of the catalogue, a model
+    name that is not blank."""
 
-    Numbers and flags are strict: `true` is not a GPU count, `"4"` not a number, `0` not a flag."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    model_name: str = Field(min_length=1, max_length=200, examples=["llama3-8b"])
-    method: Literal["full", "lora", "gptq-lora"]
-    gpu_model: str = Field(min_length=1, max_length=100, examples=["NVIDIA-A100-SXM4-80GB"])
-    number_gpus: StrictInt = Field(ge=1, le=4096)
-    number_nodes: StrictInt = Field(default=1, ge=1, le=512)
-    batch_size: StrictInt = Field(ge=1, le=1_000_000)
-    tokens_per_sample: StrictInt = Field(ge=1, le=1_000_000)
-    enable_roce: StrictBool = False
-    fast_moe: StrictInt = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
-    fast_kernels: StrictBool = False
-    time_limit_s: StrictFloat | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
     dataset_tokens: StrictFloat | None = Field(
         default=None, gt=0, le=1e15, allow_inf_nan=False, description="the job's work, in tokens"
     )
@@ -41,29 +29,10 @@ class AdviceRequest(BaseModel):
             known = ", ".join(f"{g.name} ({g.short})" for g in GPU_TYPES.values())
             raise ValueError(f"unknown GPU model {value!r}; known: {known}") from None
 
-    @field_validator("model_name")
-    @classmethod
-    def _strip(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("the model name is empty")
-        return value
+    strip_model_name = field_validator("model_name")(not_blank)
 
     def to_job(self) -> tuple[JobConfig, float | None]:
-        config = JobConfig(
-            model_name=self.model_name,
-            method=self.method,
-            gpu_model=self.gpu_model,
-            number_gpus=self.number_gpus,
-            number_nodes=self.number_nodes,
-            batch_size=self.batch_size,
-            tokens_per_sample=self.tokens_per_sample,
-            enable_roce=self.enable_roce,
-            fast_moe=self.fast_moe,
-            fast_kernels=self.fast_kernels,
-            time_limit_s=self.time_limit_s,
-        )
-        return config, self.dataset_tokens
+        return self.to_config(), self.dataset_tokens
 
 
 class Evidence(BaseModel):
@@ -80,29 +49,8 @@ class Band(BaseModel):
     p90: float
 
 
-class ConfigOut(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
-
-    model_name: str
-    method: str
-    gpu_model: str
-    number_gpus: int
-    number_nodes: int
-    batch_size: int
-    tokens_per_sample: int
-    enable_roce: bool
-    fast_moe: int
-    fast_kernels: bool
-    time_limit_s: float | None
-
-    @classmethod
-    def of(cls, config: JobConfig) -> ConfigOut:
-        return cls(
-            model_name=config.model_name, method=config.method, gpu_model=config.gpu_model,
-            number_gpus=config.number_gpus, number_nodes=config.number_nodes, batch_size=config.batch_size,
-            tokens_per_sample=config.tokens_per_sample, enable_roce=config.enable_roce,
-            fast_moe=config.fast_moe, fast_kernels=config.fast_kernels, time_limit_s=config.time_limit_s,
-        )  # fmt: skip
+class ConfigOut(JobConfigOut):  # type: ignore[misc,valid-type]
+    """The configuration an answer is about (`ConfigOut.of(config)`)."""
 
 
 class Prediction(BaseModel):

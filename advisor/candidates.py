@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twin.domain import GPUS_PER_NODE, MOE_MODELS, JobConfig, Rule, config_rule, nearest_multiple
+from twin.domain import (
+    GPUS_PER_NODE,
+    MOE_MODELS,
+    JobConfig,
+    Rule,
+    config_rule,
+    nearest_multiple,
+    nodes_dividing,
+)
 
 BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # the benchmark's sweep
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # up to 4 nodes of 8, as in the benchmark
@@ -55,16 +63,11 @@ def repair(config: JobConfig) -> tuple[JobConfig, list[Change]]:
                                   f"{fixed.fast_moe} must divide the GPUs"))  # fmt: skip
             fixed = fixed.with_changes(number_gpus=gpus)
         else:
-            nodes = _nodes_dividing(fixed.number_gpus, fixed.number_nodes)
+            nodes = nodes_dividing(fixed.number_gpus, fixed.number_nodes)
             changes.append(Change("number_nodes", fixed.number_nodes, nodes, f"the nodes must divide the "
                                   f"{fixed.number_gpus} GPUs, at most {GPUS_PER_NODE} per node"))  # fmt: skip
             fixed = fixed.with_changes(number_nodes=nodes)
     return fixed, changes
-
-
-def _nodes_dividing(gpus: int, wanted: int) -> int:
-    options = [n for n in range(1, gpus + 1) if gpus % n == 0 and gpus // n <= GPUS_PER_NODE]
-    return min(options, key=lambda n: (abs(n - wanted), n))
 
 
 def grid(base: JobConfig) -> list[JobConfig]:

@@ -64,6 +64,7 @@ class SteeringResult:
     evaluated: int
     recommendations: list[Recommendation]
     notes: list[str]
+    why_none: str | None = None  # when nothing was recommended: why, for the dashboard's panel
 
 
 def _cap_batch(gpu_model: str, per_gpu: int):  # type: ignore[no-untyped-def]
@@ -225,6 +226,7 @@ def proposals(evaluated: list[tuple[Candidate, dict[str, Any]]], runs: int) -> l
                         for s in result["per_slo"]
                     ],
                     "cost_gpu_hours_per_day": candidate.cost,
+                    "helps": helped_slo(result["per_slo"]),
                 },
                 cost=candidate.cost,
                 score=effect["mean"] / cost_for_rank,
@@ -235,6 +237,41 @@ def proposals(evaluated: list[tuple[Candidate, dict[str, Any]]], runs: int) -> l
     for proposal in sorted(out, key=lambda p: p.score, reverse=True):
         best.setdefault(proposal.target, proposal)
     return list(best.values())
+
+
+def helped_slo(per_slo: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The SLO the action helps most: its name, the change of its attainment (share of intervals that meet
+    it; mean and 95 % interval over paired runs) and of the probability that it is met over the horizon."""
+    best = None
+    for s in per_slo:
+        change = s["attainment"]
+        if change.get("mean") is None:
+            continue
+        if best is None or change["mean"] > best["attainment_change"]:
+            best = {
+                "slo": s["name"],
+                "attainment_change": change["mean"],
+                "ci95": change.get("ci95"),
+                "probability_met_change": s["probability_met"],
+            }
+    return best if best is not None and best["attainment_change"] > 0 else None
+
+
+def why_nothing(evaluated: list[tuple[Candidate, dict[str, Any]]]) -> str:
+    """Why no candidate was recommended, in a sentence for the recommendations panel."""
+    if not evaluated:
+        return "no candidate action applies to this cluster and workload"
+    scored = [(c, r["effect"]) for c, r in evaluated if r["effect"].get("mean") is not None]
+    if not scored:
+        return f"{len(evaluated)} candidates evaluated: no SLO has data in the forecast horizon yet"
+    best, effect = max(scored, key=lambda item: item[1]["mean"])
+    ci = effect.get("ci95") or [None, None]
+    low = "?" if ci[0] is None else f"{100 * ci[0]:+.1f}"
+    high = "?" if ci[1] is None else f"{100 * ci[1]:+.1f}"
+    return (
+        f"{len(evaluated)} candidates evaluated; none raises mean SLO attainment with 95 % confidence. "
+        f"The best, {best.title}, moves it {100 * effect['mean']:+.1f} points ({low} to {high})"
+    )
 
 
 def run_steering(app: Any, *, actor: str, source: str) -> SteeringResult:
@@ -271,7 +308,8 @@ def run_steering(app: Any, *, actor: str, source: str) -> SteeringResult:
             ttl=timedelta(hours=settings.recommendation_ttl_hours),
         )
     notes = list(inputs.notes) + [f"{len(found)} candidates in {time.perf_counter() - began:.1f} s"]
-    return SteeringResult(evaluated=len(found), recommendations=recorded, notes=notes)
+    why = None if chosen else why_nothing(evaluated)
+    return SteeringResult(evaluated=len(found), recommendations=recorded, notes=notes, why_none=why)
 
 
 def baseline_options(settings: Settings) -> ForecastOptions:

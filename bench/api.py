@@ -1,28 +1,27 @@
-"""Job advice latency over HTTP: `POST /v1/advise` for one configuration, 50 concurrent clients.
+"""Job advice latency over HTTP: `POST /v1/advise`, against issue 14's targets, for this checkout and any
+number of other checkouts (baselines) in the same run.
 
-    .venv/bin/python bench/api.py [--clients 50] [--seconds 10] [--models-dir DIR]
+    .venv/bin/python bench/api.py [--clients 50] [--seconds 10] [--baseline NAME=DIR ...]
 
-Runs `finetwin api` (uvicorn) in a subprocess on a fresh store with the calibrated models in use (fitted
-on the bundled benchmark sample unless --models-dir points at a registry), and loads it from this process
-with one keep-alive connection per client (a minimal HTTP/1.1 client: httpx would spend more CPU per
-request than the server does, on the same two cores). Each client sends its next request as soon as its
-previous answer arrives (closed loop), or one request per second each (paced: 50 requests per second
-offered, latency counted from when a request was due). Scenarios:
+For each checkout (this one, then each `--baseline`, e.g. a `git archive` of main before a change):
+`finetwin calibrate` on the bundled sample with that checkout's code, then `finetwin api` (uvicorn) in a
+subprocess with that checkout first on PYTHONPATH, on a fresh store, loaded from this process with one
+keep-alive connection per client (a minimal HTTP/1.1 client: httpx would spend more CPU per request than
+the server does, on the same two cores). Scenarios, each configuration never asked before (its own
+sequence length, so no answer, memo row or family is reused) unless said:
 
-- in process, without HTTP: what computing one answer costs (mostly the models' one call);
-- baseline: GET /healthz (one `SELECT 1` in the thread pool), the HTTP stack and the clients;
-- the same configuration from every client: the target (answers are cached per model version, and a
-  repeated request is answered before FastAPI parses it, see advisor.fastpath);
-- a new configuration each time, cold: the worst case (every answer needs the models; concurrent ones
-  share one model call, see advisor.batching);
-- a new configuration each time whose candidate rows were predicted for earlier answers (the usual
-  case once a provider's model x GPU x sequence-length families have been asked, advisor.prediction_memo);
-- the baseline: the same server with FINETWIN_ADVICE_FAST_PATH=false, FINETWIN_ADVICE_MAX_BATCH=1 and
-  FINETWIN_ADVICE_MEMO_ROWS=0 (every request through FastAPI, one model call per answer).
+- 1 client, 60 new configurations one after another: p50 <= 10 ms, max <= 40 ms (the whole answer:
+  verdict, repair, fewest GPUs, best configuration);
+- 50 clients x 1 request/s each (50 requests/s offered, latency from when a request was due, no
+  coordinated omission), new configurations: p99 <= 100 ms;
+- 50 clients closed loop (each sends its next request when its answer arrives), new configurations:
+  reported, no target (closed-loop latency is the number of clients divided by the throughput);
+- 50 clients closed loop, the same configuration (answered from the cache);
+- 50 clients closed loop, GET /healthz: the HTTP stack and the clients alone.
 
-Prints p50 / p99 latency, the 25 ms p99 target and the ratio p99 / target, and throughput. Server and
-clients share the machine's cores, so the clients' own CPU time is inside the latencies; closed-loop
-latency is the number of clients divided by the throughput, whatever the endpoint.
+Server and clients share the machine's cores, and on a shared machine other processes too: compare the
+checkouts of one run, not runs. Layers of older checkouts that warm up in the background are turned off
+(`FINETWIN_ADVICE_WARM_MEMO=false`), so they do not run during the measurement.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import math
 import os
 import random
 import socket
@@ -42,15 +40,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import uvloop
 
 REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "calibrate" / "data" / "llmftbench_sample.csv"
 sys.path.insert(0, str(REPO))  # the packages, not bench/twin.py or bench/ingest.py, answer `import twin`
-TARGET_P99_MS = 25.0
-FINETWIN = str(Path(sys.executable).with_name("finetwin"))
 
 BASE = {
     "model_name": "llama3-8b", "method": "lora", "gpu_model": "NVIDIA-A100-SXM4-80GB", "number_gpus": 4,
@@ -70,8 +66,8 @@ def distinct_configs(seed: int, *, cold: bool) -> Iterator[dict[str, object]]:
     """Configurations never asked before (each has its own dataset_tokens: no answer is cached).
 
     cold: each also has its own sequence length, so none of its ~100 candidate rows was predicted for an
-    earlier answer (every answer costs a model call). Otherwise the sequence length is one of three, and
-    after `families()` has been asked most of its rows were predicted before (advisor.prediction_memo)."""
+    earlier answer (every answer costs a model call, whatever a server remembers). Otherwise the sequence
+    length is one of three."""
     rng = random.Random(seed)
     for i in range(COLD_SPAN):
         yield (
@@ -83,17 +79,6 @@ def distinct_configs(seed: int, *, cold: bool) -> Iterator[dict[str, object]]:
                 "dataset_tokens": 1e8 + seed * COLD_SPAN + i,
             }
         )  # fmt: skip
-
-
-def families() -> list[dict[str, object]]:
-    """One request per (model, method, GPU, sequence length): together they predict the batch x GPUs x
-    nodes grid that the warm configurations of `distinct_configs` search."""
-    combinations = itertools.product(MODELS, ("full", "lora"), GPUS, SEQUENCE_LENGTHS)
-    return [
-        BASE
-        | {"model_name": m, "method": method, "gpu_model": g, "tokens_per_sample": t, "dataset_tokens": 1}
-        for m, method, g, t in combinations
-    ]
 
 
 def free_port() -> int:
@@ -219,58 +204,60 @@ async def load(  # type: ignore[no-untyped-def]
     return latencies, errors
 
 
-def prepare_models(models_dir: Path | None, work: Path) -> Path:
-    if models_dir is not None:
-        return models_dir
-    from calibrate.loader import bundled_benchmark_path
-    from calibrate.refit import calibrate_version
+TARGETS_MS = {"1 client p50": 10.0, "1 client max": 40.0, "50 clients x 1/s p99": 100.0}
+SINGLE_CLIENT_QUESTIONS = 60
 
+
+def fit_models(tree: Path, work: Path) -> Path:
+    """A registry fitted on the bundled sample by `tree`'s own code (its model format is its own)."""
     target = work / "models"
     began = time.perf_counter()
-    result = calibrate_version(target, benchmarks=[bundled_benchmark_path()], reason="bench")
-    print(
-        f"fitted {result.version} on the bundled sample in {time.perf_counter() - began:.1f} s",
-        file=sys.stderr,
-    )
+    subprocess.run(
+        [*finetwin(tree), "calibrate", "--bench", str(SAMPLE), "--models", str(target)],
+        env=tree_env(tree, {}), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    print(f"{tree}: fitted on the bundled sample in {time.perf_counter() - began:.1f} s", file=sys.stderr)
     return target
 
 
-def in_process(models: Any, n: int = 30) -> tuple[str, float, float, float, float, int]:
-    """advise_job itself, without HTTP: what one uncached answer costs (mostly the models' call)."""
+def finetwin(tree: Path) -> list[str]:
+    """The `finetwin` command of `tree`'s own code (the CLI moved from twin/cli.py to finetwin/cli.py)."""
+    module = "finetwin.cli" if (tree / "finetwin" / "cli.py").exists() else "twin.cli"
+    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
+
+
+def tree_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment that runs `finetwin` from `tree`: first on PYTHONPATH, ahead of the editable
+    install of this checkout (whose import hook comes after the path)."""
+    return {**os.environ, **env, "PYTHONPATH": str(tree)}
+
+
+def in_process(n: int = SINGLE_CLIENT_QUESTIONS) -> tuple[float, float]:
+    """advise_job of this checkout without HTTP (p50, max ms): what computing one new answer costs."""
     from advisor.advice import advise_job
     from advisor.advice_schemas import AdviceRequest
+    from calibrate.fit import fit_models as fit
+    from calibrate.loader import load_benchmark
 
+    models = fit(load_benchmark(SAMPLE))
     timings = []
     for body in itertools.islice(distinct_configs(seed=3, cold=True), n):
         config, work = AdviceRequest.model_validate(body).to_job()
         began = time.perf_counter()
         advise_job(config, work, models)
         timings.append((time.perf_counter() - began) * 1000.0)
-    p50, p99 = percentile(timings, 0.5), percentile(timings, 0.99)
-    return ("in process: advise_job, uncached (no HTTP)", 1000.0 / p50, p50, p99, p99 / TARGET_P99_MS, 0)
-
-
-def warm_up_cost(models: Any) -> tuple[str, float, float, float, float, int]:
-    """What warming the memo with the bundled benchmark's families costs (advisor.warmup), in process."""
-    from advisor.prediction_memo import PredictionMemo
-    from advisor.warmup import benchmark_families, warm
-    from calibrate.loader import bundled_benchmark_path
-
-    families = benchmark_families([bundled_benchmark_path()])
-    began = time.perf_counter()
-    rows = warm(PredictionMemo("bench", 1_000_000), models, families)
-    seconds = time.perf_counter() - began
-    print(f"warm-up: {len(families)} families, {rows:,} rows predicted in {seconds:.1f} s", file=sys.stderr)
-    name = f"in process: warm-up of {len(families)} families/s"
-    return (name, len(families) / seconds, seconds * 1000, seconds * 1000, math.nan, 0)
+    return percentile(timings, 0.5), max(timings)
 
 
 @contextlib.contextmanager
-def api_server(env: dict[str, str]) -> Iterator[int]:
-    """`finetwin api` on a free port, warmed up (models loaded, BASE answered); yields the port."""
+def api_server(tree: Path, env: dict[str, str]) -> Iterator[int]:
+    """`finetwin api` on a free port; yields the port once it accepts connections."""
     port = free_port()
     server = subprocess.Popen(
-        [FINETWIN, "api", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*finetwin(tree), "api", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 60
@@ -284,20 +271,61 @@ def api_server(env: dict[str, str]) -> Iterator[int]:
         server.wait(timeout=30)
 
 
-def measure(
-    port: int, key: str, name: str, clients: int, seconds: float, bodies: Iterator, interval: float | None
-) -> tuple[str, float, float, float, float, int]:
-    latencies, errors = uvloop.run(load(port, key, clients, seconds, bodies, interval))
-    p50, p99 = percentile(latencies, 0.5), percentile(latencies, 0.99)
-    return (name, len(latencies) / seconds, p50, p99, p99 / TARGET_P99_MS, errors)
-
-
 def warm_up(port: int, key: str) -> None:
-    url = f"http://127.0.0.1:{port}"
-    check = httpx.post(url + "/v1/advise", json=BASE, headers={"X-API-Key": key}, timeout=60)
+    """The models loaded and BASE answered once, before any clock starts."""
+    check = httpx.post(
+        f"http://127.0.0.1:{port}/v1/advise", json=BASE, headers={"X-API-Key": key}, timeout=120
+    )
     if check.status_code != 200:
         raise SystemExit(f"advise failed: {check.status_code} {check.text[:300]}")
-    uvloop.run(load(port, key, 4, 2.0, itertools.repeat(BASE)))  # models loaded, answer cached
+
+
+def scenarios(port: int, key: str, clients: int, seconds: float, seed: int) -> dict[str, Row]:
+    """name -> (requests/s, p50, p99, max, errors)."""
+    rows: dict[str, Row] = {}
+
+    def run(
+        name: str, n: int, bodies: Iterator, interval: float | None, *, until_exhausted: bool = False
+    ) -> None:
+        began = time.perf_counter()
+        latencies, errors = uvloop.run(
+            load(port, key, n, seconds, bodies, interval, until_exhausted=until_exhausted)
+        )
+        elapsed = time.perf_counter() - began if until_exhausted else seconds
+        rows[name] = (
+            len(latencies) / elapsed, percentile(latencies, 0.5), percentile(latencies, 0.99), max(latencies),
+            errors,
+        )  # fmt: skip
+
+    new = distinct_configs(seed=seed, cold=True)
+    run(f"1 client, {SINGLE_CLIENT_QUESTIONS} new configs", 1,
+        itertools.islice(new, SINGLE_CLIENT_QUESTIONS), None, until_exhausted=True)  # fmt: skip
+    run(f"{clients} clients x 1 req/s, new configs", clients, new, 1.0)
+    run(f"{clients} clients closed loop, new configs", clients, new, None)
+    run(f"{clients} clients closed loop, one config", clients, itertools.repeat(BASE), None)
+    run(f"{clients} clients closed loop, GET /healthz", clients, itertools.repeat(None), None)
+    return rows
+
+
+Row = tuple[float, float, float, float, int]
+
+
+def measure_tree(tree: Path, clients: int, seconds: float, seed: int) -> dict[str, Row]:
+    with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
+        work = Path(tmp)
+        models_dir = fit_models(tree, work)
+        env = tree_env(tree, {
+            "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
+            "FINETWIN_MODELS_DIR": str(models_dir), "FINETWIN_SCHEDULER_ENABLED": "false",
+            "FINETWIN_KAFKA_BOOTSTRAP": "", "FINETWIN_ADVICE_WARM_MEMO": "false",
+        })  # fmt: skip
+        key = subprocess.run(
+            [*finetwin(tree), "keys", "create", "--role", "viewer", "--name", "bench"],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        with api_server(tree, env) as port:
+            warm_up(port, key)
+            return scenarios(port, key, clients, seconds, seed)
 
 
 def main() -> int:
@@ -306,79 +334,37 @@ def main() -> int:
     )
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--models-dir", type=Path, default=None)
+    parser.add_argument(
+        "--baseline", action="append", default=[], metavar="NAME=DIR",
+        help="another checkout to measure in the same run (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args()
-    n, seconds = args.clients, args.seconds
+    trees = {"this checkout": REPO} | {
+        name: Path(path).resolve() for name, path in (b.split("=", 1) for b in args.baseline)
+    }
+    p50, worst = in_process()
+    print(f"in process, this checkout: advise_job on {SINGLE_CLIENT_QUESTIONS} new configs, "
+          f"p50 {p50:.1f} ms, max {worst:.1f} ms", file=sys.stderr)  # fmt: skip
+    results = {name: measure_tree(tree, args.clients, args.seconds, seed=1) for name, tree in trees.items()}
 
-    with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
-        work = Path(tmp)
-        models_dir = prepare_models(args.models_dir, work)
-        from calibrate.registry import load_models_in_use
-
-        models = load_models_in_use(models_dir)
-        rows = [in_process(models), warm_up_cost(models)]
-        env = {
-            **os.environ, "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
-            "FINETWIN_MODELS_DIR": str(models_dir),
-            "FINETWIN_SCHEDULER_ENABLED": "false", "FINETWIN_KAFKA_BOOTSTRAP": "",
-            # No warm-up of the memo with the benchmark's families: it would run during the first scenarios,
-            # and the warm scenarios below ask their own families first (in_process times the warm-up).
-            "FINETWIN_ADVICE_WARM_MEMO": "false",
-        }  # fmt: skip
-        key = subprocess.run(
-            [FINETWIN, "keys", "create", "--role", "viewer", "--name", "bench"],
-            env=env, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        cold = distinct_configs(seed=1, cold=True)
-        warm = distinct_configs(seed=2, cold=False)
-        with api_server(env) as port:
-            warm_up(port, key)
-            scenarios = [
-                (f"baseline: {n} clients, GET /healthz (DB)", n, itertools.repeat(None), None),
-                (f"baseline: {n} clients x 1 req/s, /healthz (DB)", n, itertools.repeat(None), 1.0),
-                (f"{n} clients, one config (cached)", n, itertools.repeat(BASE), None),
-                (f"{n} clients x 1 req/s, one config (cached)", n, itertools.repeat(BASE), 1.0),
-                ("1 client, new configs (cold)", 1, cold, None),
-                (f"{n} clients, new configs (cold)", n, cold, None),
-                (f"{n} clients x 1 req/s, new configs (cold)", n, cold, 1.0),
-            ]
-            for name, clients, bodies, interval in scenarios:
-                rows.append(measure(port, key, name, clients, seconds, bodies, interval))
-            # A few clients: small batches, into which the family's rows without fast kernels ride along.
-            uvloop.run(load(port, key, 4, 0.0, iter(families()), None, until_exhausted=True))
-            for name, clients, bodies, interval in [
-                ("1 client, new configs (family asked before)", 1, warm, None),
-                (f"{n} clients, new configs (family asked before)", n, warm, None),
-                (f"{n} clients x 1 req/s, new (family asked)", n, warm, 1.0),
-            ]:
-                rows.append(measure(port, key, name, clients, seconds, bodies, interval))
-        # The baseline: the same server without the fast path, batching or memo (one model call per answer).
-        plain = {
-            **env, "FINETWIN_ADVICE_FAST_PATH": "false", "FINETWIN_ADVICE_MAX_BATCH": "1",
-            "FINETWIN_ADVICE_MEMO_ROWS": "0",
-        }  # fmt: skip
-        with api_server(plain) as port:
-            warm_up(port, key)
-            for name, clients, bodies, interval in [
-                (f"plain: {n} clients, one config (cached)", n, itertools.repeat(BASE), None),
-                (f"plain: {n} clients, new configs (cold)", n, cold, None),
-            ]:
-                rows.append(measure(port, key, name, clients, seconds, bodies, interval))
-
-    print(
-        f"{'scenario':<46}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'target p99':>12}{'ratio':>8}{'errors':>8}"
-    )
-    for name, rate, p50, p99, ratio, errors in rows:
-        print(f"{name:<46}{rate:>8.0f}{p50:>9.1f}{p99:>9.1f}{TARGET_P99_MS:>10.0f}ms{ratio:>8.2f}{errors:>8}")
-    by_name = {row[0]: row for row in rows}
-    for fast, plain_name in [
-        (f"{n} clients, one config (cached)", f"plain: {n} clients, one config (cached)"),
-        (f"{n} clients, new configs (cold)", f"plain: {n} clients, new configs (cold)"),
-    ]:
-        print(
-            f"{fast}: {by_name[fast][1] / by_name[plain_name][1]:.1f}x the requests/s of '{plain_name}', "
-            f"p99 {by_name[fast][3]:.1f} vs {by_name[plain_name][3]:.1f} ms"
-        )
+    n = args.clients
+    print(f"{'scenario':<40}{'checkout':>22}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'errors':>7}")
+    for scenario in results["this checkout"]:
+        for name, rows in results.items():
+            rate, p50, p99, worst, errors = rows[scenario]
+            print(f"{scenario:<40}{name:>22}{rate:>8.0f}{p50:>9.1f}{p99:>9.1f}{worst:>9.1f}{errors:>7}")
+    print()
+    print(f"{'target':<34}{'checkout':>22}{'value':>9}{'target':>9}{'ratio':>8}  ok")
+    single = f"1 client, {SINGLE_CLIENT_QUESTIONS} new configs"
+    paced = f"{n} clients x 1 req/s, new configs"
+    checks = [("1 client p50", single, 1), ("1 client max", single, 3), (f"{n} clients x 1/s p99", paced, 2)]
+    for label, scenario, column in checks:
+        target = TARGETS_MS[label.replace(str(n), "50")]
+        for name, rows in results.items():
+            value = rows[scenario][column]
+            ok = "yes" if value <= target else "NO"
+            print(f"{label:<34}{name:>22}{value:>9.1f}{target:>9.0f}{value / target:>8.2f}  {ok}")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     return 0
 
 

@@ -1,21 +1,34 @@
 """Calibration and prediction speed: `finetwin calibrate` on 30,920 rows (the size of the full benchmark: the
-bundled real sample resampled with replacement) against the 30 s budget of issue 3, and predicting the
-3,983 rows of the sample against a plain gradient-boosting model on names and sizes (the accuracy baseline).
+bundled real sample resampled with replacement) against issue 14's 15 s budget, `finetwin predict` of a
+100,000-row configurations CSV against its 2 s budget, and predicting the 3,983 rows of the sample against a
+plain gradient-boosting model on names and sizes (the accuracy baseline).
 
-    .venv/bin/python bench/calibrate_speed.py [--rows 30920] [--repeat 3]
+    .venv/bin/python bench/calibrate_speed.py [--rows 30920] [--predict-rows 100000] [--repeat 3]
+        [--baseline NAME=DIR ...]
+
+`--baseline` measures another checkout (e.g. a `git archive` of main before a change) with the same script
+in the same run: the script runs again in a subprocess with that checkout first on the import path.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# `--tree DIR` (what --baseline passes): import finetwin from DIR instead of this checkout.
+_TREE = (
+    sys.argv[sys.argv.index("--tree") + 1]
+    if "--tree" in sys.argv
+    else str(Path(__file__).resolve().parents[1])
+)
+sys.path.insert(0, _TREE)
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -26,7 +39,8 @@ from calibrate.predict import predict_csv  # noqa: E402
 from calibrate.refit import calibrate_version  # noqa: E402
 from calibrate.registry import ModelRegistry  # noqa: E402
 
-CALIBRATE_BUDGET_S = 30.0
+CALIBRATE_BUDGET_S = 15.0
+PREDICT_BUDGET_S = 2.0
 
 
 def resampled_csv(rows: int, path: Path, seed: int = 0) -> Path:
@@ -81,44 +95,76 @@ def best_of(repeat: int, run) -> float:  # type: ignore[no-untyped-def]
     return min(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=30_920)
-    parser.add_argument("--repeat", type=int, default=3, help="prediction timings: best of this many")
-    args = parser.parse_args()
+def measure(rows: int, predict_rows: int, repeat: int) -> list[tuple[str, float, float | None, str]]:
+    """(figure, seconds, baseline or budget seconds, what the baseline is) for the code on the import path."""
     sample = bundled_benchmark_path()
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        big = resampled_csv(args.rows, work / "resampled.csv")
+        big = resampled_csv(rows, work / "resampled.csv")
         started, cpu_started, worker_started = time.perf_counter(), time.process_time(), _children_cpu()
         result = calibrate_version(work / "models", benchmarks=[big], reason="bench")
         calibrate_s, calibrate_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         worker_cpu_s = _children_cpu() - worker_started
 
         registry = ModelRegistry(work / "models")
-        load_s = best_of(args.repeat, lambda: registry.load_in_use())
+        load_s = best_of(repeat, lambda: registry.load_in_use())
         _, models = registry.load_in_use()  # type: ignore[misc]
         table = load_benchmark(sample)
-        predict_s = best_of(args.repeat, lambda: models.predict_frame(table))
-        cli_s = best_of(args.repeat, lambda: predict_csv(models, sample, work / "pred.csv"))
+        predict_s = best_of(repeat, lambda: models.predict_frame(table))
+        cli_s = best_of(repeat, lambda: predict_csv(models, sample, work / "pred.csv"))
+        many = resampled_csv(predict_rows, work / "many.csv", seed=1)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        predict_csv(models, many, work / "many_pred.csv")
+        many_s, many_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         baseline_fit_s, baseline_predict_s = plain_baseline(table)
 
-    calibrate = f"finetwin calibrate, {args.rows:,} rows (2 fits + save)"
-    rows = [
-        (calibrate, calibrate_s, CALIBRATE_BUDGET_S, "budget"),
-        ("  CPU s: final fit, loading, saving (this process)", calibrate_cpu_s, None, ""),
+    return [
+        (f"finetwin calibrate, {rows:,} rows (2 fits + save)", calibrate_s, CALIBRATE_BUDGET_S, "budget"),
+        ("  CPU s: final fit, loading, saving (this process)", calibrate_cpu_s, CALIBRATE_BUDGET_S, "budget"),
         ("  CPU s: held-out comparison (its worker process)", worker_cpu_s, None, ""),
         ("  of which the final fit (wall)", result.final_fit_seconds, CALIBRATE_BUDGET_S, "budget"),
+        (f"finetwin predict, CSV -> CSV, {predict_rows:,} rows", many_s, PREDICT_BUDGET_S, "budget"),
+        ("  CPU s of it", many_cpu_s, PREDICT_BUDGET_S, "budget"),
         (f"predict_frame, {len(table):,} rows", predict_s, baseline_predict_s, "plain GBM predict"),
         (f"predict CSV -> CSV, {len(table):,} rows", cli_s, baseline_predict_s, "plain GBM predict"),
         ("load the version in use (verify + skops)", load_s, None, ""),
         (f"plain GBM fit, {len(table):,} rows", baseline_fit_s, None, ""),
     ]  # fmt: skip
-    print(f"{'figure':<52} {'seconds':>9} {'baseline':>9} {'ratio':>7}  baseline is")
-    for name, seconds, baseline, what in rows:
-        ratio = f"{seconds / baseline:>7.2f}" if baseline else f"{'':>7}"
-        base = f"{baseline:>9.3f}" if baseline else f"{'':>9}"
-        print(f"{name:<52} {seconds:>9.3f} {base} {ratio}  {what}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=30_920)
+    parser.add_argument("--predict-rows", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3, help="prediction timings: best of this many")
+    parser.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR")
+    parser.add_argument("--tree", help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    rows = measure(args.rows, args.predict_rows, args.repeat)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    tables = {"this checkout": rows}
+    for name, tree in (b.split("=", 1) for b in args.baseline):
+        sizes = [
+            "--rows",
+            str(args.rows),
+            "--predict-rows",
+            str(args.predict_rows),
+            "--repeat",
+            str(args.repeat),
+        ]
+        command = [sys.executable, __file__, "--tree", str(Path(tree).resolve()), "--json", *sizes]
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        tables[name] = [tuple(row) for row in json.loads(output.strip().splitlines()[-1])]
+    print(f"{'figure':<52} {'checkout':>22} {'seconds':>9} {'baseline':>9} {'ratio':>7}  baseline is")
+    for k, (figure, *_rest) in enumerate(rows):
+        for name, table in tables.items():
+            _, seconds, baseline, what = table[k]
+            ratio = f"{seconds / baseline:>7.2f}" if baseline else f"{'':>7}"
+            base = f"{baseline:>9.3f}" if baseline else f"{'':>9}"
+            print(f"{figure:<52} {name:>22} {seconds:>9.3f} {base} {ratio}  {what}")
     load = os.getloadavg()[0]
     print(f"\nload average at the end: {load:.1f} on {os.cpu_count()} cores (wall times stretch when high;")
     print("on an idle machine a wall time is about the larger of the two CPU times of the calibration)")

@@ -6,7 +6,10 @@ rows that pass the admission rules (valid vs failed at runtime), as the paper se
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+from sklearn.metrics import balanced_accuracy_score, brier_score_loss, mean_absolute_percentage_error
 
 
 def absolute_percentage_errors(actual: np.ndarray, predicted: np.ndarray) -> np.ndarray:
@@ -27,8 +30,8 @@ def mdape(actual: np.ndarray, predicted: np.ndarray) -> float:
 
 def mape(actual: np.ndarray, predicted: np.ndarray) -> float:
     """Mean absolute percentage error, as a fraction."""
-    errors = absolute_percentage_errors(actual, predicted)
-    return float(np.mean(errors)) if errors.size else float("nan")
+    errors = absolute_percentage_errors(actual, predicted)  # checks the shapes and that actual > 0
+    return float(mean_absolute_percentage_error(actual, predicted)) if errors.size else float("nan")
 
 
 def band_coverage(actual: np.ndarray, low: np.ndarray, high: np.ndarray) -> float:
@@ -42,9 +45,12 @@ def band_coverage(actual: np.ndarray, low: np.ndarray, high: np.ndarray) -> floa
 def balanced_accuracy(actual: np.ndarray, predicted: np.ndarray) -> float:
     """Mean of the recalls of the two classes; with one class present, that class's recall."""
     actual = np.asarray(actual, dtype=bool)
-    predicted = np.asarray(predicted, dtype=bool)
-    recalls = [float(np.mean(predicted[actual == c] == c)) for c in (True, False) if np.any(actual == c)]
-    return float(np.mean(recalls)) if recalls else float("nan")
+    if actual.size == 0:
+        return float("nan")
+    with warnings.catch_warnings():
+        # With one class in `actual` scikit-learn warns, and scores that class's recall, as meant here.
+        warnings.simplefilter("ignore", UserWarning)
+        return float(balanced_accuracy_score(actual, np.asarray(predicted, dtype=bool)))
 
 
 def brier_score(actual: np.ndarray, probability: np.ndarray) -> float:
@@ -52,7 +58,7 @@ def brier_score(actual: np.ndarray, probability: np.ndarray) -> float:
     actual = np.asarray(actual, dtype=float)
     if actual.size == 0:
         return float("nan")
-    return float(np.mean((np.asarray(probability, dtype=float) - actual) ** 2))
+    return float(brier_score_loss(actual, np.asarray(probability, dtype=float)))
 
 
 def exact_share(expected: np.ndarray, predicted: np.ndarray) -> float:

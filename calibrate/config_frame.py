@@ -9,7 +9,6 @@ came (tests/calibrate/test_models_parts.py checks it).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -18,67 +17,32 @@ import pandas as pd
 
 from calibrate.loader import time_limit_seconds
 from twin.domain import METHODS, JobConfig
-
-# Columns a frame needs for `build_features`; the others have defaults.
-REQUIRED_COLUMNS: tuple[str, ...] = (
-    "model_name",
-    "method",
-    "gpu_model",
-    "number_gpus",
-    "number_nodes",
-    "batch_size",
-    "tokens_per_sample",
+from twin.job_config import (
+    CONFIG_DEFAULTS,
+    CONFIG_FIELDS,
+    DESCRIPTOR_FIELDS,
+    REQUIRED_FIELDS,
+    config_from_row,
 )
+
+# Columns a frame needs for `build_features` (what a JobConfig must state); the others have defaults: the
+# JobConfig's own, and the loader's for the benchmark's descriptors.
+REQUIRED_COLUMNS: tuple[str, ...] = REQUIRED_FIELDS
+DESCRIPTOR_COLUMNS: tuple[str, ...] = DESCRIPTOR_FIELDS
 OPTIONAL_COLUMNS: dict[str, Any] = {
-    "enable_roce": False,
-    "fast_moe": 0,
-    "fast_kernels": False,
-    "time_limit_s": np.nan,
+    **{name: np.nan if default is None else default for name, default in CONFIG_DEFAULTS.items()},
     "experiment_id": "",
     "identifier": "",
     "fms_hf_tuning_version": "",
     "torch_dtype": "bfloat16",
 }
-DESCRIPTOR_COLUMNS = ("experiment_id", "identifier", "fms_hf_tuning_version", "torch_dtype")
-
-
-def config_from_row(row: Mapping[str, Any]) -> JobConfig:
-    """A JobConfig from one loader row, telemetry payload, API body or store record (a mapping or a pandas
-    row); the benchmark's descriptor columns go to `extra`."""
-    limit = row.get("time_limit_s")
-    extra = {key: str(row[key]) for key in DESCRIPTOR_COLUMNS if key in row and _present(row[key])}
-    return JobConfig(
-        model_name=str(row["model_name"]),
-        method=str(row["method"]),
-        gpu_model=str(row["gpu_model"]),
-        number_gpus=int(row["number_gpus"]),
-        number_nodes=int(row["number_nodes"]),
-        batch_size=int(row["batch_size"]),
-        tokens_per_sample=int(row["tokens_per_sample"]),
-        enable_roce=bool(row.get("enable_roce", False)),
-        fast_moe=int(row.get("fast_moe", 0)),
-        fast_kernels=bool(row.get("fast_kernels", False)),
-        time_limit_s=float(limit) if _present(limit) else None,
-        extra=extra,
-    )
 
 
 def configs_to_frame(configs: Sequence[JobConfig]) -> pd.DataFrame:
-    """The loader's column layout for a list of JobConfigs, so they go through the same features."""
+    """The loader's column layout for JobConfigs, so they go through the same features as benchmark rows."""
     rows = []
     for config in configs:
-        row: dict[str, Any] = {
-            "model_name": config.model_name,
-            "method": config.method,
-            "gpu_model": config.gpu_model,
-            "number_gpus": config.number_gpus,
-            "number_nodes": config.number_nodes,
-            "batch_size": config.batch_size,
-            "tokens_per_sample": config.tokens_per_sample,
-            "enable_roce": config.enable_roce,
-            "fast_moe": config.fast_moe,
-            "fast_kernels": config.fast_kernels,
-        }
+        row: dict[str, Any] = {name: getattr(config, name) for name in CONFIG_FIELDS}
         for key in DESCRIPTOR_COLUMNS:
             row[key] = config.extra.get(key, OPTIONAL_COLUMNS[key])
         # As the loader does for a benchmark row: a protocol with `stop_after_seconds` is time-limited.
@@ -97,50 +61,54 @@ def records_to_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return configs_to_frame([config_from_row(record) for record in records])
 
 
-def validated_configs(table: pd.DataFrame) -> pd.DataFrame:
-    """The configuration columns of `table`, typed, trimmed and lower-cased, missing optional ones filled.
+def validated_configs(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The configuration columns of `table` as arrays, typed, trimmed and lower-cased, missing optional
+    ones filled. Plain arrays, not a frame: pandas' per-column costs dominated advice-sized tables.
 
     Raises ValueError naming the row (position) and column of an impossible value."""
     missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"missing configuration columns: {', '.join(missing)}")
-    frame = pd.DataFrame(index=table.index)
+    frame: dict[str, np.ndarray] = {}
     for column in ("model_name", "method", "gpu_model"):
-        frame[column] = table[column].astype(str).str.strip()
-    frame["model_name"] = frame["model_name"].str.lower()
-    frame["method"] = frame["method"].str.lower()
-    _check(frame, ~frame["method"].isin(METHODS), "method", f"must be one of {', '.join(METHODS)}")
-    _check(frame, frame["model_name"] == "", "model_name", "is empty")
+        frame[column] = _text(table[column])
+    frame["model_name"] = np.array([name.lower() for name in frame["model_name"]], dtype=object)
+    frame["method"] = np.array([method.lower() for method in frame["method"]], dtype=object)
+    _check(~np.isin(frame["method"], METHODS), "method", f"must be one of {', '.join(METHODS)}")
+    _check(frame["model_name"] == "", "model_name", "is empty")
     for column in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
-        values = pd.to_numeric(table[column], errors="coerce")
-        _check(frame, ~(values >= 1), column, "must be a number of at least 1")
-        frame[column] = values.to_numpy(dtype=float)
+        values = _numbers(table[column])
+        _check(~(values >= 1), column, "must be a number of at least 1")
+        frame[column] = values
+    n = len(table)
     for column, default in OPTIONAL_COLUMNS.items():
         if column not in table.columns:
-            frame[column] = default
+            frame[column] = np.full(n, default, dtype=object if isinstance(default, str) else None)
         elif column in ("enable_roce", "fast_kernels"):
             frame[column] = table[column].fillna(False).astype(bool).to_numpy()
         elif column == "fast_moe":
-            values = pd.to_numeric(table[column], errors="coerce").fillna(0.0)
-            _check(frame, values < 0, column, "must not be negative")
-            frame[column] = values.to_numpy(dtype=float)
+            values = np.nan_to_num(_numbers(table[column]), nan=0.0)
+            _check(values < 0, column, "must not be negative")
+            frame[column] = values
         elif column == "time_limit_s":
-            frame[column] = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+            frame[column] = _numbers(table[column])
         else:
-            frame[column] = table[column].fillna(default).astype(str).str.strip().to_numpy()
+            frame[column] = _text(table[column].fillna(default))
     return frame
 
 
-def _check(frame: pd.DataFrame, bad: pd.Series, column: str, message: str) -> None:
+def _text(column: pd.Series) -> np.ndarray:
+    return np.array([str(value).strip() for value in column.to_numpy()], dtype=object)
+
+
+def _numbers(column: pd.Series) -> np.ndarray:
+    if column.dtype.kind in "iuf":
+        return column.to_numpy(dtype=float)
+    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+
+
+def _check(bad: np.ndarray, column: str, message: str) -> None:
     bad_array = np.asarray(bad, dtype=bool)
     if bad_array.any():
         row = int(np.argmax(bad_array))
         raise ValueError(f"row {row}: column {column!r} {message}")
-
-
-def _present(value: Any) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, float) and math.isnan(value):
-        return False
-    return not (isinstance(value, str) and not value.strip())

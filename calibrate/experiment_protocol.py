@@ -9,7 +9,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 _PROTOCOL_KEYS = (
     "protocol",
@@ -41,23 +40,34 @@ def version_number(version: str) -> float:
     return float(sum(int(p) / 100.0**i for i, p in enumerate(parts[:4])))
 
 
-def protocol_columns(experiment_ids: pd.Series, identifiers: pd.Series) -> dict[str, np.ndarray]:
-    """The protocol columns of every row: parsed once per distinct experiment, and from the identifier for
-    settings the experiment does not state (vectorized: the full benchmark has 30,920 identifiers)."""
-    parsed = {e: dict(_experiment(e)) for e in experiment_ids.unique()}
-    columns = {key: np.array([parsed[e][key] for e in experiment_ids]) for key in _PROTOCOL_KEYS}
-    found = {
-        key: identifiers.str.extract(pattern, expand=False) for key, pattern in _IDENTIFIER_SETTINGS.items()
-    }
+def protocol_columns(experiment_ids: np.ndarray, identifiers: np.ndarray) -> dict[str, np.ndarray]:
+    """The protocol columns of every row: parsed once per distinct experiment and per distinct identifier
+    (for settings the experiment does not state); the full benchmark repeats both."""
+    experiments = _by_distinct(experiment_ids, lambda e: dict(_experiment(e)))
+    columns = {key: np.array([parsed[key] for parsed in experiments]) for key in _PROTOCOL_KEYS}
+    found = _by_distinct(identifiers, _identifier_settings)
     for column, key in (("gradient_accumulation", "gradient_accumulation_steps"),
                         ("reentrant", "gradient_checkpointing_use_reentrant")):  # fmt: skip
         stated = columns[column].astype(float)
-        columns[column] = np.where(
-            np.isnan(stated), pd.to_numeric(found[key], errors="coerce").to_numpy(dtype=float), stated
-        )
-    hybrid = (found["fsdp_sharding_strategy"] == "HYBRID_SHARD").fillna(False).to_numpy(dtype=bool)
+        columns[column] = np.where(np.isnan(stated), np.array([_number(f[key]) for f in found]), stated)
+    hybrid = np.array([f["fsdp_sharding_strategy"] == "HYBRID_SHARD" for f in found], dtype=bool)
     columns["hybrid_shard"] = columns["hybrid_shard"].astype(bool) | hybrid
     return columns
+
+
+def _by_distinct(values: Any, parse: Any) -> list[Any]:
+    """`parse` of each value, computed once per distinct value."""
+    parsed: dict[str, Any] = {}
+    return [parsed[v] if v in parsed else parsed.setdefault(v, parse(v)) for v in values]
+
+
+@lru_cache(maxsize=4096)
+def _identifier_settings(identifier: str) -> dict[str, str | None]:
+    settings: dict[str, str | None] = {}
+    for key, pattern in _IDENTIFIER_SETTINGS.items():
+        match = pattern.search(identifier)
+        settings[key] = match.group(1) if match else None
+    return settings
 
 
 @lru_cache(maxsize=256)

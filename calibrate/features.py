@@ -127,9 +127,9 @@ def feature_columns(table: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[st
     frame = validated_configs(table)
     out: dict[str, np.ndarray] = {}
 
-    names = frame["model_name"].to_numpy()
+    names = frame["model_name"]
     params, active, notes = model_sizes(names)
-    methods = frame["method"].to_numpy()
+    methods = frame["method"]
     gpus_named = [canonical_gpu_name(g) for g in frame["gpu_model"]]
     gpus_known = [GPU_TYPES.get(g) for g in gpus_named]
     catalogue = [g or UNKNOWN_GPU for g in gpus_known]
@@ -141,13 +141,13 @@ def feature_columns(table: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[st
         if known is None:
             notes[i] = "; ".join(x for x in (notes[i], UNKNOWN_GPU_NOTE) if x)
 
-    gpus = frame["number_gpus"].to_numpy(dtype=float)
-    nodes = frame["number_nodes"].to_numpy(dtype=float)
-    batch = frame["batch_size"].to_numpy(dtype=float)
-    tokens = frame["tokens_per_sample"].to_numpy(dtype=float)
-    roce = frame["enable_roce"].to_numpy(dtype=bool)
-    expert_parallel = frame["fast_moe"].to_numpy(dtype=float)
-    time_limit = frame["time_limit_s"].to_numpy(dtype=float)
+    gpus = frame["number_gpus"]
+    nodes = frame["number_nodes"]
+    batch = frame["batch_size"]
+    tokens = frame["tokens_per_sample"]
+    roce = frame["enable_roce"].astype(bool)
+    expert_parallel = frame["fast_moe"].astype(float)
+    time_limit = frame["time_limit_s"].astype(float)
     protocol = protocol_columns(frame["experiment_id"], frame["identifier"])
     families = np.array([model_family(name) for name in names], dtype=object)
     vocabulary = np.array([VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in families], dtype=float)
@@ -198,7 +198,7 @@ def feature_columns(table: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[st
     out["gpu_model"] = np.array(gpus_named, dtype=object)
     out["model_family"] = families
     out["protocol"] = protocol["protocol"]
-    out["tuning_version"] = frame["fms_hf_tuning_version"].to_numpy(dtype=object)
+    out["tuning_version"] = frame["fms_hf_tuning_version"]
     out["log_params"] = np.log(params)
     out["log_active_params"] = np.log(active)
     out["is_moe"] = (active < params * 0.95).astype(float)
@@ -221,7 +221,7 @@ def feature_columns(table: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[st
     out["expert_parallel"] = expert_parallel
     # How many GPUs each expert group spans: the token exchange fast MoE pays for.
     out["experts_spread"] = np.where(expert_parallel > 0, np.minimum(expert_parallel, gpus), 0.0)
-    out["fast_kernels"] = frame["fast_kernels"].to_numpy(dtype=float)
+    out["fast_kernels"] = frame["fast_kernels"].astype(float)
     out["time_limited"] = (~np.isnan(time_limit)).astype(float)
     out["auto_stop"] = protocol["auto_stop"].astype(float)
     out["data_parallel_only"] = data_parallel_only

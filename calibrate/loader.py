@@ -21,6 +21,7 @@ import pandas as pd
 
 from twin.csv_cells import MAX_CSV_COLUMNS, too_many_columns
 from twin.domain import METHODS, RULE_ORDER, Outcome, broken_rule, canonical_gpu_name
+from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS, FIELD_MAXIMUMS
 
 # Every column of the published file, in its order.
 BENCHMARK_COLUMNS: tuple[str, ...] = (
@@ -35,22 +36,19 @@ BENCHMARK_COLUMNS: tuple[str, ...] = (
     "dataset_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second_per_gpu",
 )  # fmt: skip
 
-# What a configuration is: enough to predict a run, nothing measured.
-CONFIG_COLUMNS: tuple[str, ...] = (
-    "identifier", "experiment_id", "method", "model_name", "number_nodes", "gpu_model", "number_gpus",
-    "tokens_per_sample", "batch_size", "enable_roce", "fast_moe", "fast_kernels", "fms_hf_tuning_version",
-    "torch_dtype",
-)  # fmt: skip
+# What a configuration is: enough to predict a run, nothing measured. The columns of a configs CSV
+# (`finetwin predict`): the one job configuration's fields (twin.domain.JobConfig) and the benchmark's
+# descriptors, in the published file's order; its time cap comes from `experiment_id`, as in the benchmark.
+CONFIG_COLUMNS: tuple[str, ...] = tuple(
+    c for c in BENCHMARK_COLUMNS if c in CONFIG_FIELDS or c in DESCRIPTOR_FIELDS
+)
 
 POSITIVE_INT_COLUMNS = ("number_nodes", "number_gpus", "tokens_per_sample", "batch_size")
 NON_NEGATIVE_INT_COLUMNS = ("fast_moe",)
 FLAG_COLUMNS = ("enable_roce",)
-# The largest value each whole-number column may hold: what a cluster could run (the API's bounds), far
-# inside int64 (a `1e308` cast to int64 became garbage, and a traceback further on).
-INT_MAXIMUMS = {
-    "number_nodes": 512, "number_gpus": 4096, "tokens_per_sample": 10_000_000, "batch_size": 1_000_000,
-    "fast_moe": 4096,
-}  # fmt: skip
+# The largest value each whole-number column may hold: the one job configuration's bounds (what the store
+# holds), far inside int64 (a `1e308` cast to int64 became garbage, and a traceback further on).
+INT_MAXIMUMS = {c: int(FIELD_MAXIMUMS[c]) for c in POSITIVE_INT_COLUMNS + NON_NEGATIVE_INT_COLUMNS}
 MEASURED_COLUMNS: tuple[str, ...] = tuple(
     c for c in BENCHMARK_COLUMNS if c not in CONFIG_COLUMNS and c not in ("is_valid", "lh_created_at")
 )

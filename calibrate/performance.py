@@ -20,6 +20,7 @@ distribution.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,13 +230,16 @@ def _error_structure(
 
 
 def keys(X: np.ndarray, key_columns: np.ndarray) -> np.ndarray:
-    """A text key per row from some of its matrix columns (codes and rounded numbers), built once per
-    distinct row: the full benchmark has few distinct regions among many rows."""
+    """A text key per row from some of its matrix columns (codes and numbers rounded to 3 decimals, hashed
+    from their bytes: formatting each number cost more than the trees for an advice-sized call), built
+    once per distinct row."""
     if len(X) == 0:
         return np.zeros(0, dtype=object)
-    part = np.round(X[:, key_columns], 3)
+    part = np.nan_to_num(np.round(X[:, key_columns], 3), nan=-1.0) + 0.0  # + 0.0: -0.0 is 0.0
     distinct, inverse = np.unique(part, axis=0, return_inverse=True)
-    texts = np.array(["|".join(f"{v:g}" for v in row) for row in distinct], dtype=object)
+    texts = np.array(
+        [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in distinct], dtype=object
+    )
     return texts[inverse.reshape(-1)]
 
 

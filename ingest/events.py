@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -23,8 +22,9 @@ from pydantic import (
     model_validator,
 )
 
-from twin.domain import Rule
-from twin.limits import EVENT_TIME_WINDOW, STORE_INT_MAX, is_storable_text, within_time_window
+from twin.domain import Count, Rule
+from twin.job_config import DescribedJobConfig
+from twin.limits import EVENT_TIME_WINDOW, StorableText, within_time_window
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anything this big is not one
@@ -36,45 +36,26 @@ MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anyt
 # (ingest.fastparse) states the same bounds.
 
 
-def _storable(text: str) -> str:
-    if not is_storable_text(text):
-        raise ValueError("contains a NUL character, which the store cannot hold")
-    return text
-
-
-Method = Literal["full", "lora", "gptq-lora"]
-PositiveInt = Annotated[int, Field(ge=1, le=STORE_INT_MAX, strict=True)]
-NonNegativeInt = Annotated[int, Field(ge=0, le=STORE_INT_MAX, strict=True)]
+PositiveInt = Count  # as the job configuration counts GPUs
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Percent = Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)]
-Text = Annotated[str, AfterValidator(_storable)]
+Text = StorableText
 
 
 class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class JobSubmitted(_Payload):
-    model_name: Text = Field(min_length=1, max_length=200)
-    method: Method
-    gpu_model: Text = Field(min_length=1, max_length=100)
-    number_gpus: PositiveInt
-    number_nodes: PositiveInt
-    batch_size: PositiveInt
-    tokens_per_sample: PositiveInt
-    enable_roce: bool = False
-    fast_moe: NonNegativeInt = 0
-    fast_kernels: bool = False
-    time_limit_s: PositiveFloat | None = None
+class JobSubmitted(DescribedJobConfig, _Payload):
+    """The job's configuration (the one declaration: `twin.domain.JobConfig`, with the benchmark's
+    descriptors), who submitted it and the work it has to do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
     tenant: Text | None = Field(default=None, max_length=200)
     dataset_tokens: PositiveFloat | None = None
-    # The benchmark's own descriptors, so an observed run is a full benchmark row.
-    experiment_id: Text | None = Field(default=None, max_length=2000)
-    identifier: Text | None = Field(default=None, max_length=2000)
-    fms_hf_tuning_version: Text | None = Field(default=None, max_length=50)
-    torch_dtype: Text | None = Field(default=None, max_length=50)
 
 
 class JobRejected(_Payload):

@@ -27,7 +27,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from ingest.events import MAX_MESSAGE_BYTES
-from twin.domain import Rule
+from twin.domain import MAX_TIME_LIMIT_S, Method, Rule
 from twin.limits import STORE_INT_MAX, time_window
 
 # The bounds of `ingest.events`, from the same constants (twin.limits). `allow_inf_nan=False` needs no
@@ -35,6 +35,7 @@ from twin.limits import STORE_INT_MAX, time_window
 PositiveInt = Annotated[int, Meta(ge=1, le=STORE_INT_MAX)]  # msgspec ints are strict, as pydantic's here
 NonNegativeInt = Annotated[int, Meta(ge=0, le=STORE_INT_MAX)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
+TimeLimit = Annotated[float, Meta(gt=0, le=MAX_TIME_LIMIT_S)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=1000)]
 # Lengths count characters, as pydantic's do. Text the store cannot hold: a NUL can only reach a JSON string
@@ -66,8 +67,12 @@ class _Payload(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
 
 
 class JobSubmitted(_Payload, frozen=True):
+    """Mirrors `twin.domain.JobConfig` plus the descriptors of `twin.job_config.DescribedJobConfig`, then the
+    payload's own fields. Stricter in one place: `number_nodes` is required here (the contract defaults it
+    from `number_gpus`, which a struct default cannot), so a message without it takes the slow path."""
+
     model_name: Name
-    method: Literal["full", "lora", "gptq-lora"]
+    method: Method
     gpu_model: GpuModel
     number_gpus: PositiveInt
     number_nodes: PositiveInt
@@ -76,13 +81,13 @@ class JobSubmitted(_Payload, frozen=True):
     enable_roce: bool = False
     fast_moe: NonNegativeInt = 0
     fast_kernels: bool = False
-    time_limit_s: PositiveFloat | None = None
-    tenant: Text200 | None = None
-    dataset_tokens: PositiveFloat | None = None
+    time_limit_s: TimeLimit | None = None
     experiment_id: Text2000 | None = None
     identifier: Text2000 | None = None
     fms_hf_tuning_version: Text50 | None = None
     torch_dtype: Text50 | None = None
+    tenant: Text200 | None = None
+    dataset_tokens: PositiveFloat | None = None
 
 
 class JobRejected(_Payload, frozen=True):

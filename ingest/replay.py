@@ -46,6 +46,7 @@ from ingest.events import (
     new_event,
 )
 from twin.domain import GPUS_PER_NODE, Rule, gpu_type, model_params_b
+from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS
 
 REPLAY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://finetwin/replay")
 # Nodes are sized for this utilization: jobs mostly start within minutes (measured on the sample), as
@@ -74,6 +75,7 @@ def default_job_prefix(seed: int) -> str:
 def plan_replay(
     table: pd.DataFrame, *, seed: int = 0, job_prefix: str | None = None, mean_interarrival_s: float = 60.0,
     cluster_id: str = "default", epoch: datetime | None = None,
+    target_utilization: float = TARGET_UTILIZATION,
 ) -> ReplayPlan:  # fmt: skip
     """The telemetry of every row of a benchmark table, in simulated time order, dated from `epoch`
     (default: a fixed date derived from the seed)."""
@@ -99,7 +101,11 @@ def plan_replay(
 
     durations = {i: _run_seconds(rows[i], uniforms[i, 0]) for i in range(len(rows))}
     span = float(arrivals[-1]) if len(rows) else 1.0
-    cluster = _Cluster.sized_for(((rows[i], d) for i, d in durations.items() if d is not None), span)
+    if not 0 < target_utilization <= 1:
+        raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization}")
+    cluster = _Cluster.sized_for(
+        ((rows[i], d) for i, d in durations.items() if d is not None), span, target_utilization
+    )
     events: list[tuple[float, Event]] = [
         make("node.status", NodeStatus(node_id=node_id, gpu_model=gpu, gpu_count=GPUS_PER_NODE, status="up"),
              0.0, None, k)
@@ -175,24 +181,8 @@ def _submitted(row: dict[str, Any]) -> JobSubmitted:
     dataset_tokens = None
     if row["outcome"] == "valid":
         dataset_tokens = float(row["dataset_tokens_per_second"]) * float(row["train_runtime"])
-    return JobSubmitted(
-        model_name=row["model_name"],
-        method=row["method"],
-        gpu_model=row["gpu_model"],
-        number_gpus=int(row["number_gpus"]),
-        number_nodes=int(row["number_nodes"]),
-        batch_size=int(row["batch_size"]),
-        tokens_per_sample=int(row["tokens_per_sample"]),
-        enable_roce=bool(row["enable_roce"]),
-        fast_moe=int(row["fast_moe"]),
-        fast_kernels=bool(row["fast_kernels"]),
-        time_limit_s=_value(row, "time_limit_s"),
-        dataset_tokens=dataset_tokens,
-        experiment_id=_value(row, "experiment_id"),
-        identifier=_value(row, "identifier"),
-        fms_hf_tuning_version=_value(row, "fms_hf_tuning_version"),
-        torch_dtype=_value(row, "torch_dtype"),
-    )
+    configuration = {name: _value(row, name) for name in (*CONFIG_FIELDS, *DESCRIPTOR_FIELDS)}
+    return JobSubmitted(**configuration, dataset_tokens=dataset_tokens)
 
 
 def _completed(row: dict[str, Any]) -> JobCompleted:
@@ -262,7 +252,12 @@ class _Cluster:
                 self.free_at[node_id] = [0.0] * GPUS_PER_NODE
 
     @classmethod
-    def sized_for(cls, jobs: Iterable[tuple[dict[str, Any], float]], span: float) -> _Cluster:
+    def sized_for(
+        cls,
+        jobs: Iterable[tuple[dict[str, Any], float]],
+        span: float,
+        utilization: float = TARGET_UTILIZATION,
+    ) -> _Cluster:
         """Enough nodes of each GPU model for its largest job and for its GPU-seconds at the target
         utilization over the replay's span."""
         largest: dict[str, int] = {}
@@ -273,7 +268,7 @@ class _Cluster:
             largest[gpu] = max(largest.get(gpu, 1), nodes)
             gpu_seconds[gpu] = gpu_seconds.get(gpu, 0.0) + int(row["number_gpus"]) * duration
         return cls({
-            gpu: max(largest[gpu], math.ceil(gpu_seconds[gpu] / (GPUS_PER_NODE * span * TARGET_UTILIZATION)))
+            gpu: max(largest[gpu], math.ceil(gpu_seconds[gpu] / (GPUS_PER_NODE * span * utilization)))
             for gpu in largest
         })  # fmt: skip
 

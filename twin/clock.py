@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
+from twin.limits import time_window
 from twin.store import TelemetryEvent
 
 # "A few minutes": a quiet cluster may send nothing for this long without the twin's clock leaving the wall.
@@ -54,12 +55,19 @@ class TwinClock:
         }
 
 
-def telemetry_span(engine: Engine, cluster_id: str) -> tuple[datetime | None, datetime | None]:
-    """The oldest and newest event time of a cluster's telemetry (None, None without any)."""
+def telemetry_span(
+    engine: Engine, cluster_id: str, wall: datetime | None = None
+) -> tuple[datetime | None, datetime | None]:
+    """The oldest and newest event time of a cluster's telemetry (None, None without any). Only times within
+    the window ingest accepts around `wall` (twin.limits) count: a row stored before ingest bounded event
+    times (dated year 9999, say) would otherwise set the twin's clock."""
+    lowest, highest = time_window(as_utc(wall or datetime.now(UTC)))
     with Session(engine) as session:
         earliest, latest = session.exec(
             select(func.min(TelemetryEvent.ts), func.max(TelemetryEvent.ts)).where(
-                TelemetryEvent.cluster_id == cluster_id
+                TelemetryEvent.cluster_id == cluster_id,
+                TelemetryEvent.ts >= lowest,  # type: ignore[operator]
+                TelemetryEvent.ts <= highest,  # type: ignore[operator]
             )
         ).one()
     return (as_utc(earliest) if earliest else None, as_utc(latest) if latest else None)
@@ -85,6 +93,6 @@ def twin_clock(
     tolerance_s: float = DEFAULT_TOLERANCE_S,
 ) -> TwinClock:
     wall = as_utc(wall or datetime.now(UTC))
-    earliest, latest = telemetry_span(engine, cluster_id)
+    earliest, latest = telemetry_span(engine, cluster_id, wall)
     now, source = choose_now(wall, latest, tolerance_s)
     return TwinClock(now=now, source=source, wall=wall, telemetry_latest=latest, telemetry_earliest=earliest)

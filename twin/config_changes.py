@@ -13,7 +13,15 @@ from enum import StrEnum
 
 import numpy as np
 
-from twin.domain import GPUS_PER_NODE, MOE_MODELS, JobConfig, Rule, config_rule, nearest_multiple
+from twin.domain import (
+    GPUS_PER_NODE,
+    MOE_MODELS,
+    JobConfig,
+    Rule,
+    config_rule,
+    nearest_multiple,
+    nodes_dividing,
+)
 from twin.protocols import FailureModel
 
 # Below this predicted chance of running, admission control `reject` turns the job away, and batch
@@ -46,10 +54,8 @@ def repair_config(config: JobConfig) -> JobConfig:
     if config_rule(cfg) is Rule.GPUS_NOT_MULTIPLE_OF_EXPERT_PARALLEL:
         cfg = cfg.with_changes(fast_moe=math.gcd(cfg.fast_moe, gpus))
     if config_rule(cfg) is Rule.GPUS_NOT_MULTIPLE_OF_NODES:
-        nodes = max(1, math.ceil(gpus / GPUS_PER_NODE))
-        while gpus % nodes:
-            nodes += 1
-        cfg = cfg.with_changes(number_nodes=nodes)
+        # The fewest nodes that divide the GPUs with at most 8 per node.
+        cfg = cfg.with_changes(number_nodes=nodes_dividing(gpus, math.ceil(gpus / GPUS_PER_NODE)))
     return cfg
 
 

@@ -7,8 +7,14 @@ without pulling in the rest.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field
+
+from twin.limits import STORE_INT_MAX, StorableText
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +115,8 @@ MOE_MODELS = frozenset(
     }
 )
 
-METHODS = ("full", "lora", "gptq-lora")
+Method = Literal["full", "lora", "gptq-lora"]
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 class Outcome(StrEnum):
@@ -129,21 +136,54 @@ class Rule(StrEnum):
 RULE_ORDER: tuple[Rule, ...] = tuple(Rule)
 
 
+# A count finetwin accepts: a whole JSON number (not 4.0, not "4"), at least 1, that the store holds.
+# The store's bound is the only upper one: the models answer for any size, and the code that searches over a
+# count (repairing the nodes of a job) does so in O(sqrt(n)).
+Count = Annotated[int, Field(ge=1, le=STORE_INT_MAX, strict=True)]
+# A flag is a JSON boolean: not 0, 1 or "true".
+Flag = Annotated[bool, Field(strict=True)]
+# A time cap finetwin accepts: a number of seconds (a JSON integer will do), at most about 31 years.
+MAX_TIME_LIMIT_S = 1e9
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False, strict=True)]
+
+
+def fewest_nodes(config: dict[str, Any]) -> int:
+    """`number_nodes` of a configuration that does not say: the fewest nodes of 8 GPUs that hold its GPUs
+    (1 for up to 8, as the jobs of the benchmark run; the twin places a larger job on full nodes)."""
+    gpus = config.get("number_gpus")
+    return max(1, -(-gpus // GPUS_PER_NODE)) if isinstance(gpus, int) and gpus > 0 else 1
+
+
 @dataclass(frozen=True, slots=True)
 class JobConfig:
-    """One fine-tuning configuration in the benchmark's own terms."""
+    """One fine-tuning configuration in the benchmark's own terms.
 
-    model_name: str
-    method: str
-    gpu_model: str
-    number_gpus: int
-    number_nodes: int
-    batch_size: int
-    tokens_per_sample: int
-    enable_roce: bool = False
-    fast_moe: int = 0  # expert-parallel degree, 0 = off
-    fast_kernels: bool = False
-    time_limit_s: float | None = None
+    The one declaration of a configuration's fields: their types, bounds and defaults (the `Field`
+    metadata). The models at the boundaries (the telemetry payload, the API's requests and answers, the
+    advice file) derive from it (`twin.job_config`); `predict`'s CSV columns and the feature converter's
+    columns too. Inside finetwin a JobConfig states every field (plain dataclass, no validation: the
+    simulator and the advisor build many); only at a boundary does `number_nodes` default.
+    """
+
+    model_name: Annotated[StorableText, Field(min_length=1, max_length=200, examples=["llama3-8b"])]
+    method: Method
+    gpu_model: Annotated[
+        StorableText, Field(min_length=1, max_length=100, examples=["NVIDIA-A100-SXM4-80GB"])
+    ]
+    number_gpus: Count
+    number_nodes: Annotated[
+        Count, Field(default_factory=fewest_nodes, description="default: the fewest nodes of 8 GPUs")
+    ]
+    batch_size: Count
+    tokens_per_sample: Count
+    enable_roce: Flag = False
+    fast_moe: Annotated[
+        int, Field(ge=0, le=STORE_INT_MAX, strict=True, description="expert-parallel degree, 0 = off")
+    ] = 0
+    fast_kernels: Flag = False
+    time_limit_s: Seconds | None = None
+    # The benchmark's descriptors of the run (experiment_id, identifier, ...) when known: they feed the
+    # protocol features, and are not part of what makes two configurations the same.
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -179,6 +219,18 @@ def nearest_multiple(value: int, step: int) -> int:
     if down < step:
         return up
     return down if value - down < up - value else up
+
+
+def nodes_dividing(gpus: int, wanted: int) -> int:
+    """The node count nearest to `wanted` (ties: fewer) that divides `gpus` with at most 8 GPUs per node: how
+    a configuration that breaks the third admission rule is repaired. O(sqrt(gpus)): a count may be as large
+    as the store holds."""
+    divisors = set()
+    for small in range(1, math.isqrt(gpus) + 1):
+        if gpus % small == 0:
+            divisors.update((small, gpus // small))
+    options = [n for n in divisors if gpus // n <= GPUS_PER_NODE]
+    return min(options, key=lambda n: (abs(n - wanted), n))
 
 
 def config_rule(config: JobConfig) -> Rule | None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 # Integer columns are PostgreSQL `integer` (4 bytes); SQLite holds 8, so the smaller range is the store's.
 STORE_INT_MAX = 2**31 - 1
@@ -32,6 +35,16 @@ STORABLE_TEXT = re.compile("^[^\x00\ud800-\udfff]*$")
 
 def is_storable_text(text: str) -> bool:
     return STORABLE_TEXT.match(text) is not None
+
+
+def _storable(text: str) -> str:
+    if not is_storable_text(text):
+        raise ValueError("contains a NUL character, which the store cannot hold")
+    return text
+
+
+# Text a pydantic model accepts only if the store can hold it.
+StorableText = Annotated[str, AfterValidator(_storable)]
 
 
 def time_window(now: datetime | None = None) -> tuple[datetime, datetime]:

@@ -7,7 +7,6 @@ inputs' notes; a job without its work (dataset tokens) gets the median work of t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -18,7 +17,7 @@ from sqlmodel import Session, col, select
 from twin.arrivals import fit_arrivals
 from twin.clock import TwinClock, as_utc, telemetry_span, twin_clock
 from twin.cluster import cluster_from_inventory
-from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
+from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
 from twin.store import Job, Node, ObservedRun
 from twin.workload import RunningState, Workload, catalog_key
@@ -46,7 +45,7 @@ def job_config(job: Job) -> JobConfig | None:
         method=job.method,
         gpu_model=canonical_gpu_name(job.gpu_model),
         number_gpus=int(job.number_gpus),
-        number_nodes=int(job.number_nodes or max(1, math.ceil(job.number_gpus / GPUS_PER_NODE))),
+        number_nodes=int(job.number_nodes or fewest_nodes({"number_gpus": int(job.number_gpus)})),
         batch_size=int(job.batch_size),
         tokens_per_sample=int(job.tokens_per_sample),
         enable_roce=bool(job.enable_roce),

@@ -101,13 +101,14 @@ class Settings(BaseSettings):
     auth_cache_seconds: float = 5.0  # a verified key is trusted this long (revocation takes up to this)
     recommendation_ttl_hours: float = 24.0  # a pending recommendation expires after this long
     steering_interval_minutes: float = 30.0  # scheduled cluster steering (what-ifs against the SLOs)
+    # ... of telemetry time (a replay at --speed 600 steers every few wall minutes), at most once per this
+    # many wall seconds (a steering run is a dozen paired ensembles)
+    steering_min_wall_seconds: float = 120.0
     steering_horizon_hours: float = 24.0  # how far each what-if forecast looks ahead
     steering_replications: int = 8  # seeded runs per what-if (paired between baseline and action)
     relay_poll_seconds: float = 2.0  # the outbox relay also looks for unsent messages this often
     advice_cache_size: int = 2048  # advice answers remembered per model version (same config, same answer)
     advice_max_batch: int = Field(64, ge=1)  # uncached advice requests answered together in one model call
-    advice_memo_rows: int = Field(200_000, ge=0)  # predicted configurations remembered (0 = off)
-    advice_warm_memo: bool = True  # fill the memo with the benchmark's families when a version comes in
     advice_fast_path: bool = True  # answer repeated advice before FastAPI parses it (advisor.fastpath)
 
     # Fail instead of skipping when a test service is missing (CI).

@@ -6,7 +6,7 @@ with their configuration and their declared work, never their outcome or run tim
 backtest; `arrivals="model"` draws them from the arrival process learned up to T instead, as a live
 forecast does). The caller passes the models that were in use at T.
 
-Truth and twin are measured by the same code (`twin.metrics.measure`) over [T, T + H] on the same jobs:
+Truth and twin are measured by the same code (`twin.run_metrics.measure`) over [T, T + H] on the same jobs:
 the truth is those jobs' recorded submissions, starts and ends, at their measured power where they
 reported one (else what the twin assumes for a job without a power reading). The figures are the
 benchmark backtest's: `figures.{name}.truth`, `twin.{mean, p10, p90}`, `error` = (mean - truth) / truth.

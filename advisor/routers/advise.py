@@ -1,17 +1,14 @@
 """`POST /v1/advise`: advice for one job configuration (see `advisor.advice`).
 
-Answers are cached per model version (`advisor.answer_cache`; a repeated request is answered by
-`advisor.fastpath` before it reaches this router). Answers not in the cache are computed in
-batches (`advisor.batching`): concurrent requests share one model call, at most `advice_max_batch`
-configurations per call, and the same configuration asked twice at once is computed once. Rows predicted
-for earlier answers are not predicted again (`advisor.prediction_memo`, `advice_memo_rows` rows).
+Answers are cached per model version (`advisor.answer_cache`, the one cache in front of the models; a
+repeated request is answered from it by `advisor.fastpath` before it reaches this router). Answers not in
+the cache are computed in batches (`advisor.batching`): concurrent requests share one call of the compiled
+models, at most `advice_max_batch` configurations per call, and the same configuration asked twice at once
+is computed once. Issue 14 removed the memo of predicted rows and its warm-up (a second cache, which the
+compiled trees no longer need); bench/api.py measured what the fast path and the batching still save.
 """
 
 from __future__ import annotations
-
-import logging
-import threading
-from typing import Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 
@@ -22,14 +19,8 @@ from advisor.advice_schemas import AdviceOut, AdviceRequest
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
 from advisor.auth import Role, access
 from advisor.batching import Batcher
-from advisor.prediction_memo import PredictionMemo
-from advisor.routers.models import NO_MODEL, app_models_in_use, models_in_use
-from advisor.warmup import warm_in_background
-from calibrate.refit import refit_benchmarks
+from advisor.routers.models import NO_MODEL, models_in_use
 from calibrate.registry import InUseModels, RegistryError
-from twin.settings import Settings
-
-log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/advise", tags=["advice"])
 
@@ -84,62 +75,6 @@ async def advise(body: AdviceRequest, request: Request) -> Response:
     return Response(content=content, media_type="application/json")
 
 
-def prediction_memo(app: FastAPI, version: str, models: Any) -> PredictionMemo | None:
-    """The memo of the version in use (a new version starts an empty one, warmed in the background when
-    `advice_warm_memo`); None when turned off."""
-    settings: Settings = app.state.settings
-    if settings.advice_memo_rows == 0:
-        return None
-    with _memo_lock:
-        memo = getattr(app.state, "prediction_memo", None)
-        if memo is None or memo.version != version:
-            memo = PredictionMemo(version, settings.advice_memo_rows)
-            app.state.prediction_memo = memo
-            registry = getattr(app_models_in_use(app), "registry", None)  # which benchmark it learned from
-            if settings.advice_warm_memo and registry is not None:
-                warm_in_background(
-                    memo, models, lambda: refit_benchmarks(settings, registry), _new_warm_stop(app)
-                )
-    return memo
-
-
-_memo_lock = threading.Lock()
-
-
-def _new_warm_stop(app: FastAPI) -> threading.Event:
-    """A stop signal for a new warm-up; the previous one's is set: its memo is of a retired version."""
-    previous = getattr(app.state, "advice_warm_stop", None)
-    if previous is not None:
-        previous.set()
-    stop = app.state.advice_warm_stop = threading.Event()
-    return stop
-
-
-def startup(app: FastAPI) -> None:
-    """Warm the memo of the version in use at once, not at the first request (loading the models takes a
-    second, so it happens on a thread too)."""
-    settings: Settings = app.state.settings
-    if not (settings.advice_warm_memo and settings.advice_memo_rows):
-        return
-
-    def load_and_warm() -> None:
-        try:
-            loaded = app_models_in_use(app).get()
-        except RegistryError as exc:
-            log.warning("no advice memo warm-up: the model in use cannot load: %s", exc)
-            return
-        if loaded is not None:
-            prediction_memo(app, loaded[0], loaded[1])
-
-    threading.Thread(target=load_and_warm, name="warm-advice", daemon=True).start()
-
-
-def shutdown(app: FastAPI) -> None:
-    stop = getattr(app.state, "advice_warm_stop", None)
-    if stop is not None:
-        stop.set()
-
-
 def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
     """(model version, answer JSON) per request, or the HTTP error for that request alone."""
     models: InUseModels = app.state.models_in_use  # `models_in_use` ran for the request before
@@ -153,9 +88,7 @@ def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes
         )
     version, job_models = loaded
     try:
-        answers = advise_many(
-            [body.to_job() for body in bodies], job_models, version, prediction_memo(app, version, job_models)
-        )
+        answers = advise_many([body.to_job() for body in bodies], job_models, version)
     except ModelsUnusable as exc:  # recalibrate: not the caller's fault, and not a crash either
         raise HTTPException(status_code=NO_MODEL, detail=f"{exc}; run `finetwin calibrate`") from None
     return [

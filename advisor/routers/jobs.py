@@ -10,6 +10,7 @@ from sqlmodel import Session, col, func, select
 
 from advisor.deps import get_session
 from advisor.timestamps import UtcDatetime
+from twin.job_config import PartialJobConfig
 from twin.store import Job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -17,24 +18,15 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobState = Literal["unknown", "submitted", "running", "rejected", "completed", "failed"]
 
 
-class JobOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+class JobOut(PartialJobConfig):  # type: ignore[misc,valid-type]
+    """A job as the store knows it: its configuration (None until its `job.submitted` arrives) and life."""
+
+    model_config = ConfigDict(from_attributes=True, protected_namespaces=())
 
     job_id: str
     cluster_id: str
     state: str
     outcome: str | None
-    model_name: str | None
-    method: str | None
-    gpu_model: str | None
-    number_gpus: int | None
-    number_nodes: int | None
-    batch_size: int | None
-    tokens_per_sample: int | None
-    enable_roce: bool | None
-    fast_moe: int | None
-    fast_kernels: bool | None
-    time_limit_s: float | None
     tenant: str | None
     dataset_tokens: float | None
     submitted_at: UtcDatetime | None

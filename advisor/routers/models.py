@@ -13,9 +13,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
     field_validator,
     model_validator,
 )
@@ -24,10 +21,11 @@ from sqlalchemy import Engine
 from advisor.auth import Role, access
 from advisor.deps import get_engine, get_settings
 from advisor.timestamps import UtcDatetime
-from calibrate.config_frame import records_to_frame
+from calibrate.config_frame import configs_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
 from calibrate.refit import RefitScheduler
 from calibrate.registry import InUseModels, ModelRegistry, RegistryError
+from twin.job_config import DescribedJobConfig, not_blank
 from twin.settings import Settings
 
 router = APIRouter(tags=["models"])
@@ -36,34 +34,10 @@ MAX_BATCH = 10_000
 NO_MODEL = 409  # a client error the caller can resolve (calibrate a model), never a 5xx
 
 
-class ConfigIn(BaseModel):
+class ConfigIn(DescribedJobConfig):
     """One fine-tuning configuration in the benchmark's terms (the configuration columns of a row)."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    model_name: str = Field(min_length=1, max_length=200, examples=["llama3-8b"])
-    method: Literal["full", "lora", "gptq-lora"]
-    gpu_model: str = Field(min_length=1, max_length=100, examples=["NVIDIA-A100-SXM4-80GB"])
-    number_gpus: StrictInt = Field(ge=1, le=4096)
-    number_nodes: StrictInt = Field(ge=1, le=512)
-    batch_size: StrictInt = Field(ge=1, le=1_000_000)
-    tokens_per_sample: StrictInt = Field(ge=1, le=10_000_000)
-    enable_roce: StrictBool = False
-    fast_moe: StrictInt = Field(default=0, ge=0, le=4096, description="expert-parallel degree, 0 = off")
-    fast_kernels: StrictBool = False
-    time_limit_s: StrictFloat | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    experiment_id: str | None = Field(default=None, max_length=2000)
-    identifier: str | None = Field(default=None, max_length=2000)
-    fms_hf_tuning_version: str | None = Field(default=None, max_length=50)
-    torch_dtype: str | None = Field(default=None, max_length=50)
-
-    @field_validator("model_name")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("the model name is empty")
-        return value
+    strip_model_name = field_validator("model_name")(not_blank)
 
 
 class PredictRequest(BaseModel):
@@ -186,7 +160,7 @@ def predict(body: PredictRequest, cache: InUseModels = Depends(models_in_use)) -
             detail="no calibrated model is in use; run `finetwin calibrate --bench FILE` first",
         )
     version, models = loaded
-    predicted = models.predict_frame(records_to_frame(c.model_dump() for c in body.configs))
+    predicted = models.predict_frame(configs_to_frame([c.to_config() for c in body.configs]))
     return PredictResponse(
         model_version=version,
         predictions=[

@@ -8,7 +8,7 @@ bootstrap is configured) publishes it.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
@@ -121,6 +121,24 @@ def list_recommendations(
 
 
 @router.get(
+    "/steering",
+    summary="The last steering run: when (wall and telemetry time), what it evaluated, and why it "
+    "recommended nothing when it did not",
+)
+def last_steering(request: Request) -> dict[str, Any]:
+    settings: Settings = request.app.state.settings
+    last = getattr(request.app.state, "last_steering", None)
+    if last is None:
+        return {
+            "ran": False,
+            "why_none": "steering has not run yet: it runs every "
+            f"{settings.steering_interval_minutes:g} min of telemetry time, at most every "
+            f"{settings.steering_min_wall_seconds:g} s, once a model is in use and SLOs are declared",
+        }
+    return last
+
+
+@router.get(
     "/{recommendation_id}",
     response_model=RecommendationOut,
     summary="One recommendation",
@@ -215,6 +233,7 @@ def run_now(request: Request, principal: Principal = Depends(require_role(Role.O
         result = run_steering(request.app, actor=principal.actor, source="on-demand")
     except SteeringUnavailable as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from exc
+    _remember(request.app, result)
     with Session(get_engine(request)) as session:
         recs = [_out(session, r) for r in result.recommendations]
     return RunOut(evaluated=result.evaluated, recommended=len(recs), recommendations=recs, notes=result.notes)
@@ -240,10 +259,11 @@ def startup(app: FastAPI) -> None:
         max_instances=1,
         coalesce=True,
     )
+    app.state.last_steering = None
     scheduler.add_job(
         _steering_job,
         "interval",
-        minutes=settings.steering_interval_minutes,
+        seconds=STEERING_TICK_S,
         args=[app],
         id="recommendations-steering",
         max_instances=1,
@@ -265,15 +285,56 @@ def _expire_job(app: FastAPI) -> None:
         log.info("expired %d recommendations", len(expired))
 
 
-def _steering_job(app: FastAPI) -> None:
-    from advisor.steering import SteeringUnavailable, run_steering
+# The steering job looks this often whether a run is due: soon after the first model is in use, then every
+# FINETWIN_STEERING_INTERVAL_MINUTES of telemetry time, at most every FINETWIN_STEERING_MIN_WALL_SECONDS.
+STEERING_TICK_S = 30.0
 
+
+def _steering_job(app: FastAPI) -> None:
+    """Steers when due (see STEERING_TICK_S); a run that could not happen (no model yet) is retried at the
+    next tick."""
+    from advisor.steering import SteeringUnavailable, run_steering
+    from twin.clock import twin_clock
+
+    settings: Settings = app.state.settings
+    tolerance = settings.forecast_clock_tolerance_seconds
+    clock = twin_clock(app.state.engine, settings.cluster_id, tolerance_s=tolerance)
+    last = getattr(app.state, "last_steering", None)
+    if last is not None and last.get("telemetry_at"):
+        since = (clock.now - datetime.fromisoformat(last["telemetry_at"])).total_seconds()
+        wall = (datetime.now(UTC) - datetime.fromisoformat(last["at"])).total_seconds()
+        if since < settings.steering_interval_minutes * 60.0 or wall < settings.steering_min_wall_seconds:
+            return
     try:
         result = run_steering(app, actor="system", source="schedule")
     except SteeringUnavailable as exc:
         log.info("scheduled steering skipped: %s", exc)
+        app.state.last_steering = {
+            "ran": False, "at": datetime.now(UTC).isoformat(), "telemetry_at": None, "why_none": str(exc)
+        }  # fmt: skip
         return
+    except Exception:  # the scheduler must keep running; the next tick tries again
+        log.exception("scheduled steering failed")
+        return
+    _remember(app, result, clock.now)
     log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))
+
+
+def _remember(app: FastAPI, result: Any, telemetry_at: datetime | None = None) -> None:
+    """The last run's outcome, for the panel (this process's memory: it is about the latest run only)."""
+    if telemetry_at is None:
+        from twin.clock import twin_clock
+
+        telemetry_at = twin_clock(app.state.engine, app.state.settings.cluster_id).now
+    app.state.last_steering = {
+        "ran": True,
+        "at": datetime.now(UTC).isoformat(),
+        "telemetry_at": telemetry_at.isoformat(),
+        "evaluated": result.evaluated,
+        "recommended": len(result.recommendations),
+        "why_none": result.why_none,
+        "notes": result.notes,
+    }
 
 
 def ttl(settings: Settings) -> timedelta:

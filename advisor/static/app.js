@@ -213,7 +213,13 @@ async function loadLiveError() {
 function effectText(effect) {
   if (!effect || effect.mean === undefined) return "";
   const ci = effect.ci95 ? ` (${fmt(effect.ci95[0] * 100, 1)} to ${fmt(effect.ci95[1] * 100, 1)})` : "";
-  return `${effect.mean >= 0 ? "+" : ""}${fmt(effect.mean * 100, 1)} pts attainment${ci}`;
+  const overall = `${effect.mean >= 0 ? "+" : ""}${fmt(effect.mean * 100, 1)} pts attainment${ci}`;
+  const helps = effect.helps;
+  if (!helps) return overall;
+  const met = helps.probability_met_change;
+  const chance = met ? `, chance it is met ${met >= 0 ? "+" : ""}${fmt(met * 100, 0)} pts` : "";
+  return `helps "${helps.slo}": ${helps.attainment_change >= 0 ? "+" : ""}${fmt(helps.attainment_change * 100, 1)} ` +
+    `pts of its intervals met${chance}; all SLOs ${overall}`;
 }
 
 async function decide(id, verb) {
@@ -236,7 +242,15 @@ async function decide(id, verb) {
 }
 
 async function loadRecommendations() {
-  const page = await api("/v1/recommendations?limit=50");
+  const [page, steering] = await Promise.all([
+    api("/v1/recommendations?limit=50"), api("/v1/recommendations/steering"),
+  ]);
+  const pending = page.recommendations.filter((r) => r.state === "pending").length;
+  const last = steering.ran
+    ? `Last steering run ${when(steering.at)}: ${steering.evaluated} candidates, ${steering.recommended} recommended.`
+    : "";
+  document.getElementById("steering-note").textContent =
+    pending && !steering.why_none ? last : `${last} ${steering.why_none || ""}`.trim();
   fillTable("recs", page.recommendations, [
     (tr, r) => cell(tr, r.title),
     (tr, r) => cell(tr, effectText(r.effect)),

@@ -42,6 +42,10 @@ Seed = Annotated[int, typer.Option(help="seed of the arrival process and event i
 JobPrefix = Annotated[str | None, typer.Option(help="job id prefix (default replay-<seed>-)")]
 MeanInterarrival = Annotated[float, typer.Option(help="mean seconds between submissions")]
 Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bar")]
+Load = Annotated[float, typer.Option(help="utilization the replayed cluster is sized for, in (0, 1]")]
+# `finetwin replay`'s cluster is sized for this utilization (ingest.replay.TARGET_UTILIZATION): jobs mostly
+# start within minutes.
+REPLAY_DEFAULT_LOAD = 0.35
 
 
 def _epoch(text: str) -> datetime:
@@ -195,6 +199,7 @@ def replay(
     job_prefix: JobPrefix = None,
     mean_interarrival: MeanInterarrival = 60.0,
     epoch: Epoch = None,
+    load: Load = REPLAY_DEFAULT_LOAD,
     quiet: Quiet = False,
 ) -> int:
     from finetwin.wiring import ensure_topics, kafka_bootstrap
@@ -206,7 +211,7 @@ def replay(
     topic = topic or settings.telemetry_topic
     plan = replay_plan(
         settings, bench, speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival,
-        epoch=epoch,
+        epoch=epoch, load=load,
     )  # fmt: skip
     ahead = _ahead_of_wall_s(plan, speed)
     if ahead > settings.max_clock_skew.total_seconds():
@@ -254,6 +259,7 @@ def replay_plan(
     job_prefix: str | None,
     mean_interarrival: float,
     epoch: datetime | None = None,
+    load: float = REPLAY_DEFAULT_LOAD,
 ) -> ReplayPlan:
     """The benchmark's rows as timed telemetry events (the bundled sample when no file is given)."""
     from finetwin.wiring import bundled_benchmark_path, load_benchmark_table
@@ -269,7 +275,7 @@ def replay_plan(
         return plan_replay(
             table, seed=seed, job_prefix=job_prefix_of(job_prefix, seed),
             mean_interarrival_s=mean_interarrival, cluster_id=settings.cluster_id,
-            epoch=epoch or datetime.now(UTC),
+            epoch=epoch or datetime.now(UTC), target_utilization=load,
         )  # fmt: skip
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from exc

@@ -23,8 +23,6 @@ def advisor_settings(tmp_path: Path, **overrides: object) -> Settings:
         "data_dir": tmp_path / "data",
         "scheduler_enabled": False,
         "models_dir": tmp_path / "models",
-        # No background warm-up of the advice memo: tests count model calls (test_warmup turns it on).
-        "advice_warm_memo": False,
     }
     return Settings(**{**base, **overrides})  # type: ignore[arg-type]
 

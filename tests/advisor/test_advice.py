@@ -18,6 +18,7 @@ from tests.advisor.conftest import FINETWIN
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.conftest import SHARED_REFERENCE
 from twin.domain import JobConfig, config_rule, nearest_multiple
+from twin.limits import STORE_INT_MAX
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 
@@ -35,6 +36,15 @@ def job(**changes: object) -> JobConfig:
 )
 def test_nearest_multiple(value: int, step: int, expected: int) -> None:
     assert nearest_multiple(value, step) == expected
+
+
+def test_a_job_as_large_as_the_store_holds_gets_an_answer() -> None:
+    """The configuration's bounds are the store's (2^31 - 1, a prime): repairing its nodes must not search
+    every count up to it, and the answer must come back (the models say whether it would run)."""
+    huge = job(number_gpus=STORE_INT_MAX, number_nodes=3, batch_size=STORE_INT_MAX)
+    answer = advise_job(huge, None, FakeModels())
+    assert answer.verdict.status == "rejected" and answer.repair is not None
+    assert answer.repair.config.number_nodes == STORE_INT_MAX  # a prime: one GPU per node
 
 
 def test_repair_fixes_each_rule_nearest_first() -> None:

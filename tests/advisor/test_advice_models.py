@@ -103,30 +103,6 @@ def test_several_answers_share_one_model_call(client: TestClient, monkeypatch: p
     assert len({a.config.model_name for a in together}) == 2  # type: ignore[union-attr]
 
 
-def test_rows_predicted_for_earlier_answers_are_not_predicted_again(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    request = type("R", (), {"app": client.app})()
-    version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
-    calls = _count_predict_frame(models, monkeypatch)
-    first = client.post("/v1/advise", json=JOB)
-    more_work = client.post("/v1/advise", json={**JOB, "dataset_tokens": 2e9})  # the same rows, more work
-    larger = client.post("/v1/advise", json={**JOB, "batch_size": 64})  # the same grid, another ladder
-    assert [r.status_code for r in (first, more_work, larger)] == [200, 200, 200]
-    # One call: the first answer's rows and, riding along, the family's rows without fast kernels.
-    assert len(calls) == 1, calls
-    answered = (
-        (JOB, first),
-        ({**JOB, "dataset_tokens": 2e9}, more_work),
-        ({**JOB, "batch_size": 64}, larger),
-    )
-    for body, response in answered:
-        config, work = AdviceRequest.model_validate(body).to_job()
-        monkeypatch.undo()  # the reference answer computes every row itself
-        alone = advise_job(config, work, models, model_version=version)
-        assert response.json() == json.loads(alone.model_dump_json())
-
-
 def _forbidden(name: str):  # type: ignore[no-untyped-def]
     def method(*_args: object, **_kwargs: object) -> None:
         raise AssertionError(f"{name} called: the advice must use one predict_frame call")

@@ -173,3 +173,15 @@ def test_the_fast_path_can_be_turned_off(engine: Engine, settings: Settings, key
         answers = [test_client.post("/v1/advise", json=body, headers=keys["viewer"]) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200] and answers[0].content == answers[1].content
     assert routed == ["/v1/advise", "/v1/advise"]  # both through FastAPI (the second from its cache)
+
+
+def test_the_answer_cache_is_bounded_least_recently_used_first_out() -> None:
+    cache = AnswerCache(2)
+    cache.put(("v1", "a"), b"A")
+    cache.put(("v1", "b"), b"B")
+    assert cache.get(("v1", "a")) == b"A"  # used again: "b" is now the oldest
+    cache.put(("v1", "c"), b"C")
+    assert [cache.get(("v1", k)) for k in "abc"] == [b"A", None, b"C"]
+    disabled = AnswerCache(0)
+    disabled.put(("v1", "a"), b"A")
+    assert disabled.get(("v1", "a")) is None

@@ -52,6 +52,8 @@ def test_steering_recommends_what_helps_the_slos(app_client: TestClient, store: 
     assert app_client.put("/v1/slos", json=WAIT_SLO, headers=operator).status_code == 200
     viewer = api_headers(store, "viewer")
     assert app_client.post("/v1/recommendations/run", headers=viewer).status_code == 403
+    before = app_client.get("/v1/recommendations/steering", headers=viewer).json()
+    assert before["ran"] is False and "has not run yet" in before["why_none"]
 
     response = app_client.post("/v1/recommendations/run", headers=operator)
     assert response.status_code == 200, response.text
@@ -64,8 +66,12 @@ def test_steering_recommends_what_helps_the_slos(app_client: TestClient, store: 
     assert add["state"] == "pending" and add["target"] == "nodes:NVIDIA-A100-SXM4-80GB"
     assert add["effect"]["mean"] > 0 and add["effect"]["ci95"][0] > 0 and add["effect"]["runs"] == 4
     assert add["cost"] == pytest.approx(8 * 24)
-    for rec in recs:  # only what improves SLO attainment is recorded
+    for rec in recs:  # only what improves SLO attainment is recorded, saying which SLO and by how much
         assert rec["effect"]["ci95"][0] > 0
+        assert rec["effect"]["helps"]["slo"] == WAIT_SLO["slos"][0]["name"]
+        assert rec["effect"]["helps"]["attainment_change"] > 0
+    last = app_client.get("/v1/recommendations/steering", headers=viewer).json()
+    assert last["ran"] and last["recommended"] == len(recs) and last["why_none"] is None
     assert [r["score"] for r in recs] == sorted((r["score"] for r in recs), reverse=True)
 
     again = app_client.post("/v1/recommendations/run", headers=operator).json()
@@ -105,3 +111,23 @@ def test_the_slo_file_is_read_and_a_bad_one_stops_the_api(store: Engine, tmp_pat
     app = create_app(advisor_settings(tmp_path, slo_file=bad), store)
     with pytest.raises(Exception, match="bad.yaml"), TestClient(app):
         pass
+
+
+def test_why_nothing_and_the_helped_slo_are_said_plainly() -> None:
+    from advisor.steering import Candidate, helped_slo, why_nothing
+
+    assert why_nothing([]) == "no candidate action applies to this cluster and workload"
+    candidate = Candidate(kind="add_nodes", target="nodes:A", title="add 1 A node", action={}, changes={},
+                          cost=10.0)  # fmt: skip
+    effect = {"mean": 0.004, "ci95": [-0.002, 0.01]}
+    text = why_nothing([(candidate, {"effect": effect})])
+    assert "1 candidates evaluated" in text and "add 1 A node" in text
+    assert "+0.4 points (-0.2 to +1.0)" in text
+    per_slo = [
+        {"name": "wait", "attainment": {"mean": 0.2, "ci95": [0.1, 0.3]}, "probability_met": 0.5},
+        {"name": "util", "attainment": {"mean": -0.05, "ci95": [-0.1, 0.0]}, "probability_met": -0.1},
+    ]
+    assert helped_slo(per_slo) == {
+        "slo": "wait", "attainment_change": 0.2, "ci95": [0.1, 0.3], "probability_met_change": 0.5
+    }  # fmt: skip
+    assert helped_slo(per_slo[1:]) is None  # it helps none of them

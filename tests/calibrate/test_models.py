@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 import skops.io as sio
 
-from calibrate.config_frame import config_from_row
 from calibrate.fit import (
     SKOPS_TRUSTED_TYPES,
     CalibratedModels,
@@ -26,6 +25,7 @@ from calibrate.fit import (
 from calibrate.loader import CONFIG_COLUMNS, load_benchmark, load_configs
 from calibrate.model_sizes import UNKNOWN_SIZE_NOTE, UNSEEN_NAME_NOTE
 from twin.domain import GPU_TYPES, JobConfig, Outcome
+from twin.job_config import config_from_row
 from twin.protocols import JobModels
 
 A100_SXM = "NVIDIA-A100-SXM4-80GB"

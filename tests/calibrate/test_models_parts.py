@@ -3,16 +3,21 @@ physics the models rely on."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from advisor.routers.models import ConfigIn
 from calibrate import accuracy
-from calibrate.config_frame import config_from_row, configs_to_frame
+from calibrate.config_frame import configs_to_frame, records_to_frame
 from calibrate.features import FEATURE_NAMES, build_features
 from calibrate.loader import load_benchmark
 from calibrate.splits import BLOCK, RANDOM, block_folds, random_holdout
-from twin.domain import JobConfig
+from ingest.events import JobSubmitted
+from twin.domain import JobConfig, gpu_type
+from twin.job_config import CONFIG_FIELDS, config_from_row
 
 
 @pytest.fixture(scope="module")
@@ -57,16 +62,46 @@ def test_metrics_on_known_values() -> None:
     )
     assert accuracy.brier_score(truth, np.array([1.0, 0.5, 1.0, 0.0])) == pytest.approx(0.25 / 4)
     assert accuracy.exact_share(np.array(["a", None]), np.array(["a", None])) == 1.0
+    # One class present: that class's recall; nothing to score: NaN.
+    assert accuracy.balanced_accuracy(np.array([True, True]), np.array([True, False])) == 0.5
+    assert math.isnan(accuracy.balanced_accuracy(np.array([], dtype=bool), np.array([], dtype=bool)))
+    assert math.isnan(accuracy.brier_score(np.array([]), np.array([])))
     with pytest.raises(ValueError, match="positive"):
         accuracy.mdape(np.array([0.0]), np.array([1.0]))
 
 
-def test_features_are_one_code_path_for_rows_and_job_configs(sample: pd.DataFrame) -> None:
-    rows = sample.iloc[::50]
+def test_training_and_serving_build_identical_features_for_the_same_config(sample: pd.DataFrame) -> None:
+    """Training reads benchmark rows; serving reads the same configurations as JobConfigs (the twin, the
+    advisor), telemetry payloads (live predictions), API bodies (/v1/predict): one converter, one answer.
+    The serving forms carry no `time_limit_s`: the time cap must come from `experiment_id`, as the loader
+    reads it, and GPU names in another spelling must not matter."""
+    rows = sample.iloc[::40]
+    assert rows["time_limit_s"].notna().any() and rows["time_limit_s"].isna().any()
     from_rows, _ = build_features(rows)
-    from_configs, _ = build_features(configs_to_frame([config_from_row(r) for _, r in rows.iterrows()]))
     assert list(from_rows.columns) == list(FEATURE_NAMES)
-    pd.testing.assert_frame_equal(from_rows.reset_index(drop=True), from_configs, check_dtype=False)
+    records = [r.to_dict() for _, r in rows.iterrows()]
+    descriptors = ("experiment_id", "identifier", "fms_hf_tuning_version", "torch_dtype")
+    payloads = [
+        {**{name: _plain(r[name]) for name in (*CONFIG_FIELDS, *descriptors) if name != "time_limit_s"}}
+        for r in records
+    ]
+    for payload in payloads[::2]:
+        payload["gpu_model"] = gpu_type(payload["gpu_model"]).short.lower()  # "a100-sxm"
+    served = {
+        "JobConfig": configs_to_frame([config_from_row(r) for r in records]),
+        "telemetry": records_to_frame(JobSubmitted.model_validate(p).model_dump() for p in payloads),
+        "API": configs_to_frame([ConfigIn.model_validate(p).to_config() for p in payloads]),
+    }
+    for path, frame in served.items():
+        features, _ = build_features(frame)
+        pd.testing.assert_frame_equal(
+            from_rows.reset_index(drop=True), features, check_dtype=False, obj=f"features served via {path}"
+        )
+
+
+def _plain(value: object) -> object:
+    """A pandas cell as JSON would carry it."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def test_sharding_over_more_gpus_shrinks_the_state_per_gpu_and_grows_the_headroom() -> None:

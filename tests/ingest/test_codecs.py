@@ -189,3 +189,34 @@ def test_a_stop_held_up_past_the_deadline_exits_anyway(tmp_path: Path) -> None:
         process.kill()
     assert process.returncode == 1 and time.monotonic() - started < 10
     assert "exiting now" in errors
+
+
+def test_finetwin_up_stops_with_its_ingest_at_a_batch_it_cannot_decode(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """`finetwin up` runs the worker in a thread: a batch it cannot decode stops the whole command (status 3)
+    rather than leave the API serving with ingest dead."""
+    import os
+    import subprocess
+
+    from ingest.broker import free_port
+    from tests.ingest.conftest import FINETWIN
+
+    topic = new_topic(kafka_bootstrap, unique("up-nocodec"), partitions=1)
+    produce_with_librdkafka(kafka_bootstrap, topic, "snappy", count=20)
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "snappy.py").write_text('raise ImportError("hidden by the test: no snappy library")\n')
+    env = {
+        **os.environ, "PYTHONPATH": str(shadow), "FINETWIN_DATA_DIR": str(tmp_path / "data"),
+        "FINETWIN_SCHEDULER_ENABLED": "0", "FINETWIN_MODELS_DIR": str(tmp_path / "models"),
+        "FINETWIN_TELEMETRY_TOPIC": topic, "FINETWIN_DLQ_TOPIC": f"{topic}.dlq",
+        "FINETWIN_CONSUMER_GROUP": unique("g"),
+    }  # fmt: skip
+    env.pop("FINETWIN_DATABASE_URL", None)
+    done = subprocess.run(
+        [FINETWIN, "up", "--bootstrap", kafka_bootstrap, "--no-replay", "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert f"cannot decode the record batch at topic {topic} partition 0 offset 0" in done.stderr

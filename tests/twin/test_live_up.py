@@ -70,6 +70,18 @@ def test_up_at_speed_600_forecasts_on_the_telemetry_clock_and_scores_itself(tmp_
         view = get("/v1/forecast/vs-actual")
         assert view is not None and view["intervals_passed"] >= 1
         assert any(v is not None for v in view["figures"]["utilization"]["actual"])
+        # The loop closes: steering has run on the replayed load, and either recommends something that
+        # says which SLO it helps and by how much, or says why it recommends nothing.
+        steering = wait_for(
+            lambda: (s := get("/v1/recommendations/steering")) and s.get("ran") and s,
+            WITHIN_S, "a steering run",
+        )  # fmt: skip
+        pending = get("/v1/recommendations?state=pending")["recommendations"]
+        if steering["recommended"]:
+            assert pending and all(r["effect"]["helps"]["attainment_change"] > 0 for r in pending)
+            assert all(r["effect"]["helps"]["slo"] for r in pending)
+        else:
+            assert "candidates evaluated" in steering["why_none"], steering
     finally:
         up.send_signal(signal.SIGINT)
         try:

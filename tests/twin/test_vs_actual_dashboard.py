@@ -56,7 +56,10 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 page.click("#key-form button[type=submit]")
                 names = ["vs-utilization", "vs-queue_length", "vs-running_jobs", "vs-jobs_completed",
                          "vs-jobs_failed", "vs-energy_kwh"]  # fmt: skip
-                page.wait_for_function(f"{names}.every(n => window.finetwinCharts[n])", timeout=60_000)
+                # A predicate as a function: a string would be eval'd in the page, which its CSP forbids.
+                page.wait_for_function(
+                    "(names) => names.every(n => window.finetwinCharts[n])", arg=names, timeout=60_000
+                )
                 drawn = page.evaluate(
                     """(names) => Object.fromEntries(names.map((name) => {
                         const chart = window.finetwinCharts[name];
