@@ -151,7 +151,9 @@ def print_backtests(results: list[dict[str, Any]]) -> bool:
 # --- live scoring of the bundled replay --------------------------------------------------------------------
 
 
-def live_scoring(every_s: float, runs: int, horizon_s: float, interval_s: float) -> dict[str, Any]:
+def live_scoring(
+    every_s: float, runs: int, horizon_s: float, interval_s: float, policy: str = "fifo"
+) -> dict[str, Any]:
     """The bundled sample replayed into a SQLite store; a standing forecast every `every_s` of telemetry time
     from the store as it stood; every passed interval scored. Returns `twin.skill.skill` and counts."""
     from finetwin.schema import migrate
@@ -162,6 +164,7 @@ def live_scoring(every_s: float, runs: int, horizon_s: float, interval_s: float)
     from twin.forecast import ForecastOptions, forecast
     from twin.forecast_store import save_forecast
     from twin.live_state import load_live_inputs
+    from twin.policies import Policy
     from twin.skill import score_due, skill
 
     table = load_benchmark(bundled_benchmark_path())
@@ -170,7 +173,9 @@ def live_scoring(every_s: float, runs: int, horizon_s: float, interval_s: float)
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(f"sqlite:///{tmp}/live.db")
         migrate(engine)
-        options = ForecastOptions(horizon_s=horizon_s, interval_s=interval_s, runs=runs, workers=1)
+        options = ForecastOptions(
+            horizon_s=horizon_s, interval_s=interval_s, runs=runs, workers=1, policy=Policy(policy)
+        )
         events = plan.events
         position, forecasts = 0, 0
         next_at = every_s
@@ -227,6 +232,9 @@ def main() -> None:
     parser.add_argument("--live-every", default="2h", help="standing forecast period, telemetry time")
     parser.add_argument("--live-runs", type=int, default=16)
     parser.add_argument("--no-live", action="store_true", help="skip the live scoring")
+    parser.add_argument(
+        "--live-policy", default="fifo", help="the scheduling policy the twin assumes for the replay"
+    )
     parser.add_argument("--no-backtest", action="store_true", help="skip the backtests")
     args = parser.parse_args()
     began = time.perf_counter()
@@ -243,7 +251,7 @@ def main() -> None:
         ok &= print_backtests(results)
     if not args.no_live:
         every = parse_duration(args.live_every)
-        ok &= print_live(live_scoring(every, args.live_runs, 86400.0, 3600.0), every)
+        ok &= print_live(live_scoring(every, args.live_runs, 86400.0, 3600.0, args.live_policy), every)
     print(f"\nall targets met: {'yes' if ok else 'NO'} ({time.perf_counter() - began:.0f} s)")
 
 

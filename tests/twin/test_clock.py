@@ -62,3 +62,32 @@ def test_a_forecast_of_old_telemetry_starts_at_its_newest_event_and_sees_its_arr
     assert document["start"] == NOW.isoformat() and document["arrivals_per_day"] == pytest.approx(26.0)
     assert document["clock"]["source"] == TELEMETRY
     assert document["known_jobs"]["total"] == 2
+
+
+def test_the_standing_forecast_follows_telemetry_time(engine: Engine, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A tick makes a forecast when FINETWIN_FORECAST_EVERY of telemetry time has passed since the last
+    one started, and not before, however much wall time passed."""
+    from fastapi.testclient import TestClient
+
+    from advisor.app import create_app
+    from twin.forecast_store import latest_forecast
+    from twin.settings import Settings
+
+    monkeypatch.setenv("FINETWIN_FORECAST_EVERY", "30m")
+    settings = Settings(data_dir=tmp_path / "d", models_dir=tmp_path / "m", scheduler_enabled=False,
+                        forecast_runs=2, forecast_horizon_hours=2)  # fmt: skip
+    assert settings.forecast_every == 1800.0
+    populate(engine, NOW)
+    add_events(engine, [NOW - timedelta(hours=48), NOW])
+    with TestClient(create_app(settings, engine)) as client:
+        job = client.app.state.scheduler.get_job("standing-forecast")
+        job.func(*job.args)
+        first = latest_forecast(engine, cluster_id="default")
+        assert first is not None and first.start is not None and first.document["start"] == NOW.isoformat()
+        add_events(engine, [NOW + timedelta(minutes=20)])  # 20 min of telemetry time: not due
+        job.func(*job.args)
+        assert latest_forecast(engine, cluster_id="default").id == first.id
+        add_events(engine, [NOW + timedelta(minutes=31)])  # due
+        job.func(*job.args)
+        second = latest_forecast(engine, cluster_id="default")
+        assert second.id != first.id and second.document["start"] == (NOW + timedelta(minutes=31)).isoformat()
