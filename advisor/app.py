@@ -10,6 +10,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, Depends, FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
 from advisor.auth import V1_PREFIX, authorize
@@ -63,7 +64,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
                 if hasattr(module, "shutdown"):
                     module.shutdown(app)
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc from files the fastapi-offline package ships, not from a CDN: the API's
+    # documentation works on a machine without internet, as the dashboard does with its vendored Chart.js.
+    app = FastAPIOffline(
         title="finetwin",
         version="0.1.0",
         description="Digital twin of a GPU cluster running LLM fine-tuning jobs: state, forecasts, advice.",

@@ -223,7 +223,9 @@ def fit_models(tree: Path, work: Path) -> Path:
 def finetwin(tree: Path) -> list[str]:
     """The `finetwin` command of `tree`'s own code (the CLI moved from twin/cli.py to finetwin/cli.py)."""
     module = "finetwin.cli" if (tree / "finetwin" / "cli.py").exists() else "twin.cli"
-    return [sys.executable, "-c", f"import sys; from {module} import main; sys.exit(main())"]
+    # The tree first on sys.path here too: `-c` puts the working directory (maybe another checkout) first.
+    code = f"import sys; sys.path.insert(0, {str(tree)!r}); from {module} import main; sys.exit(main())"
+    return [sys.executable, "-c", code]
 
 
 def tree_env(tree: Path, env: dict[str, str]) -> dict[str, str]:

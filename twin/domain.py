@@ -52,11 +52,33 @@ _GPU_ALIASES = {g.short.lower(): g.name for g in GPU_TYPES.values()} | {
 GPUS_PER_NODE = 8
 
 
+class UnknownGpuModel(ValueError):
+    """A GPU name the catalogue does not know; the message suggests the closest known names."""
+
+
+def unknown_gpu_message(name: str) -> str:
+    """`unknown GPU model 'X'; did you mean 'Y'? (known: ...)`: the one wording for every input."""
+    import difflib
+
+    close = difflib.get_close_matches(name.strip().lower(), list(_GPU_ALIASES), n=3, cutoff=0.5)
+    suggestions = list(dict.fromkeys(_GPU_ALIASES[c] for c in close))
+    hint = f"; did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    return f"unknown GPU model {name!r}{hint} (known: {', '.join(GPU_TYPES)})"
+
+
+def known_gpu_name(name: str) -> str:
+    """The benchmark's spelling of a known GPU name in any spelling; an unknown one raises UnknownGpuModel."""
+    canonical = _GPU_ALIASES.get(name.strip().lower())
+    if canonical is None:
+        raise UnknownGpuModel(unknown_gpu_message(name))
+    return canonical
+
+
 def gpu_type(name: str) -> GpuType:
     """The GPU type for a benchmark name or the paper's short name; unknown names raise KeyError."""
     canonical = _GPU_ALIASES.get(name.strip().lower())
     if canonical is None:
-        raise KeyError(f"unknown GPU model {name!r}; known: {', '.join(GPU_TYPES)}")
+        raise KeyError(unknown_gpu_message(name))
     return GPU_TYPES[canonical]
 
 

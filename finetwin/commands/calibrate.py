@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from calibrate.columns import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.commands.options import ModelsDir, models_dir
@@ -29,15 +30,21 @@ def register(app: typer.Typer) -> None:
         predict,
         "predict",
         help="predict outcome and throughput for a CSV of configurations",
-        epilog="Read a CSV with the benchmark's configuration columns and write the same rows with outcome, "
-        "rule, p_valid, tokens_per_second_p10/p50/p90 and note added.",
+        epilog="Read a CSV of configurations and write the same rows with outcome, rule, p_valid, "
+        "tokens_per_second_p10/p50/p90 and note added. Needed columns: "
+        f"{', '.join(PREDICT_REQUIRED_COLUMNS)}. Optional (the benchmark's protocol, with their defaults): "
+        + ", ".join(f"{c} ({v!r})" for c, v in PROTOCOL_DEFAULTS.items())
+        + "; an empty experiment_id means no time limit.",
     )
 
 
 def calibrate(
     ctx: typer.Context,
     bench: Annotated[
-        list[Path] | None, typer.Option(metavar="FILE", help="benchmark CSV (repeatable)")
+        list[Path] | None,
+        typer.Option(
+            metavar="FILE", help="benchmark CSV (repeatable; default: the bundled sample, unless --observed)"
+        ),
     ] = None,
     observed: Annotated[bool, typer.Option("--observed", help="add the runs observed in the store")] = False,
     models: ModelsDir = None,
@@ -49,9 +56,15 @@ def calibrate(
     from finetwin.wiring import migrated_engine
 
     settings: Settings = ctx.obj
-    benchmarks = bench or []
-    if not benchmarks and not observed:
-        raise CommandError("nothing to fit on: give --bench FILE (repeatable) and/or --observed")
+    from calibrate.loader import bundled_benchmark_path
+
+    # Nothing named: the bundled sample, as report and replay do (--observed alone fits observed runs only).
+    benchmarks = bench or ([] if observed else [bundled_benchmark_path()])
+    if not bench and not observed:
+        output.say(
+            f"fitting on the bundled benchmark sample ({benchmarks[0].name}; --bench FILE for another)",
+            stderr=True,
+        )
     engine = migrated_engine(settings) if observed else None
     try:
         result = calibrate_version(

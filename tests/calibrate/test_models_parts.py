@@ -14,7 +14,7 @@ from calibrate import accuracy
 from calibrate.config_frame import configs_to_frame, records_to_frame
 from calibrate.features import FEATURE_NAMES, build_features
 from calibrate.loader import load_benchmark
-from calibrate.splits import BLOCK, RANDOM, block_folds, random_holdout
+from calibrate.splits import BLOCK, GPU_OUT, RANDOM, block_folds, leave_one_group_out, random_holdout
 from ingest.events import JobSubmitted
 from twin.domain import JobConfig, gpu_type
 from twin.job_config import CONFIG_FIELDS, config_from_row
@@ -114,3 +114,27 @@ def test_sharding_over_more_gpus_shrinks_the_state_per_gpu_and_grows_the_headroo
     assert np.all(np.diff(features["memory_headroom_gb"]) > 0)
     lora = build_features(configs_to_frame([configs[0].with_changes(method="lora")]))[0]
     assert lora["log_state_gb"].iloc[0] < features["log_state_gb"].iloc[0] - np.log(7)  # 2 vs 16 bytes/param
+
+
+def test_leave_one_gpu_out_holds_out_every_row_of_one_gpu_type_at_a_time(sample: pd.DataFrame) -> None:
+    """Issue 14, point 2: the split a provider meets when it adds a GPU type."""
+    folds = leave_one_group_out(sample, "gpu_model", GPU_OUT)
+    gpus = sample["gpu_model"].astype(str).to_numpy()
+    assert sorted(gpus[f.test[0]] for f in folds) == sorted(set(gpus))
+    for fold in folds:
+        held_out = set(gpus[fold.test])
+        assert len(held_out) == 1 and held_out.isdisjoint(gpus[fold.train])
+        assert len(fold.train) + len(fold.test) == len(sample)
+    assert leave_one_group_out(sample, "gpu_model", GPU_OUT, min_rows=len(sample) + 1) == []
+
+
+def test_interval_score_adds_twice_over_alpha_the_miss_to_the_width() -> None:
+    """Issue 14, point 1: Winkler's score, relative to the actual value; a narrow band that misses costs
+    more than a wide one that holds the truth."""
+    actual = np.array([100.0, 100.0])
+    inside = accuracy.interval_score(actual, np.array([90.0, 95.0]), np.array([110.0, 105.0]), alpha=0.2)
+    assert inside == pytest.approx((0.2 + 0.1) / 2)
+    missed = accuracy.interval_score(actual, np.array([101.0, 101.0]), np.array([103.0, 103.0]), alpha=0.2)
+    assert missed == pytest.approx(0.02 + 10 * 0.01)
+    assert accuracy.median_relative_width(np.array([90.0, 80.0]), np.array([100.0, 100.0]),
+                                          np.array([110.0, 140.0])) == pytest.approx(0.4)  # fmt: skip
