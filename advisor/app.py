@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
-from advisor.auth import V1_PREFIX, authorize
+from advisor.auth import V1_PREFIX, authorize, install_key_checks
 from advisor.errors import document_errors, install_error_handlers
 from advisor.fastpath import RepeatedAdviceFastPath
 from advisor.guards import RequestGuard
@@ -86,7 +86,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     if settings.advice_fast_path:
         app.add_middleware(RepeatedAdviceFastPath, state=app.state)
     # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
-    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    install_key_checks(app)
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes, state=app.state)
     install_error_handlers(app)
     app.openapi = document_errors(app)  # type: ignore[method-assign]
     return app
