@@ -199,6 +199,14 @@ def test_an_expected_broker_warning_is_explained_once(caplog: pytest.LogCaptureF
     ]
     passed = [r for r in records if explain.filter(r)]
     assert len(passed) == 1 and "expected:" in passed[0].getMessage()
+    skipped = 'Execution of job "standing_tick" skipped: maximum number of running instances reached (1)'
+    scheduler = [
+        logging.LogRecord("apscheduler.scheduler", logging.WARNING, __file__, 1, skipped, (), None)
+        for _ in range(4)
+    ]
+    assert sum(explain.filter(r) for r in scheduler) == 1
+    other = logging.LogRecord("kafka.conn", logging.WARNING, __file__, 1, "connection refused", (), None)
+    assert explain.filter(other) and explain.filter(other)  # anything else passes, every time
 
 
 def test_bash_completes_commands(tmp_path: Path) -> None:
