@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 
-from twin.domain import GPU_TYPES, JobConfig, gpu_type
+from twin.domain import JobConfig, known_gpu_name
 from twin.job_config import JobConfigIn, JobConfigOut, not_blank
 
 
@@ -23,11 +23,7 @@ class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
     @field_validator("gpu_model")
     @classmethod
     def _known_gpu(cls, value: str) -> str:
-        try:
-            return gpu_type(value).name
-        except KeyError:
-            known = ", ".join(f"{g.name} ({g.short})" for g in GPU_TYPES.values())
-            raise ValueError(f"unknown GPU model {value!r}; known: {known}") from None
+        return known_gpu_name(value)  # the one check (and "did you mean") of every GPU name
 
     strip_model_name = field_validator("model_name")(not_blank)
 

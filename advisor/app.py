@@ -10,9 +10,10 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, Depends, FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
-from advisor.auth import V1_PREFIX, authorize
+from advisor.auth import V1_PREFIX, authorize, install_key_checks
 from advisor.errors import document_errors, install_error_handlers
 from advisor.fastpath import RepeatedAdviceFastPath
 from advisor.guards import RequestGuard
@@ -63,7 +64,9 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
                 if hasattr(module, "shutdown"):
                     module.shutdown(app)
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc from files the fastapi-offline package ships, not from a CDN: the API's
+    # documentation works on a machine without internet, as the dashboard does with its vendored Chart.js.
+    app = FastAPIOffline(
         title="finetwin",
         version="0.1.0",
         description="Digital twin of a GPU cluster running LLM fine-tuning jobs: state, forecasts, advice.",
@@ -83,7 +86,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     if settings.advice_fast_path:
         app.add_middleware(RepeatedAdviceFastPath, state=app.state)
     # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
-    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes)
+    install_key_checks(app)
+    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes, state=app.state)
     install_error_handlers(app)
     app.openapi = document_errors(app)  # type: ignore[method-assign]
     return app

@@ -23,7 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fastapi import HTTPException, Request, Security
+from fastapi import FastAPI, HTTPException, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader
 from sqlalchemy import Engine
@@ -150,6 +150,13 @@ class KeyCache:
                 return True, None
         return False, None
 
+    def verified_before(self, key: str) -> bool:
+        """Whether this key was valid when last looked up (even if that is longer ago than `ttl_s`): such a
+        key is worth a lookup from an address that failed too often (a colleague behind the same NAT)."""
+        with self._lock:
+            known = self._known.get(hash_key(key))
+        return known is not None
+
     def lookup(self, key: str) -> Principal | None:
         found, principal = self.cached(key)
         if found:
@@ -164,7 +171,7 @@ class KeyCache:
                 self._unknown.move_to_end(digest)
                 while len(self._unknown) > self.MAX_ENTRIES:  # the oldest go first
                     self._unknown.popitem(last=False)
-            else:
+            else:  # kept after `ttl_s` too (`verified_before`); replaced at the next lookup
                 self._unknown.pop(digest, None)
                 if len(self._known) >= self.MAX_ENTRIES:  # only as many as there are keys: never in practice
                     self._known.clear()
@@ -174,8 +181,9 @@ class KeyCache:
 
 class FailureLimiter:
     """Failed key checks per client address in a sliding window: past `max_failures`, the address is told
-    to wait (429) instead of having more unknown keys looked up. Bounded: the longest-quiet addresses are
-    forgotten first.
+    to wait (429) instead of having more unknown keys looked up (keys verified before are still looked up:
+    others behind the same address keep working). Bounded: the longest-quiet addresses are forgotten
+    first.
 
     Behind a reverse proxy every client has the proxy's address: run uvicorn with `--forwarded-allow-ips`
     for the proxy so that the client's own address is used.
@@ -217,6 +225,17 @@ class FailureLimiter:
 _header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="finetwin keys create")
 
 
+def install_key_checks(app: FastAPI) -> None:
+    """The app's key cache and failure limiter, made once at the start (the request guard reads them)."""
+    settings = app.state.settings
+    app.state.key_cache = KeyCache(
+        app.state.engine,
+        ttl_s=settings.auth_cache_seconds,
+        negative_ttl_s=settings.auth_negative_cache_seconds,
+    )
+    app.state.auth_failures = FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds)
+
+
 def _key_cache(request: Request) -> KeyCache:
     cache = getattr(request.app.state, "key_cache", None)
     if cache is None:
@@ -237,6 +256,10 @@ def _failure_limiter(request: Request) -> FailureLimiter:
         limiter = FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds)
         request.app.state.auth_failures = limiter
     return limiter
+
+
+def too_many_failures(address: str, wait_s: float) -> str:
+    return f"too many failed key checks from {address}; retry in {math.ceil(wait_s)} s"
 
 
 def client_address(request: Request) -> str:
@@ -262,10 +285,10 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
     found, principal = cache.cached(key)
     if not found:
         wait_s = limiter.retry_after(address)
-        if wait_s is not None:
+        if wait_s is not None and not cache.verified_before(key):
             raise HTTPException(
                 status_code=429,
-                detail=f"too many failed key checks from {address}; retry in {math.ceil(wait_s)} s",
+                detail=too_many_failures(address, wait_s),
                 headers={"Retry-After": str(math.ceil(wait_s))},
             )
         principal = await run_in_threadpool(cache.lookup, key)

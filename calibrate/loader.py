@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,8 +19,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate.columns import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
 from twin.csv_cells import MAX_CSV_COLUMNS, too_many_columns
-from twin.domain import METHODS, RULE_ORDER, Outcome, broken_rule, canonical_gpu_name
+from twin.domain import (
+    GPU_TYPES,
+    METHODS,
+    RULE_ORDER,
+    Outcome,
+    broken_rule,
+    canonical_gpu_name,
+    unknown_gpu_message,
+)  # fmt: skip
 from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS, FIELD_MAXIMUMS
 
 # Every column of the published file, in its order.
@@ -115,8 +124,17 @@ def load_benchmark(path: str | Path) -> pd.DataFrame:
 
 def load_configs(path: str | Path) -> pd.DataFrame:
     """Only the configuration columns are required (others are carried along untouched, as str)."""
-    frame = _read(path, CONFIG_COLUMNS)
-    table = _typed_config(frame)
+    frame = _read(path, PREDICT_REQUIRED_COLUMNS)
+    given = set(frame.raw.columns)
+    with_defaults = frame.raw.assign(**{c: v for c, v in PROTOCOL_DEFAULTS.items() if c not in given})
+    table = _typed_config(_Frame(frame.path, with_defaults, frame.lines), may_be_empty=set(PROTOCOL_DEFAULTS))
+    unknown_gpu = ~np.isin(table["gpu_model"].to_numpy(), list(GPU_TYPES))
+    if unknown_gpu.any():  # taken as another GPU, every number would be about a GPU nobody has
+        first = int(np.argmax(unknown_gpu))
+        written = frame.raw["gpu_model"].iloc[first].strip()
+        raise BenchmarkFormatError(
+            frame.path, int(frame.lines[first]), "gpu_model", unknown_gpu_message(written)
+        )
     for column in frame.raw.columns:
         if column not in table.columns:
             table[column] = frame.raw[column].to_numpy()
@@ -140,9 +158,15 @@ def _read(path: str | Path, required: Iterable[str]) -> _Frame:
         if len(header) > MAX_CSV_COLUMNS:  # the benchmark has 38
             raise BenchmarkFormatError(path, 1, None, too_many_columns(len(header)))
         header = [h.strip() for h in header]
-        for column in required:
-            if column not in header:
-                raise BenchmarkFormatError(path, 1, column, "missing from the header")
+        required = tuple(required)
+        missing = [column for column in required if column not in header]
+        if missing:  # all of them at once: one fix, not one round per column
+            raise BenchmarkFormatError(
+                path,
+                1,
+                None,
+                f"missing from the header: {', '.join(missing)} (needed: {', '.join(required)})",
+            )
         duplicated = {h for h, n in Counter(header).items() if n > 1}
         if duplicated:
             raise BenchmarkFormatError(path, 1, sorted(duplicated)[0], "appears twice in the header")
@@ -167,12 +191,13 @@ def _read(path: str | Path, required: Iterable[str]) -> _Frame:
     return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64))
 
 
-def _typed_config(frame: _Frame) -> pd.DataFrame:
+def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataFrame:
     raw = frame.raw
     table = pd.DataFrame(index=raw.index)
     for column in ("identifier", "experiment_id", "model_name", "gpu_model"):
         values = raw[column].str.strip()
-        _raise_first(frame, (values == "").to_numpy(), column, "is empty")
+        if column not in may_be_empty:
+            _raise_first(frame, (values == "").to_numpy(), column, "is empty")
         table[column] = values.to_numpy()
     table["gpu_model"] = [canonical_gpu_name(g) for g in table["gpu_model"]]
     method = raw["method"].str.strip().str.lower()

@@ -8,40 +8,66 @@ Command modules import only typer-level things at the top so `finetwin --help` s
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
 
-from finetwin.commands import advise, api, calibrate, keys, migrate, models, plan, report, telemetry, twin, up
+from finetwin.commands import (
+    advise,
+    api,
+    calibrate,
+    info,
+    keys,
+    migrate,
+    models,
+    plan,
+    report,
+    telemetry,
+    twin,
+    up,
+)  # fmt: skip
+from finetwin.logs import configure_logging
 from twin.settings import Settings
 
 app = typer.Typer(
     name="finetwin",
     help="A digital twin for GPU clusters that run LLM fine-tuning jobs.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # `finetwin --install-completion` (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-Verbose = Annotated[int, typer.Option("-v", "--verbose", count=True, help="more logging (-vv for debug)")]
+Verbose = Annotated[
+    int, typer.Option("-v", "--verbose", count=True, help="libraries' logs too (-v info, -vv debug)")
+]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from finetwin.info import describe
+
+        describe(Settings(), with_counts=False)
+        raise typer.Exit()
+
+
+VersionFlag = Annotated[
+    bool,
+    typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="version, data directory and store in use"
+    ),
+]
 
 
 @app.callback()
-def _root(ctx: typer.Context, verbose: Verbose = 0) -> None:
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kafka").setLevel(logging.WARNING if verbose < 2 else logging.DEBUG)
+def _root(ctx: typer.Context, verbose: Verbose = 0, version: VersionFlag = False) -> None:
+    configure_logging(verbose)
     ctx.obj = Settings()  # the one settings object, passed down to every part
 
 
-for group in (telemetry, up, calibrate, models, twin, plan, api, keys, advise, report, migrate):
+for group in (telemetry, up, calibrate, models, twin, plan, api, keys, advise, report, migrate, info):
     group.register(app)
 
 

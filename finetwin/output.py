@@ -46,7 +46,8 @@ def table(columns: Sequence[str | tuple[str, str]], rows: Sequence[Sequence[Any]
     grid = Table(box=None, header_style="bold", pad_edge=False, **options)
     for column in columns:
         name, justify = column if isinstance(column, tuple) else (column, "left")
-        grid.add_column(name, justify=justify)  # type: ignore[arg-type]
+        # Long names (pools, SLOs) wrap instead of being cut to "NVIDIA-A100-S…" on a narrow terminal.
+        grid.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for row in rows:
         grid.add_row(*(str(cell) for cell in row))
     return grid

@@ -264,6 +264,17 @@ class KafkaBusConsumer:
     def partitions(self) -> int:
         return len(self._consumer.assignment())
 
+    def lag(self) -> int | None:
+        """Messages behind the partitions' ends, from what the last fetches said (no request of its own);
+        None until every assigned partition has been fetched once."""
+        behind = 0
+        for tp in self._consumer.assignment():
+            end = self._consumer.highwater(tp)
+            if end is None:
+                return None
+            behind += max(0, end - self._consumer.position(tp))
+        return behind
+
     def commit(self, messages: Sequence[Message]) -> None:
         from kafka import errors
         from kafka.structs import OffsetAndMetadata, TopicPartition
@@ -384,6 +395,11 @@ class InProcessConsumer:
 
     def partitions(self) -> int:
         return len(self._positions)
+
+    def lag(self) -> int:
+        with self._bus._changed:
+            logs = self._bus._topics[self._topic]
+            return sum(len(log_) - self._positions[p] for p, log_ in enumerate(logs))
 
     def _has_more(self) -> bool:
         logs = self._bus._topics[self._topic]

@@ -60,6 +60,10 @@ UNDECODABLE = Counter(
 ASSIGNED = Gauge(
     "finetwin_ingest_assigned_partitions", "Telemetry partitions assigned to this process's ingest consumer"
 )
+LAG = Gauge(
+    "finetwin_ingest_lag_messages",
+    "Telemetry messages on this process's partitions not yet polled (high watermark minus position)",
+)
 
 # Why a message is dead-lettered: the first four from `parse_event`, then the worker's clock and the store.
 DEAD_LETTER_KINDS = ("not_json", "too_large", "unknown_type", "schema", "clock_skew", "store")
@@ -187,6 +191,7 @@ class IngestWorker:
         self.stats = WorkerStats()
         self._changed = threading.Condition()
         self._last_log = time.monotonic()
+        self._last_logged_messages = 0
 
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop` is set, then finish the batch in hand; closes the consumer and producer.
@@ -219,6 +224,9 @@ class IngestWorker:
             try:
                 messages = self.consumer.poll(self.batch_size, self.poll_timeout_ms)
                 ASSIGNED.set(self.consumer.partitions())  # how the group split the topic (scale-out)
+                behind = getattr(self.consumer, "lag", lambda: None)()
+                if behind is not None:
+                    LAG.set(behind)
                 return messages
             except UndecodableBatch as exc:
                 # Nothing after this batch in its partition can be read, and skipping it would lose its
@@ -353,9 +361,11 @@ class IngestWorker:
             return self._changed.wait_for(lambda: predicate(self.stats), timeout=timeout_s)
 
     def _log_progress(self) -> None:
+        # Only when something came in since the last line: an idle worker says nothing.
         now = time.monotonic()
-        if now - self._last_log >= STATS_LOG_INTERVAL_S and self.stats.messages:
+        if now - self._last_log >= STATS_LOG_INTERVAL_S and self.stats.messages != self._last_logged_messages:
             self._last_log = now
+            self._last_logged_messages = self.stats.messages
             s = self.stats
             log.info(
                 "ingest: %d messages, %d events applied, %d duplicates, %d dead letters",

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +25,10 @@ from finetwin.schema import migrate
 from ingest.broker import BrokerUnavailable, EmbeddedBroker, free_port, port_open
 from tests.services import docker_available, session_services, start_kafka_container, start_postgres_container
 from twin.db import make_engine
+
+# Tests never touch the user's data directory (twin.settings.default_data_dir): one per test session,
+# inherited by the commands the tests start as processes.
+os.environ.setdefault("FINETWIN_DATA_DIR", tempfile.mkdtemp(prefix="finetwin-test-data-"))
 
 REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "") not in ("", "0", "false")
 POSTGRES_HOST = os.environ.get("FINETWIN_TEST_PG_HOST", "127.0.0.1")
@@ -249,7 +254,8 @@ def api_headers(engine: Engine, role: str = "approver", name: str = "test") -> d
 @pytest.fixture(scope="session")
 def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: Path) -> Path:
     """A model registry with one version (v0001, in use), made once per session on the real sample by
-    `finetwin calibrate --bench SAMPLE --models DIR`; what it printed is in `calibrate.out` beside it.
+    `finetwin calibrate --models DIR` (the bundled sample by default); what it printed is in
+    `calibrate.out` beside it.
 
     Shared: copy it (`registry_copy`) before promoting, rolling back or tampering with anything.
     """
@@ -261,7 +267,8 @@ def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: 
     models_dir = tmp_path_factory.mktemp("calibrated") / "models"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        status = main(["calibrate", "--bench", str(sample_csv), "--models", str(models_dir)])
+        # No --bench: the bundled sample is calibrate's default (as for report and replay).
+        status = main(["calibrate", "--models", str(models_dir)])
     (models_dir.parent / "calibrate.out").write_text(printed.getvalue())
     assert status == 0, printed.getvalue()
     return models_dir

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from twin.domain import GPUS_PER_NODE, canonical_gpu_name, gpu_or_unknown
+from twin.domain import GPUS_PER_NODE, UnknownGpuModel, canonical_gpu_name, gpu_or_unknown, known_gpu_name
 
 
 class ClusterFormatError(ValueError):
@@ -46,7 +46,10 @@ class Cluster:
     def with_nodes_added(self, gpu_model: str, count: int, gpus_per_node: int = GPUS_PER_NODE) -> Cluster:
         if count < 0 or gpus_per_node <= 0:
             raise ClusterFormatError(f"cannot add {count} nodes of {gpus_per_node} GPUs")
-        model = canonical_gpu_name(gpu_model)
+        try:  # a misspelled type would be a phantom pool that no job asks for
+            model = known_gpu_name(gpu_model)
+        except UnknownGpuModel as exc:
+            raise ClusterFormatError(f"cannot add nodes: {exc}") from None
         taken = {n.node_id for n in self.nodes}
         added: list[NodeSpec] = []
         k = 0
@@ -89,7 +92,10 @@ def cluster_from_spec(spec: object, source: str = "cluster") -> Cluster:
             raise ClusterFormatError(f"{where}.gpu_model: required, a GPU model name")
         count = _positive_int(entry.get("count", 1), f"{where}.count")
         per_node = _positive_int(entry.get("gpus_per_node", GPUS_PER_NODE), f"{where}.gpus_per_node")
-        canonical = canonical_gpu_name(model)
+        try:  # a misspelled type would be a pool no job fits: every job rejected, silently
+            canonical = known_gpu_name(model)
+        except UnknownGpuModel as exc:
+            raise ClusterFormatError(f"{where}.gpu_model: {exc}") from None
         start = sum(1 for n in nodes if n.gpu_model == canonical)
         nodes.extend(NodeSpec(f"{canonical}-{start + k}", canonical, per_node) for k in range(count))
     return Cluster(tuple(nodes))

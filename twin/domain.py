@@ -52,11 +52,33 @@ _GPU_ALIASES = {g.short.lower(): g.name for g in GPU_TYPES.values()} | {
 GPUS_PER_NODE = 8
 
 
+class UnknownGpuModel(ValueError):
+    """A GPU name the catalogue does not know; the message suggests the closest known names."""
+
+
+def unknown_gpu_message(name: str) -> str:
+    """`unknown GPU model 'X'; did you mean 'Y'? (known: ...)`: the one wording for every input."""
+    import difflib
+
+    close = difflib.get_close_matches(name.strip().lower(), list(_GPU_ALIASES), n=3, cutoff=0.5)
+    suggestions = list(dict.fromkeys(_GPU_ALIASES[c] for c in close))
+    hint = f"; did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    return f"unknown GPU model {name!r}{hint} (known: {', '.join(GPU_TYPES)})"
+
+
+def known_gpu_name(name: str) -> str:
+    """The benchmark's spelling of a known GPU name in any spelling; an unknown one raises UnknownGpuModel."""
+    canonical = _GPU_ALIASES.get(name.strip().lower())
+    if canonical is None:
+        raise UnknownGpuModel(unknown_gpu_message(name))
+    return canonical
+
+
 def gpu_type(name: str) -> GpuType:
     """The GPU type for a benchmark name or the paper's short name; unknown names raise KeyError."""
     canonical = _GPU_ALIASES.get(name.strip().lower())
     if canonical is None:
-        raise KeyError(f"unknown GPU model {name!r}; known: {', '.join(GPU_TYPES)}")
+        raise KeyError(unknown_gpu_message(name))
     return GPU_TYPES[canonical]
 
 
@@ -235,6 +257,21 @@ def nodes_dividing(gpus: int, wanted: int) -> int:
 
 def config_rule(config: JobConfig) -> Rule | None:
     return broken_rule(config.number_gpus, config.batch_size, config.fast_moe, config.number_nodes)
+
+
+def unseen_model_warning(name: str) -> str | None:
+    """None for a model the benchmark measured; otherwise what to tell the person up front: the numbers
+    are extrapolated from the name, and (for a likely typo) the closest measured names."""
+    import difflib
+
+    if name in MODEL_PARAMS_B:
+        return None
+    close = difflib.get_close_matches(name, list(MODEL_PARAMS_B), n=2, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return (
+        f"{name!r} is not a model the benchmark measured{hint}: what follows is extrapolated from the "
+        "size in its name, not learned from runs of it"
+    )
 
 
 def model_params_b(model_name: str) -> float | None:

@@ -14,11 +14,19 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from twin.limits import DEFAULT_MAX_CLOCK_SKEW
 
 
+def default_data_dir() -> Path:
+    """The user's data directory for finetwin (platformdirs); FINETWIN_DATA_DIR overrides it."""
+    from platformdirs import user_data_path
+
+    return user_data_path("finetwin", appauthor=False)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FINETWIN_", extra="ignore")
 
-    # Where state lives. Unset database URL = a SQLite file in the data directory.
-    data_dir: Path = Path(".finetwin")
+    # Where state lives: one directory per user by platform convention (~/.local/share/finetwin on Linux),
+    # so every command finds the same store wherever it is run from. Unset database URL = a SQLite file in it.
+    data_dir: Path = Field(default_factory=lambda: default_data_dir())
     database_url: str | None = None
 
     # Kafka. Unset bootstrap = `finetwin up` starts an embedded broker.
@@ -137,6 +145,14 @@ class Settings(BaseSettings):
             return self.database_url
         self.data_dir.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{(self.data_dir / 'finetwin.db').resolve()}"
+
+    def store_description(self) -> str:
+        """Where the store is, for people: the SQLite file, or the database URL without its password."""
+        if not self.database_url:
+            return str((self.data_dir / "finetwin.db").resolve())
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.database_url).render_as_string(hide_password=True)
 
     def resolved_models_dir(self) -> Path:
         return self.models_dir if self.models_dir is not None else self.data_dir / "models"

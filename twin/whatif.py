@@ -31,6 +31,7 @@ from scipy import stats
 
 from twin.cluster import Cluster, ClusterFormatError
 from twin.config_changes import Admission, Optimization
+from twin.domain import known_gpu_name
 from twin.ensemble import RunOutput, run_ensemble, spread, summarize
 from twin.forecast import ForecastOptions, TwinInputs, describe, json_safe, make_spec
 from twin.plan import PlanOptions
@@ -51,6 +52,13 @@ class NodeChange(BaseModel):
     add: StrictInt = Field(default=0, ge=0, le=10_000)
     remove: StrictInt = Field(default=0, ge=0, le=10_000)
     gpus_per_node: StrictInt = Field(default=8, ge=1, le=64)
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        """A misspelled type would be a phantom pool no job asks for (a difference of 0): refused, with the
+        closest known names."""
+        return known_gpu_name(value)
 
 
 class ScenarioChanges(BaseModel):

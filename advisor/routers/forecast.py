@@ -303,7 +303,9 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
 def get_skill(
     request: Request,
     since: str | None = Query(
-        default=None, description="only intervals from this time on: RFC 3339, or a duration back (24h)"
+        default=None,
+        max_length=64,
+        description="only intervals from this time on: RFC 3339, or a duration back (24h)",
     ),
 ) -> dict[str, Any]:
     app = request.app

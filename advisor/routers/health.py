@@ -9,6 +9,9 @@ from sqlalchemy import Engine, text
 from sqlmodel import Session, func, select
 
 from advisor.deps import get_engine, get_settings
+from advisor.records import Recommendation
+from calibrate.drift import summarize
+from calibrate.registry import ModelRegistry, RegistryError
 from twin.clock import twin_clock
 from twin.forecast_store import STANDING, latest_forecast
 from twin.settings import Settings
@@ -28,9 +31,10 @@ def healthz(engine: Engine = Depends(get_engine)) -> dict[str, str]:
 class _StoreCollector:
     """Store-derived gauges, computed when scraped (they are true whichever process wrote the store)."""
 
-    def __init__(self, engine: Engine, cluster_id: str = "default") -> None:
+    def __init__(self, engine: Engine, cluster_id: str = "default", settings: Settings | None = None) -> None:
         self.engine = engine
         self.cluster_id = cluster_id
+        self.settings = settings
 
     def collect(self):  # type: ignore[no-untyped-def]
         jobs = GaugeMetricFamily("finetwin_jobs", "Jobs in the store by state", labels=["state"])
@@ -49,6 +53,39 @@ class _StoreCollector:
         yield nodes
         yield events
         yield from self._skill()
+        yield self._recommendations()
+        yield from self._live_error()
+
+    def _recommendations(self) -> GaugeMetricFamily:
+        gauge = GaugeMetricFamily(
+            "finetwin_recommendations", "Recommendations by state (pending, approved, ...)", labels=["state"]
+        )
+        query = select(Recommendation.state, func.count()).group_by(Recommendation.state)
+        with Session(self.engine) as session:
+            for state, count in session.exec(query):
+                gauge.add_metric([state], count)
+        return gauge
+
+    def _live_error(self):  # type: ignore[no-untyped-def]
+        """The rolling live error of the model version in use (as GET /v1/models/live-error's `current`)."""
+        gauge = GaugeMetricFamily(
+            "finetwin_model_live_error",
+            "Rolling live error of the model in use: throughput MdAPE, band coverage, outcome error",
+            labels=["model_version", "figure"],
+        )
+        if self.settings is not None:
+            try:
+                in_use = ModelRegistry(self.settings.resolved_models_dir()).in_use()
+            except RegistryError:
+                in_use = None
+            if in_use is not None:
+                with self.engine.connect() as connection:
+                    summary = summarize(connection, in_use, self.settings.drift_window)
+                for figure in ("mdape", "band_coverage", "failure_error"):
+                    value = getattr(summary, figure)
+                    if value is not None:
+                        gauge.add_metric([in_use, figure], float(value))
+        yield gauge
 
     def _skill(self):  # type: ignore[no-untyped-def]
         """The forecast skill of GET /v1/forecast/skill (all scored intervals) and the standing forecast's
@@ -81,6 +118,6 @@ class _StoreCollector:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 def metrics(engine: Engine = Depends(get_engine), settings: Settings = Depends(get_settings)) -> Response:
     registry = CollectorRegistry()
-    registry.register(_StoreCollector(engine, settings.cluster_id))
+    registry.register(_StoreCollector(engine, settings.cluster_id, settings))
     body = generate_latest(registry) + generate_latest(REGISTRY)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)

@@ -12,7 +12,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import first_error
+from finetwin.commands.options import validation_message
 from finetwin.errors import CommandError
 from twin.settings import Settings
 
@@ -42,7 +42,7 @@ def advise(
     try:
         request = AdviceRequest.model_validate(raw)
     except ValueError as exc:
-        raise CommandError(f"{config}: {first_error(exc)}") from exc
+        raise CommandError(f"{config}: {validation_message(exc, AdviceRequest.model_fields)}") from exc
     try:
         loaded = ModelRegistry(settings.resolved_models_dir()).load_in_use()
     except RegistryError as exc:

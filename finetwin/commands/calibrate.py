@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from calibrate.columns import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.commands.options import ModelsDir, models_dir
@@ -29,15 +30,21 @@ def register(app: typer.Typer) -> None:
         predict,
         "predict",
         help="predict outcome and throughput for a CSV of configurations",
-        epilog="Read a CSV with the benchmark's configuration columns and write the same rows with outcome, "
-        "rule, p_valid, tokens_per_second_p10/p50/p90 and note added.",
+        epilog="Read a CSV of configurations and write the same rows with outcome, rule, p_valid, "
+        "tokens_per_second_p10/p50/p90 and note added. Needed columns: "
+        f"{', '.join(PREDICT_REQUIRED_COLUMNS)}. Optional (the benchmark's protocol, with their defaults): "
+        + ", ".join(f"{c} ({v!r})" for c, v in PROTOCOL_DEFAULTS.items())
+        + "; an empty experiment_id means no time limit.",
     )
 
 
 def calibrate(
     ctx: typer.Context,
     bench: Annotated[
-        list[Path] | None, typer.Option(metavar="FILE", help="benchmark CSV (repeatable)")
+        list[Path] | None,
+        typer.Option(
+            metavar="FILE", help="benchmark CSV (repeatable; default: the bundled sample, unless --observed)"
+        ),
     ] = None,
     observed: Annotated[bool, typer.Option("--observed", help="add the runs observed in the store")] = False,
     models: ModelsDir = None,
@@ -49,9 +56,15 @@ def calibrate(
     from finetwin.wiring import migrated_engine
 
     settings: Settings = ctx.obj
-    benchmarks = bench or []
-    if not benchmarks and not observed:
-        raise CommandError("nothing to fit on: give --bench FILE (repeatable) and/or --observed")
+    from calibrate.loader import bundled_benchmark_path
+
+    # Nothing named: the bundled sample, as report and replay do (--observed alone fits observed runs only).
+    benchmarks = bench or ([] if observed else [bundled_benchmark_path()])
+    if not bench and not observed:
+        output.say(
+            f"fitting on the bundled benchmark sample ({benchmarks[0].name}; --bench FILE for another)",
+            stderr=True,
+        )
     engine = migrated_engine(settings) if observed else None
     try:
         result = calibrate_version(
@@ -112,6 +125,7 @@ def predict(
     if loaded is None:
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
+    _warn_unseen_models(configs.table["model_name"])  # before the numbers, not as a note after them
     summary = write_predictions(job_models, configs, output_csv)
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
     output.say(
@@ -136,3 +150,13 @@ def _metrics_table(candidate: dict[str, Any], incumbent: dict[str, Any] | None, 
         fmt = num if name.startswith("failure") else pct
         rows.append([name, fmt(candidate.get(name))] + ([fmt(incumbent.get(name))] if incumbent else []))
     return output.table(columns, rows)
+
+
+def _warn_unseen_models(names: Any) -> None:
+    from twin.domain import unseen_model_warning
+
+    counts = names.value_counts()
+    for name, rows in counts.items():
+        warning = unseen_model_warning(str(name))
+        if warning:
+            output.say(f"warning ({rows} row{'s' if rows != 1 else ''}): {warning}", stderr=True)

@@ -132,12 +132,13 @@ def ingest(
 
 def _consume_in_child(options: IngestOptions, settings: Settings, log_level: int, index: int) -> None:
     """One of `finetwin ingest --processes N`'s consumers (runs in a spawned child process)."""
+    from finetwin.logs import own_levels
     from twin.db import engine_from_settings
 
     logging.basicConfig(
         level=log_level, format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s"
     )
-    logging.getLogger("kafka").setLevel(max(log_level, logging.WARNING))
+    own_levels(log_level)
     metrics_port = options.metrics_port + index if options.metrics_port else None
     try:
         status = _consume(options, settings, engine_from_settings(settings), metrics_port)

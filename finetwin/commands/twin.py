@@ -12,7 +12,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command, twin_output
-from finetwin.commands.options import Json, ModelsDir, first_error
+from finetwin.commands.options import Json, ModelsDir, validation_message
 from finetwin.commands.twin_inputs import (
     AdmissionName,
     EnsembleChoices,
@@ -117,7 +117,7 @@ def forecast(
         return _skill(engine, settings, clock.now, since, as_json)
     choices = EnsembleChoices(horizon, interval, runs, seed, policy, admission, optimize or [], workers)
     options = forecast_options(choices, settings, default_horizon=f"{settings.forecast_horizon_hours}h")
-    slos = declared_slos(settings)
+    slos = declared_slos(settings, engine)
     engine, inputs = live_inputs(settings, engine, clock)
     job_models_, source = job_models(models, settings, needed=needs_models(inputs))
     with output.progress(options.runs, "forecast", "runs", quiet=as_json) as tick:
@@ -209,7 +209,7 @@ def whatif(
     try:
         what = WhatIf.model_validate(spec)
     except ValidationError as exc:
-        raise CommandError(f"{scenario}: {first_error(exc)}") from None
+        raise CommandError(f"{scenario}: {validation_message(exc, WhatIf.model_fields)}") from None
     if (cluster_file is None) != (workload_file is None):
         raise CommandError(f"{scenario}: give both cluster and workload files, or neither (live state)")
     if cluster_file is not None:

@@ -80,13 +80,32 @@ def forecast_options(
     )
 
 
-def declared_slos(settings: Settings) -> Any:
+def declared_slos(settings: Settings, engine: Any = None) -> Any:
+    """The SLOs in force, as the API has them: the set declared through `PUT /v1/slos` in the store, else
+    FINETWIN_SLO_FILE, else the defaults. A store that does not exist yet has declared nothing."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from advisor.slos_in_force import current_slos
+    from twin.db import engine_from_settings
     from twin.slo_attainment import SloFormatError, load_slos
 
+    own = None
+    if engine is None and (settings.database_url or (settings.data_dir / "finetwin.db").exists()):
+        engine = own = engine_from_settings(settings)
     try:
+        if engine is not None:
+            try:
+                in_force = current_slos(engine, settings)
+                log.info("SLOs from %s: %s", in_force.source, ", ".join(s.name for s in in_force.slos.slos))
+                return in_force.slos
+            except SQLAlchemyError:  # a store without the SLO table (never migrated): nothing declared there
+                pass
         return load_slos(settings.slo_file)
     except SloFormatError as exc:
         raise CommandError(str(exc)) from None
+    finally:
+        if own is not None:
+            own.dispose()
 
 
 def explicit_inputs(cluster_path: Path, workload_path: Path) -> tuple[Any, Any]:

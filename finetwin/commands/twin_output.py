@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from finetwin import output
-from finetwin.numbers import short
+from finetwin.numbers import finite, human, signed
 
 
 def emit(document: dict[str, Any], as_json: bool, printer: Callable[[dict[str, Any]], None]) -> None:
@@ -35,19 +35,32 @@ def print_forecast(doc: dict[str, Any]) -> None:
     )
     for note in doc.get("notes", []):
         output.say(f"note: {note}")
-    rows = [(k, v) for k, v in doc["summary"].items() if k != "utilization_by_type"]
-    rows += [(f"utilization {gpu}", v) for gpu, v in doc["summary"].get("utilization_by_type", {}).items()]
+    rows = [(k, k, v) for k, v in doc["summary"].items() if k != "utilization_by_type"]
+    rows += [
+        (f"utilization {gpu}", "utilization", v)
+        for gpu, v in doc["summary"].get("utilization_by_type", {}).items()
+    ]
     output.show(output.table(
         ["figure", ("mean", "right"), ("p10", "right"), ("p90", "right")],
-        [[name, short(v["mean"]), short(v["p10"]), short(v["p90"])] for name, v in rows],
+        [[name, *(human(unit, v[k]) for k in ("mean", "p10", "p90"))] for name, unit, v in rows],
     ))  # fmt: skip
+    skewed = [name for name, _, v in rows if _outside(v["mean"], v["p10"], v["p90"])]
+    if skewed:
+        output.say(
+            f"note: the mean of {', '.join(skewed)} lies outside its p10-p90: the runs are skewed (a few "
+            "runs far from the rest pull the mean; p10 and p90 are the 10th and 90th percentiles of the runs)"
+        )
     for slo in doc.get("slos", []):
         a = slo["attainment"]
         output.say(
-            f"SLO {slo['name']}: attained in {short(a['mean'])} of intervals "
-            f"(p10 {short(a['p10'])}, p90 {short(a['p90'])}), met over the horizon in "
-            f"{slo['probability_met']:.0%} of runs"
+            f"SLO {slo['name']}: attained in {human('attainment', a['mean'])} of intervals "
+            f"(p10 {human('attainment', a['p10'])}, p90 {human('attainment', a['p90'])}), met over the "
+            f"horizon in {human('probability_met', slo['probability_met'])} of runs"
         )
+
+
+def _outside(mean: Any, low: Any, high: Any) -> bool:
+    return all(finite(v) for v in (mean, low, high)) and not low - 1e-9 <= mean <= high + 1e-9
 
 
 def print_whatif(doc: dict[str, Any]) -> None:
@@ -59,15 +72,25 @@ def print_whatif(doc: dict[str, Any]) -> None:
         base = doc["baseline"]["summary"][name]["mean"]
         scen = doc["scenario"]["summary"][name]["mean"]
         ci = diff.get("ci95") or [None, None]
-        rows.append(
-            [name, short(base), short(scen), short(diff["mean"]), f"[{short(ci[0])}, {short(ci[1])}]"]
-        )
+        rows.append([
+            name, human(name, base), human(name, scen), signed(name, diff["mean"]),
+            f"[{signed(name, ci[0])}, {signed(name, ci[1])}]",
+        ])  # fmt: skip
     columns = ["figure", ("baseline", "right"), ("scenario", "right"), ("difference", "right"), "95% CI"]
     output.show(output.table(columns, rows))
     for slo in doc["difference"]["slos"]:
         a = slo["attainment"]
-        met = slo["probability_met"]
-        output.say(f"SLO {slo['name']}: attainment {short(a['mean'])} (CI {a['ci95']}), P(met) {met:+.0%}")
+        ci = a.get("ci95") or [None, None]
+        output.say(
+            f"SLO {slo['name']}: attainment {_points(a['mean'])} "
+            f"(95% CI {_points(ci[0])} to {_points(ci[1])}), "
+            f"chance it is met {_points(slo['probability_met'])}"
+        )
+
+
+def _points(change: Any) -> str:
+    """A change of a share in percentage points."""
+    return f"{100 * change:+.1f} pts" if finite(change) else "-"
 
 
 def print_backtest(doc: dict[str, Any]) -> None:
@@ -91,7 +114,9 @@ def _print_figures(doc: dict[str, Any]) -> None:
     for name, f in doc["figures"].items():
         error = "-" if f["error"] is None else f"{f['error']:+.1%}"
         t = f["twin"]
-        rows.append([name, short(f["truth"]), short(t["mean"]), short(t["p10"]), short(t["p90"]), error])
+        rows.append([
+            name, human(name, f["truth"]), *(human(name, t[k]) for k in ("mean", "p10", "p90")), error,
+        ])  # fmt: skip
     columns = ["figure", ("truth", "right"), ("twin mean", "right"), ("p10", "right"), ("p90", "right"),
                ("error", "right")]  # fmt: skip
     output.show(output.table(columns, rows))

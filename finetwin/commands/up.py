@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -93,6 +94,7 @@ def up(
         ),
     ] = False,
 ) -> int:
+    from advisor.keys import ensure_first_key
     from finetwin.wiring import build_api_app, ensure_topics, ingest_worker, migrated_engine
     from ingest.replay import send_replay
 
@@ -120,11 +122,18 @@ def up(
     if exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
+    # The port first: a taken port is said within a second, before a broker, topics and a warm-up.
+    asked = port is not None or "api_port" in settings.model_fields_set
+    listener = reserve_port(
+        host or settings.api_host, settings.api_port if port is None else port, asked=asked
+    )
     stop = threading.Event()
     with stop_on_signals(stop), contextlib.ExitStack() as parts:
+        parts.callback(listener.close)
         bus = _bus(bootstrap, settings, parts)
         engine = migrated_engine(settings)
         parts.callback(engine.dispose)
+        first_key = ensure_first_key(engine)  # for the banner (the API then finds a key and prints none)
         topic = settings.telemetry_topic
         ensure_topics(bus, settings, topic)
         worker = ingest_worker(bus, engine, settings, topic)
@@ -136,8 +145,8 @@ def up(
         app = build_api_app(
             settings, engine, run_migrations=False, kafka_bootstrap=getattr(bus, "bootstrap", None)
         )
-        url = _serve_api(app, host or settings.api_host, settings.api_port if port is None else port, parts)
-        output.say(f"finetwin is up: API on {url} (docs at {url}/docs); Ctrl-C stops", stderr=True)
+        url = _serve_api(app, listener, parts)
+        output.say(banner(url, first_key, settings), stderr=True)
         if plan is not None:
             producer = bus.producer()
             parts.callback(producer.close)
@@ -193,12 +202,71 @@ def _bus(bootstrap: str | None, settings: Settings, parts: contextlib.ExitStack)
     return KafkaBus(broker.bootstrap, tuning)
 
 
-def _serve_api(app: object, host: str, port: int, parts: contextlib.ExitStack) -> str:
-    """Serve the API in a thread; returns its URL once it accepts connections."""
+def reserve_port(host: str, port: int, *, asked: bool) -> socket.socket:
+    """A listening socket on host:port, handed to uvicorn later. A port that was asked for (--port or
+    FINETWIN_API_PORT) and is taken is an error naming a free one; the default port, when taken, is
+    replaced by a free one (the banner says which)."""
+    try:
+        return _listen(host, port)
+    except OSError as exc:
+        taken = exc
+    spare = _listen(host, 0)
+    free = spare.getsockname()[1]
+    if asked:
+        spare.close()
+        raise CommandError(
+            f"cannot serve the API on {host}:{port}: {taken.strerror or taken} (another finetwin up, or "
+            f"another program, has it); choose another port with --port, e.g. --port {free}"
+        )
+    output.say(
+        f"port {port} on {host} is taken: serving on port {free} instead (--port chooses)", stderr=True
+    )
+    return spare
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def banner(url: str, first_key: str | None, settings: Settings) -> str:
+    """The one block an operator reads after a start: where to go, the key (first start only), where the
+    data lives, how to stop."""
+    lines = [
+        "finetwin is up",
+        f"  dashboard     {url}/",
+        f"  API docs      {url}/docs (ReDoc at {url}/redoc)",
+    ]
+    if first_key is not None:
+        lines += [
+            f"  approver key  {first_key}",
+            "                shown this once: keep it; the dashboard asks for it "
+            "(more: `finetwin keys create`)",
+        ]
+    lines += [
+        f"  data          {settings.data_dir.resolve()}",
+        f"  store         {settings.store_description()}",
+        "  stop          Ctrl-C (stops every part; the store keeps what was ingested)",
+    ]
+    return "\n".join(lines)
+
+
+def _serve_api(app: object, listener: socket.socket, parts: contextlib.ExitStack) -> str:
+    """Serve the API in a thread on the reserved socket; returns its URL once it accepts connections."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    host, port = listener.getsockname()[:2]
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")  # type: ignore[arg-type]
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, name="api", daemon=True)
     thread.start()
 
     def stop_api() -> None:
@@ -206,13 +274,13 @@ def _serve_api(app: object, host: str, port: int, parts: contextlib.ExitStack) -
         thread.join(timeout=10)
 
     parts.callback(stop_api)
-    # uvicorn offers no event for "listening"; its `started` flag is set once the socket is bound.
+    # uvicorn offers no event for "listening"; its `started` flag is set once it serves the socket.
     while not server.started:
         if not thread.is_alive():
-            raise CommandError(f"cannot serve the API on {host}:{port} (is the port taken?)")
+            raise CommandError(f"cannot serve the API on {host}:{port}")
         threading.Event().wait(0.02)
-    bound = port or server.servers[0].sockets[0].getsockname()[1]
-    return f"http://{host}:{bound}"
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
 
 
 def _wait_until_stored(plan: ReplayPlan, worker: IngestWorker, engine: Engine, stop: threading.Event) -> bool:

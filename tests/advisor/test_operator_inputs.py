@@ -1,0 +1,68 @@
+"""Inputs through the API and `finetwin advise`: a misspelled GPU in a what-if is a 422 naming the closest
+known type; an advise file with a misspelled key names it and the key it resembles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from finetwin.cli import main
+
+
+def test_whatif_with_a_misspelled_gpu_is_a_422_with_a_suggestion(
+    client: TestClient, keys: dict[str, dict[str, str]]
+) -> None:
+    body = {"runs": 2, "changes": {"nodes": [{"gpu_model": "A100-SXM4", "add": 1}]}}
+    response = client.post("/v1/whatif", json=body, headers=keys["operator"])
+    assert response.status_code == 422, response.text
+    assert "unknown GPU model 'A100-SXM4'" in response.text and "did you mean" in response.text
+
+
+def test_advise_with_a_misspelled_gpu_suggests_the_known_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "model_name: llama3-8b\nmethod: lora\ngpu_model: H100-PCI\nnumber_gpus: 2\n"
+        "batch_size: 8\ntokens_per_sample: 2048\n"
+    )
+    assert main(["advise", str(config)]) == 2
+    error = capsys.readouterr().err
+    assert "did you mean 'NVIDIA-H100-PCIe'" in error, error
+
+
+def test_advise_names_an_unknown_key_and_the_one_it_resembles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "model_name: llama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\n"
+        "batchsize: 8\ntokens_per_sample: 2048\n"
+    )
+    assert main(["advise", str(config)]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "unknown key 'batchsize' (did you mean 'batch_size'?)" in error, error
+    assert "missing: batch_size" in error
+
+
+def test_advise_says_up_front_that_a_model_was_never_measured(
+    tmp_path: Path,
+    calibrated_models_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "model_name: lama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
+        "tokens_per_sample: 2048\n"
+    )
+    assert main(["advise", str(config)]) == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("warning: 'lama3-8b' is not a model the benchmark measured"), lines[:3]
+    assert "did you mean 'llama3-8b'" in lines[1]
+    config.write_text(config.read_text().replace("lama3-8b", "llama3-8b"))
+    assert main(["advise", str(config)]) == 0
+    assert "warning:" not in capsys.readouterr().out  # a measured model: nothing to warn about

@@ -1,0 +1,81 @@
+"""`finetwin predict` as an operator writes its input: the ten configuration columns are enough, every
+missing column is named in one message, and a misspelled GPU stops with a suggestion (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from calibrate.loader import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
+from finetwin.cli import main
+
+ROW = {
+    "method": "full", "model_name": "llama3-8b", "number_nodes": "1", "gpu_model": "NVIDIA-A100-SXM4-80GB",
+    "number_gpus": "4", "tokens_per_sample": "2048", "batch_size": "16", "enable_roce": "0",
+    "fast_moe": "0", "fast_kernels": "",
+}  # fmt: skip
+
+
+def write(path: Path, columns: list[str], rows: list[dict[str, str]]) -> Path:
+    path.write_text("\n".join([",".join(columns), *(",".join(r[c] for c in columns) for r in rows)]) + "\n")
+    return path
+
+
+def predict(models: Path, configs: Path, output: Path) -> int:
+    return main(["predict", "--models", str(models), "--input", str(configs), "--output", str(output)])
+
+
+def test_the_ten_configuration_columns_are_enough(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert set(ROW) == set(PREDICT_REQUIRED_COLUMNS) and not set(ROW) & set(PROTOCOL_DEFAULTS)
+    configs = write(tmp_path / "ten.csv", list(ROW), [ROW, ROW | {"number_gpus": "3"}])
+    output = tmp_path / "pred.csv"
+    assert predict(calibrated_models_dir, configs, output) == 0, capsys.readouterr().err
+    written = pd.read_csv(output, dtype=str, keep_default_na=False)
+    assert list(written.columns[: len(ROW)]) == list(ROW)  # the input as written, nothing added to it
+    assert written.loc[0, "outcome"] in ("valid", "runtime") and float(written.loc[0, "p_valid"]) > 0
+    assert written.loc[1, "outcome"] == "rejected"  # 16 is not divisible by 3 GPUs: the rule, exactly
+
+
+def test_every_missing_column_is_named_at_once(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    columns = [c for c in ROW if c not in ("gpu_model", "batch_size", "fast_moe")]
+    configs = write(tmp_path / "short.csv", columns, [ROW])
+    assert predict(calibrated_models_dir, configs, tmp_path / "pred.csv") == 2
+    error = capsys.readouterr().err
+    assert "missing from the header: gpu_model, batch_size, fast_moe" in error, error
+
+
+def test_predict_help_lists_the_columns_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for column in (*PREDICT_REQUIRED_COLUMNS, *PROTOCOL_DEFAULTS):
+        assert column in text, column
+    assert "bfloat16" in text
+
+
+def test_a_misspelled_gpu_stops_predict_with_a_suggestion(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = write(tmp_path / "typo.csv", list(ROW), [ROW, ROW | {"gpu_model": "NVIDIA-A100-SXM4-80G"}])
+    output = tmp_path / "pred.csv"
+    assert predict(calibrated_models_dir, configs, output) == 2
+    error = capsys.readouterr().err
+    assert "line 3" in error and "unknown GPU model 'NVIDIA-A100-SXM4-80G'" in error, error
+    assert "did you mean 'NVIDIA-A100-SXM4-80GB'" in error, error
+    assert not output.exists()
+
+
+def test_a_model_the_benchmark_never_measured_is_said_before_the_numbers(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = write(tmp_path / "typo.csv", list(ROW), [ROW | {"model_name": "lama3-8b"}] * 2 + [ROW])
+    assert predict(calibrated_models_dir, configs, tmp_path / "pred.csv") == 0
+    captured = capsys.readouterr()
+    assert "warning (2 rows): 'lama3-8b' is not a model the benchmark measured" in captured.err, captured.err
+    assert "did you mean 'llama3-8b'" in captured.err
+    assert captured.err.count("warning") == 1  # the measured llama3-8b row: nothing to say
