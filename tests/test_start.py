@@ -187,7 +187,13 @@ def test_an_expected_broker_warning_is_explained_once(caplog: pytest.LogCaptureF
     explain = ExplainExpected()
     records = [
         logging.LogRecord(
-            "kafka.producer", logging.WARNING, __file__, 1, "Idempotence will be disabled", (), None
+            "kafka.producer",
+            logging.WARNING,
+            __file__,
+            1,
+            "Task ran for 0.6s. It is blocking the event loop",
+            (),
+            None,
         )
         for _ in range(3)
     ]
