@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from advisor.advice_schemas import AdviceOut, ConfigOut, Prediction
+from twin.domain import unseen_model_warning
 
 
 def _band(prediction: Prediction | None) -> str:
@@ -35,6 +36,7 @@ def render_text(answer: AdviceOut) -> str:
     c = answer.config
     lines = [
         f"{c.model_name} ({c.method}) on {c.gpu_model}: {_config_line(c)}",
+        *(f"warning: {w}" for w in [unseen_model_warning(c.model_name)] if w),  # up front, not a last note
         f"work: {answer.work.dataset_tokens:,.0f} tokens{' (assumed)' if answer.work.assumed else ''}; "
         f"models: {answer.model_version or 'none'}",
         f"verdict: {answer.verdict.status} - {answer.verdict.message}",

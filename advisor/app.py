@@ -120,7 +120,9 @@ def create_app(parts: ApiParts) -> FastAPI:
     if parts.settings.advice_fast_path:
         app.add_middleware(RepeatedAdviceFastPath, runtime=runtime)
     # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
-    app.add_middleware(RequestGuard, max_body_bytes=parts.settings.max_body_bytes)
+    # The guard also refuses an address that failed too many key checks: it reads the runtime's key
+    # cache and failure limiter.
+    app.add_middleware(RequestGuard, max_body_bytes=parts.settings.max_body_bytes, state=runtime)
     install_error_handlers(app)
     app.openapi = document_errors(app)  # type: ignore[method-assign]
     return app

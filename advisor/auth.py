@@ -151,6 +151,13 @@ class KeyCache:
                 return True, None
         return False, None
 
+    def verified_before(self, key: str) -> bool:
+        """Whether this key was valid when last looked up (even if that is longer ago than `ttl_s`): such a
+        key is worth a lookup from an address that failed too often (a colleague behind the same NAT)."""
+        with self._lock:
+            known = self._known.get(hash_key(key))
+        return known is not None
+
     def lookup(self, key: str) -> Principal | None:
         found, principal = self.cached(key)
         if found:
@@ -165,7 +172,7 @@ class KeyCache:
                 self._unknown.move_to_end(digest)
                 while len(self._unknown) > self.MAX_ENTRIES:  # the oldest go first
                     self._unknown.popitem(last=False)
-            else:
+            else:  # kept after `ttl_s` too (`verified_before`); replaced at the next lookup
                 self._unknown.pop(digest, None)
                 if len(self._known) >= self.MAX_ENTRIES:  # only as many as there are keys: never in practice
                     self._known.clear()
@@ -175,8 +182,9 @@ class KeyCache:
 
 class FailureLimiter:
     """Failed key checks per client address in a sliding window: past `max_failures`, the address is told
-    to wait (429) instead of having more unknown keys looked up. Bounded: the longest-quiet addresses are
-    forgotten first.
+    to wait (429) instead of having more unknown keys looked up (keys verified before are still looked up:
+    others behind the same address keep working). Bounded: the longest-quiet addresses are forgotten
+    first.
 
     Behind a reverse proxy every client has the proxy's address: run uvicorn with `--forwarded-allow-ips`
     for the proxy so that the client's own address is used.
@@ -218,6 +226,10 @@ class FailureLimiter:
 _header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="finetwin keys create")
 
 
+def too_many_failures(address: str, wait_s: float) -> str:
+    return f"too many failed key checks from {address}; retry in {math.ceil(wait_s)} s"
+
+
 def client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
@@ -241,10 +253,10 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
     found, principal = cache.cached(key)
     if not found:
         wait_s = limiter.retry_after(address)
-        if wait_s is not None:
+        if wait_s is not None and not cache.verified_before(key):
             raise HTTPException(
                 status_code=429,
-                detail=f"too many failed key checks from {address}; retry in {math.ceil(wait_s)} s",
+                detail=too_many_failures(address, wait_s),
                 headers={"Retry-After": str(math.ceil(wait_s))},
             )
         principal = await run_in_threadpool(cache.lookup, key)

@@ -5,6 +5,9 @@
   here (at most the limit) and handed on, so nothing behind (the advice fast path, FastAPI) reads more.
 - A NUL character in the path, the query or a JSON body is a 422: PostgreSQL cannot store one in a text
   column (psycopg raises, which was a 500), and no finetwin identifier or text has a use for it.
+- A `/v1` request from an address that failed too many key checks lately, with a key not verified before,
+  is a 429 here, before routing (`advisor.auth.FailureLimiter`): a flood of guessed keys costs each request
+  as little as it can.
 
 Answers have the shape of every other error (`advisor.errors.ErrorOut`).
 """
@@ -12,10 +15,13 @@ Answers have the shape of every other error (`advisor.errors.ErrorOut`).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
+
+from advisor.auth import API_KEY_HEADER, V1_PREFIX, too_many_failures
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -26,12 +32,14 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # In JSON a NUL inside a string is the escape \u0000 (the raw byte is not valid JSON at all); it is one when
 # an even number of backslashes (escaped backslashes) comes before it.
 _JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+_KEY_HEADER = API_KEY_HEADER.lower().encode("latin-1")
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, state: Any = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.state = state  # the API's runtime (advisor.parts.ApiRuntime): its key cache and failure limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -40,6 +48,12 @@ class RequestGuard:
         where = _nul_in_target(scope)
         if where is not None:
             await _error(send, 422, f"the {where} contains a NUL character", where, "nul_character")
+            return
+        wait_s = self._failed_too_often(scope)
+        if wait_s is not None:
+            address = scope["client"][0] if scope.get("client") else "unknown"
+            retry = str(math.ceil(wait_s))
+            await _error(send, 429, too_many_failures(address, wait_s), "header", "too_many_failures", retry)
             return
         length = _content_length(scope)
         if length is not None and length > self.max_body_bytes:
@@ -57,6 +71,22 @@ class RequestGuard:
             await _error(send, 422, "the request body contains a NUL character", "body", "nul_character")
             return
         await self.app(scope, _replay(messages, receive), send)
+
+    def _failed_too_often(self, scope: Scope) -> float | None:
+        """Seconds the client must wait, when its address is over its failed-key budget and the key is not
+        one verified before; None otherwise (the app checks the key as always)."""
+        limiter = getattr(self.state, "auth_failures", None)
+        cache = getattr(self.state, "key_cache", None)
+        if limiter is None or cache is None or not scope["path"].startswith(V1_PREFIX):
+            return None
+        key = next((v for k, v in scope["headers"] if k == _KEY_HEADER), None)
+        if not key:
+            return None  # no key: a 401 that costs nothing
+        address = scope["client"][0] if scope.get("client") else "unknown"
+        wait_s = limiter.retry_after(address)
+        if wait_s is None or cache.verified_before(key.decode("latin-1")):
+            return None
+        return wait_s
 
 
 def _nul_in_target(scope: Scope) -> str | None:
@@ -109,11 +139,15 @@ async def _too_large(send: Send, limit: int) -> None:
     await _error(send, 413, detail, "body", "body_too_large")
 
 
-async def _error(send: Send, status: int, detail: str, where: str, kind: str) -> None:
+async def _error(
+    send: Send, status: int, detail: str, where: str, kind: str, retry_after: str | None = None
+) -> None:
     body = json.dumps({"detail": detail, "errors": [{"loc": [where], "msg": detail, "type": kind}]}).encode(
         "utf-8"
     )
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", retry_after.encode("ascii")))
     if status == 413:
         headers.append((b"connection", b"close"))  # the rest of the body is not read
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -103,6 +103,9 @@ class OutboxRelay:
                 client_id="finetwin-outbox-relay",
                 acks="all",
                 retries=0,  # a failed send is "in doubt": reconciled against the topic, never resent blindly
+                # Without retries idempotence adds nothing (and kafka-python warned once per start that it
+                # turned it off); the outbox's reconciliation is what keeps each action sent once.
+                enable_idempotence=False,
                 linger_ms=0,
                 max_in_flight_requests_per_connection=1,
             )

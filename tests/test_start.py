@@ -187,12 +187,26 @@ def test_an_expected_broker_warning_is_explained_once(caplog: pytest.LogCaptureF
     explain = ExplainExpected()
     records = [
         logging.LogRecord(
-            "kafka.producer", logging.WARNING, __file__, 1, "Idempotence will be disabled", (), None
+            "kafka.producer",
+            logging.WARNING,
+            __file__,
+            1,
+            "Task ran for 0.6s. It is blocking the event loop",
+            (),
+            None,
         )
         for _ in range(3)
     ]
     passed = [r for r in records if explain.filter(r)]
     assert len(passed) == 1 and "expected:" in passed[0].getMessage()
+    skipped = 'Execution of job "standing_tick" skipped: maximum number of running instances reached (1)'
+    scheduler = [
+        logging.LogRecord("apscheduler.scheduler", logging.WARNING, __file__, 1, skipped, (), None)
+        for _ in range(4)
+    ]
+    assert sum(explain.filter(r) for r in scheduler) == 1
+    other = logging.LogRecord("kafka.conn", logging.WARNING, __file__, 1, "connection refused", (), None)
+    assert explain.filter(other) and explain.filter(other)  # anything else passes, every time
 
 
 def test_bash_completes_commands(tmp_path: Path) -> None:

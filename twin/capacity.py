@@ -25,10 +25,10 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster, NodeSpec
@@ -45,6 +45,7 @@ from twin.slo_attainment import SloSet
 from twin.units import parse_duration
 from twin.workload import NO_CONFIG, Workload
 
+_Duration = Annotated[str, Field(min_length=1, max_length=32)]  # `24h`, `90m`
 MAX_SCENARIOS = 5000
 MAX_RUNS = 256
 DEFAULT_CHUNK_RUNS = 8  # runs per task: small enough to spread 24 scenarios over many workers
@@ -61,8 +62,8 @@ class VaryRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gpu_model: str = Field(min_length=1, max_length=100)
-    min: int = Field(ge=0, le=100_000)
-    max: int = Field(ge=0, le=100_000)
+    min: StrictInt = Field(ge=0, le=100_000)
+    max: StrictInt = Field(ge=0, le=100_000)
 
     @model_validator(mode="before")
     @classmethod
@@ -94,12 +95,13 @@ class SweepRequest(BaseModel):
     vary: list[VaryRange] = Field(min_length=1, max_length=10)
     policies: list[Policy] = Field(default_factory=lambda: [Policy.FIFO], min_length=1)
     admissions: list[Admission] = Field(default_factory=lambda: [Admission.OFF], min_length=1)
-    runs: int = Field(default=16, ge=1, le=MAX_RUNS)
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
-    confidence: float = Field(default=0.9, gt=0.0, le=1.0)
-    horizon: str | float | None = "24h"
-    interval: str | float = "1h"
-    chunk_runs: int = Field(default=DEFAULT_CHUNK_RUNS, ge=1, le=MAX_RUNS)
+    # Strict: `true` is not a count, `"4"` not a number (the API's bodies and the CLI's files alike).
+    runs: StrictInt = Field(default=16, ge=1, le=MAX_RUNS)
+    seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
+    confidence: StrictFloat = Field(default=0.9, gt=0.0, le=1.0)
+    horizon: _Duration | StrictFloat | None = "24h"
+    interval: _Duration | StrictFloat = "1h"
+    chunk_runs: StrictInt = Field(default=DEFAULT_CHUNK_RUNS, ge=1, le=MAX_RUNS)
 
     @field_validator("policies", "admissions")
     @classmethod

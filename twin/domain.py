@@ -259,6 +259,21 @@ def config_rule(config: JobConfig) -> Rule | None:
     return broken_rule(config.number_gpus, config.batch_size, config.fast_moe, config.number_nodes)
 
 
+def unseen_model_warning(name: str) -> str | None:
+    """None for a model the benchmark measured; otherwise what to tell the person up front: the numbers
+    are extrapolated from the name, and (for a likely typo) the closest measured names."""
+    import difflib
+
+    if name in MODEL_PARAMS_B:
+        return None
+    close = difflib.get_close_matches(name, list(MODEL_PARAMS_B), n=2, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return (
+        f"{name!r} is not a model the benchmark measured{hint}: what follows is extrapolated from the "
+        "size in its name, not learned from runs of it"
+    )
+
+
 def model_params_b(model_name: str) -> float | None:
     """Parameters in billions for a known model, else a guess from a size token in the name, else None.
 

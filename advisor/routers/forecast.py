@@ -302,7 +302,9 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
 def get_skill(
     runtime: ApiRuntime = Depends(get_runtime),
     since: str | None = Query(
-        default=None, description="only intervals from this time on: RFC 3339, or a duration back (24h)"
+        default=None,
+        max_length=64,
+        description="only intervals from this time on: RFC 3339, or a duration back (24h)",
     ),
 ) -> dict[str, Any]:
     settings: Settings = runtime.settings

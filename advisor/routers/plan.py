@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictFloat, StrictInt
 
 from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
@@ -33,6 +33,7 @@ from twin.cluster import ClusterFormatError, cluster_from_spec
 from twin.db import session_scope
 from twin.executors import make_executor
 from twin.settings import Settings
+from twin.whatif import Duration
 
 log = logging.getLogger("finetwin.plan")
 router = APIRouter(prefix="/v1/plan", tags=["capacity plan"])
@@ -46,8 +47,8 @@ class PlanBody(SweepRequest):
     """A sweep of the live workload (the store's queue and arrival process). `cluster` replaces the store's
     cluster as the base the ranges change: `{"nodes": [{"gpu_model", "count", "gpus_per_node"}]}`."""
 
-    runs: int = Field(default=16, ge=1, le=MAX_API_RUNS)
-    horizon: str | float = "24h"  # the live arrival process needs a window
+    runs: StrictInt = Field(default=16, ge=1, le=MAX_API_RUNS)
+    horizon: Duration | StrictFloat = "24h"  # the live arrival process needs a window
     cluster: dict[str, Any] | None = None
 
 

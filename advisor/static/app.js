@@ -46,7 +46,8 @@ function fillTable(id, rows, columns) {
 }
 
 const fmt = (x, digits = 2) => (x === null || x === undefined || Number.isNaN(x) ? "-" : Number(x).toFixed(digits));
-const when = (ts) => (ts ? new Date(ts).toLocaleString() : "");
+// Times as the telemetry states them (UTC), with the zone said: the cluster's clock, not this browser's.
+const when = (ts) => (ts ? new Date(ts).toLocaleString(undefined, { timeZone: "UTC", timeZoneName: "short" }) : "");
 
 // --- cluster -----------------------------------------------------------------------------------------------
 
@@ -110,18 +111,45 @@ async function loadForecast() {
   document.getElementById("forecast-meta").textContent =
     `${f.runs} runs, ${f.models}, ${f.known_jobs ? f.known_jobs.total : 0} known jobs, ` +
     `${fmt(f.arrivals_per_day, 0)} arrivals/day; starts ${when(f.start)} (${clock}), made ${age(f.age_s)} ago`;
+  showForecastSummary(f.summary || {});
   bandChart("utilization", "chart-utilization", hours, f.series.utilization, 100, { min: 0, max: 100 });
   bandChart("queue", "chart-queue", hours, f.series.queue_length, 1, { min: 0 });
   const slos = f.slos || [];
+  // An SLO with no value (no interval had anything to measure) is "no data", not a bar at 0 %.
+  const measured = (s) => s.attainment.mean !== null && s.attainment.mean !== undefined;
   draw("slo", "chart-slo", "bar", {
-    labels: slos.map((s) => s.name),
+    labels: slos.map((s) => (measured(s) ? s.name : `${s.name} (no data)`)),
     datasets: [
-      { label: "mean attainment %", data: slos.map((s) => (s.attainment.mean ?? 0) * 100),
+      { label: "mean attainment %", data: slos.map((s) => (measured(s) ? s.attainment.mean * 100 : null)),
         backgroundColor: "rgba(26, 127, 55, 0.6)" },
-      { label: "p10-p90", data: slos.map((s) => [(s.attainment.p10 ?? 0) * 100, (s.attainment.p90 ?? 0) * 100]),
+      { label: "p10-p90",
+        data: slos.map((s) => (measured(s) ? [s.attainment.p10 * 100, s.attainment.p90 * 100] : null)),
         backgroundColor: "rgba(26, 127, 55, 0.2)" },
     ],
   }, { scales: { y: { min: 0, max: 100 } } });
+}
+
+// The forecast's headline numbers over its horizon (means across runs), utilization per GPU type among them.
+function showForecastSummary(summary) {
+  const pct = (figure) => (figure && figure.mean !== null && figure.mean !== undefined ? `${fmt(figure.mean * 100, 0)} %` : "no data");
+  const num = (figure, digits = 0) => (figure && figure.mean !== null && figure.mean !== undefined ? fmt(figure.mean, digits) : "no data");
+  const minutes = (figure) => (figure && figure.mean !== null && figure.mean !== undefined ? age(figure.mean) : "no data");
+  const items = [
+    ["utilization", pct(summary.utilization)], ["p95 wait", minutes(summary.wait_p95_s)],
+    ["jobs completed", num(summary.jobs_completed)], ["runtime failures", pct(summary.runtime_failure_ratio)],
+    ["energy kWh", num(summary.energy_kwh)],
+  ];
+  for (const [gpu, figure] of Object.entries(summary.utilization_by_type || {})) items.push([`${gpu} utilization`, pct(figure)]);
+  const box = document.getElementById("forecast-summary");
+  box.replaceChildren();
+  for (const [label, value] of items) {
+    const span = document.createElement("span");
+    const b = document.createElement("b");
+    b.textContent = value;
+    span.dataset.figure = label;
+    span.append(b, ` ${label}`);
+    box.appendChild(span);
+  }
 }
 
 // --- forecast against what happened ---------------------------------------------------------------------
@@ -273,6 +301,33 @@ async function loadRecommendations() {
     },
   ]);
 }
+
+// Run steering now (operator): with the key in use, or, when that key may not, an operator key asked for.
+async function runSteering() {
+  const result = document.getElementById("steering-run-result");
+  result.textContent = "steering…";
+  let run;
+  try {
+    run = await api("/v1/recommendations/run", { method: "POST" });
+  } catch (error) {
+    if (error.status !== 403) {
+      result.textContent = `steering could not run: ${error.message}`;
+      return;
+    }
+    const key = window.prompt("Operator API key to run steering now");
+    if (!key) { result.textContent = ""; return; }
+    try {
+      run = await api("/v1/recommendations/run", { method: "POST" }, key);
+    } catch (again) {
+      result.textContent = `steering could not run: ${again.message}`;
+      return;
+    }
+  }
+  result.textContent = `steering evaluated ${run.evaluated} actions, recommended ${run.recommended}` +
+    (run.notes && run.notes.length ? ` (${run.notes.join("; ")})` : "");
+  await Promise.allSettled([loadRecommendations(), loadAudit()]);
+}
+document.getElementById("steering-run").addEventListener("click", runSteering);
 
 async function loadAudit() {
   const page = await api("/v1/audit?limit=50");

@@ -125,6 +125,7 @@ def predict(
     if loaded is None:
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
+    _warn_unseen_models(configs.table["model_name"])  # before the numbers, not as a note after them
     summary = write_predictions(job_models, configs, output_csv)
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
     output.say(
@@ -149,3 +150,13 @@ def _metrics_table(candidate: dict[str, Any], incumbent: dict[str, Any] | None, 
         fmt = num if name.startswith("failure") else pct
         rows.append([name, fmt(candidate.get(name))] + ([fmt(incumbent.get(name))] if incumbent else []))
     return output.table(columns, rows)
+
+
+def _warn_unseen_models(names: Any) -> None:
+    from twin.domain import unseen_model_warning
+
+    counts = names.value_counts()
+    for name, rows in counts.items():
+        warning = unseen_model_warning(str(name))
+        if warning:
+            output.say(f"warning ({rows} row{'s' if rows != 1 else ''}): {warning}", stderr=True)

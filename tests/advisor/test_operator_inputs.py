@@ -45,3 +45,24 @@ def test_advise_names_an_unknown_key_and_the_one_it_resembles(
     error = " ".join(capsys.readouterr().err.split())
     assert "unknown key 'batchsize' (did you mean 'batch_size'?)" in error, error
     assert "missing: batch_size" in error
+
+
+def test_advise_says_up_front_that_a_model_was_never_measured(
+    tmp_path: Path,
+    calibrated_models_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "model_name: lama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
+        "tokens_per_sample: 2048\n"
+    )
+    assert main(["advise", str(config)]) == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("warning: 'lama3-8b' is not a model the benchmark measured"), lines[:3]
+    assert "did you mean 'llama3-8b'" in lines[1]
+    config.write_text(config.read_text().replace("lama3-8b", "llama3-8b"))
+    assert main(["advise", str(config)]) == 0
+    assert "warning:" not in capsys.readouterr().out  # a measured model: nothing to warn about

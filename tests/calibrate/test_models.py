@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import skops.io as sio
 
+from calibrate import compiled as compiled_trees
 from calibrate.fit import (
     SKOPS_TRUSTED_TYPES,
     CalibratedModels,
@@ -241,11 +242,12 @@ def test_holdout_metrics_are_deterministic_for_a_seed(sample: pd.DataFrame) -> N
 
 
 def test_compiled_trees_equal_the_scikit_learn_estimators_on_the_real_sample(
-    models: CalibratedModels, sample: pd.DataFrame
+    models: CalibratedModels, sample: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 14, point 4: Treelite's predictions within 1e-6 relative of scikit-learn's own, for every
     number a prediction carries; also for configurations with categories no model saw (unknown GPU and
     model family, a protocol never run), which both must send where missing values go."""
+    monkeypatch.setattr(compiled_trees, "COMPILED_BELOW_ROWS", len(sample) + 1)  # Treelite for every row here
     unseen = sample.head(40).assign(
         gpu_model="H200-SXM", model_name="qwen2-7b", experiment_id="SFTTrainer.never-seen-protocol"
     )

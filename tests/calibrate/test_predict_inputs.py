@@ -68,3 +68,14 @@ def test_a_misspelled_gpu_stops_predict_with_a_suggestion(
     assert "line 3" in error and "unknown GPU model 'NVIDIA-A100-SXM4-80G'" in error, error
     assert "did you mean 'NVIDIA-A100-SXM4-80GB'" in error, error
     assert not output.exists()
+
+
+def test_a_model_the_benchmark_never_measured_is_said_before_the_numbers(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = write(tmp_path / "typo.csv", list(ROW), [ROW | {"model_name": "lama3-8b"}] * 2 + [ROW])
+    assert predict(calibrated_models_dir, configs, tmp_path / "pred.csv") == 0
+    captured = capsys.readouterr()
+    assert "warning (2 rows): 'lama3-8b' is not a model the benchmark measured" in captured.err, captured.err
+    assert "did you mean 'llama3-8b'" in captured.err
+    assert captured.err.count("warning") == 1  # the measured llama3-8b row: nothing to say

@@ -1,0 +1,111 @@
+"""The dashboard explains itself to an operator, in headless Chromium against a real `finetwin api`: the
+forecast's headline numbers (utilization per GPU type among them), times in the telemetry's clock with
+its zone, SLO bars that tell "no data" from 0 %, and a "Run steering now" button that asks for an operator
+key when the key in use is a viewer's. `FINETWIN_UPDATE_DOCS=1` refreshes docs/dashboard-operator.png."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from finetwin.schema import migrate
+from ingest.broker import free_port
+from tests.advisor.conftest import FINETWIN
+from tests.advisor.seed import seed_overloaded_cluster
+from tests.advisor.test_dashboard import CHROMIUM_ARGS
+from tests.conftest import api_headers, tcp_listening, wait_for
+from twin.db import make_engine
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def api_server(tmp_path: Path, calibrated_models_dir: Path) -> Iterator[dict[str, object]]:
+    data = tmp_path / "data"
+    data.mkdir()
+    engine = make_engine(f"sqlite:///{data / 'finetwin.db'}")
+    migrate(engine)
+    seed_overloaded_cluster(engine)
+    keys = {role: api_headers(engine, role)["X-API-Key"] for role in ("viewer", "operator")}
+    engine.dispose()
+    models = Path(shutil.copytree(calibrated_models_dir, tmp_path / "models"))
+    port = free_port()
+    env = {
+        **os.environ, "FINETWIN_DATA_DIR": str(data), "FINETWIN_MODELS_DIR": str(models),
+        "FINETWIN_SCHEDULER_ENABLED": "false", "FINETWIN_FORECAST_RUNS": "4",
+        "FINETWIN_FORECAST_HORIZON_HOURS": "6",
+        "FINETWIN_STEERING_REPLICATIONS": "2", "FINETWIN_STEERING_HORIZON_HOURS": "6",
+    }  # fmt: skip
+    env.pop("FINETWIN_DATABASE_URL", None)
+    log = (tmp_path / "api.log").open("wb")
+    process = subprocess.Popen([*FINETWIN, "api", "--port", str(port)], env=env, stdout=log, stderr=log)
+    try:
+        wait_for(lambda: tcp_listening(port) or process.poll() is not None, 60, "the API to listen")
+        assert process.poll() is None, (tmp_path / "api.log").read_text()
+        yield {"url": f"http://127.0.0.1:{port}", "keys": keys}
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
+
+
+def test_the_dashboard_explains_itself_to_an_operator(
+    api_server: dict, chromium_path: Path, tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    keys = api_server["keys"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium_path), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(api_server["url"] + "/")
+            page.fill("#key-input", keys["viewer"])
+            page.click("#key-form button[type=submit]")
+            # Headline numbers of the forecast, utilization per GPU type among them.
+            per_type = page.locator(
+                "#forecast-summary span[data-figure='NVIDIA-A100-SXM4-80GB utilization'] b"
+            )
+            per_type.wait_for(timeout=90_000)
+            assert per_type.inner_text().endswith(" %")
+            assert (
+                page.locator("#forecast-summary span[data-figure='utilization'] b")
+                .inner_text()
+                .endswith(" %")
+            )
+            # Times in the telemetry's clock (UTC), the zone said.
+            submitted = page.locator("#jobs tbody tr td:nth-child(6)").first.inner_text()
+            assert "UTC" in submitted, submitted
+            # SLO bars: a bar only where there is a value; an SLO without one is labelled "no data".
+            page.wait_for_function("() => window.finetwinCharts.slo", timeout=30_000)
+            bars = page.evaluate(
+                "() => { const c = window.finetwinCharts.slo;"
+                " return c.data.labels.map((l, i) => [l, c.data.datasets[0].data[i]]); }"
+            )
+            assert bars
+            for label, value in bars:
+                assert (value is None) == label.endswith("(no data)"), (label, value)
+
+            # Run steering now: the viewer's key may not, so the page asks for an operator's.
+            asked: list[str] = []
+
+            def answer(dialog) -> None:  # type: ignore[no-untyped-def]
+                asked.append(dialog.message)
+                dialog.accept(keys["operator"])
+
+            page.on("dialog", answer)
+            page.click("#steering-run")
+            result = page.locator("#steering-run-result", has_text="steering evaluated")
+            result.wait_for(timeout=120_000)
+            assert asked == ["Operator API key to run steering now"]
+            page.locator("#steering-note", has_text="Last steering run").wait_for(timeout=15_000)
+            shots = REPO / "docs" if os.environ.get("FINETWIN_UPDATE_DOCS") == "1" else tmp_path
+            page.screenshot(path=str(shots / "dashboard-operator.png"), full_page=True)
+        finally:
+            browser.close()
