@@ -32,7 +32,7 @@ from advisor import workflow
 from advisor.records import Recommendation
 from advisor.slos_in_force import current_slos
 from twin.db import session_scope
-from twin.domain import GPUS_PER_NODE, JobConfig, gpu_type
+from twin.domain import GPU_TYPES, GPUS_PER_NODE, JobConfig, canonical_gpu_name, gpu_type
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.settings import Settings
 from twin.slo_attainment import SloSet
@@ -97,6 +97,8 @@ def candidates(inputs: TwinInputs, options: ForecastOptions) -> list[Candidate]:
         nodes_by_type[node.gpu_model] = nodes_by_type.get(node.gpu_model, 0) + 1
     day_gpu_hours = GPUS_PER_NODE * 24.0
     for gpu, count in sorted(nodes_by_type.items()):
+        if canonical_gpu_name(gpu) not in GPU_TYPES:
+            continue  # a type telemetry reported but the catalogue lacks: a what-if refuses to buy more of it
         short = _short(gpu)
         out.append(
             Candidate("add_nodes", f"nodes:{gpu}", f"add 1 {short} node", {"gpu_model": gpu, "add_nodes": 1},

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, select, update
 
 from calibrate.dataset import TrainingData, WeightPolicy, assemble, file_sha256, load_benchmarks
 from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
@@ -292,15 +292,31 @@ def _observed_through(table: pd.DataFrame) -> str | None:
 
 
 def record_version(engine: Engine, metadata: dict[str, Any], *, promoted: bool) -> None:
+    from sqlalchemy.exc import IntegrityError
+
     from calibrate.live_error import version_record
 
     row = version_record({**metadata, "promoted": promoted})
+    try:
+        with engine.begin() as connection:
+            exists = connection.execute(
+                select(ModelVersionRecord.version).where(ModelVersionRecord.version == row["version"])
+            ).first()
+            if exists is None:
+                connection.execute(insert(ModelVersionRecord.__table__), [row])  # type: ignore[attr-defined]
+            return
+    except IntegrityError:
+        # The ingest worker records every version that predicts: on a first start it can see the new
+        # version in use and record it between this check and this insert. The row is there; only what
+        # this fit knows better (promoted, why) is written over it.
+        pass
+    table = ModelVersionRecord.__table__  # type: ignore[attr-defined]
     with engine.begin() as connection:
-        exists = connection.execute(
-            select(ModelVersionRecord.version).where(ModelVersionRecord.version == row["version"])
-        ).first()
-        if exists is None:
-            connection.execute(insert(ModelVersionRecord.__table__), [row])  # type: ignore[attr-defined]
+        connection.execute(
+            update(table)
+            .where(table.c.version == row["version"])
+            .values(promoted=row["promoted"], reason=row["reason"])
+        )
 
 
 def refit_benchmarks(settings: Settings, registry: ModelRegistry) -> list[Path]:

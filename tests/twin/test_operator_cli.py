@@ -109,3 +109,17 @@ def test_the_cli_uses_the_slos_declared_through_the_api(
     monkeypatch.setenv("FINETWIN_SLO_FILE", str(slo_file))
     assert main(argv) == 0
     assert {s["name"] for s in json.loads(capsys.readouterr().out)["slos"]} == {"runtime failures ≤ 5 %"}
+
+
+def test_steering_proposes_no_nodes_of_a_type_the_catalogue_lacks() -> None:
+    """The what-if refuses unknown GPU names, so steering must not propose adding nodes of a type that only
+    telemetry knows (it would fail every run); the known types still get their candidates."""
+    from advisor.steering import candidates
+    from twin.cluster import Cluster, NodeSpec
+    from twin.forecast import ForecastOptions, TwinInputs
+    from twin.workload import Workload
+
+    cluster = Cluster((NodeSpec("a", "NVIDIA-A100-SXM4-80GB", 8), NodeSpec("b", "H200-SXM", 8)))
+    inputs = TwinInputs(cluster=cluster, workload=Workload.from_durations([0.0], [10.0], gpus=1))
+    proposed = [c.target for c in candidates(inputs, ForecastOptions())]
+    assert "nodes:NVIDIA-A100-SXM4-80GB" in proposed and "nodes:H200-SXM" not in proposed
