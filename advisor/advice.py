@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from advisor import findings
-from advisor.advice_answer import Answer, finite_or_none, paper_evidence
+from advisor.advice_answer import Answer, paper_evidence
 from advisor.advice_optimizations import fast_kernels_advice, fast_moe_advice, roce_advice
 from advisor.advice_options import best_cost, best_throughput, fewest_gpus
 from advisor.advice_plan import AdviceError, Plan, plan_advice
 from advisor.advice_predict import Predicted, predict
 from advisor.advice_schemas import AdviceOut, ChangeOut, ConfigOut, Placement, Repair, Verdict, Work
 from twin.domain import GPUS_PER_NODE, JobConfig
+from twin.jsonsafe import finite_or_none
 
 # Below this, the verdict is "likely out of memory".
 LIKELY_OOM_BELOW = 0.5

@@ -13,6 +13,7 @@ from advisor.advice_plan import Rows
 from advisor.advice_predict import Predicted
 from advisor.advice_schemas import Band, ConfigOut, Evidence, Option, Prediction
 from twin.domain import gpu_type
+from twin.jsonsafe import finite_or_none
 
 # A configuration is recommended only if the failure model gives it at least this chance to run.
 RECOMMEND_P_VALID = 0.7
@@ -75,10 +76,6 @@ class Answer:
             why=why,
             evidence=evidence,
         )
-
-
-def finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def paper_evidence(finding: findings.Finding, **predicted: Any) -> Evidence:

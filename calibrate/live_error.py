@@ -14,7 +14,6 @@ the batch goes on without predictions (database errors still roll the batch back
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +27,7 @@ from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.registry import InUseModels, RegistryError
 from twin.domain import Outcome
+from twin.jsonsafe import finite_or_none
 from twin.settings import Settings
 from twin.store import Job, ObservedRun, utcnow
 
@@ -113,9 +113,9 @@ class LivePredictions:
                 "outcome": str(p.outcome),
                 "rule": p.rule if isinstance(p.rule, str) and p.rule else None,
                 "p_valid": float(p.p_valid),
-                "tokens_per_second_p10": _finite(p.tokens_per_second_p10),
-                "tokens_per_second_p50": _finite(p.tokens_per_second_p50),
-                "tokens_per_second_p90": _finite(p.tokens_per_second_p90),
+                "tokens_per_second_p10": finite_or_none(p.tokens_per_second_p10),
+                "tokens_per_second_p50": finite_or_none(p.tokens_per_second_p50),
+                "tokens_per_second_p90": finite_or_none(p.tokens_per_second_p90),
                 "note": p.note if isinstance(p.note, str) and p.note else None,
             }
             for job_id, p in zip(jobs, predicted.itertuples(index=False), strict=True)
@@ -276,11 +276,3 @@ def _last_per_job(events: Any) -> dict[str, Any]:
 def _payload(event: Any) -> dict[str, Any]:
     payload = event.payload
     return payload.model_dump() if hasattr(payload, "model_dump") else dict(payload)
-
-
-def _finite(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None

@@ -20,3 +20,12 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def finite_or_none(value: Any) -> float | None:
+    """A number as a float, or None when it is missing, not a number, NaN or infinite."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

@@ -6,7 +6,6 @@ lifespan of `advisor.app`).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -27,6 +26,7 @@ from calibrate.config_frame import configs_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
 from calibrate.registry import ModelRegistry, RegistryError
 from twin.job_config import DescribedJobConfig, not_blank
+from twin.jsonsafe import finite_or_none
 from twin.settings import Settings
 
 router = APIRouter(tags=["models"])
@@ -157,9 +157,9 @@ def predict(body: PredictRequest, cache: ModelsInUse = Depends(get_models_in_use
                 outcome=p.outcome,
                 rule=p.rule if isinstance(p.rule, str) and p.rule else None,
                 p_valid=float(p.p_valid),
-                tokens_per_second_p10=_finite(p.tokens_per_second_p10),
-                tokens_per_second_p50=_finite(p.tokens_per_second_p50),
-                tokens_per_second_p90=_finite(p.tokens_per_second_p90),
+                tokens_per_second_p10=finite_or_none(p.tokens_per_second_p10),
+                tokens_per_second_p50=finite_or_none(p.tokens_per_second_p50),
+                tokens_per_second_p90=finite_or_none(p.tokens_per_second_p90),
                 note=p.note if isinstance(p.note, str) and p.note else None,
             )
             for p in predicted.itertuples(index=False)
@@ -238,17 +238,9 @@ def _version(registry: ModelRegistry, version: str, in_use: bool) -> ModelVersio
         reason=metadata.get("reason"),
         rows=data.get("n_rows"),
         rows_by_source=data.get("rows_by_source", {}),
-        heldout_metrics={k: _finite(v) for k, v in metadata.get("heldout_metrics", {}).items()},
+        heldout_metrics={k: finite_or_none(v) for k, v in metadata.get("heldout_metrics", {}).items()},
         promoted_at_fit=metadata.get("promoted"),
         compared_with=comparison.get("against"),
         comparison_basis=comparison.get("basis"),
         fit_seconds=metadata.get("fit_seconds"),
     )
-
-
-def _finite(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
