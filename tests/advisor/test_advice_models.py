@@ -13,11 +13,9 @@ from fastapi.testclient import TestClient
 from advisor.advice import advise_job, advise_many
 from advisor.advice_answer import RECOMMEND_P_VALID_LOW
 from advisor.advice_schemas import AdviceRequest
-from advisor.app import create_app
-from advisor.routers.models import models_in_use
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
-from tests.conftest import api_headers
+from tests.conftest import api_app, api_headers
 from twin.db import make_engine
 
 pytestmark = pytest.mark.slow
@@ -31,7 +29,7 @@ JOB = {
 def client(sqlite_url: str, calibrated_models_dir: Path, tmp_path: Path) -> Iterator[TestClient]:
     engine = make_engine(sqlite_url)
     migrate(engine)
-    app = create_app(advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine)
+    app = api_app(advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine)
     with TestClient(app, headers=api_headers(engine, "viewer")) as test_client:
         yield test_client
 
@@ -76,8 +74,7 @@ def _count_predict_frame(models: object, monkeypatch: pytest.MonkeyPatch) -> lis
 
 
 def test_one_model_call_per_answer(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    request = type("R", (), {"app": client.app})()
-    _version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+    _version, models = client.app.state.runtime.models_in_use.get()  # type: ignore[attr-defined]
     calls = _count_predict_frame(models, monkeypatch)
     response = client.post("/v1/advise", json={**JOB, "batch_size": 6})
     assert response.status_code == 200, response.text
@@ -88,8 +85,7 @@ def test_one_model_call_per_answer(client: TestClient, monkeypatch: pytest.Monke
 
 def test_several_answers_share_one_model_call(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """advise_many answers each configuration exactly as advise_job does alone, with one call for all."""
-    request = type("R", (), {"app": client.app})()
-    version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+    version, models = client.app.state.runtime.models_in_use.get()  # type: ignore[attr-defined]
     bodies = [
         JOB,
         {**JOB, "batch_size": 6},
