@@ -157,8 +157,7 @@ def _options(answer: object) -> list[object]:
 def test_no_recommendation_below_the_lower_bound_and_a_safer_alternative_beside_it(
     client: TestClient, threshold: float
 ) -> None:
-    request = type("R", (), {"app": client.app})()
-    version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+    version, models = client.app.state.runtime.models_in_use.get()  # type: ignore[attr-defined]
     jobs = [AdviceRequest.model_validate(body).to_job() for body in SAFE_JOBS]
     answers = advise_many(jobs, models, model_version=version, min_p_valid_low=threshold)
     alternatives = 0
@@ -186,8 +185,7 @@ def test_no_recommendation_below_the_lower_bound_and_a_safer_alternative_beside_
 def test_a_stricter_bound_never_recommends_a_less_safe_fewest_gpus(client: TestClient) -> None:
     """Point-estimate ranking (threshold 0) can pick a configuration the bound would refuse; the bound's
     choice is then one with at least as high a lower bound."""
-    request = type("R", (), {"app": client.app})()
-    version, models = models_in_use(request).get()  # type: ignore[arg-type, misc]
+    version, models = client.app.state.runtime.models_in_use.get()  # type: ignore[attr-defined]
     jobs = [AdviceRequest.model_validate(body).to_job() for body in SAFE_JOBS]
     before = advise_many(jobs, models, model_version=version, min_p_valid_low=0.0)
     after = advise_many(jobs, models, model_version=version)
