@@ -1,68 +1,103 @@
-"""The HTTP API and dashboard: `create_app(settings)` wires the store and the routers; nothing happens at
-import time. One router per resource lives in `advisor/routers/`."""
+"""The HTTP API and dashboard: `create_app(parts)` builds the app from its parts (advisor.parts); nothing
+happens at import time. One router per resource lives in `advisor/routers/`, each included here.
+
+The lifespan starts, in order, what runs beside the requests: the SLO file's check, the online refits,
+the standing forecast, the recommendations' expiry and steering, the outbox relay, then the scheduler
+that runs the periodic ones; it stops them in reverse.
+"""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi_offline import FastAPIOffline
-from sqlalchemy import Engine
 
-from advisor.auth import V1_PREFIX, authorize, install_key_checks
+from advisor.answer_cache import AnswerCache
+from advisor.auth import V1_PREFIX, FailureLimiter, KeyCache, authorize
+from advisor.batching import Batcher
 from advisor.errors import document_errors, install_error_handlers
 from advisor.fastpath import RepeatedAdviceFastPath
 from advisor.guards import RequestGuard
-from twin.settings import Settings
-
-# Each module exposes `router` (an APIRouter); optional `startup(app)` / `shutdown(app)` run in the lifespan.
-ROUTER_MODULES: tuple[str, ...] = (
-    "advisor.routers.health",
-    "advisor.routers.jobs",
-    "advisor.routers.cluster",
-    "advisor.routers.forecast",
-    "advisor.routers.models",
-    "advisor.routers.advise",
-    "advisor.routers.slos",
-    "advisor.routers.recommendations",
-    "advisor.routers.plan",
-    "advisor.routers.audit",
-    "advisor.routers.dashboard",
+from advisor.outbox import RelayThread
+from advisor.parts import ApiParts, ApiRuntime
+from advisor.routers import (
+    advise,
+    audit,
+    cluster,
+    dashboard,
+    forecast,
+    health,
+    jobs,
+    models,
+    plan,
+    recommendations,
+    slos,
 )
 
-Hook = Callable[[FastAPI], Any]
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router,
+    jobs.router,
+    cluster.router,
+    forecast.router,
+    models.router,
+    advise.router,
+    slos.router,
+    recommendations.router,
+    plan.router,
+    audit.router,
+    dashboard.router,
+)
 
 
 def serves_v1(router: APIRouter) -> bool:
     return any(getattr(route, "path", "").startswith(V1_PREFIX) for route in router.routes)
 
 
-def create_app(settings: Settings, engine: Engine) -> FastAPI:
-    """The app on `engine`'s store, whose schema is current (the application migrates it, not the API)."""
-    modules = [importlib.import_module(name) for name in ROUTER_MODULES]
+def build_runtime(parts: ApiParts) -> ApiRuntime:
+    settings = parts.settings
+    runtime = ApiRuntime(
+        parts=parts,
+        key_cache=KeyCache(
+            parts.engine,
+            ttl_s=settings.auth_cache_seconds,
+            negative_ttl_s=settings.auth_negative_cache_seconds,
+        ),
+        auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds),
+        answer_cache=AnswerCache(settings.advice_cache_size),
+        plan_jobs=plan.PlanJobs(),
+    )
+    # Uncached advice is computed in batches; the models in use are looked up per batch.
+    runtime.batcher = Batcher(lambda bodies: advise.answers(runtime, bodies), settings.advice_max_batch)
+    return runtime
+
+
+def create_app(parts: ApiParts) -> FastAPI:
+    """The app on `parts.engine`'s store, whose schema is current (the application migrates it)."""
+    runtime = build_runtime(parts)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # One scheduler for the periodic work of every router (refits, standing forecast, recommendations);
-        # routers add their jobs in `startup` and it starts once all are in.
-        app.state.scheduler = BackgroundScheduler(timezone="UTC")
-        for module in modules:
-            if hasattr(module, "startup"):
-                module.startup(app)
-        if settings.scheduler_enabled:
-            app.state.scheduler.start()
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        slos.check_slo_file(runtime)
+        if parts.refits is not None:
+            parts.refits.install()
+        forecast.schedule_standing_forecast(runtime)
+        recommendations.schedule_expiry_and_steering(runtime)
+        if parts.outbox_relay is not None:
+            runtime.relay = RelayThread(parts.outbox_relay, poll_s=parts.settings.relay_poll_seconds).start()
+            runtime.relay.wake()  # publish whatever an earlier process left unsent
+        if parts.settings.scheduler_enabled:
+            parts.scheduler.start()
         try:
             yield
         finally:
-            if app.state.scheduler.running:
-                app.state.scheduler.shutdown(wait=False)
-            for module in reversed(modules):
-                if hasattr(module, "shutdown"):
-                    module.shutdown(app)
+            if parts.scheduler.running:
+                parts.scheduler.shutdown(wait=False)
+            if runtime.relay is not None:
+                runtime.relay.stop()
+                runtime.relay = None
+            runtime.plan_jobs.pool.shutdown(wait=False, cancel_futures=True)
 
     # /docs (Swagger UI) and /redoc from files the fastapi-offline package ships, not from a CDN: the API's
     # documentation works on a machine without internet, as the dashboard does with its vendored Chart.js.
@@ -72,22 +107,22 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         description="Digital twin of a GPU cluster running LLM fine-tuning jobs: state, forecasts, advice.",
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.engine = engine
-    for module in modules:
-        if serves_v1(module.router):
+    app.state.runtime = runtime  # the one thing in the app's state, read through advisor.deps
+    for router in ROUTERS:
+        if serves_v1(router):
             # Every /v1 route needs a key (reads any role, writes operator+); see advisor.auth.
-            app.include_router(module.router, dependencies=[Depends(authorize)])
+            app.include_router(router, dependencies=[Depends(authorize)])
         else:
-            app.include_router(module.router)
+            app.include_router(router)
 
     # A repeated advice request (same bytes, same models, a key verified moments ago) is answered before
     # FastAPI parses it: see advisor.fastpath.
-    if settings.advice_fast_path:
-        app.add_middleware(RepeatedAdviceFastPath, state=app.state)
+    if parts.settings.advice_fast_path:
+        app.add_middleware(RepeatedAdviceFastPath, runtime=runtime)
     # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
-    install_key_checks(app)
-    app.add_middleware(RequestGuard, max_body_bytes=settings.max_body_bytes, state=app.state)
+    # The guard also refuses an address that failed too many key checks: it reads the runtime's key
+    # cache and failure limiter.
+    app.add_middleware(RequestGuard, max_body_bytes=parts.settings.max_body_bytes, state=runtime)
     install_error_handlers(app)
     app.openapi = document_errors(app)  # type: ignore[method-assign]
     return app

@@ -23,12 +23,13 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fastapi import FastAPI, HTTPException, Request, Security
+from fastapi import HTTPException, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
+from advisor.deps import get_runtime
 from advisor.records import ApiKey
 from twin.store import utcnow
 
@@ -225,39 +226,6 @@ class FailureLimiter:
 _header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="finetwin keys create")
 
 
-def install_key_checks(app: FastAPI) -> None:
-    """The app's key cache and failure limiter, made once at the start (the request guard reads them)."""
-    settings = app.state.settings
-    app.state.key_cache = KeyCache(
-        app.state.engine,
-        ttl_s=settings.auth_cache_seconds,
-        negative_ttl_s=settings.auth_negative_cache_seconds,
-    )
-    app.state.auth_failures = FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds)
-
-
-def _key_cache(request: Request) -> KeyCache:
-    cache = getattr(request.app.state, "key_cache", None)
-    if cache is None:
-        settings = request.app.state.settings
-        cache = KeyCache(
-            request.app.state.engine,
-            ttl_s=settings.auth_cache_seconds,
-            negative_ttl_s=settings.auth_negative_cache_seconds,
-        )
-        request.app.state.key_cache = cache
-    return cache
-
-
-def _failure_limiter(request: Request) -> FailureLimiter:
-    limiter = getattr(request.app.state, "auth_failures", None)
-    if limiter is None:
-        settings = request.app.state.settings
-        limiter = FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds)
-        request.app.state.auth_failures = limiter
-    return limiter
-
-
 def too_many_failures(address: str, wait_s: float) -> str:
     return f"too many failed key checks from {address}; retry in {math.ceil(wait_s)} s"
 
@@ -279,8 +247,8 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
             detail=f"missing API key: send it in the {API_KEY_HEADER} header",
             headers={"WWW-Authenticate": API_KEY_HEADER},
         )
-    cache = _key_cache(request)
-    limiter = _failure_limiter(request)
+    runtime = get_runtime(request)
+    cache, limiter = runtime.key_cache, runtime.auth_failures
     address = client_address(request)
     found, principal = cache.cached(key)
     if not found:

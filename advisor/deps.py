@@ -1,4 +1,7 @@
-"""What the routers depend on, resolved from the app's state (set once by `create_app`)."""
+"""What the routers depend on: the runtime `create_app` built once from the API's parts, and its pieces.
+
+The app holds exactly one thing in its state, the `ApiRuntime`, set when the app is created; every router
+reaches it through these dependencies."""
 
 from __future__ import annotations
 
@@ -8,17 +11,26 @@ from fastapi import Request
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+from advisor.parts import ApiRuntime, ModelsInUse
 from twin.settings import Settings
 
 
+def get_runtime(request: Request) -> ApiRuntime:
+    return request.app.state.runtime
+
+
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    return get_runtime(request).settings
 
 
 def get_engine(request: Request) -> Engine:
-    return request.app.state.engine
+    return get_runtime(request).engine
+
+
+def get_models_in_use(request: Request) -> ModelsInUse:
+    return get_runtime(request).models_in_use
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    with Session(request.app.state.engine, expire_on_commit=False) as session:
+    with Session(get_runtime(request).engine, expire_on_commit=False) as session:
         yield session

@@ -9,21 +9,20 @@ with the body it sent, so the app's checks and messages apply as they always do.
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
 from advisor.auth import API_KEY_HEADER, Role
+from advisor.parts import ApiRuntime
 
 ADVISE_PATH = "/v1/advise"
 _KEY_HEADER = API_KEY_HEADER.lower().encode("latin-1")
 
 
 class RepeatedAdviceFastPath:
-    def __init__(self, app: ASGIApp, state: Any) -> None:
+    def __init__(self, app: ASGIApp, runtime: ApiRuntime) -> None:
         self.app = app
-        self.state = state  # the FastAPI app's state: its answer cache, key cache and models in use
+        self.runtime = runtime  # the API's answer cache, key cache and models in use
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != ADVISE_PATH:
@@ -49,11 +48,8 @@ class RepeatedAdviceFastPath:
         self, scope: Scope, receive: Receive
     ) -> tuple[bytes | None, list[Message] | None]:
         """(the cached answer or None, the request messages read so far or None when none were read)."""
-        cache = getattr(self.state, "advice_cache", None)
-        key_cache = getattr(self.state, "key_cache", None)
-        models = getattr(self.state, "models_in_use", None)
-        if cache is None or key_cache is None or models is None:
-            return None, None  # nothing answered yet: the app sets these up on its first request
+        runtime = self.runtime
+        cache, key_cache, models = runtime.answer_cache, runtime.key_cache, runtime.models_in_use
         key, length = _header(scope, _KEY_HEADER), _header(scope, b"content-length")
         if not key or not length or not length.isdigit() or int(length) > MAX_RAW_KEY_BYTES:
             return None, None

@@ -39,7 +39,7 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, max_body_bytes: int, state: Any = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.state = state  # the FastAPI app's state: its key cache and failure limiter
+        self.state = state  # the API's runtime (advisor.parts.ApiRuntime): its key cache and failure limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

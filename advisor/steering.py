@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 import numpy as np
+from sqlalchemy import Engine
 
 from advisor import workflow
 from advisor.records import Recommendation
@@ -276,13 +277,14 @@ def why_nothing(evaluated: list[tuple[Candidate, dict[str, Any]]]) -> str:
     )
 
 
-def run_steering(app: Any, *, actor: str, source: str) -> SteeringResult:
-    """Load the live state and the models, evaluate the candidates, record the helpful ones."""
+def run_steering(
+    engine: Engine, settings: Settings, models_in_use: Any, *, actor: str, source: str
+) -> SteeringResult:
+    """Load the live state and the models in use (`get() -> (version, models) | None`), evaluate the
+    candidates, record the helpful ones."""
     from twin.live_state import NoClusterError, load_live_inputs
     from twin.slo_attainment import SloFormatError
 
-    settings: Settings = app.state.settings
-    engine = app.state.engine
     began = time.perf_counter()
     try:
         slos = current_slos(engine, settings).slos
@@ -290,7 +292,7 @@ def run_steering(app: Any, *, actor: str, source: str) -> SteeringResult:
         raise SteeringUnavailable(str(exc)) from None
     if not slos.slos:
         raise SteeringUnavailable("no SLOs declared: PUT /v1/slos or set FINETWIN_SLO_FILE")
-    models = _models(app)
+    models = _models(models_in_use)
     try:
         inputs = load_live_inputs(
             engine, cluster_id=settings.cluster_id, lookback=timedelta(days=settings.forecast_lookback_days)
@@ -331,15 +333,11 @@ def baseline_options(settings: Settings) -> ForecastOptions:
     )
 
 
-def _models(app: Any) -> Any:
-    from calibrate.registry import InUseModels, RegistryError
+def _models(models_in_use: Any) -> Any:
+    from calibrate.registry import RegistryError
 
-    cache = getattr(app.state, "models_in_use", None)
-    if cache is None:
-        cache = InUseModels(app.state.settings.resolved_models_dir())
-        app.state.models_in_use = cache
     try:
-        loaded = cache.get()
+        loaded = models_in_use.get()
     except RegistryError as exc:
         raise SteeringUnavailable(f"the model in use cannot be loaded: {exc}") from None
     if loaded is None:

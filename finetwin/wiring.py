@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from sqlalchemy import Engine
 
+    from advisor.parts import ApiParts
     from calibrate.live_error import DriftCallback
     from ingest.apply import BatchHook
     from ingest.bus import Bus
@@ -152,31 +153,29 @@ def ingest_worker(
 # --- the API (advisor)
 
 
-def build_api_app(
-    settings: Settings,
-    engine: Engine | None = None,
-    *,
-    run_migrations: bool = True,
-    kafka_bootstrap: str | None = None,
-) -> FastAPI:
-    """The HTTP API and dashboard (`finetwin up` serves it next to ingest, on the same store).
+def api_parts(settings: Settings, engine: Engine, *, kafka_bootstrap: str | None = None) -> ApiParts:
+    """The API's parts: the registry's models in use, the scheduler with the online refits on it, and the
+    outbox relay that publishes approved actions to `kafka_bootstrap` (else FINETWIN_KAFKA_BOOTSTRAP; with
+    neither, approved actions wait in the outbox)."""
+    from advisor.outbox import OutboxRelay
+    from advisor.parts import ApiParts
 
-    `kafka_bootstrap`: the broker `up` started (when FINETWIN_KAFKA_BOOTSTRAP is unset), so the API's outbox
-    relay publishes approved actions to it. On a store without any API key, creates an approver key and
-    prints it once on stderr: the user of `finetwin up` needs one to use the dashboard and the API.
-    """
+    bootstrap = kafka_bootstrap or settings.kafka_bootstrap
+    relay = OutboxRelay(engine, bootstrap) if bootstrap else None
+    return ApiParts.assemble(settings, engine, outbox_relay=relay)
+
+
+def api_app(parts: ApiParts) -> FastAPI:
     from advisor.app import create_app
+
+    return create_app(parts)
+
+
+def hand_out_first_key(engine: Engine) -> None:
+    """On a store without any API key, create an approver key and print it once on stderr: the user of
+    `finetwin up` needs one to use the dashboard and the API."""
     from advisor.keys import ensure_first_key
 
-    if kafka_bootstrap and not settings.kafka_bootstrap:
-        settings = settings.model_copy(update={"kafka_bootstrap": kafka_bootstrap})
-    if engine is None:
-        engine = migrated_engine(settings) if run_migrations else _engine(settings)
-    elif run_migrations:
-        from finetwin.schema import migrate
-
-        migrate(engine)
-    app = create_app(settings, engine)
     key = ensure_first_key(engine)
     if key is not None:
         print(
@@ -184,10 +183,3 @@ def build_api_app(
             file=sys.stderr,
             flush=True,
         )
-    return app
-
-
-def _engine(settings: Settings) -> Engine:
-    from twin.db import engine_from_settings
-
-    return engine_from_settings(settings)

@@ -247,6 +247,8 @@ class KafkaBusConsumer:
 
             stuck = self._stuck_at()
             undecodable = tuple(getattr(errors, name) for name in _UNDECODABLE_ERRORS)
+            if isinstance(exc, errors.RetriableError) and not isinstance(exc, undecodable):
+                raise  # the broker is gone or moving (connection, metadata): not about a batch; poll again
             if stuck is None and not isinstance(exc, undecodable):
                 raise  # not about a batch: the caller polls again
             raise UndecodableBatch(*(stuck or (None, None, None)), cause=exc) from exc

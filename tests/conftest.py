@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -241,6 +242,20 @@ def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):  # ty
 def tcp_listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def api_parts(settings: Any, engine: Engine, models_in_use: Any = None) -> Any:
+    """The API's usual parts on this store (`models_in_use` in place of the registry's, e.g. a fake)."""
+    from advisor.parts import ApiParts
+
+    return ApiParts.assemble(settings, engine, models_in_use=models_in_use)
+
+
+def api_app(settings: Any, engine: Engine, models_in_use: Any = None) -> Any:
+    """The API built from its usual parts (see `api_parts`)."""
+    from advisor.app import create_app
+
+    return create_app(api_parts(settings, engine, models_in_use))
 
 
 def api_headers(engine: Engine, role: str = "approver", name: str = "test") -> dict[str, str]:

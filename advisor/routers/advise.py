@@ -10,37 +10,20 @@ compiled trees no longer need); bench/api.py measured what the fast path and the
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from advisor.advice import advise_many
 from advisor.advice_plan import AdviceError
 from advisor.advice_predict import ModelsUnusable
 from advisor.advice_schemas import AdviceOut, AdviceRequest
-from advisor.answer_cache import MAX_RAW_KEY_BYTES, AnswerCache, version_in_use
+from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
 from advisor.auth import Role, access
-from advisor.batching import Batcher
-from advisor.routers.models import NO_MODEL, models_in_use
-from calibrate.registry import InUseModels, RegistryError
+from advisor.deps import get_runtime
+from advisor.parts import ApiRuntime
+from advisor.routers.models import NO_MODEL
+from calibrate.registry import RegistryError
 
 router = APIRouter(prefix="/v1/advise", tags=["advice"])
-
-
-def answer_cache(request: Request) -> AnswerCache:
-    cache = getattr(request.app.state, "advice_cache", None)
-    if cache is None:
-        cache = AnswerCache(request.app.state.settings.advice_cache_size)
-        request.app.state.advice_cache = cache
-    return cache
-
-
-def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]]:
-    batcher = getattr(request.app.state, "advice_batcher", None)
-    if batcher is None:
-        app = request.app
-        # The models in use are looked up per batch (`models_in_use` has run for the request by then).
-        batcher = Batcher(lambda bodies: _answers(app, bodies), app.state.settings.advice_max_batch)
-        app.state.advice_batcher = batcher
-    return batcher
 
 
 @router.post(
@@ -53,11 +36,13 @@ def answer_batcher(request: Request) -> Batcher[AdviceRequest, tuple[str, bytes]
     },
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-async def advise(body: AdviceRequest, request: Request) -> Response:
+async def advise(
+    body: AdviceRequest, request: Request, runtime: ApiRuntime = Depends(get_runtime)
+) -> Response:
     # Async: a cached answer (the same configuration under the same models) never leaves the event loop;
     # loading models and computing answers run in the thread pool, in batches.
-    models = models_in_use(request)
-    cache = answer_cache(request)
+    models = runtime.models_in_use
+    cache = runtime.answer_cache
     request_key = body.model_dump_json()
     raw = await request.body()  # already read by FastAPI: the exact bytes, for advisor.fastpath
     raw_key = raw if len(raw) <= MAX_RAW_KEY_BYTES else None
@@ -68,18 +53,18 @@ async def advise(body: AdviceRequest, request: Request) -> Response:
             if raw_key is not None:
                 cache.put((version, raw_key), cached)
             return Response(content=cached, media_type="application/json")
-    version, content = await answer_batcher(request).submit(request_key, body)
+    assert runtime.batcher is not None  # set by create_app
+    version, content = await runtime.batcher.submit(request_key, body)
     cache.put((version, request_key), content)
     if raw_key is not None:
         cache.put((version, raw_key), content)
     return Response(content=content, media_type="application/json")
 
 
-def _answers(app: FastAPI, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
+def answers(runtime: ApiRuntime, bodies: list[AdviceRequest]) -> list[tuple[str, bytes] | HTTPException]:
     """(model version, answer JSON) per request, or the HTTP error for that request alone."""
-    models: InUseModels = app.state.models_in_use  # `models_in_use` ran for the request before
     try:
-        loaded = models.get()
+        loaded = runtime.models_in_use.get()
     except RegistryError as exc:
         raise HTTPException(status_code=NO_MODEL, detail=f"the model in use cannot load: {exc}") from None
     if loaded is None:

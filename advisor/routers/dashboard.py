@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import FileResponse, RedirectResponse, Response
 from pydantic import BaseModel
+
+from advisor.deps import get_settings
+from twin.settings import Settings
 
 router = APIRouter(tags=["dashboard"])
 
@@ -82,15 +85,15 @@ class LatestReport(BaseModel):
     source: str | None = None
 
 
-def _latest(request: Request) -> dict | None:
+def _latest(settings: Settings) -> dict | None:
     from calibrate.report.latest import latest_report
 
-    return latest_report(request.app.state.settings)
+    return latest_report(settings)
 
 
 @router.get("/v1/reports/latest", response_model=LatestReport, tags=["reports"], summary="The latest report")
-def latest_report_info(request: Request) -> LatestReport:
-    pointer = _latest(request)
+def latest_report_info(settings: Settings = Depends(get_settings)) -> LatestReport:
+    pointer = _latest(settings)
     if pointer is None:
         return LatestReport(available=False)
     return LatestReport(
@@ -118,16 +121,16 @@ def report_files(pointer: dict) -> dict[str, Path]:
 
 
 @router.get("/reports/latest/", include_in_schema=False)
-def latest_report_page(request: Request) -> RedirectResponse:
-    pointer = _latest(request)
+def latest_report_page(settings: Settings = Depends(get_settings)) -> RedirectResponse:
+    pointer = _latest(settings)
     if pointer is None:
         raise HTTPException(status_code=404, detail="no report yet: run `finetwin report`")
     return RedirectResponse(url=f"/reports/latest/{Path(pointer['report_md']).name}")
 
 
 @router.get("/reports/latest/{name:path}", include_in_schema=False)
-def latest_report_file(name: str, request: Request) -> Response:
-    pointer = _latest(request)
+def latest_report_file(name: str, settings: Settings = Depends(get_settings)) -> Response:
+    pointer = _latest(settings)
     if pointer is None:
         raise HTTPException(status_code=404, detail="no report yet: run `finetwin report`")
     path = report_files(pointer).get(name)

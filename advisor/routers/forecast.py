@@ -10,7 +10,7 @@ the actuals drawn over it (the dashboard's charts).
 `POST /v1/whatif` compares a scenario with the baseline on paired seeds. Its size (nodes, GPUs, jobs x runs,
 intervals) is bounded and checked before anything runs (422), and it stops when the client disconnects.
 
-The twin's clock is the telemetry's (`twin.clock`): `startup` puts a tick on the app's scheduler every
+The twin's clock is the telemetry's (`twin.clock`): the lifespan puts a tick on the app's scheduler every
 `FINETWIN_FORECAST_MIN_WALL_SECONDS`; a tick makes a new standing forecast once `FINETWIN_FORECAST_EVERY`
 of telemetry time has passed since the last one's start, and scores every stored interval that telemetry
 time has passed (`twin.skill`). A replay at --speed 600 is so forecast and scored within minutes.
@@ -26,13 +26,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import Field, StrictInt
 
 from advisor.auth import Role, access
+from advisor.deps import get_runtime
+from advisor.parts import ApiRuntime
 from advisor.slos_in_force import current_slos
-from calibrate.registry import InUseModels, RegistryError
+from calibrate.registry import RegistryError
 from twin.clock import TwinClock, as_utc, twin_clock
 from twin.cluster import ClusterFormatError
 from twin.config_changes import Admission
@@ -91,11 +93,8 @@ def size_problems(size: ScenarioSize) -> list[str]:
     return problems
 
 
-def _job_models(app: FastAPI) -> tuple[JobModels | None, str]:
-    cache = getattr(app.state, "models_in_use", None)
-    if cache is None:  # shared with the models router: one registry cache per app
-        cache = InUseModels(app.state.settings.resolved_models_dir())
-        app.state.models_in_use = cache
+def _job_models(runtime: ApiRuntime) -> tuple[JobModels | None, str]:
+    cache = runtime.models_in_use
     try:
         loaded = cache.get()
     except RegistryError as exc:
@@ -119,63 +118,65 @@ def _options(settings: Settings) -> ForecastOptions:
     )
 
 
-def _slos(app: FastAPI) -> Any:
+def _slos(runtime: ApiRuntime) -> Any:
     """The SLOs in force: the last set declared with PUT /v1/slos, else the file, else the defaults."""
     try:
-        return current_slos(app.state.engine, app.state.settings).slos
+        return current_slos(runtime.engine, runtime.settings).slos
     except SloFormatError as exc:
         raise HTTPException(NO_STATE, str(exc)) from None
 
 
-def _clock(app: FastAPI) -> TwinClock:
-    settings: Settings = app.state.settings
+def _clock(runtime: ApiRuntime) -> TwinClock:
+    settings: Settings = runtime.settings
     return twin_clock(
-        app.state.engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds
+        runtime.engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds
     )
 
 
-def _live(app: FastAPI, clock: TwinClock | None = None) -> Any:
-    settings: Settings = app.state.settings
+def _live(runtime: ApiRuntime, clock: TwinClock | None = None) -> Any:
+    settings: Settings = runtime.settings
     try:
         return load_live_inputs(
-            app.state.engine,
+            runtime.engine,
             cluster_id=settings.cluster_id,
             lookback=timedelta(days=settings.forecast_lookback_days),
-            clock=clock or _clock(app),
+            clock=clock or _clock(runtime),
         )
     except NoClusterError as exc:
         raise HTTPException(NO_STATE, str(exc)) from None
 
 
-def compute_standing_forecast(app: FastAPI, clock: TwinClock | None = None) -> dict[str, Any]:
+def compute_standing_forecast(runtime: ApiRuntime, clock: TwinClock | None = None) -> dict[str, Any]:
     """A forecast from the live state with the cluster's settings, stored as the standing one."""
-    settings: Settings = app.state.settings
-    models, source = _job_models(app)
-    document = forecast(_live(app, clock), models, _options(settings), _slos(app), model_source=source)
-    document["id"] = save_forecast(app.state.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
+    settings: Settings = runtime.settings
+    models, source = _job_models(runtime)
+    document = forecast(
+        _live(runtime, clock), models, _options(settings), _slos(runtime), model_source=source
+    )
+    document["id"] = save_forecast(runtime.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
     return document
 
 
-def forecast_due(app: FastAPI, clock: TwinClock) -> bool:
+def forecast_due(runtime: ApiRuntime, clock: TwinClock) -> bool:
     """Whether `FINETWIN_FORECAST_EVERY` of the twin's time has passed since the last standing forecast."""
-    settings: Settings = app.state.settings
-    last = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
+    settings: Settings = runtime.settings
+    last = latest_forecast(runtime.engine, cluster_id=settings.cluster_id, kind=STANDING)
     if last is None or last.start is None:
         return True
     return (clock.now - as_utc(last.start)).total_seconds() >= settings.forecast_every
 
 
-def standing_tick(app: FastAPI) -> None:
+def standing_tick(runtime: ApiRuntime) -> None:
     """One tick of the scheduler: a standing forecast when one is due, then score what telemetry passed."""
-    lock: threading.Lock = app.state.forecast_lock
+    lock: threading.Lock = runtime.forecast_lock
     if not lock.acquire(blocking=False):
         return  # the previous tick is still running: skip this one rather than pile up
-    settings: Settings = app.state.settings
+    settings: Settings = runtime.settings
     try:
-        clock = _clock(app)
-        if forecast_due(app, clock):
-            compute_standing_forecast(app, clock)
-        score_due(app.state.engine, settings.cluster_id, clock.now)
+        clock = _clock(runtime)
+        if forecast_due(runtime, clock):
+            compute_standing_forecast(runtime, clock)
+        score_due(runtime.engine, settings.cluster_id, clock.now)
     except HTTPException as exc:
         log.info("standing forecast not refreshed: %s", exc.detail)
     except Exception:  # the scheduler must keep running; the next tick tries again
@@ -184,29 +185,29 @@ def standing_tick(app: FastAPI) -> None:
         lock.release()
 
 
-def _unstored_forecast(app: FastAPI, clock: TwinClock) -> dict[str, Any]:
+def _unstored_forecast(runtime: ApiRuntime, clock: TwinClock) -> dict[str, Any]:
     """A forecast for a reader when no fresh standing one is stored: computed at most once per
     `FINETWIN_FORECAST_MIN_WALL_SECONDS` (and one at a time), kept in memory, never written."""
-    settings: Settings = app.state.settings
-    with app.state.unstored_forecast_lock:
-        kept = getattr(app.state, "unstored_forecast", None)
+    settings: Settings = runtime.settings
+    with runtime.unstored_forecast_lock:
+        kept = runtime.unstored_forecast
         if kept is not None and time.monotonic() - kept[0] < settings.forecast_min_wall_seconds:
             return kept[1] | {"age_s": 0.0, "age_wall_s": time.monotonic() - kept[0]}
-        models, source = _job_models(app)
-        document = forecast(_live(app, clock), models, _options(settings), _slos(app), model_source=source)
-        app.state.unstored_forecast = (time.monotonic(), document)
+        models, source = _job_models(runtime)
+        document = forecast(
+            _live(runtime, clock), models, _options(settings), _slos(runtime), model_source=source
+        )
+        runtime.unstored_forecast = (time.monotonic(), document)
         return document | {"age_s": 0.0, "age_wall_s": 0.0}
 
 
-def startup(app: FastAPI) -> None:
-    settings: Settings = app.state.settings
-    app.state.forecast_lock = threading.Lock()
-    app.state.unstored_forecast_lock = threading.Lock()
-    app.state.last_requested_refresh = -math.inf
-    app.state.scheduler.add_job(
+def schedule_standing_forecast(runtime: ApiRuntime) -> None:
+    """The standing forecast's tick on the API's scheduler (started by the lifespan)."""
+    settings: Settings = runtime.settings
+    runtime.scheduler.add_job(
         standing_tick,
         "interval",
-        args=[app],
+        args=[runtime],
         seconds=settings.forecast_min_wall_seconds,
         id="standing-forecast",
         next_run_time=datetime.now(UTC),
@@ -229,11 +230,10 @@ _NO_STATE_RESPONSE: dict[int | str, dict[str, Any]] = {
     "POST /v1/forecast/refresh.",
     responses=_NO_STATE_RESPONSE,
 )
-def get_forecast(request: Request) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    clock = _clock(app)
-    stored = latest_forecast(app.state.engine, cluster_id=settings.cluster_id, kind=STANDING)
+def get_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
+    settings: Settings = runtime.settings
+    clock = _clock(runtime)
+    stored = latest_forecast(runtime.engine, cluster_id=settings.cluster_id, kind=STANDING)
     if stored is not None and stored.start is not None:
         created = as_utc(stored.created_at)
         # Its age on the twin's clock (telemetry time since it started) and on the wall's.
@@ -249,7 +249,7 @@ def get_forecast(request: Request) -> dict[str, Any]:
                 "age_s": age,
                 "age_wall_s": age_wall,
             }
-    return _unstored_forecast(app, clock)
+    return _unstored_forecast(runtime, clock)
 
 
 @router.post(
@@ -258,24 +258,23 @@ def get_forecast(request: Request) -> dict[str, Any]:
     "FINETWIN_FORECAST_REFRESH_MIN_SECONDS)",
     responses=_NO_STATE_RESPONSE | {REFRESH_BUSY: {"description": "refreshed moments ago, or refreshing"}},
 )
-def refresh_forecast(request: Request) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    lock: threading.Lock = app.state.forecast_lock  # shared with the scheduler's tick
+def refresh_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
+    settings: Settings = runtime.settings
+    lock: threading.Lock = runtime.forecast_lock  # shared with the scheduler's tick
     if not lock.acquire(blocking=False):
         busy = "a refresh is running; GET /v1/forecast when it is done"
         raise HTTPException(REFRESH_BUSY, busy, headers={"Retry-After": "5"})
     try:
         period = settings.forecast_refresh_min_seconds
-        wait_s = app.state.last_requested_refresh + period - time.monotonic()
+        wait_s = runtime.last_requested_refresh + period - time.monotonic()
         if wait_s > 0:
             raise HTTPException(
                 REFRESH_BUSY,
                 f"refreshed less than {period:g} s ago; retry in {wait_s:.0f} s",
                 headers={"Retry-After": str(math.ceil(wait_s))},
             )
-        app.state.last_requested_refresh = time.monotonic()
-        return compute_standing_forecast(app) | {"age_s": 0.0, "age_wall_s": 0.0}
+        runtime.last_requested_refresh = time.monotonic()
+        return compute_standing_forecast(runtime) | {"age_s": 0.0, "age_wall_s": 0.0}
     finally:
         lock.release()
 
@@ -301,17 +300,16 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
     summary="How the stored forecasts did: per figure, error and p10-p90 coverage over the scored intervals",
 )
 def get_skill(
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     since: str | None = Query(
         default=None,
         max_length=64,
         description="only intervals from this time on: RFC 3339, or a duration back (24h)",
     ),
 ) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    clock = _clock(app)
-    out = skill(app.state.engine, settings.cluster_id, parse_since(since, clock.now))
+    settings: Settings = runtime.settings
+    clock = _clock(runtime)
+    out = skill(runtime.engine, settings.cluster_id, parse_since(since, clock.now))
     return out | {"clock": clock.describe()}
 
 
@@ -320,11 +318,10 @@ def get_skill(
     summary="A stored forecast's bands with what then happened, per figure, and its age on the twin's clock",
     responses={404: {"description": "no stored forecast yet"}},
 )
-def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
-    app = request.app
-    settings: Settings = app.state.settings
-    clock = _clock(app)
-    out = forecast_vs_actual(app.state.engine, settings.cluster_id, clock.now)
+def get_forecast_vs_actual(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
+    settings: Settings = runtime.settings
+    clock = _clock(runtime)
+    out = forecast_vs_actual(runtime.engine, settings.cluster_id, clock.now)
     if out is None:
         raise HTTPException(
             404, "no stored forecast yet: the standing forecast is made once the store has a cluster"
@@ -338,19 +335,20 @@ def get_forecast_vs_actual(request: Request) -> dict[str, Any]:
     responses=_NO_STATE_RESPONSE,
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-async def post_whatif(body: WhatIfRequest, request: Request) -> dict[str, Any]:
+async def post_whatif(
+    body: WhatIfRequest, request: Request, runtime: ApiRuntime = Depends(get_runtime)
+) -> dict[str, Any]:
     # Async, so that it can watch the connection while the ensembles run in the thread pool.
-    app = request.app
-    settings: Settings = app.state.settings
-    inputs = await run_in_threadpool(_live, app)
+    settings: Settings = runtime.settings
+    inputs = await run_in_threadpool(_live, runtime)
     try:
         problems = size_problems(scenario_size(inputs, body))
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     if problems:
         raise HTTPException(422, "the what-if is too big to run here: " + "; ".join(problems))
-    models, source = await run_in_threadpool(_job_models, app)
-    slos = await run_in_threadpool(_slos, app)
+    models, source = await run_in_threadpool(_job_models, runtime)
+    slos = await run_in_threadpool(_slos, runtime)
     stop = threading.Event()
     finished = 0
 

@@ -1,6 +1,7 @@
 """Calibrated models over HTTP: predictions for configurations, the registry's versions, and the live error.
 
-`startup` puts the hourly refit and the drift check on the app's scheduler (see `calibrate.refit`).
+The hourly refit and the drift check run on the app's scheduler (`calibrate.refit`, installed by the
+lifespan of `advisor.app`).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -19,12 +20,12 @@ from pydantic import (
 from sqlalchemy import Engine
 
 from advisor.auth import Role, access
-from advisor.deps import get_engine, get_settings
+from advisor.deps import get_engine, get_models_in_use, get_settings
+from advisor.parts import ModelsInUse
 from advisor.timestamps import UtcDatetime
 from calibrate.config_frame import configs_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
-from calibrate.refit import RefitScheduler
-from calibrate.registry import InUseModels, ModelRegistry, RegistryError
+from calibrate.registry import ModelRegistry, RegistryError
 from twin.job_config import DescribedJobConfig, not_blank
 from twin.settings import Settings
 
@@ -128,18 +129,6 @@ class LiveErrorOut(BaseModel):
     points: list[LiveErrorPointOut]
 
 
-def models_in_use(request: Request) -> InUseModels:
-    return app_models_in_use(request.app)
-
-
-def app_models_in_use(app: FastAPI) -> InUseModels:
-    cache = getattr(app.state, "models_in_use", None)
-    if cache is None:
-        cache = InUseModels(app.state.settings.resolved_models_dir())
-        app.state.models_in_use = cache
-    return cache
-
-
 @router.post(
     "/v1/predict",
     response_model=PredictResponse,
@@ -147,7 +136,7 @@ def app_models_in_use(app: FastAPI) -> InUseModels:
     responses={409: {"description": "no calibrated model is in use (or it failed verification)"}},
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
-def predict(body: PredictRequest, cache: InUseModels = Depends(models_in_use)) -> PredictResponse:
+def predict(body: PredictRequest, cache: ModelsInUse = Depends(get_models_in_use)) -> PredictResponse:
     try:
         loaded = cache.get()
     except RegistryError as exc:
@@ -233,13 +222,6 @@ def live_error(
         current=current,
         points=[LiveErrorPointOut(**vars(p)) for p in points],
     )
-
-
-def startup(app: FastAPI) -> None:
-    """The hourly refit and the drift check, on the app's one scheduler."""
-    refits = RefitScheduler(app.state.settings, app.state.engine, app.state.scheduler)
-    refits.install()
-    app.state.refits = refits
 
 
 def _version(registry: ModelRegistry, version: str, in_use: bool) -> ModelVersionOut:

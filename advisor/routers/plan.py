@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, Field, StrictFloat, StrictInt
 
 from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
+from advisor.deps import get_runtime
+from advisor.parts import ApiRuntime
 from advisor.routers.forecast import _job_models, _live, _slos
 from twin.capacity import SweepError, SweepRequest, enumerate_scenarios, make_tasks, run_sweep
 from twin.cluster import ClusterFormatError, cluster_from_spec
@@ -107,14 +109,6 @@ class PlanJobs:
         return job
 
 
-def startup(app: FastAPI) -> None:
-    app.state.plan_jobs = PlanJobs()
-
-
-def shutdown(app: FastAPI) -> None:
-    app.state.plan_jobs.pool.shutdown(wait=False, cancel_futures=True)
-
-
 def _run(job: PlanJob, work: Any, settings: Settings) -> None:
     job.status = "running"
     # Not closed afterwards: on Ray, the API process keeps one connection for its plans and forecasts.
@@ -140,16 +134,15 @@ def _run(job: PlanJob, work: Any, settings: Settings) -> None:
     responses={409: {"description": "nothing to plan yet (no node up) or the models fail verification"}},
     openapi_extra=access(Role.OPERATOR),
 )
-def post_plan(body: PlanBody, request: Request) -> PlanOut:
-    app = request.app
-    inputs = _live(app)
+def post_plan(body: PlanBody, runtime: ApiRuntime = Depends(get_runtime)) -> PlanOut:
+    inputs = _live(runtime)
     if body.cluster is not None:
         try:
             inputs.cluster = cluster_from_spec(body.cluster, "cluster")
         except ClusterFormatError as exc:
             raise HTTPException(422, str(exc)) from None
-    models, _source = _job_models(app)
-    slos = _slos(app)
+    models, _source = _job_models(runtime)
+    slos = _slos(runtime)
     sweep = SweepRequest.model_validate(body.model_dump(exclude={"cluster"}))
     try:
         total = len(make_tasks(enumerate_scenarios(inputs.cluster, sweep), sweep.runs, sweep.chunk_runs))
@@ -160,15 +153,15 @@ def post_plan(body: PlanBody, request: Request) -> PlanOut:
     def work(executor: Any, progress: Any) -> dict[str, Any]:
         return run_sweep(inputs, models, sweep, slos, executor, progress=progress)
 
-    jobs: PlanJobs = app.state.plan_jobs
+    jobs: PlanJobs = runtime.plan_jobs
     jobs.add(job)
-    jobs.pool.submit(_run, job, work, app.state.settings)
+    jobs.pool.submit(_run, job, work, runtime.settings)
     return job.out()
 
 
 @router.get("", response_model=list[PlanOut], summary="The plans of this API process, newest first")
-def list_plans(request: Request) -> list[PlanOut]:
-    jobs: PlanJobs = request.app.state.plan_jobs
+def list_plans(runtime: ApiRuntime = Depends(get_runtime)) -> list[PlanOut]:
+    jobs: PlanJobs = runtime.plan_jobs
     with jobs.lock:
         found = sorted(jobs.jobs.values(), key=lambda j: j.created_at, reverse=True)
     return [j.out(with_result=False) for j in found]
@@ -180,8 +173,8 @@ def list_plans(request: Request) -> list[PlanOut]:
     summary="A plan's progress and, once done, its result (scenarios, frontier, cheapest)",
     responses={404: {"description": "no such plan"}},
 )
-def get_plan(plan_id: str, request: Request) -> PlanOut:
-    return request.app.state.plan_jobs.get(plan_id).out()
+def get_plan(plan_id: str, runtime: ApiRuntime = Depends(get_runtime)) -> PlanOut:
+    return runtime.plan_jobs.get(plan_id).out()
 
 
 class RecommendOut(BaseModel):
@@ -199,16 +192,17 @@ class RecommendOut(BaseModel):
     },
 )
 def recommend_plan(
-    plan_id: str, request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))
+    plan_id: str,
+    runtime: ApiRuntime = Depends(get_runtime),
+    principal: Principal = Depends(require_role(Role.OPERATOR)),
 ) -> RecommendOut:
-    app = request.app
-    job: PlanJob = app.state.plan_jobs.get(plan_id)
+    job: PlanJob = runtime.plan_jobs.get(plan_id)
     if job.status != "done" or job.result is None:
         raise HTTPException(NO_STATE, f"plan {plan_id} is {job.status}, not done")
     best = job.result["cheapest"]
     if best is None:
         raise HTTPException(NO_STATE, "no scenario of this plan meets the SLOs: nothing to recommend")
-    settings: Settings = app.state.settings
+    settings: Settings = runtime.settings
     nodes = ", ".join(f"{count} x {gpu}" for gpu, count in best["nodes"].items())
     proposal = workflow.Proposal(
         kind="capacity",
@@ -227,7 +221,7 @@ def recommend_plan(
         cost=best["gpu_hours_per_day"],
         score=min((s["met_share"] for s in best["slos"].values()), default=1.0),
     )
-    with session_scope(app.state.engine) as session:
+    with session_scope(runtime.engine) as session:
         (rec,) = workflow.propose(
             session,
             [proposal],

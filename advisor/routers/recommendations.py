@@ -1,8 +1,8 @@
 """Recommendations: the queue a person works through (approve / reject), and cluster steering runs.
 
 Approving needs the approver role (checked before the recommendation is looked up); the approval and the
-outbox message for `finetwin.actions` commit together, and the outbox relay (started here when a Kafka
-bootstrap is configured) publishes it.
+outbox message for `finetwin.actions` commit together, and the outbox relay (one of the API's parts, when
+the application gave it a Kafka) publishes it, woken by the approval.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine
 from sqlmodel import Session, col, func, select
 
 from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
-from advisor.deps import get_engine, get_settings
-from advisor.outbox import OutboxRelay, RelayThread
+from advisor.deps import get_runtime, get_settings
+from advisor.parts import ApiRuntime
 from advisor.records import OutboxMessage, Recommendation
+from advisor.steering import SteeringResult, SteeringUnavailable, run_steering
 from advisor.timestamps import UtcDatetime
 from twin.db import session_scope
 from twin.settings import Settings
@@ -93,12 +95,12 @@ def _out(session: Session, rec: Recommendation) -> RecommendationOut:
 
 @router.get("", response_model=RecommendationPage, summary="Recommendations, pending first, best first")
 def list_recommendations(
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     state: RecommendationState | None = Query(default=None),
     limit: int = Query(default=100, ge=1, le=1000),
     offset: int = Query(default=0, ge=0, le=1_000_000_000),
 ) -> RecommendationPage:
-    engine = request.app.state.engine
+    engine = runtime.engine
     with session_scope(engine) as session:
         workflow.expire_due(session)  # a reader never sees a pending one past its TTL
     with Session(engine) as session:
@@ -125,9 +127,9 @@ def list_recommendations(
     summary="The last steering run: when (wall and telemetry time), what it evaluated, and why it "
     "recommended nothing when it did not",
 )
-def last_steering(request: Request) -> dict[str, Any]:
-    settings: Settings = request.app.state.settings
-    last = getattr(request.app.state, "last_steering", None)
+def last_steering(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
+    settings: Settings = runtime.settings
+    last = runtime.last_steering
     if last is None:
         return {
             "ran": False,
@@ -144,8 +146,10 @@ def last_steering(request: Request) -> dict[str, Any]:
     summary="One recommendation",
     responses={404: {"description": "no such recommendation"}},
 )
-def get_recommendation(request: Request, recommendation_id: str = RecommendationId) -> RecommendationOut:
-    with Session(request.app.state.engine) as session:
+def get_recommendation(
+    recommendation_id: str = RecommendationId, runtime: ApiRuntime = Depends(get_runtime)
+) -> RecommendationOut:
+    with Session(runtime.engine) as session:
         rec = session.get(Recommendation, recommendation_id)
         if rec is None:
             raise HTTPException(status_code=404, detail=f"no recommendation {recommendation_id!r}")
@@ -168,13 +172,13 @@ _DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
     openapi_extra=access(Role.APPROVER),
 )
 def approve(
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     recommendation_id: str = RecommendationId,
     body: ApproveIn | None = None,
     principal: Principal = Depends(require_role(Role.APPROVER)),
     settings: Settings = Depends(get_settings),
 ) -> RecommendationOut:
-    engine = request.app.state.engine
+    engine = runtime.engine
     try:
         with session_scope(engine) as session:
             workflow.expire_due(session)
@@ -189,9 +193,8 @@ def approve(
             out = _out(session, rec)
     except workflow.TransitionError as exc:
         raise HTTPException(status_code=exc.status, detail=exc.message) from exc
-    relay: RelayThread | None = getattr(request.app.state, "relay", None)
-    if relay is not None:
-        relay.wake()
+    if runtime.relay is not None:
+        runtime.relay.wake()
     return out
 
 
@@ -204,11 +207,11 @@ def approve(
 )
 def reject(
     body: RejectIn,
-    request: Request,
+    runtime: ApiRuntime = Depends(get_runtime),
     recommendation_id: str = RecommendationId,
     principal: Principal = Depends(require_role(Role.APPROVER)),
 ) -> RecommendationOut:
-    engine = request.app.state.engine
+    engine = runtime.engine
     try:
         with session_scope(engine) as session:
             workflow.expire_due(session)
@@ -226,63 +229,43 @@ def reject(
     summary="Run cluster steering now: what-ifs against the SLOs, recording those that help (operator)",
     responses={409: {"description": "steering cannot run yet (no SLOs, no node up, no usable models)"}},
 )
-def run_now(request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))) -> RunOut:
-    from advisor.steering import SteeringUnavailable, run_steering
-
+def run_now(
+    runtime: ApiRuntime = Depends(get_runtime), principal: Principal = Depends(require_role(Role.OPERATOR))
+) -> RunOut:
     try:
-        result = run_steering(request.app, actor=principal.actor, source="on-demand")
+        result = _steer(runtime, actor=principal.actor, source="on-demand")
     except SteeringUnavailable as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from exc
-    _remember(request.app, result)
-    with Session(get_engine(request)) as session:
+    _remember(runtime, result)
+    with Session(runtime.engine) as session:
         recs = [_out(session, r) for r in result.recommendations]
     return RunOut(evaluated=result.evaluated, recommended=len(recs), recommendations=recs, notes=result.notes)
 
 
-# --- lifespan: the outbox relay and the scheduled steering ---------------------------------------------
+# --- the scheduled expiry and steering (put on the scheduler by the lifespan) ------------------------------
 
 
-def startup(app: FastAPI) -> None:
-    settings: Settings = app.state.settings
-    app.state.relay = None
-    if settings.kafka_bootstrap:
-        relay = OutboxRelay(app.state.engine, settings.kafka_bootstrap)
-        app.state.relay = RelayThread(relay, poll_s=settings.relay_poll_seconds).start()
-        app.state.relay.wake()  # publish whatever an earlier process left unsent
-    scheduler = app.state.scheduler
+def schedule_expiry_and_steering(runtime: ApiRuntime) -> None:
+    scheduler = runtime.scheduler
     scheduler.add_job(
-        _expire_job,
-        "interval",
-        minutes=5,
-        args=[app],
-        id="recommendations-expire",
-        max_instances=1,
-        coalesce=True,
-    )
-    app.state.last_steering = None
+        _expire_job, "interval", minutes=5, args=[runtime.engine], id="recommendations-expire",
+        max_instances=1, coalesce=True, replace_existing=True,
+    )  # fmt: skip
     scheduler.add_job(
-        _steering_job,
-        "interval",
-        seconds=STEERING_TICK_S,
-        args=[app],
-        id="recommendations-steering",
-        max_instances=1,
-        coalesce=True,
-    )
+        _steering_job, "interval", seconds=STEERING_TICK_S, args=[runtime], id="recommendations-steering",
+        max_instances=1, coalesce=True, replace_existing=True,
+    )  # fmt: skip
 
 
-def shutdown(app: FastAPI) -> None:
-    relay: RelayThread | None = getattr(app.state, "relay", None)
-    if relay is not None:
-        relay.stop()
-        app.state.relay = None
-
-
-def _expire_job(app: FastAPI) -> None:
-    with session_scope(app.state.engine) as session:
+def _expire_job(engine: Engine) -> None:
+    with session_scope(engine) as session:
         expired = workflow.expire_due(session)
     if expired:
         log.info("expired %d recommendations", len(expired))
+
+
+def _steer(runtime: ApiRuntime, *, actor: str, source: str) -> SteeringResult:
+    return run_steering(runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source)
 
 
 # The steering job looks this often whether a run is due: soon after the first model is in use, then every
@@ -290,43 +273,42 @@ def _expire_job(app: FastAPI) -> None:
 STEERING_TICK_S = 30.0
 
 
-def _steering_job(app: FastAPI) -> None:
+def _steering_job(runtime: ApiRuntime) -> None:
     """Steers when due (see STEERING_TICK_S); a run that could not happen (no model yet) is retried at the
     next tick."""
-    from advisor.steering import SteeringUnavailable, run_steering
     from twin.clock import twin_clock
 
-    settings: Settings = app.state.settings
+    settings: Settings = runtime.settings
     tolerance = settings.forecast_clock_tolerance_seconds
-    clock = twin_clock(app.state.engine, settings.cluster_id, tolerance_s=tolerance)
-    last = getattr(app.state, "last_steering", None)
+    clock = twin_clock(runtime.engine, settings.cluster_id, tolerance_s=tolerance)
+    last = runtime.last_steering
     if last is not None and last.get("telemetry_at"):
         since = (clock.now - datetime.fromisoformat(last["telemetry_at"])).total_seconds()
         wall = (datetime.now(UTC) - datetime.fromisoformat(last["at"])).total_seconds()
         if since < settings.steering_interval_minutes * 60.0 or wall < settings.steering_min_wall_seconds:
             return
     try:
-        result = run_steering(app, actor="system", source="schedule")
+        result = _steer(runtime, actor="system", source="schedule")
     except SteeringUnavailable as exc:
         log.info("scheduled steering skipped: %s", exc)
-        app.state.last_steering = {
+        runtime.last_steering = {
             "ran": False, "at": datetime.now(UTC).isoformat(), "telemetry_at": None, "why_none": str(exc)
         }  # fmt: skip
         return
     except Exception:  # the scheduler must keep running; the next tick tries again
         log.exception("scheduled steering failed")
         return
-    _remember(app, result, clock.now)
+    _remember(runtime, result, clock.now)
     log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))
 
 
-def _remember(app: FastAPI, result: Any, telemetry_at: datetime | None = None) -> None:
+def _remember(runtime: ApiRuntime, result: Any, telemetry_at: datetime | None = None) -> None:
     """The last run's outcome, for the panel (this process's memory: it is about the latest run only)."""
     if telemetry_at is None:
         from twin.clock import twin_clock
 
-        telemetry_at = twin_clock(app.state.engine, app.state.settings.cluster_id).now
-    app.state.last_steering = {
+        telemetry_at = twin_clock(runtime.engine, runtime.settings.cluster_id).now
+    runtime.last_steering = {
         "ran": True,
         "at": datetime.now(UTC).isoformat(),
         "telemetry_at": telemetry_at.isoformat(),

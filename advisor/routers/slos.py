@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.auth import Principal, Role, require_role
+from advisor.deps import get_runtime
+from advisor.parts import ApiRuntime
 from advisor.slos_in_force import SlosInForce, current_slos, declare_slos
 from advisor.timestamps import UtcDatetime
 from twin.slo_attainment import Slo, SloFormatError, SloSet
@@ -36,21 +38,23 @@ def _out(found: SlosInForce) -> SlosOut:
 
 
 @router.get("", response_model=SlosOut, summary="The SLOs in force and where they come from")
-def get_slos(request: Request) -> SlosOut:
+def get_slos(runtime: ApiRuntime = Depends(get_runtime)) -> SlosOut:
     try:
-        return _out(current_slos(request.app.state.engine, request.app.state.settings))
+        return _out(current_slos(runtime.engine, runtime.settings))
     except SloFormatError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
 
 
 @router.put("", response_model=SlosOut, summary="Declare the SLOs (replaces the set in force; operator)")
 def put_slos(
-    body: SlosIn, request: Request, principal: Principal = Depends(require_role(Role.OPERATOR))
+    body: SlosIn,
+    runtime: ApiRuntime = Depends(get_runtime),
+    principal: Principal = Depends(require_role(Role.OPERATOR)),
 ) -> SlosOut:
     slos = SloSet(slos=body.slos)
-    return _out(declare_slos(request.app.state.engine, slos, actor=principal.actor))
+    return _out(declare_slos(runtime.engine, slos, actor=principal.actor))
 
 
-def startup(app: FastAPI) -> None:
+def check_slo_file(runtime: ApiRuntime) -> None:
     """A broken SLO file is a configuration error: say so when the API starts, not at the first request."""
-    current_slos(app.state.engine, app.state.settings)
+    current_slos(runtime.engine, runtime.settings)

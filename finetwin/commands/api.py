@@ -38,11 +38,10 @@ def api(
 ) -> int:
     import uvicorn
 
-    from advisor.app import create_app
-    from finetwin.wiring import migrated_engine
+    from finetwin.wiring import api_app, api_parts, migrated_engine
 
     settings: Settings = ctx.obj
-    app = create_app(settings, migrated_engine(settings))
+    app = api_app(api_parts(settings, migrated_engine(settings)))
     uvicorn.run(
         app,
         host=host or settings.api_host,

@@ -95,7 +95,7 @@ def up(
     ] = False,
 ) -> int:
     from advisor.keys import ensure_first_key
-    from finetwin.wiring import build_api_app, ensure_topics, ingest_worker, migrated_engine
+    from finetwin.wiring import api_app, api_parts, ensure_topics, ingest_worker, migrated_engine
     from ingest.replay import send_replay
 
     settings: Settings = ctx.obj
@@ -136,16 +136,16 @@ def up(
         first_key = ensure_first_key(engine)  # for the banner (the API then finds a key and prints none)
         topic = settings.telemetry_topic
         ensure_topics(bus, settings, topic)
-        worker = ingest_worker(bus, engine, settings, topic)
+        # The API's parts first: ingest's drift hook calls the API's refit scheduler (one process).
+        api = api_parts(settings, engine, kafka_bootstrap=getattr(bus, "bootstrap", None))
+        on_drift = api.refits.on_drift if api.refits is not None else None
+        worker = ingest_worker(bus, engine, settings, topic, on_drift=on_drift)
         failed: list[BaseException] = []
         ingest_thread = threading.Thread(target=_ingest, args=(worker, stop, failed), name="ingest")
         ingest_thread.start()
         parts.callback(ingest_thread.join)
         parts.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
-        app = build_api_app(
-            settings, engine, run_migrations=False, kafka_bootstrap=getattr(bus, "bootstrap", None)
-        )
-        url = _serve_api(app, listener, parts)
+        url = _serve_api(api_app(api), listener, parts)
         output.say(banner(url, first_key, settings), stderr=True)
         if plan is not None:
             producer = bus.producer()

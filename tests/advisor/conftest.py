@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from advisor.app import create_app
-from tests.conftest import api_headers
+from tests.advisor.fakes import FakeInUse
+from tests.conftest import api_app, api_headers
 from twin.settings import Settings
 
 # The installed console script (`python -m finetwin.cli` would load the module twice: __main__, and itself).
@@ -33,8 +33,14 @@ def settings(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def client(engine: Engine, settings: Settings) -> Iterator[TestClient]:
-    app = create_app(settings, engine)
+def in_use() -> FakeInUse:
+    """The models in use the `client`'s app is built with: none until a test puts models in."""
+    return FakeInUse(None)
+
+
+@pytest.fixture
+def client(engine: Engine, settings: Settings, in_use: FakeInUse) -> Iterator[TestClient]:
+    app = api_app(settings, engine, in_use)
     with TestClient(app) as test_client:
         yield test_client
 

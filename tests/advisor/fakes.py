@@ -60,7 +60,7 @@ class FakeModels:
 
 
 class FakeInUse:
-    """What `advisor.routers.models.models_in_use` hands the routers: `get() -> (version, models)`."""
+    """The API's models in use (`advisor.parts.ModelsInUse`): `get() -> (version, models)`."""
 
     def __init__(self, models: object | None, version: str = "v-test") -> None:
         self.models = models

@@ -148,9 +148,9 @@ BODY = {
 }  # fmt: skip
 
 
-def test_advise_over_http(client: TestClient, keys: dict) -> None:
+def test_advise_over_http(client: TestClient, keys: dict, in_use: FakeInUse) -> None:
     models = FakeModels()
-    client.app.state.models_in_use = FakeInUse(models)  # type: ignore[attr-defined]
+    in_use.models = models
     assert client.post("/v1/advise", json=BODY).status_code == 401
     response = client.post("/v1/advise", json=BODY, headers=keys["viewer"])  # computes only: a viewer may ask
     assert response.status_code == 200, response.text
@@ -160,7 +160,7 @@ def test_advise_over_http(client: TestClient, keys: dict) -> None:
     calls = dict(models.calls)
     again = client.post("/v1/advise", json=BODY, headers=keys["viewer"])
     assert again.content == response.content and models.calls == calls  # answered from the cache
-    client.app.state.models_in_use = FakeInUse(models, version="v-next")  # type: ignore[attr-defined]
+    in_use.version = "v-next"
     newer = client.post("/v1/advise", json=BODY, headers=keys["viewer"]).json()
     assert newer["model_version"] == "v-next" and models.calls["throughput"] == calls["throughput"] + 1
 
@@ -177,15 +177,15 @@ def test_advise_over_http(client: TestClient, keys: dict) -> None:
     ],
 )
 def test_bad_advice_requests_get_a_422_naming_the_field(
-    client: TestClient, keys: dict, change: dict, field: str
+    client: TestClient, keys: dict, in_use: FakeInUse, change: dict, field: str
 ) -> None:
-    client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
+    in_use.models = FakeModels()
     response = client.post("/v1/advise", json={**BODY, **change}, headers=keys["viewer"])
     assert response.status_code == 422 and field in response.json()["detail"]
 
 
-def test_advise_without_models_is_a_409(client: TestClient, keys: dict) -> None:
-    client.app.state.models_in_use = FakeInUse(None)  # type: ignore[attr-defined]
+def test_advise_without_models_is_a_409(client: TestClient, keys: dict, in_use: FakeInUse) -> None:
+    assert in_use.models is None
     response = client.post("/v1/advise", json=BODY, headers=keys["viewer"])
     assert response.status_code == 409 and "calibrate" in response.json()["detail"]
 

@@ -19,12 +19,18 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from advisor.app import create_app
 from finetwin.cli import main
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.test_workflow import proposal, propose
-from tests.conftest import POSTGRES_ADMIN_URL, REPO, _postgres_reachable, api_headers, service_missing
+from tests.conftest import (
+    POSTGRES_ADMIN_URL,
+    REPO,
+    _postgres_reachable,
+    api_app,
+    api_headers,
+    service_missing,
+)
 from twin.db import make_engine
 
 ROLES_SQL = REPO / "deploy" / "postgres" / "roles.sql"
@@ -134,7 +140,7 @@ def test_the_app_works_as_the_service_role(two_roles: TwoRoles, tmp_path: Path) 
     (rec_id,) = propose(service, proposal())
     # `finetwin api` migrates before serving: on an up-to-date schema a read, which the service may do.
     migrate(service)
-    app = create_app(advisor_settings(tmp_path), service)
+    app = api_app(advisor_settings(tmp_path), service)
     operator, approver = api_headers(service, "operator"), api_headers(service, "approver")
     with TestClient(app) as client:
         slos = {"slos": [{"name": "p95 wait", "metric": "wait_p95_s", "max": 3600}]}

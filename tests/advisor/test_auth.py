@@ -12,11 +12,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from advisor.app import create_app
 from advisor.auth import Role, parse_key_id
 from advisor.keys import create_api_key, revoke_api_key
 from advisor.records import ApiKey
 from tests.advisor.conftest import FINETWIN, advisor_settings
+from tests.conftest import api_app
 from twin.db import engine_from_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_keys_are_stored_hashed(engine: Engine) -> None:
 
 
 def test_a_revoked_key_stops_working(engine: Engine, tmp_path: Path) -> None:
-    app = create_app(advisor_settings(tmp_path, auth_cache_seconds=0), engine)
+    app = api_app(advisor_settings(tmp_path, auth_cache_seconds=0), engine)
     key = create_api_key(engine, Role.VIEWER, name="temp", actor="test")
     with TestClient(app) as client:
         assert client.get("/v1/jobs", headers={"X-API-Key": key}).status_code == 200
@@ -105,7 +105,7 @@ def test_keys_create_prints_the_key_alone_and_it_works(tmp_path: Path) -> None:
     )
     assert bad.returncode != 0 and "admin" in bad.stderr
     settings = advisor_settings(tmp_path)
-    with TestClient(create_app(settings, engine_from_settings(settings))) as client:
+    with TestClient(api_app(settings, engine_from_settings(settings))) as client:
         assert client.get("/v1/audit", headers={"X-API-Key": lines[0]}).status_code == 200
 
 
@@ -141,7 +141,7 @@ def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_pa
         figures={"q1": out / "figures" / "q1.png"}, generated_at="2026-11-29T12:00:00Z", source="sample",
     )  # fmt: skip
     record_latest(report, reports_root(settings))
-    with TestClient(create_app(settings, engine)) as client:
+    with TestClient(api_app(settings, engine)) as client:
         info = client.get("/v1/reports/latest", headers=keys["viewer"]).json()
         assert info["available"] and info["url"] == "/reports/latest/"
         page = client.get(info["url"])
@@ -180,7 +180,7 @@ def test_only_the_files_the_report_wrote_are_served_and_none_runs(
         generated_at="2026-11-29T12:00:00Z", source="sample",
     )  # fmt: skip
     record_latest(report, reports_root(settings))
-    with TestClient(create_app(settings, engine)) as client:
+    with TestClient(api_app(settings, engine)) as client:
         for name in planted:  # q2.svg is even in the pointer: an SVG may carry a script, so never
             assert client.get(f"/reports/latest/{name}").status_code == 404, name
         for name, media in (("report.md", "text/plain"), ("numbers.json", "application/json"),
@@ -195,14 +195,18 @@ def test_only_the_files_the_report_wrote_are_served_and_none_runs(
 
 
 def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from finetwin.wiring import build_api_app
+    from finetwin.wiring import api_app as wired_app
+    from finetwin.wiring import api_parts, hand_out_first_key, migrated_engine
 
     settings = advisor_settings(tmp_path)
-    app = build_api_app(settings, kafka_bootstrap="127.0.0.1:1")
+    engine = migrated_engine(settings)
+    hand_out_first_key(engine)
     first = capsys.readouterr().err
     key = first.strip().splitlines()[-1].strip()
     assert parse_key_id(key) is not None and "approver" in first
-    assert app.state.settings.kafka_bootstrap == "127.0.0.1:1"  # the relay publishes to up's broker
-    with TestClient(build_api_app(settings)) as client:
-        assert capsys.readouterr().err == ""  # a store with keys gets no new one
+    parts = api_parts(settings, engine, kafka_bootstrap="127.0.0.1:1")
+    assert parts.outbox_relay is not None and parts.outbox_relay.bootstrap == "127.0.0.1:1"  # up's broker
+    hand_out_first_key(engine)
+    assert capsys.readouterr().err == ""  # a store with keys gets no new one
+    with TestClient(wired_app(api_parts(settings, engine))) as client:
         assert client.get("/v1/recommendations", headers={"X-API-Key": key}).status_code == 200

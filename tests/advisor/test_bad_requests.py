@@ -16,12 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
-from advisor.app import create_app
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.advisor.test_workflow import proposal, propose
-from tests.conftest import api_headers, tcp_listening, wait_for
+from tests.conftest import api_app, api_headers, tcp_listening, wait_for
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 CONFIG = {
@@ -31,8 +30,7 @@ CONFIG = {
 
 
 def _app(engine: Engine, tmp_path: Path, **settings: object) -> TestClient:
-    app = create_app(advisor_settings(tmp_path, **settings), engine)
-    app.state.models_in_use = FakeInUse(None)
+    app = api_app(advisor_settings(tmp_path, **settings), engine, FakeInUse(None))
     return TestClient(app)
 
 
@@ -219,8 +217,7 @@ def test_a_whatif_stops_when_its_client_disconnects(engine: Engine, tmp_path: Pa
 
     seed_overloaded_cluster(engine, jobs=400, nodes=4)
     viewer = api_headers(engine, "viewer")
-    app = create_app(advisor_settings(tmp_path, forecast_workers=1), engine)
-    app.state.models_in_use = FakeInUse(FakeModels())
+    app = api_app(advisor_settings(tmp_path, forecast_workers=1), engine, FakeInUse(FakeModels()))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from advisor.answer_cache import AnswerCache
-from advisor.app import create_app
 from advisor.auth import Principal, Role, authorize
 from advisor.fastpath import RepeatedAdviceFastPath
 from tests.advisor.fakes import FakeInUse, FakeModels
+from tests.conftest import api_app
 from twin.settings import Settings
 
 BODY = b'{"model_name": "llama3-8b", "gpu_model": "A100-SXM"}'
@@ -56,8 +56,8 @@ def _state(version: str | None = "v1") -> SimpleNamespace:
     cache = AnswerCache(16)
     cache.put(("v1", BODY), ANSWER)
     viewer = Principal(key_id="k", name="viewer", role=Role.VIEWER)
-    return SimpleNamespace(
-        advice_cache=cache,
+    return SimpleNamespace(  # what the middleware reads of the API's runtime (advisor.parts.ApiRuntime)
+        answer_cache=cache,
         key_cache=Keys({"good": viewer, "bad": None}),
         models_in_use=SimpleNamespace(version_in_use=lambda: version),
     )
@@ -121,8 +121,8 @@ def test_everything_else_reaches_the_app_with_its_body(case: str, kwargs: dict, 
 
 
 def _routed_app(settings: Settings, engine: Engine) -> tuple[FastAPI, list[str]]:
-    """The app, recording every request that reaches FastAPI's dependencies."""
-    app = create_app(settings, engine)
+    """The app (with fake models in use), recording every request that reaches FastAPI's dependencies."""
+    app = api_app(settings, engine, FakeInUse(FakeModels()))
     routed: list[str] = []
 
     async def counting(request: Request) -> Principal | None:
@@ -137,7 +137,6 @@ def _routed_app(settings: Settings, engine: Engine) -> tuple[FastAPI, list[str]]
 def routed_client(engine: Engine, settings: Settings) -> Iterator[tuple[TestClient, list[str]]]:
     app, routed = _routed_app(settings, engine)
     with TestClient(app) as test_client:
-        test_client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
         yield test_client, routed
 
 
@@ -165,7 +164,6 @@ def test_over_http_only_the_repeat_skips_the_app(
 def test_the_fast_path_can_be_turned_off(engine: Engine, settings: Settings, keys: dict) -> None:
     app, routed = _routed_app(settings.model_copy(update={"advice_fast_path": False}), engine)
     with TestClient(app) as test_client:
-        test_client.app.state.models_in_use = FakeInUse(FakeModels())  # type: ignore[attr-defined]
         body = {
             "model_name": "llama3-8b", "method": "lora", "gpu_model": "A100-SXM", "number_gpus": 4,
             "batch_size": 8, "tokens_per_sample": 2048,

@@ -29,12 +29,11 @@ from schemathesis.core.failures import FailureGroup
 from sqlalchemy import Engine
 
 from advisor import workflow
-from advisor.app import create_app
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
-from tests.conftest import api_headers
+from tests.conftest import api_app, api_headers
 from twin.db import make_engine, session_scope
 
 pytestmark = pytest.mark.slow
@@ -52,8 +51,7 @@ def _store(tmp_path: Path, name: str) -> Engine:
 @pytest.fixture
 def empty_api(tmp_path: Path):  # type: ignore[no-untyped-def]
     engine = _store(tmp_path, "empty.db")
-    app = create_app(advisor_settings(tmp_path), engine)
-    app.state.models_in_use = FakeInUse(None)
+    app = api_app(advisor_settings(tmp_path), engine, FakeInUse(None))
     return schemathesis.openapi.from_asgi("/openapi.json", app), api_headers(engine, "approver")
 
 
@@ -67,8 +65,7 @@ def busy_api(tmp_path: Path):  # type: ignore[no-untyped-def]
         ]
         workflow.propose(session, proposals, actor="system", source="test", ttl=timedelta(hours=1))
     settings_ = advisor_settings(tmp_path, steering_replications=2, steering_horizon_hours=2)
-    app = create_app(settings_, engine)
-    app.state.models_in_use = FakeInUse(FakeModels())
+    app = api_app(settings_, engine, FakeInUse(FakeModels()))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app).include(path_regex=ADVISOR_PATHS)
     return schema, api_headers(engine, "approver")
 
@@ -119,7 +116,7 @@ def test_no_5xx_on_a_busy_store(busy_api) -> None:  # type: ignore[no-untyped-de
 @pytest.fixture
 def calibrated_api(tmp_path: Path, calibrated_models_dir: Path):  # type: ignore[no-untyped-def]
     engine = _store(tmp_path, "calibrated.db")
-    app = create_app(advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine)
+    app = api_app(advisor_settings(tmp_path, models_dir=calibrated_models_dir), engine)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app).include(
         path_regex=r"^/v1/(advise|predict)$"
     )

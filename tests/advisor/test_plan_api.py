@@ -9,12 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from advisor.app import create_app
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
-from tests.conftest import api_headers, wait_for
+from tests.conftest import api_app, api_headers, wait_for
 from twin.db import make_engine
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -34,9 +33,8 @@ def app_client(store: Engine, tmp_path: Path):  # type: ignore[no-untyped-def]
     # Six submissions over ten years of history: the live arrival process is (nearly) silent, so the
     # answer does not hang on whether a job happens to arrive in the horizon.
     settings = advisor_settings(tmp_path, forecast_workers=1, forecast_lookback_days=3650)
-    app = create_app(settings, store)
+    app = api_app(settings, store, FakeInUse(FakeModels()))
     with TestClient(app) as client:
-        app.state.models_in_use = FakeInUse(FakeModels())
         yield client
 
 
@@ -107,7 +105,7 @@ def test_bad_plans_are_refused_with_a_reason(app_client: TestClient, store: Engi
 def test_a_plan_without_a_cluster_in_the_store_says_so(sqlite_url: str, tmp_path: Path) -> None:
     engine = make_engine(sqlite_url)
     migrate(engine)
-    app = create_app(advisor_settings(tmp_path), engine)
+    app = api_app(advisor_settings(tmp_path), engine)
     with TestClient(app) as client:
         response = client.post(
             "/v1/plan", json={"vary": [f"{A100}=1..2"]}, headers=api_headers(engine, "operator")
@@ -123,10 +121,9 @@ def test_an_unreachable_ray_cluster_is_a_503_for_forecasts_and_a_failed_plan(
     pytest.importorskip("ray")
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     settings = advisor_settings(tmp_path, forecast_workers=1, forecast_runs=2, ray_address=address)
-    app = create_app(settings, store)
+    app = api_app(settings, store, FakeInUse(FakeModels()))
     operator = api_headers(store, "operator")
     with TestClient(app) as client:
-        app.state.models_in_use = FakeInUse(FakeModels())
         forecast = client.get("/v1/forecast?refresh=true", headers=operator)
         assert forecast.status_code == 503 and address in forecast.json()["detail"]
         started = client.post("/v1/plan", json={"vary": [f"{A100}=1..2"], "runs": 1}, headers=operator)

@@ -9,13 +9,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from advisor.app import create_app
 from advisor.steering import candidates
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
-from tests.conftest import api_headers
+from tests.conftest import api_app, api_headers, api_parts
 from twin.db import make_engine
 from twin.forecast import ForecastOptions
 from twin.live_state import load_live_inputs
@@ -32,11 +31,10 @@ def store(sqlite_url: str) -> Engine:
 
 
 @pytest.fixture
-def app_client(store: Engine, tmp_path: Path):  # type: ignore[no-untyped-def]
+def app_client(store: Engine, tmp_path: Path, in_use: FakeInUse):  # type: ignore[no-untyped-def]
     settings = advisor_settings(tmp_path, steering_replications=4, steering_horizon_hours=12)
-    app = create_app(settings, store)
-    with TestClient(app) as client:
-        app.state.models_in_use = FakeInUse(FakeModels())
+    in_use.models = FakeModels()
+    with TestClient(api_app(settings, store, in_use)) as client:
         yield client
 
 
@@ -80,8 +78,8 @@ def test_steering_recommends_what_helps_the_slos(app_client: TestClient, store: 
     assert len(again["recommendations"]) == len(recs)  # paired seeds: the same state gives the same answer
 
 
-def test_steering_without_models_says_why(app_client: TestClient, store: Engine) -> None:
-    app_client.app.state.models_in_use = FakeInUse(None)  # type: ignore[attr-defined]
+def test_steering_without_models_says_why(app_client: TestClient, store: Engine, in_use: FakeInUse) -> None:
+    in_use.models = None
     response = app_client.post("/v1/recommendations/run", headers=api_headers(store, "operator"))
     assert response.status_code == 409 and "calibrate" in response.json()["detail"]
 
@@ -101,14 +99,16 @@ def test_slos_are_validated_and_audited(app_client: TestClient, store: Engine) -
 def test_the_slo_file_is_read_and_a_bad_one_stops_the_api(store: Engine, tmp_path: Path) -> None:
     good = tmp_path / "slos.yaml"
     good.write_text("slos:\n  - {name: util, metric: utilization, min: 0.5}\n")
-    app = create_app(advisor_settings(tmp_path, slo_file=good), store)
-    with TestClient(app) as client:
+    from advisor.app import create_app
+
+    parts = api_parts(advisor_settings(tmp_path, slo_file=good), store)
+    with TestClient(create_app(parts)) as client:
         got = client.get("/v1/slos", headers=api_headers(store, "viewer")).json()
         assert got["source"] == "file" and got["slos"][0]["metric"] == "utilization"
-        assert app.state.scheduler.get_job("recommendations-steering") is not None
+        assert parts.scheduler.get_job("recommendations-steering") is not None
     bad = tmp_path / "bad.yaml"
     bad.write_text("slos:\n  - {name: util, metric: joy, min: 0.5}\n")
-    app = create_app(advisor_settings(tmp_path, slo_file=bad), store)
+    app = api_app(advisor_settings(tmp_path, slo_file=bad), store)
     with pytest.raises(Exception, match="bad.yaml"), TestClient(app):
         pass
 

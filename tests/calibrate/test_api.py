@@ -12,12 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from advisor.app import create_app
 from calibrate.live_error import prediction_hook
 from finetwin.schema import migrate
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobSubmitted, new_event
-from tests.conftest import api_headers
+from tests.conftest import api_app, api_headers, api_parts
 from twin.db import make_engine
 from twin.settings import Settings
 
@@ -38,7 +37,7 @@ def store(sqlite_url: str) -> Iterator[Engine]:
 
 def client_for(engine: Engine, models_dir: Path, tmp_path: Path, role: str = "viewer") -> TestClient:
     settings = Settings(data_dir=tmp_path / "data", models_dir=models_dir, scheduler_enabled=False)
-    app = create_app(settings, engine)
+    app = api_app(settings, engine)
     return TestClient(app, headers=api_headers(engine, role, name=f"{role}-tester"))
 
 
@@ -167,8 +166,12 @@ def test_live_error_is_rolled_over_the_last_finished_jobs(
 def test_startup_puts_the_hourly_refit_and_the_drift_check_on_the_scheduler(
     store: Engine, registry_copy: Path, tmp_path: Path
 ) -> None:
-    with client_for(store, registry_copy, tmp_path) as client:
-        scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
+    from advisor.app import create_app
+
+    settings = Settings(data_dir=tmp_path / "data", models_dir=registry_copy, scheduler_enabled=False)
+    parts = api_parts(settings, store)
+    with TestClient(create_app(parts)):
+        scheduler = parts.scheduler
         refit = scheduler.get_job("calibrate.refit")
         assert refit is not None and refit.trigger.interval == timedelta(hours=1)
         check = scheduler.get_job("calibrate.drift-check")

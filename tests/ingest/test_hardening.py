@@ -241,8 +241,7 @@ def test_times_stored_before_the_bounds_do_not_break_the_api(pg_engine: Engine, 
     from fastapi.testclient import TestClient
     from sqlalchemy import text
 
-    from advisor.app import create_app
-    from tests.conftest import api_headers
+    from tests.conftest import api_app, api_headers
     from tests.twin.test_store import populate
 
     populate(pg_engine, datetime.now(UTC))
@@ -266,7 +265,7 @@ def test_times_stored_before_the_bounds_do_not_break_the_api(pg_engine: Engine, 
     settings = Settings(
         data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False, forecast_runs=2
     )
-    with TestClient(create_app(settings, pg_engine)) as client:
+    with TestClient(api_app(settings, pg_engine)) as client:
         headers = api_headers(pg_engine, "operator")
         cluster = client.get("/v1/cluster", headers=headers)
         assert cluster.status_code == 200, cluster.text

@@ -136,12 +136,11 @@ def test_the_api_runs_a_plan_on_ray_when_the_address_is_set(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from advisor.app import create_app
     from finetwin.schema import migrate
     from tests.advisor.conftest import advisor_settings
     from tests.advisor.fakes import FakeInUse, FakeModels
     from tests.advisor.seed import seed_overloaded_cluster
-    from tests.conftest import api_headers, wait_for
+    from tests.conftest import api_app, api_headers, wait_for
     from twin.db import make_engine
 
     engine = make_engine(sqlite_url)
@@ -155,9 +154,8 @@ def test_the_api_runs_a_plan_on_ray_when_the_address_is_set(
         settings = advisor_settings(
             tmp_path / name, forecast_workers=1, forecast_lookback_days=3650, ray_address=address
         )
-        app = create_app(settings, engine)
+        app = api_app(settings, engine, FakeInUse(FakeModels()))
         with TestClient(app) as client:
-            app.state.models_in_use = FakeInUse(FakeModels())
             plan_id = client.post("/v1/plan", json=body, headers=operator).json()["id"]
 
             def done(client: TestClient = client, plan_id: str = plan_id) -> dict | None:

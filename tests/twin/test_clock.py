@@ -70,6 +70,7 @@ def test_the_standing_forecast_follows_telemetry_time(engine: Engine, tmp_path, 
     from fastapi.testclient import TestClient
 
     from advisor.app import create_app
+    from tests.conftest import api_parts
     from twin.forecast_store import latest_forecast
     from twin.settings import Settings
 
@@ -79,8 +80,9 @@ def test_the_standing_forecast_follows_telemetry_time(engine: Engine, tmp_path, 
     assert settings.forecast_every == 1800.0
     populate(engine, NOW)
     add_events(engine, [NOW - timedelta(hours=48), NOW])
-    with TestClient(create_app(settings, engine)) as client:
-        job = client.app.state.scheduler.get_job("standing-forecast")
+    parts = api_parts(settings, engine)
+    with TestClient(create_app(parts)):
+        job = parts.scheduler.get_job("standing-forecast")
         job.func(*job.args)
         first = latest_forecast(engine, cluster_id="default")
         assert first is not None and first.start is not None and first.document["start"] == NOW.isoformat()

@@ -140,9 +140,8 @@ def test_skill_over_http_prometheus_and_the_cli(
 
     from fastapi.testclient import TestClient
 
-    from advisor.app import create_app
     from finetwin.cli import main
-    from tests.conftest import api_headers
+    from tests.conftest import api_app, api_headers
     from twin.settings import Settings
 
     store_history(engine)
@@ -150,7 +149,7 @@ def test_skill_over_http_prometheus_and_the_cli(
     score_due(engine, "default", T0 + timedelta(hours=3))
     expected = skill(engine, "default")
     settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False)
-    with TestClient(create_app(settings, engine)) as client:
+    with TestClient(api_app(settings, engine)) as client:
         headers = api_headers(engine, "viewer")
         assert client.get("/v1/forecast/skill").status_code == 401
         served = client.get("/v1/forecast/skill", headers=headers).json()

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from advisor.app import create_app
-from tests.conftest import api_headers
+from tests.conftest import api_headers, api_parts
 from twin.db import session_scope
 from twin.forecast import ForecastOptions, forecast
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
@@ -90,17 +90,23 @@ def test_forecasts_are_stored_and_the_latest_comes_back(engine: Engine) -> None:
 
 
 @pytest.fixture
-def api(engine: Engine, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+def parts(engine: Engine, tmp_path: Path) -> Any:
     settings = Settings(
         data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False, forecast_runs=3
     )
-    app = create_app(settings, engine)
-    with TestClient(app) as client:
+    return api_parts(settings, engine)
+
+
+@pytest.fixture
+def api(engine: Engine, parts: Any) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    from advisor.app import create_app
+
+    with TestClient(create_app(parts)) as client:
         yield client, api_headers(engine, "viewer")
 
 
 def test_forecast_endpoint_computes_stores_and_serves(
-    api: tuple[TestClient, dict[str, str]], engine: Engine
+    api: tuple[TestClient, dict[str, str]], parts: Any, engine: Engine
 ) -> None:
     client, headers = api
     assert client.get("/v1/forecast").status_code == 401
@@ -108,7 +114,7 @@ def test_forecast_endpoint_computes_stores_and_serves(
     assert empty.status_code == 409 and "no node" in empty.json()["detail"]
     populate(engine, datetime.now(UTC))
     # The scheduler's job (registered at startup) refreshes and stores the standing forecast.
-    job = client.app.state.scheduler.get_job("standing-forecast")
+    job = parts.scheduler.get_job("standing-forecast")
     job.func(*job.args)
     stored = latest_forecast(engine, cluster_id="default")
     assert stored is not None and stored.document["runs"] == 3
