@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from advisor import findings
-from advisor.advice_answer import Answer, paper_evidence
+from advisor.advice_answer import RECOMMEND_P_VALID_LOW, Answer, paper_evidence
 from advisor.advice_optimizations import fast_kernels_advice, fast_moe_advice, roce_advice
 from advisor.advice_options import best_cost, best_throughput, fewest_gpus
 from advisor.advice_plan import AdviceError, Plan, plan_advice
@@ -42,10 +42,12 @@ def advise_many(
     jobs: Sequence[tuple[JobConfig, float | None]],
     models: Any,
     model_version: str | None = None,
+    min_p_valid_low: float = RECOMMEND_P_VALID_LOW,
 ) -> list[AdviceOut | AdviceError]:
     """Answers for several configurations with one model call for all their rows. A configuration the
     advisor cannot reason about gets its AdviceError in its place; the others are answered.
-    ModelsUnusable fails them all."""
+    ModelsUnusable fails them all. `min_p_valid_low`: the lower bound on p_valid a recommendation needs
+    (0: the point estimate alone decides, as before the bound; for `bench/accuracy.py --advice`)."""
     plans: list[Plan | AdviceError] = []
     for config, dataset_tokens in jobs:
         try:
@@ -61,13 +63,15 @@ def advise_many(
             answers.append(plan)
             continue
         stop = start + len(plan.rows.configs)
-        answers.append(_compose(plan, predicted.rows(start, stop), model_version))
+        answers.append(_compose(plan, predicted.rows(start, stop), model_version, min_p_valid_low))
         start = stop
     return answers
 
 
-def _compose(plan: Plan, predicted: Predicted, model_version: str | None) -> AdviceOut:
-    answer = Answer(plan.rows, predicted, plan.work)
+def _compose(
+    plan: Plan, predicted: Predicted, model_version: str | None, min_p_valid_low: float
+) -> AdviceOut:
+    answer = Answer(plan.rows, predicted, plan.work, min_p_valid_low)
     notes = list(plan.notes)
     for i, note in enumerate(answer.p.notes):
         if note and note not in notes and i in (plan.i_asked, plan.i_repaired, plan.i_placed):
@@ -77,14 +81,25 @@ def _compose(plan: Plan, predicted: Predicted, model_version: str | None) -> Adv
     fastest = best_throughput(answer, plan.searched + plan.ladder)
     cheapest = best_cost(answer, plan.searched + plan.ladder)
 
+    pool = plan.searched + plan.ladder
     repair_out = None
     if plan.changes:
         assert plan.i_repaired is not None
+        i = plan.i_repaired
+        # Not confident in the repair: the usable configuration closest to it is the one to follow.
+        alternative = answer.next_safest(pool, {i}, near=i)
         repair_out = Repair(
             config=ConfigOut.of(plan.repaired),
             changes=[ChangeOut(field=c.field, old=c.old, new=c.new, why=c.why) for c in plan.changes],
-            prediction=answer.prediction(plan.i_repaired),
-            evidence=[paper_evidence(findings.ADMISSION, repaired_p_valid=answer.p_valid(plan.i_repaired))],
+            prediction=answer.prediction(i),
+            evidence=[paper_evidence(findings.ADMISSION, repaired_p_valid=answer.p_valid(i))],
+            confident=answer.usable(i),
+            confidence=answer.confidence(i),
+            alternative=answer.option(
+                None
+                if alternative is None
+                else (alternative, "the configuration closest to the repair that is likely to run", [])
+            ),
         )
     config = plan.config
     return AdviceOut(
@@ -93,9 +108,9 @@ def _compose(plan: Plan, predicted: Predicted, model_version: str | None) -> Adv
         work=Work(dataset_tokens=plan.work, assumed=plan.dataset_tokens is None),
         verdict=_verdict(answer, config, plan.rule, plan.i_asked, plan.i_repaired),
         repair=repair_out,
-        fewest_gpus=answer.option(fewest),
-        best_throughput=answer.option(fastest),
-        best_cost=answer.option(cheapest),
+        fewest_gpus=answer.option(fewest, _next_safest(answer, fewest, pool)),
+        best_throughput=answer.option(fastest, _next_safest(answer, fastest, pool)),
+        best_cost=answer.option(cheapest, _next_safest(answer, cheapest, pool)),
         placement=_placement(answer, plan.repaired, plan.placed, plan.i_repaired_nodes, plan.i_placed),
         optimizations=[
             fast_kernels_advice(answer, plan.kernels, config),
@@ -104,6 +119,10 @@ def _compose(plan: Plan, predicted: Predicted, model_version: str | None) -> Adv
         ],
         notes=notes,
     )
+
+
+def _next_safest(answer: Answer, choice: Any, pool: list[int]) -> int | None:
+    return None if choice is None else answer.next_safest(pool, {choice[0]}, near=choice[0])
 
 
 def _verdict(

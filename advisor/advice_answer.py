@@ -15,8 +15,15 @@ from advisor.advice_schemas import Band, ConfigOut, Evidence, Option, Prediction
 from twin.domain import gpu_type
 from twin.jsonsafe import finite_or_none
 
-# A configuration is recommended only if the failure model gives it at least this chance to run.
+# A configuration is recommended only if the failure model gives it at least this chance to run (point
+# estimate) ...
 RECOMMEND_P_VALID = 0.7
+# ... and its calibrated lower bound on that chance is at least this (issue 14: advice an operator can follow;
+# chosen so that >= 97 % of recommendations checked against held-out real runs ran, `bench/accuracy.py
+# --advice`). 0 ranks on the point estimate alone (the behaviour before the bound, for the bench).
+RECOMMEND_P_VALID_LOW = 0.9
+
+NEXT_SAFEST = "the next-safest: the closest configuration with at least as high a lower bound on p_valid"
 
 # A chosen configuration: (row index, why it was chosen, its evidence).
 Choice = tuple[int, str, list[Evidence]]
@@ -25,10 +32,17 @@ Choice = tuple[int, str, list[Evidence]]
 class Answer:
     """Builds the answer from the predictions (kept apart from the choosing logic for readability)."""
 
-    def __init__(self, rows: Rows, predicted: Predicted, work_tokens: float) -> None:
+    def __init__(
+        self,
+        rows: Rows,
+        predicted: Predicted,
+        work_tokens: float,
+        min_p_valid_low: float = RECOMMEND_P_VALID_LOW,
+    ) -> None:
         self.rows = rows
         self.p = predicted
         self.work = work_tokens
+        self.min_p_valid_low = min_p_valid_low
 
     def watts_per_gpu(self, i: int) -> float:
         watts = float(self.p.watts[i])
@@ -37,17 +51,57 @@ class Answer:
     def p_valid(self, i: int) -> float:
         return float(self.p.p_valid[i])
 
+    def p_valid_low(self, i: int) -> float:
+        return float(self.p.p_valid_low[i])
+
+    def safe(self, i: int) -> bool:
+        """Its lower bound on p_valid meets the threshold (NaN never does)."""
+        return self.p_valid_low(i) >= self.min_p_valid_low
+
+    def confidence(self, i: int) -> str:
+        low = self.p_valid_low(i)
+        if not math.isfinite(low):
+            return "unknown: no lower bound on p_valid"
+        level = "high" if self.safe(i) else "low"
+        point = self.p_valid(i)
+        return f"{level}: runs with probability at least {low:.2f} (95 % bound; point estimate {point:.2f})"
+
     def p50(self, i: int) -> float:
         value = float(self.p.tps[i, 1])
         return value if math.isfinite(value) and value > 0 else math.nan
 
     def usable(self, i: int) -> bool:
-        return math.isfinite(self.p50(i)) and self.p_valid(i) >= RECOMMEND_P_VALID
+        return math.isfinite(self.p50(i)) and self.p_valid(i) >= RECOMMEND_P_VALID and self.safe(i)
+
+    def next_safest(self, pool: list[int], exclude: set[int], near: int | None = None) -> int | None:
+        """The usable row of `pool` (not in `exclude`) with the highest lower bound on p_valid; with `near`,
+        the closest to that configuration (same GPU count, then the nearest batch) among those at least as
+        safe as it, else the safest."""
+        configs = self.rows.configs
+        runs = [i for i in dict.fromkeys(pool) if i not in exclude and self.usable(i)]
+        if not runs:
+            return None
+        if near is None:
+            return max(runs, key=lambda i: (self.p_valid_low(i), -configs[i].number_gpus, self.p50(i)))
+        to, floor = configs[near], self.p_valid_low(near)
+        return min(
+            runs,
+            key=lambda i: (
+                not self.p_valid_low(i) >= floor,
+                abs(configs[i].number_gpus - to.number_gpus),
+                abs(math.log2(configs[i].batch_size / to.batch_size)),
+                -self.p_valid_low(i),
+            ),
+        )
 
     def prediction(self, i: int) -> Prediction | None:
         band = self.p.tps[i]
         if not np.all(np.isfinite(band)) or band[1] <= 0:
-            return Prediction(p_valid=finite_or_none(self.p_valid(i)), tokens_per_second=None)
+            return Prediction(
+                p_valid=finite_or_none(self.p_valid(i)),
+                p_valid_low=finite_or_none(self.p_valid_low(i)),
+                tokens_per_second=None,
+            )
         low, mid, high = (max(float(v), 1e-9) for v in np.sort(band))
         config = self.rows.configs[i]
         run = Band(p10=self.work / high, p50=self.work / mid, p90=self.work / low)
@@ -55,13 +109,15 @@ class Answer:
         watts = self.watts_per_gpu(i)
         return Prediction(
             p_valid=finite_or_none(self.p_valid(i)),
+            p_valid_low=finite_or_none(self.p_valid_low(i)),
             tokens_per_second=Band(p10=low, p50=mid, p90=high),
             run_time_s=run,
             gpu_hours=gpu_hours,
             energy_kwh=watts * gpu_hours / 1000.0,
         )
 
-    def option(self, choice: Choice | None) -> Option | None:
+    def option(self, choice: Choice | None, alternative: int | None = None) -> Option | None:
+        """The chosen row as an option, with the next-safest `alternative` row beside it."""
         if choice is None:
             return None
         i, why, evidence = choice
@@ -75,6 +131,8 @@ class Answer:
             prediction=prediction,
             why=why,
             evidence=evidence,
+            confidence=self.confidence(i),
+            alternative=None if alternative is None else self.option((alternative, NEXT_SAFEST, [])),
         )
 
 

@@ -21,11 +21,18 @@ class Predicted:
     tps: np.ndarray  # (n, 3): p10, p50, p90 tokens/s
     watts: np.ndarray  # (n,) per GPU
     notes: list[str | None]
+    # A calibrated lower bound on p_valid (the failure model's weakest member, bounded on out-of-fold data);
+    # equal to p_valid for models that give no bound.
+    p_valid_low: np.ndarray  # (n,)
 
     def rows(self, start: int, stop: int) -> Predicted:
         """The predictions of rows start..stop-1 (one answer's share of a call)."""
         return Predicted(
-            self.p_valid[start:stop], self.tps[start:stop], self.watts[start:stop], self.notes[start:stop]
+            self.p_valid[start:stop],
+            self.tps[start:stop],
+            self.watts[start:stop],
+            self.notes[start:stop],
+            self.p_valid_low[start:stop],
         )
 
 
@@ -45,6 +52,7 @@ def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
         p_valid = frame["p_valid"].to_numpy(dtype=float)
+        low = frame["p_valid_low"].to_numpy(dtype=float) if "p_valid_low" in frame else p_valid
         tps = frame[list(BAND_COLUMNS)].to_numpy(dtype=float)
         watts = frame["power_watts"].to_numpy(dtype=float)
         notes = [n if isinstance(n, str) and n else None for n in frame.get("note", [None] * n)]
@@ -53,4 +61,5 @@ def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
         tps = np.asarray(models.predict_throughput(configs), dtype=float).reshape(n, 3)
         watts = np.asarray(models.predict_power_watts(configs), dtype=float)
         notes = [None] * n
-    return Predicted(p_valid=p_valid, tps=tps, watts=watts, notes=notes)
+        low = p_valid
+    return Predicted(p_valid=p_valid, tps=tps, watts=watts, notes=notes, p_valid_low=np.minimum(low, p_valid))

@@ -51,6 +51,10 @@ class ConfigOut(JobConfigOut):  # type: ignore[misc,valid-type]
 
 class Prediction(BaseModel):
     p_valid: float | None = Field(description="probability it runs without failing at runtime")
+    p_valid_low: float | None = Field(
+        default=None,
+        description="calibrated lower bound on p_valid (95 %, out-of-fold); recommendations need it high",
+    )
     tokens_per_second: Band | None
     run_time_s: Band | None = Field(default=None, description="for the job's work: p10 = fastest")
     gpu_hours: float | None = None
@@ -74,13 +78,6 @@ class ChangeOut(BaseModel):
     why: str
 
 
-class Repair(BaseModel):
-    config: ConfigOut
-    changes: list[ChangeOut]
-    prediction: Prediction | None
-    evidence: list[Evidence]
-
-
 class Option(BaseModel):
     config: ConfigOut
     workers: int = Field(description="nodes")
@@ -88,6 +85,30 @@ class Option(BaseModel):
     prediction: Prediction
     why: str
     evidence: list[Evidence]
+    confidence: str = Field(
+        default="", description="how sure the advisor is that it runs (from the lower bound on p_valid)"
+    )
+    alternative: Option | None = Field(
+        default=None, description="the next-safest configuration (highest lower bound on p_valid after this)"
+    )
+
+
+class Repair(BaseModel):
+    config: ConfigOut
+    changes: list[ChangeOut]
+    prediction: Prediction | None
+    evidence: list[Evidence]
+    confident: bool = Field(
+        default=True,
+        description="the lower bound on p_valid of the repaired job meets the advisor's threshold; when not, "
+        "follow `alternative` instead",
+    )
+    confidence: str = ""
+    alternative: Option | None = Field(
+        default=None,
+        description="the safest configuration close to the repair (the one to follow when not "
+        "confident; otherwise the next-safest)",
+    )
 
 
 class Placement(BaseModel):

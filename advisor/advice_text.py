@@ -19,6 +19,8 @@ def _band(prediction: Prediction | None) -> str:
         text += f", {prediction.energy_kwh:,.1f} kWh"
     if prediction.p_valid is not None:
         text += f", p(runs) {prediction.p_valid:.2f}"
+    if prediction.p_valid_low is not None:
+        text += f" (>= {prediction.p_valid_low:.2f})"
     return text
 
 
@@ -46,6 +48,11 @@ def render_text(answer: AdviceOut) -> str:
     if answer.repair is not None:
         changes = "; ".join(f"{ch.field} {ch.old} -> {ch.new}" for ch in answer.repair.changes)
         lines.append(f"repair: {changes}: {_band(answer.repair.prediction)}")
+        lines.append(f"  confidence {answer.repair.confidence}")
+        if answer.repair.alternative is not None:
+            label = "instead" if not answer.repair.confident else "next-safest"
+            alt = answer.repair.alternative
+            lines.append(f"  {label}: {_config_line(alt.config)}: {_band(alt.prediction)}")
     for label, option in (
         ("fewest GPUs", answer.fewest_gpus),
         ("best throughput", answer.best_throughput),
@@ -55,6 +62,10 @@ def render_text(answer: AdviceOut) -> str:
             lines.append(f"{label}: none found that is likely to run")
         else:
             lines.append(f"{label}: {_config_line(option.config)}: {_band(option.prediction)}")
+            lines.append(f"  confidence {option.confidence}")
+            if option.alternative is not None:
+                alt = option.alternative
+                lines.append(f"  next-safest: {_config_line(alt.config)}: {_band(alt.prediction)}")
     lines.append(f"placement: {answer.placement.message}")
     for opt in answer.optimizations:
         lines.append(f"{opt.name}: {'yes' if opt.recommended else 'no'} ({opt.setting}) - {opt.message}")

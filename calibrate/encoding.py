@@ -56,8 +56,11 @@ class FeatureEncoding:
         return out
 
     def _codes(self, name: str, values: Any) -> np.ndarray:
+        # Each distinct value looked up once: a 100,000-row CSV holds a few dozen per feature.
+        distinct, inverse = np.unique(np.asarray(values).astype(str), return_inverse=True)
         index = self._index(name)
-        return np.array([index.get(str(v), np.nan) for v in values], dtype=np.float64)
+        table = np.array([index.get(str(v), np.nan) for v in distinct], dtype=np.float64)
+        return table[inverse.reshape(-1)]
 
     def _index(self, name: str) -> dict[str, float]:
         cache = self.__dict__.setdefault("_indexes", {})

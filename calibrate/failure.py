@@ -8,6 +8,12 @@ Gradient-boosted trees on the memory physics of `calibrate.features` (state, act
 against its memory), cross-fitted: each of a few members is trained on all folds but one and calibrated
 (Platt scaling) on the fold it did not see; `p_valid` is the mean of the calibrated members. That gives
 calibrated probabilities without a separate calibration set and smooths the trees a little.
+
+`p_valid_low` is a lower bound on the chance to run, for advice an operator can follow (issue 14): the
+weakest member's p_valid, mapped through a bound calibrated on out-of-fold data. Every row is held out from
+exactly one member; its calibrated prediction there is binned, and each bin's share of rows that ran gets its
+one-sided Clopper-Pearson lower bound (95 %). The bound's knots are made monotone (a higher prediction never
+gets a lower bound) and the result is capped at the point estimate.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import beta
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
@@ -41,6 +48,10 @@ MEMBERS = 4
 MEMBER_MAX_TRAIN_ROWS = 8000
 VALID_THRESHOLD = 0.5  # p_valid at or above: predicted to run
 _EPSILON = 1e-6
+# The lower bound: one-sided confidence of each bin's Clopper-Pearson bound, and rows per bin (enough rows
+# that a bin of all-valid runs earns a bound near its prediction, few enough to follow the curve).
+LOWER_BOUND_CONFIDENCE = 0.95
+LOWER_BOUND_BIN_ROWS = 200
 _MEMORY_COLUMNS = columns(MEMORY_FEATURES)
 
 
@@ -48,6 +59,9 @@ _MEMORY_COLUMNS = columns(MEMORY_FEATURES)
 class RuntimeFailureModel:
     members: list[HistGradientBoostingClassifier]
     calibrators: list[LogisticRegression]  # one per member: logit(member's p) -> calibrated p
+    # (predicted p, lower bound) knots fitted on out-of-fold predictions; None for models saved before them,
+    # which then bound by the weakest member alone.
+    lower_bound: tuple[list[float], list[float]] | None = None
 
     def __post_init__(self) -> None:
         self._compiled = [CompiledTrees(member) for member in self.members]
@@ -58,6 +72,16 @@ class RuntimeFailureModel:
         """p_valid per row of the encoded feature matrix. `reference`: through scikit-learn instead of the
         compiled trees and the closed-form calibration (the same numbers, slower)."""
         return np.mean(self.member_predictions(X, reference=reference), axis=0)
+
+    def predict_with_low(self, X: np.ndarray, *, reference: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(p_valid, p_valid_low) per row; p_valid_low <= p_valid."""
+        members = self.member_predictions(X, reference=reference)
+        point = np.mean(members, axis=0) if len(members) else np.zeros(0)
+        weakest = np.min(members, axis=0) if members.size else np.zeros(0)
+        if self.lower_bound is not None:
+            knots_p, knots_low = self.lower_bound
+            weakest = np.interp(weakest, knots_p, knots_low)
+        return point, np.minimum(weakest, point)
 
     def member_predictions(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
         """(members, n) calibrated p_valid of each member."""
@@ -95,6 +119,7 @@ def fit_failure(
     folds = StratifiedKFold(MEMBERS, shuffle=True, random_state=seed).split(np.zeros(len(ran)), ran)
     members: list[HistGradientBoostingClassifier] = []
     calibrators: list[LogisticRegression] = []
+    out_of_fold = np.full(len(ran), np.nan)
     rng = np.random.default_rng(seed)
     for k, (train, held_out) in enumerate(folds):
         if len(train) > MEMBER_MAX_TRAIN_ROWS:
@@ -109,9 +134,30 @@ def fit_failure(
         calibrator = LogisticRegression(C=100.0).fit(
             scores, ran[held_out], sample_weight=None if weight is None else weight[held_out]
         )
+        out_of_fold[held_out] = calibrator.predict_proba(scores)[:, 1]
         members.append(member)
         calibrators.append(calibrator)
-    return RuntimeFailureModel(members, calibrators)
+    return RuntimeFailureModel(members, calibrators, fit_lower_bound(out_of_fold, ran))
+
+
+def fit_lower_bound(
+    predicted: np.ndarray, ran: np.ndarray, *, bin_rows: int = LOWER_BOUND_BIN_ROWS
+) -> tuple[list[float], list[float]]:
+    """Knots (predicted p, lower bound on the share that ran) from out-of-fold predictions: bins of
+    `bin_rows` rows by predicted p, each bin's one-sided Clopper-Pearson lower bound, monotone."""
+    order = np.argsort(predicted, kind="stable")
+    p, ok = np.asarray(predicted, dtype=float)[order], np.asarray(ran, dtype=bool)[order]
+    n_bins = max(1, len(p) // bin_rows)
+    knots_p: list[float] = []
+    knots_low: list[float] = []
+    for chunk_p, chunk_ok in zip(np.array_split(p, n_bins), np.array_split(ok, n_bins), strict=True):
+        k, n = int(chunk_ok.sum()), len(chunk_ok)
+        low = float(beta.ppf(1 - LOWER_BOUND_CONFIDENCE, k, n - k + 1)) if k > 0 else 0.0
+        knots_p.append(float(chunk_p.mean()))
+        knots_low.append(low)
+    # Monotone and conservative: a bin's bound is the least of its own and every bin above it.
+    monotone = np.minimum.accumulate(np.asarray(knots_low)[::-1])[::-1]
+    return [0.0, *knots_p, 1.0], [0.0, *map(float, monotone), float(monotone[-1])]
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -90,10 +90,11 @@ class CalibratedModels:
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)
         with _quiet_threads() if reference else contextlib.nullcontext():
-            p_valid = self.failure.predict(X, reference=reference)
+            p_valid, p_valid_low = self.failure.predict_with_low(X, reference=reference)
             band = self.throughput.predict(X, reference=reference)
             watts = self.power.predict(X, gpus, reference=reference) if power else np.zeros(len(X))
         p_valid = np.where(rejected, 0.0, p_valid)
+        p_valid_low = np.where(rejected, 0.0, p_valid_low)
         outcome = np.where(
             rejected,
             Outcome.REJECTED.value,
@@ -108,6 +109,7 @@ class CalibratedModels:
                 "tokens_per_second_p50": band[:, 1],
                 "tokens_per_second_p90": band[:, 2],
                 "note": notes,
+                "p_valid_low": p_valid_low,
             },
             index=table.index,
         )
@@ -168,7 +170,11 @@ class CalibratedModels:
             "feature_names": list(self.feature_names),
             "encoding": self.encoding.params(),
             "throughput": self.throughput.params(),
-            "failure": {"members": len(self.failure.members), "valid_threshold": VALID_THRESHOLD},
+            "failure": {
+                "members": len(self.failure.members),
+                "valid_threshold": VALID_THRESHOLD,
+                "lower_bound": self.failure.lower_bound,
+            },
             "power": self.power.params(),
             "info": self.info,
         }
@@ -189,6 +195,7 @@ class CalibratedModels:
             failure = RuntimeFailureModel(
                 [estimators[f"failure_{k}"] for k in range(members)],
                 [estimators[f"failure_calibration_{k}"] for k in range(members)],
+                _lower_bound(params["failure"].get("lower_bound")),
             )
         except KeyError as exc:
             raise ValueError(f"missing estimator {exc.args[0]!r}") from None
@@ -198,6 +205,16 @@ class CalibratedModels:
             list(params["power"]["gpus_with_power"]),
         )
         return cls(encoding, throughput, failure, power, params.get("info"))
+
+
+def _lower_bound(stored: Any) -> tuple[list[float], list[float]] | None:
+    """The failure model's lower-bound knots from params.json (absent in versions saved before them)."""
+    if stored is None:
+        return None
+    knots_p, knots_low = (list(map(float, k)) for k in stored)
+    if len(knots_p) != len(knots_low) or len(knots_p) < 2:
+        raise ValueError("the failure model's lower-bound knots are malformed")
+    return knots_p, knots_low
 
 
 def admission_rules(table: pd.DataFrame) -> list[str | None]:

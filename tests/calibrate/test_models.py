@@ -275,3 +275,65 @@ def test_the_band_is_narrower_where_the_model_has_seen_the_configuration(
     assert (predicted[BAND[0]] <= predicted[BAND[1]]).all() and (
         predicted[BAND[1]] <= predicted[BAND[2]]
     ).all()
+
+
+def test_p_valid_low_is_a_lower_bound_never_above_the_point_estimate(
+    models: CalibratedModels, predicted: pd.DataFrame, sample: pd.DataFrame
+) -> None:
+    low, point = predicted["p_valid_low"].to_numpy(), predicted["p_valid"].to_numpy()
+    assert np.all(np.isfinite(low)) and np.all(low <= point + 1e-12) and np.all(low >= 0.0)
+    passed = predicted["outcome"] != Outcome.REJECTED.value
+    assert np.mean(low[passed] < point[passed]) > 0.5  # a bound, not a copy of the estimate
+    knots_p, knots_low = models.failure.lower_bound  # type: ignore[misc]
+    assert np.all(np.diff(knots_low) >= 0) and np.all(np.diff(knots_p) >= 0)
+    # Among the sample's rows bounded at >= 0.9, at least 90 % ran (the bound holds on the data).
+    ran = (sample["outcome"] == Outcome.VALID.value).to_numpy()
+    sure = passed.to_numpy() & (low >= 0.9)
+    assert sure.sum() > 100 and ran[sure].mean() >= 0.9
+
+
+def test_the_lower_bound_is_calibrated_on_out_of_fold_predictions(
+    models: CalibratedModels, sample: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fit_failure hands the bound each row's prediction by the one member that did not train on it."""
+    from sklearn.model_selection import StratifiedKFold
+
+    from calibrate import failure
+
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    original = failure.fit_lower_bound
+
+    def recording(predicted: np.ndarray, ran: np.ndarray, **kwargs: int) -> tuple[list[float], list[float]]:
+        seen.append((predicted.copy(), ran.copy()))
+        return original(predicted, ran, **kwargs)
+
+    monkeypatch.setattr(failure, "fit_lower_bound", recording)
+    passed = sample[sample["outcome"] != Outcome.REJECTED.value]
+    X, _, _ = models.matrix(passed)
+    ran = (passed["outcome"] == Outcome.VALID.value).to_numpy()
+    fitted = failure.fit_failure(X, ran, None, seed=3)
+    ((oof, oof_ran),) = seen
+    assert np.array_equal(oof_ran, ran) and np.all(np.isfinite(oof))
+    members = fitted.member_predictions(X, reference=True)
+    folds = StratifiedKFold(failure.MEMBERS, shuffle=True, random_state=3).split(np.zeros(len(ran)), ran)
+    for k, (_train, held_out) in enumerate(folds):
+        np.testing.assert_allclose(oof[held_out], members[k, held_out], rtol=1e-9)
+    # Out of fold, the bound is below the share that ran in every bin of predictions.
+    knots_p, knots_low = fitted.lower_bound  # type: ignore[misc]
+    for lo, hi in zip(knots_p[1:-2], knots_p[2:-1], strict=True):
+        inside = (oof >= lo) & (oof <= hi)
+        if inside.sum() >= 50:
+            assert np.interp(lo, knots_p, knots_low) <= ran[inside].mean() + 1e-9
+
+
+def test_the_lower_bound_knots_are_monotone_and_below_each_bins_share() -> None:
+    from calibrate.failure import fit_lower_bound
+
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0, 1, 4000)
+    ran = rng.uniform(0, 1, 4000) < p
+    knots_p, knots_low = fit_lower_bound(p, ran, bin_rows=400)
+    assert knots_p[0] == 0.0 and knots_p[-1] == 1.0 and np.all(np.diff(knots_low) >= 0)
+    middle = np.array(knots_p[1:-1])
+    assert np.all(np.array(knots_low[1:-1]) <= middle + 0.02)  # a bound on a calibrated p: below it
+    assert np.interp(0.9, knots_p, knots_low) > 0.75  # and not vacuous
