@@ -12,11 +12,9 @@ ack was lost, between send and mark), and before resending it the relay reads th
 earliest offset and marks the in-doubt rows it finds there as sent instead of sending them again. So
 after any crash the topic holds each approved action exactly once, by message id.
 
-Why "read to the end" is sound on Tansu, whose reported end offsets lag: for a batch of several records
-Tansu reports the last batch's base offset + 1, a lower bound of the true end; consuming up to it fetches
-that whole last batch, so every record that existed when we asked is read. The relay itself produces one
-record per request (linger 0, one in flight, retries 0: a failed send is in doubt, never retried blindly),
-where the two agree.
+The broker is reached through an `ActionsChannel` the wiring hands in (ingest's `AckedPublisher`, which
+holds the Kafka client settings): `publish` blocks until the broker acknowledged the record or raises, and
+never retries on its own (a failed send is in doubt, never resent blindly); `find` reads a topic to its end.
 
 One relay per database: it holds a lock while it works (a PostgreSQL advisory lock, or a file lock next
 to a SQLite database), which the operating system or the server releases if the process dies.
@@ -29,13 +27,12 @@ import fcntl
 import json
 import logging
 import threading
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from sqlalchemy import Connection, Engine, text, update
 from sqlmodel import Session, col, select
@@ -72,8 +69,20 @@ class Published:
     offset: int
 
 
-class TopicNotReadable(RuntimeError):
-    """The topic could not be read to its end in time: in-doubt rows stay unsent until the next round."""
+class ActionsChannel(Protocol):
+    """What the relay needs from the broker (`ingest.acked.AckedPublisher`, handed in by the wiring)."""
+
+    def publish(
+        self, topic: str, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> tuple[int, int]:
+        """Send one record and block until the broker acknowledged it: (partition, offset); raise if it
+        did not (the record is then in doubt)."""
+
+    def find(self, topic: str, header: str, values: set[str]) -> dict[str, tuple[int, int]]:
+        """Which of `values` the topic holds in `header` (value -> (partition, offset)), read from the
+        earliest offset to the end; raise when the topic cannot be read to its end."""
+
+    def close(self) -> None: ...
 
 
 def _serialize(row: OutboxMessage) -> bytes:
@@ -81,87 +90,27 @@ def _serialize(row: OutboxMessage) -> bytes:
 
 
 class OutboxRelay:
-    """Publishes unsent outbox rows; safe to kill at any instant (see the module docstring)."""
+    """Publishes unsent outbox rows through `channel`; safe to kill at any instant (see the module
+    docstring)."""
 
-    def __init__(
-        self, engine: Engine, bootstrap: str, *, send_timeout_s: float = 15.0, scan_timeout_s: float = 30.0
-    ) -> None:
+    def __init__(self, engine: Engine, channel: ActionsChannel) -> None:
         self.engine = engine
-        self.bootstrap = bootstrap
-        self.send_timeout_s = send_timeout_s
-        self.scan_timeout_s = scan_timeout_s
-        self._producer: Any = None
-
-    # --- Kafka ---------------------------------------------------------------------------------------------
-
-    def producer(self) -> Any:
-        if self._producer is None:
-            from kafka import KafkaProducer
-
-            self._producer = KafkaProducer(
-                bootstrap_servers=self.bootstrap,
-                client_id="finetwin-outbox-relay",
-                acks="all",
-                retries=0,  # a failed send is "in doubt": reconciled against the topic, never resent blindly
-                # Without retries idempotence adds nothing (and kafka-python warned once per start that it
-                # turned it off); the outbox's reconciliation is what keeps each action sent once.
-                enable_idempotence=False,
-                linger_ms=0,
-                max_in_flight_requests_per_connection=1,
-            )
-        return self._producer
+        self.channel = channel
 
     def send(self, row: OutboxMessage) -> Published:
         """Send one row and wait for the broker's ack."""
-        future = self.producer().send(
+        partition, offset = self.channel.publish(
             row.topic,
-            key=row.key.encode("utf-8"),
-            value=_serialize(row),
-            headers=[(MESSAGE_ID_HEADER, row.id.encode("utf-8")), (CONTENT_TYPE_HEADER, b"application/json")],
+            row.key.encode("utf-8"),
+            _serialize(row),
+            [(MESSAGE_ID_HEADER, row.id.encode("utf-8")), (CONTENT_TYPE_HEADER, b"application/json")],
         )
-        metadata = future.get(timeout=self.send_timeout_s)
-        return Published(partition=metadata.partition, offset=metadata.offset)
+        return Published(partition=partition, offset=offset)
 
     def find_on_topic(self, topic: str, message_ids: set[str]) -> dict[str, Published]:
-        """Which of `message_ids` the topic holds, reading every partition from the earliest offset."""
-        from kafka import KafkaConsumer, TopicPartition
-
-        found: dict[str, Published] = {}
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            client_id="finetwin-outbox-relay-scan",
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        try:
-            partitions = consumer.partitions_for_topic(topic)
-            if not partitions:
-                if topic in consumer.topics():  # it exists, but its partitions are not known: try later
-                    raise TopicNotReadable(f"no partition metadata for {topic}")
-                return found  # no such topic: nothing was ever published to it
-            tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-            consumer.assign(tps)
-            ends = consumer.end_offsets(tps)
-            starts = consumer.beginning_offsets(tps)
-            remaining = {tp: ends[tp] for tp in tps if ends[tp] > starts[tp]}
-            consumer.seek_to_beginning(*tps)
-            deadline = time.monotonic() + self.scan_timeout_s
-            while remaining and len(found) < len(message_ids):
-                if time.monotonic() > deadline:
-                    raise TopicNotReadable(f"{topic} not read to its end in {self.scan_timeout_s:.0f} s")
-                for tp, records in consumer.poll(timeout_ms=500).items():
-                    for record in records:
-                        headers = dict(record.headers or [])
-                        message_id = headers.get(MESSAGE_ID_HEADER, b"").decode("utf-8", "replace")
-                        if message_id in message_ids:
-                            found[message_id] = Published(partition=tp.partition, offset=record.offset)
-                for tp in list(remaining):
-                    if consumer.position(tp) >= remaining[tp]:
-                        del remaining[tp]
-            return found
-        finally:
-            consumer.close()
+        """Which of `message_ids` the topic holds."""
+        found = self.channel.find(topic, MESSAGE_ID_HEADER, message_ids)
+        return {mid: Published(partition=p, offset=o) for mid, (p, o) in found.items()}
 
     # --- the round -----------------------------------------------------------------------------------------
 
@@ -198,7 +147,6 @@ class OutboxRelay:
             except Exception as exc:  # noqa: BLE001 - any send failure leaves the row in doubt, to reconcile
                 self._record_error(row.id, f"{type(exc).__name__}: {exc}")
                 log.warning("outbox %s not confirmed by the broker (%s); will reconcile", row.id, exc)
-                self.close_producer()
                 break
             self._mark_sent(row.id, published)
             done += 1
@@ -231,14 +179,8 @@ class OutboxRelay:
             )
             session.commit()
 
-    def close_producer(self) -> None:
-        if self._producer is not None:
-            with contextlib.suppress(Exception):
-                self._producer.close(timeout=5)
-            self._producer = None
-
     def close(self) -> None:
-        self.close_producer()
+        self.channel.close()
 
 
 # --- one relay per database ---------------------------------------------------------------------------
@@ -300,7 +242,8 @@ def relay_round(relay: OutboxRelay) -> int | None:
 
 class RelayThread:
     """The relay loop (in the API process, and in `finetwin relay`): woken after each approval, and every
-    `poll_s` for leftovers; a failed round is logged and retried on a fresh producer."""
+    `poll_s` for leftovers; a failed round is logged and retried (the channel
+    reconnects after a failed send)."""
 
     def __init__(self, relay: OutboxRelay, poll_s: float) -> None:
         self.relay = relay
@@ -334,4 +277,3 @@ class RelayThread:
                     log.info("published %d action(s)", sent)
             except Exception:  # noqa: BLE001 - a broker or database hiccup must not end the relay
                 log.exception("outbox relay round failed; retrying in %.0f s", self.poll_s)
-                self.relay.close_producer()

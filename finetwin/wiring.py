@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from sqlalchemy import Engine
 
+    from advisor.outbox import OutboxRelay
     from advisor.parts import ApiParts
     from calibrate.live_error import DriftCallback
     from ingest.apply import BatchHook
@@ -157,12 +158,20 @@ def api_parts(settings: Settings, engine: Engine, *, kafka_bootstrap: str | None
     """The API's parts: the registry's models in use, the scheduler with the online refits on it, and the
     outbox relay that publishes approved actions to `kafka_bootstrap` (else FINETWIN_KAFKA_BOOTSTRAP; with
     neither, approved actions wait in the outbox)."""
-    from advisor.outbox import OutboxRelay
     from advisor.parts import ApiParts
 
     bootstrap = kafka_bootstrap or settings.kafka_bootstrap
-    relay = OutboxRelay(engine, bootstrap) if bootstrap else None
+    relay = outbox_relay(engine, bootstrap) if bootstrap else None
     return ApiParts.assemble(settings, engine, outbox_relay=relay)
+
+
+def outbox_relay(engine: Engine, bootstrap: str) -> OutboxRelay:
+    """The advisor's outbox relay, publishing through ingest's acknowledged publisher (the Kafka client
+    settings live in ingest; the advisor only sees the `ActionsChannel` interface)."""
+    from advisor.outbox import OutboxRelay
+    from ingest.acked import AckedPublisher
+
+    return OutboxRelay(engine, AckedPublisher(bootstrap))
 
 
 def api_app(parts: ApiParts) -> FastAPI:

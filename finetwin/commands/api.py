@@ -56,14 +56,14 @@ def relay(
     ctx: typer.Context,
     once: Annotated[bool, typer.Option("--once", help="one round, then exit")] = False,
 ) -> int:
-    from advisor.outbox import OutboxRelay, RelayThread, relay_round
-    from finetwin.wiring import migrated_engine
+    from advisor.outbox import RelayThread, relay_round
+    from finetwin.wiring import migrated_engine, outbox_relay
 
     settings: Settings = ctx.obj
     if not settings.kafka_bootstrap:
         raise CommandError("set FINETWIN_KAFKA_BOOTSTRAP to the Kafka cluster that carries finetwin.actions")
     engine = migrated_engine(settings)
-    outbox = OutboxRelay(engine, settings.kafka_bootstrap)
+    outbox = outbox_relay(engine, settings.kafka_bootstrap)
     if once:
         try:
             sent = relay_round(outbox)

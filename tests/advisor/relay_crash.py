@@ -14,6 +14,7 @@ import sys
 
 from advisor.outbox import OutboxRelay, Published
 from advisor.records import OutboxMessage
+from ingest.acked import AckedPublisher
 from twin.db import make_engine
 
 
@@ -36,7 +37,7 @@ class CrashingRelay(OutboxRelay):
 
 def main() -> None:
     url, bootstrap, point, crash_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    relay = CrashingRelay(make_engine(url), bootstrap, point=point, crash_at=crash_at)
+    relay = CrashingRelay(make_engine(url), AckedPublisher(bootstrap), point=point, crash_at=crash_at)
     relay.publish_pending()
     sys.exit(3)  # not reached when the crash happens: the test checks for SIGKILL
 

@@ -205,7 +205,7 @@ def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path, capsys: pytest.C
     key = first.strip().splitlines()[-1].strip()
     assert parse_key_id(key) is not None and "approver" in first
     parts = api_parts(settings, engine, kafka_bootstrap="127.0.0.1:1")
-    assert parts.outbox_relay is not None and parts.outbox_relay.bootstrap == "127.0.0.1:1"  # up's broker
+    assert parts.outbox_relay is not None and parts.outbox_relay.channel.bootstrap == "127.0.0.1:1"  # type: ignore[attr-defined]
     hand_out_first_key(engine)
     assert capsys.readouterr().err == ""  # a store with keys gets no new one
     with TestClient(wired_app(api_parts(settings, engine))) as client:

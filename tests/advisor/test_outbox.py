@@ -16,9 +16,10 @@ from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from advisor import workflow
-from advisor.outbox import MESSAGE_ID_HEADER, OutboxRelay, relay_lock
+from advisor.outbox import MESSAGE_ID_HEADER, relay_lock
 from advisor.records import OutboxMessage
 from finetwin.schema import migrate
+from finetwin.wiring import outbox_relay
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.kafka_util import read_topic
 from tests.conftest import unique
@@ -70,7 +71,7 @@ def assert_exactly_once(bootstrap: str, topic: str, engine: Engine, rec_ids: lis
 def test_the_relay_publishes_each_approval_once(pg_engine: Engine, kafka_bootstrap: str) -> None:
     topic = unique("actions")
     rec_ids = approve_some(pg_engine, topic, 3)
-    relay = OutboxRelay(pg_engine, kafka_bootstrap)
+    relay = outbox_relay(pg_engine, kafka_bootstrap)  # ingest's publisher, as the API and `relay` use
     try:
         assert relay.publish_pending() == 3
         assert relay.publish_pending() == 0  # nothing left: a second round sends nothing
