@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Column, DateTime, Index, Text
+from sqlalchemy import JSON, Column, Index, Text
 from sqlmodel import Field, SQLModel
 
-
-def _ts(nullable: bool) -> object:
-    return Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=nullable))  # type: ignore[arg-type]
+from twin.store import timestamp_field
 
 
 class ApiKey(SQLModel, table=True):
@@ -26,8 +24,8 @@ class ApiKey(SQLModel, table=True):
     name: str = Field(max_length=200)
     role: str = Field(max_length=16)  # viewer | operator | approver
     key_hash: str = Field(max_length=64)  # hex SHA-256 of the whole key
-    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
-    revoked_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    created_at: datetime = timestamp_field(nullable=False, default=None)
+    revoked_at: datetime | None = timestamp_field(nullable=True, default=None)
 
 
 class SloDocument(SQLModel, table=True):
@@ -36,7 +34,7 @@ class SloDocument(SQLModel, table=True):
     __tablename__ = "slo_sets"
 
     id: int | None = Field(default=None, primary_key=True)
-    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    created_at: datetime = timestamp_field(nullable=False, default=None)
     created_by: str = Field(max_length=200)
     document: dict = Field(sa_column=Column(JSON, nullable=False))
 
@@ -60,9 +58,9 @@ class Recommendation(SQLModel, table=True):
     score: float  # effect per cost: the ranking key
     state: str = Field(max_length=16)  # pending | approved | rejected | expired | superseded
     source: str = Field(max_length=32)  # schedule | on-demand
-    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
-    expires_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
-    decided_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    created_at: datetime = timestamp_field(nullable=False, default=None)
+    expires_at: datetime = timestamp_field(nullable=False, default=None)
+    decided_at: datetime | None = timestamp_field(nullable=True, default=None)
     decided_by: str | None = Field(default=None, max_length=200)
     comment: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     superseded_by: str | None = Field(default=None, max_length=36)
@@ -75,7 +73,7 @@ class AuditEntry(SQLModel, table=True):
     __table_args__ = (Index("ix_audit_log_subject", "subject"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    ts: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    ts: datetime = timestamp_field(nullable=False, default=None)
     actor: str = Field(max_length=200)  # "key:<key id> (<name>)" or "system"
     subject: str = Field(max_length=200)  # "recommendation:<id>", "slos", "api_key:<id>"
     from_state: str | None = Field(default=None, max_length=16)
@@ -97,9 +95,9 @@ class OutboxMessage(SQLModel, table=True):
     topic: str = Field(max_length=200)
     key: str = Field(max_length=200)
     payload: dict = Field(sa_column=Column(JSON, nullable=False))
-    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    created_at: datetime = timestamp_field(nullable=False, default=None)
     attempts: int = 0
-    sent_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    sent_at: datetime | None = timestamp_field(nullable=True, default=None)
     partition: int | None = None
     offset: int | None = None
     last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Column, DateTime, Index, Text
+from sqlalchemy import JSON, Column, Index, Text
 from sqlmodel import Field, SQLModel
 
-
-def _ts(**kwargs: object) -> object:
-    return Field(sa_column=Column(DateTime(timezone=True), **kwargs))  # type: ignore[arg-type]
+from twin.store import timestamp_field
 
 
 class ModelVersionRecord(SQLModel, table=True):
     __tablename__ = "model_versions"
 
     version: str = Field(primary_key=True, max_length=64)
-    created_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
-    recorded_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    created_at: datetime = timestamp_field(nullable=False)
+    recorded_at: datetime = timestamp_field(nullable=False)
     data_fingerprint: str = Field(max_length=64)
     n_rows: int
     rows_by_source: dict = Field(sa_column=Column(JSON, nullable=False))
@@ -39,7 +37,7 @@ class JobPrediction(SQLModel, table=True):
 
     job_id: str = Field(primary_key=True, max_length=200)
     model_version: str = Field(max_length=64)
-    predicted_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    predicted_at: datetime = timestamp_field(nullable=False)
     outcome: str = Field(max_length=16)  # valid | rejected | runtime
     rule: str | None = Field(default=None, max_length=64)
     p_valid: float
@@ -61,7 +59,7 @@ class LiveError(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(max_length=200, unique=True, nullable=False)
     model_version: str = Field(max_length=64)
-    ended_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    ended_at: datetime = timestamp_field(nullable=False)
     predicted_outcome: str = Field(max_length=16)
     actual_outcome: str = Field(max_length=16)
     outcome_error: int  # 1 when the predicted outcome was not what happened

@@ -21,7 +21,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -32,6 +31,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from twin.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     from calibrate.fit import CalibratedModels
@@ -446,29 +447,20 @@ def _write_json(path: Path, document: Any) -> None:
     """Atomically (a reader sees the old file or the new one, never half of it)."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     with temporary.open("w") as handle:
-        json.dump(_finite(document), handle, indent=2, sort_keys=True, default=_json_default, allow_nan=False)
+        json.dump(
+            json_safe(document), handle, indent=2, sort_keys=True, default=_json_default, allow_nan=False
+        )
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinity as null: metrics that could not be measured stay valid JSON for every reader."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _json_default(value: Any) -> Any:
     import numpy as np
 
     if isinstance(value, np.generic):
-        return _finite(value.item())
+        return json_safe(value.item())
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, datetime):

@@ -7,6 +7,7 @@ Measured columns carry the benchmark's own names so an observed run is a benchma
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Index, String, Text
 from sqlalchemy.dialects import postgresql
@@ -17,8 +18,9 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _ts(**kwargs: object) -> object:
-    return Field(sa_column=Column(DateTime(timezone=True), **kwargs))  # type: ignore[arg-type]
+def timestamp_field(*, nullable: bool, **field: Any) -> Any:
+    """A timezone-aware timestamp column, for every package's tables (`field`: more of SQLModel's Field)."""
+    return Field(sa_column=Column(DateTime(timezone=True), nullable=nullable), **field)
 
 
 # A UUID in its text form; PostgreSQL stores it natively (16 bytes, compared as such: a cheaper key to index).
@@ -37,11 +39,11 @@ class TelemetryEvent(SQLModel, table=True):
 
     event_id: str = Field(sa_column=Column(EVENT_ID_TYPE, primary_key=True))
     type: str = Field(max_length=32)
-    ts: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    ts: datetime = timestamp_field(nullable=False)
     cluster_id: str = Field(max_length=200)
     job_id: str | None = Field(default=None, max_length=200)
     payload: dict = Field(sa_column=Column(JSON, nullable=False))
-    received_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    received_at: datetime = timestamp_field(nullable=False)
 
 
 # Job states and how far along each is; a late event never moves a job backwards.
@@ -76,9 +78,9 @@ class Job(SQLModel, table=True):
     fms_hf_tuning_version: str | None = Field(default=None, max_length=50)
     torch_dtype: str | None = Field(default=None, max_length=50)
     # Life cycle.
-    submitted_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
-    started_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
-    ended_at: datetime | None = _ts(nullable=True)  # type: ignore[assignment]
+    submitted_at: datetime | None = timestamp_field(nullable=True)
+    started_at: datetime | None = timestamp_field(nullable=True)
+    ended_at: datetime | None = timestamp_field(nullable=True)
     node_ids: list[str] | None = Field(default=None, sa_column=Column(JSON))
     rule: str | None = Field(default=None, max_length=64)
     failure_reason: str | None = Field(default=None, max_length=16)
@@ -87,7 +89,7 @@ class Job(SQLModel, table=True):
     last_tokens_per_second: float | None = None
     last_gpu_memory_peak_pct: float | None = None
     last_power_watts: float | None = None
-    updated_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    updated_at: datetime = timestamp_field(nullable=False)
 
 
 class ObservedRun(SQLModel, table=True):
@@ -97,7 +99,7 @@ class ObservedRun(SQLModel, table=True):
 
     job_id: str = Field(primary_key=True, foreign_key="jobs.job_id", max_length=200)
     is_valid: int
-    observed_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    observed_at: datetime = timestamp_field(nullable=False)
     train_runtime: float | None = None
     dataset_tokens_per_second: float | None = None
     train_tokens_per_second: float | None = None
@@ -128,4 +130,4 @@ class Node(SQLModel, table=True):
     gpu_model: str = Field(max_length=100)
     gpu_count: int
     status: str = Field(max_length=8)  # up | down | drain
-    updated_at: datetime = _ts(nullable=False)  # type: ignore[assignment]
+    updated_at: datetime = timestamp_field(nullable=False)

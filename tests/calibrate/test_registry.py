@@ -257,3 +257,11 @@ def test_prune_keeps_the_newest_versions_and_every_one_rollback_can_reach(regist
     assert registry.prune(keep=2) == ["v0002", "v0004"]
     assert registry.versions() == ["v0001", "v0003", "v0005", "v0006"]
     assert registry.rollback() == "v0001"
+
+
+def test_registry_documents_write_unmeasured_metrics_as_null(tmp_path: Path) -> None:
+    from calibrate.registry import _write_json
+
+    path = tmp_path / "metrics.json"
+    _write_json(path, {"mdape": math.nan, "nested": [np.float64(np.inf), 1.5], "n": np.int64(3)})
+    assert json.loads(path.read_text()) == {"mdape": None, "nested": [None, 1.5], "n": 3}
