@@ -12,14 +12,14 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from advisor.parts import ApiRuntime, ModelsInUse
-from twin.settings import Settings
+from advisor.settings import AdvisorSettings
 
 
 def get_runtime(request: Request) -> ApiRuntime:
     return request.app.state.runtime
 
 
-def get_settings(request: Request) -> Settings:
+def get_settings(request: Request) -> AdvisorSettings:
     return get_runtime(request).settings
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Engine
 
-from twin.settings import Settings
+from advisor.settings import AdvisorSettings
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
@@ -37,7 +37,7 @@ class ApiParts:
     `refits` is the online refit scheduler (the wiring connects ingest's drift hook to it when ingest runs in
     the same process); `outbox_relay` publishes approved actions (None: they wait in the outbox)."""
 
-    settings: Settings
+    settings: AdvisorSettings
     engine: Engine
     models_in_use: ModelsInUse
     scheduler: BaseScheduler
@@ -47,7 +47,7 @@ class ApiParts:
     @classmethod
     def assemble(
         cls,
-        settings: Settings,
+        settings: AdvisorSettings,
         engine: Engine,
         *,
         models_in_use: ModelsInUse | None = None,
@@ -85,7 +85,7 @@ class ApiRuntime:
     last_requested_refresh: float = -math.inf  # POST /v1/forecast/refresh is rate-limited
 
     @property
-    def settings(self) -> Settings:
+    def settings(self) -> AdvisorSettings:
         return self.parts.settings
 
     @property

@@ -11,8 +11,8 @@ from sqlmodel import Session, col, select
 
 from advisor import audit_log
 from advisor.records import SloDocument
+from advisor.settings import AdvisorSettings
 from twin.db import session_scope
-from twin.settings import Settings
 from twin.slo_attainment import SloSet, load_slos
 from twin.store import utcnow
 
@@ -25,7 +25,7 @@ class SlosInForce:
     updated_by: str | None
 
 
-def current_slos(engine: Engine, settings: Settings) -> SlosInForce:
+def current_slos(engine: Engine, settings: AdvisorSettings) -> SlosInForce:
     """Raises `twin.slo_attainment.SloFormatError` when no set was declared through the API and the file
     is bad."""
     with Session(engine) as session:

@@ -30,11 +30,11 @@ from sqlalchemy import Engine
 
 from advisor import workflow
 from advisor.records import Recommendation
+from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from twin.db import session_scope
 from twin.domain import GPU_TYPES, GPUS_PER_NODE, JobConfig, canonical_gpu_name, gpu_type
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
-from twin.settings import Settings
 from twin.slo_attainment import SloSet
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def why_nothing(evaluated: list[tuple[Candidate, dict[str, Any]]]) -> str:
 
 
 def run_steering(
-    engine: Engine, settings: Settings, models_in_use: Any, *, actor: str, source: str
+    engine: Engine, settings: AdvisorSettings, models_in_use: Any, *, actor: str, source: str
 ) -> SteeringResult:
     """Load the live state and the models in use (`get() -> (version, models) | None`), evaluate the
     candidates, record the helpful ones."""
@@ -316,7 +316,7 @@ def run_steering(
     return SteeringResult(evaluated=len(found), recommendations=recorded, notes=notes, why_none=why)
 
 
-def baseline_options(settings: Settings) -> ForecastOptions:
+def baseline_options(settings: AdvisorSettings) -> ForecastOptions:
     """The cluster as it is run today (its policy and admission control), over the steering horizon."""
     from twin.config_changes import Admission
     from twin.plan import PlanOptions

@@ -39,10 +39,10 @@ import psycopg  # noqa: E402
 from kafka import KafkaAdminClient, TopicPartition  # noqa: E402
 
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
+from finetwin.settings import Settings  # noqa: E402
 from ingest.broker import EmbeddedBroker, free_port  # noqa: E402
 from ingest.bus import ConsumerTuning, create_topic, make_consumer, make_producer  # noqa: E402
 from ingest.replay import plan_replay  # noqa: E402
-from twin.settings import Settings  # noqa: E402
 
 TOPIC = "bench.telemetry"
 PARTITIONS = 6

@@ -14,7 +14,7 @@ import numpy as np
 from sqlalchemy import Connection, select
 
 from calibrate.records import LiveError
-from twin.settings import Settings
+from calibrate.settings import CalibrateSettings
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class DriftPolicy:
     failure_error_threshold: float = 0.15
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> DriftPolicy:
+    def from_settings(cls, settings: CalibrateSettings) -> DriftPolicy:
         return cls(
             window=settings.drift_window,
             min_jobs=settings.drift_min_jobs,

@@ -26,9 +26,9 @@ from calibrate.config_frame import records_to_frame
 from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.registry import InUseModels, RegistryError
+from calibrate.settings import CalibrateSettings
 from twin.domain import Outcome
 from twin.jsonsafe import finite_or_none
-from twin.settings import Settings
 from twin.store import Job, ObservedRun, utcnow
 
 
@@ -52,7 +52,7 @@ DriftCallback = Callable[[DriftReport], None]
 
 
 def prediction_hook(
-    settings: Settings, *, models_dir: Path | None = None, on_drift: DriftCallback | None = None
+    settings: CalibrateSettings, *, models_dir: Path | None = None, on_drift: DriftCallback | None = None
 ) -> LivePredictions:
     """The ingest batch hook: `hook(connection, events)`."""
     return LivePredictions(

@@ -36,7 +36,7 @@ from calibrate.observed import observed_table
 from calibrate.promotion import Comparison, Incumbent, compare
 from calibrate.records import ModelVersionRecord
 from calibrate.registry import ModelRegistry, RegistryError
-from twin.settings import Settings
+from calibrate.settings import CalibrateSettings
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +319,7 @@ def record_version(engine: Engine, metadata: dict[str, Any], *, promoted: bool) 
         )
 
 
-def refit_benchmarks(settings: Settings, registry: ModelRegistry) -> list[Path]:
+def refit_benchmarks(settings: CalibrateSettings, registry: ModelRegistry) -> list[Path]:
     """What a scheduled refit learns from: the configured files, else the in-use version's (when they are
     still there), else the bundled real sample."""
     if settings.refit_benchmarks:
@@ -338,7 +338,7 @@ class RefitScheduler:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: CalibrateSettings,
         engine: Engine,
         scheduler: Any,  # apscheduler BaseScheduler
         *,

@@ -29,7 +29,7 @@ from finetwin.commands import (
     up,
 )  # fmt: skip
 from finetwin.logs import configure_logging
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 app = typer.Typer(
     name="finetwin",

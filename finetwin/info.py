@@ -7,7 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from finetwin import output
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 
 def finetwin_version() -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetwin.errors import CommandError
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 if TYPE_CHECKING:
     from datetime import datetime

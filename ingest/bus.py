@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, NamedTuple, Protocol
 
-from twin.settings import Settings
+from ingest.settings import IngestSettings
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class ConsumerTuning:
     fetch_max_bytes: int = 64 * 1024 * 1024
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ConsumerTuning:
+    def from_settings(cls, settings: IngestSettings) -> ConsumerTuning:
         return cls(
             session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=settings.heartbeat_interval_ms,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from finetwin.cli import command as finetwin_command
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlmodel import Session
 
-from twin.settings import Settings
+from twin.settings import TwinSettings
 
 
 def normalize_url(url: str) -> str:
@@ -84,7 +84,7 @@ def register_lenient_time_loaders(connection: Any) -> None:
             connection.adapters.register_loader(name, Lenient)
 
 
-def engine_from_settings(settings: Settings) -> Engine:
+def engine_from_settings(settings: TwinSettings) -> Engine:
     return make_engine(settings.resolved_database_url())
 
 

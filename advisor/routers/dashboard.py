@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
 from advisor.deps import get_settings
-from twin.settings import Settings
+from advisor.settings import AdvisorSettings
 
 router = APIRouter(tags=["dashboard"])
 
@@ -85,14 +85,14 @@ class LatestReport(BaseModel):
     source: str | None = None
 
 
-def _latest(settings: Settings) -> dict | None:
+def _latest(settings: AdvisorSettings) -> dict | None:
     from calibrate.report.latest import latest_report
 
     return latest_report(settings)
 
 
 @router.get("/v1/reports/latest", response_model=LatestReport, tags=["reports"], summary="The latest report")
-def latest_report_info(settings: Settings = Depends(get_settings)) -> LatestReport:
+def latest_report_info(settings: AdvisorSettings = Depends(get_settings)) -> LatestReport:
     pointer = _latest(settings)
     if pointer is None:
         return LatestReport(available=False)
@@ -121,7 +121,7 @@ def report_files(pointer: dict) -> dict[str, Path]:
 
 
 @router.get("/reports/latest/", include_in_schema=False)
-def latest_report_page(settings: Settings = Depends(get_settings)) -> RedirectResponse:
+def latest_report_page(settings: AdvisorSettings = Depends(get_settings)) -> RedirectResponse:
     pointer = _latest(settings)
     if pointer is None:
         raise HTTPException(status_code=404, detail="no report yet: run `finetwin report`")
@@ -129,7 +129,7 @@ def latest_report_page(settings: Settings = Depends(get_settings)) -> RedirectRe
 
 
 @router.get("/reports/latest/{name:path}", include_in_schema=False)
-def latest_report_file(name: str, settings: Settings = Depends(get_settings)) -> Response:
+def latest_report_file(name: str, settings: AdvisorSettings = Depends(get_settings)) -> Response:
     pointer = _latest(settings)
     if pointer is None:
         raise HTTPException(status_code=404, detail="no report yet: run `finetwin report`")

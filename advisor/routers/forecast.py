@@ -33,6 +33,7 @@ from pydantic import Field, StrictInt
 from advisor.auth import Role, access
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime
+from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from calibrate.registry import RegistryError
 from twin.clock import TwinClock, as_utc, twin_clock
@@ -44,7 +45,6 @@ from twin.live_state import NoClusterError, load_live_inputs
 from twin.plan import PlanOptions
 from twin.policies import Policy
 from twin.protocols import JobModels
-from twin.settings import Settings
 from twin.skill import forecast_vs_actual, score_due, skill
 from twin.slo_attainment import SloFormatError
 from twin.uncalibrated import FallbackModels
@@ -105,7 +105,7 @@ def _job_models(runtime: ApiRuntime) -> tuple[JobModels | None, str]:
     return models, f"calibrated {version}"
 
 
-def _options(settings: Settings) -> ForecastOptions:
+def _options(settings: AdvisorSettings) -> ForecastOptions:
     return ForecastOptions(
         horizon_s=settings.forecast_horizon_hours * 3600.0,
         interval_s=settings.forecast_interval_minutes * 60.0,
@@ -127,14 +127,14 @@ def _slos(runtime: ApiRuntime) -> Any:
 
 
 def _clock(runtime: ApiRuntime) -> TwinClock:
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     return twin_clock(
         runtime.engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds
     )
 
 
 def _live(runtime: ApiRuntime, clock: TwinClock | None = None) -> Any:
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     try:
         return load_live_inputs(
             runtime.engine,
@@ -148,7 +148,7 @@ def _live(runtime: ApiRuntime, clock: TwinClock | None = None) -> Any:
 
 def compute_standing_forecast(runtime: ApiRuntime, clock: TwinClock | None = None) -> dict[str, Any]:
     """A forecast from the live state with the cluster's settings, stored as the standing one."""
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     models, source = _job_models(runtime)
     document = forecast(
         _live(runtime, clock), models, _options(settings), _slos(runtime), model_source=source
@@ -159,7 +159,7 @@ def compute_standing_forecast(runtime: ApiRuntime, clock: TwinClock | None = Non
 
 def forecast_due(runtime: ApiRuntime, clock: TwinClock) -> bool:
     """Whether `FINETWIN_FORECAST_EVERY` of the twin's time has passed since the last standing forecast."""
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     last = latest_forecast(runtime.engine, cluster_id=settings.cluster_id, kind=STANDING)
     if last is None or last.start is None:
         return True
@@ -171,7 +171,7 @@ def standing_tick(runtime: ApiRuntime) -> None:
     lock: threading.Lock = runtime.forecast_lock
     if not lock.acquire(blocking=False):
         return  # the previous tick is still running: skip this one rather than pile up
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     try:
         clock = _clock(runtime)
         if forecast_due(runtime, clock):
@@ -188,7 +188,7 @@ def standing_tick(runtime: ApiRuntime) -> None:
 def _unstored_forecast(runtime: ApiRuntime, clock: TwinClock) -> dict[str, Any]:
     """A forecast for a reader when no fresh standing one is stored: computed at most once per
     `FINETWIN_FORECAST_MIN_WALL_SECONDS` (and one at a time), kept in memory, never written."""
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     with runtime.unstored_forecast_lock:
         kept = runtime.unstored_forecast
         if kept is not None and time.monotonic() - kept[0] < settings.forecast_min_wall_seconds:
@@ -203,7 +203,7 @@ def _unstored_forecast(runtime: ApiRuntime, clock: TwinClock) -> dict[str, Any]:
 
 def schedule_standing_forecast(runtime: ApiRuntime) -> None:
     """The standing forecast's tick on the API's scheduler (started by the lifespan)."""
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     runtime.scheduler.add_job(
         standing_tick,
         "interval",
@@ -231,7 +231,7 @@ _NO_STATE_RESPONSE: dict[int | str, dict[str, Any]] = {
     responses=_NO_STATE_RESPONSE,
 )
 def get_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     clock = _clock(runtime)
     stored = latest_forecast(runtime.engine, cluster_id=settings.cluster_id, kind=STANDING)
     if stored is not None and stored.start is not None:
@@ -259,7 +259,7 @@ def get_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
     responses=_NO_STATE_RESPONSE | {REFRESH_BUSY: {"description": "refreshed moments ago, or refreshing"}},
 )
 def refresh_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     lock: threading.Lock = runtime.forecast_lock  # shared with the scheduler's tick
     if not lock.acquire(blocking=False):
         busy = "a refresh is running; GET /v1/forecast when it is done"
@@ -307,7 +307,7 @@ def get_skill(
         description="only intervals from this time on: RFC 3339, or a duration back (24h)",
     ),
 ) -> dict[str, Any]:
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     clock = _clock(runtime)
     out = skill(runtime.engine, settings.cluster_id, parse_since(since, clock.now))
     return out | {"clock": clock.describe()}
@@ -319,7 +319,7 @@ def get_skill(
     responses={404: {"description": "no stored forecast yet"}},
 )
 def get_forecast_vs_actual(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     clock = _clock(runtime)
     out = forecast_vs_actual(runtime.engine, settings.cluster_id, clock.now)
     if out is None:
@@ -339,7 +339,7 @@ async def post_whatif(
     body: WhatIfRequest, request: Request, runtime: ApiRuntime = Depends(get_runtime)
 ) -> dict[str, Any]:
     # Async, so that it can watch the connection while the ensembles run in the thread pool.
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     inputs = await run_in_threadpool(_live, runtime)
     try:
         problems = size_problems(scenario_size(inputs, body))

@@ -10,11 +10,11 @@ from sqlmodel import Session, func, select
 
 from advisor.deps import get_engine, get_settings
 from advisor.records import Recommendation
+from advisor.settings import AdvisorSettings
 from calibrate.drift import summarize
 from calibrate.registry import ModelRegistry, RegistryError
 from twin.clock import twin_clock
 from twin.forecast_store import STANDING, latest_forecast
-from twin.settings import Settings
 from twin.skill import skill
 from twin.store import Job, Node, TelemetryEvent
 
@@ -31,7 +31,9 @@ def healthz(engine: Engine = Depends(get_engine)) -> dict[str, str]:
 class _StoreCollector:
     """Store-derived gauges, computed when scraped (they are true whichever process wrote the store)."""
 
-    def __init__(self, engine: Engine, cluster_id: str = "default", settings: Settings | None = None) -> None:
+    def __init__(
+        self, engine: Engine, cluster_id: str = "default", settings: AdvisorSettings | None = None
+    ) -> None:
         self.engine = engine
         self.cluster_id = cluster_id
         self.settings = settings
@@ -116,7 +118,9 @@ class _StoreCollector:
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-def metrics(engine: Engine = Depends(get_engine), settings: Settings = Depends(get_settings)) -> Response:
+def metrics(
+    engine: Engine = Depends(get_engine), settings: AdvisorSettings = Depends(get_settings)
+) -> Response:
     registry = CollectorRegistry()
     registry.register(_StoreCollector(engine, settings.cluster_id, settings))
     body = generate_latest(registry) + generate_latest(REGISTRY)

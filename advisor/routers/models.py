@@ -21,13 +21,13 @@ from sqlalchemy import Engine
 from advisor.auth import Role, access
 from advisor.deps import get_engine, get_models_in_use, get_settings
 from advisor.parts import ModelsInUse
+from advisor.settings import AdvisorSettings
 from advisor.timestamps import UtcDatetime
 from calibrate.config_frame import configs_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
 from calibrate.registry import ModelRegistry, RegistryError
 from twin.job_config import DescribedJobConfig, not_blank
 from twin.jsonsafe import finite_or_none
-from twin.settings import Settings
 
 router = APIRouter(tags=["models"])
 
@@ -168,7 +168,7 @@ def predict(body: PredictRequest, cache: ModelsInUse = Depends(get_models_in_use
 
 
 @router.get("/v1/models", response_model=ModelsOut, summary="Model versions, the one in use, and the history")
-def list_models(settings: Settings = Depends(get_settings)) -> ModelsOut:
+def list_models(settings: AdvisorSettings = Depends(get_settings)) -> ModelsOut:
     registry = ModelRegistry(settings.resolved_models_dir())
     try:
         in_use = registry.in_use()
@@ -193,7 +193,7 @@ def live_error(
     window: int | None = Query(default=None, ge=1, le=10_000, description="jobs per rolling window"),
     limit: int = Query(default=500, ge=1, le=10_000, description="most recent finished jobs to return"),
     model_version: str | None = Query(default=None, max_length=64, description="only this version's jobs"),
-    settings: Settings = Depends(get_settings),
+    settings: AdvisorSettings = Depends(get_settings),
     engine: Engine = Depends(get_engine),
 ) -> LiveErrorOut:
     policy = DriftPolicy.from_settings(settings)

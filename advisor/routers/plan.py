@@ -28,11 +28,11 @@ from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime
 from advisor.routers.forecast import _job_models, _live, _slos
+from advisor.settings import AdvisorSettings
 from twin.capacity import SweepError, SweepRequest, enumerate_scenarios, make_tasks, run_sweep
 from twin.cluster import ClusterFormatError, cluster_from_spec
 from twin.db import session_scope
 from twin.executors import make_executor
-from twin.settings import Settings
 from twin.whatif import Duration
 
 log = logging.getLogger("finetwin.plan")
@@ -109,7 +109,7 @@ class PlanJobs:
         return job
 
 
-def _run(job: PlanJob, work: Any, settings: Settings) -> None:
+def _run(job: PlanJob, work: Any, settings: AdvisorSettings) -> None:
     job.status = "running"
     # Not closed afterwards: on Ray, the API process keeps one connection for its plans and forecasts.
     executor = make_executor(settings.ray_address, settings.forecast_workers)
@@ -202,7 +202,7 @@ def recommend_plan(
     best = job.result["cheapest"]
     if best is None:
         raise HTTPException(NO_STATE, "no scenario of this plan meets the SLOs: nothing to recommend")
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     nodes = ", ".join(f"{count} x {gpu}" for gpu, count in best["nodes"].items())
     proposal = workflow.Proposal(
         kind="capacity",

@@ -21,10 +21,10 @@ from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_runtime, get_settings
 from advisor.parts import ApiRuntime
 from advisor.records import OutboxMessage, Recommendation
+from advisor.settings import AdvisorSettings
 from advisor.steering import SteeringResult, SteeringUnavailable, run_steering
 from advisor.timestamps import UtcDatetime
 from twin.db import session_scope
-from twin.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def list_recommendations(
     "recommended nothing when it did not",
 )
 def last_steering(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     last = runtime.last_steering
     if last is None:
         return {
@@ -176,7 +176,7 @@ def approve(
     recommendation_id: str = RecommendationId,
     body: ApproveIn | None = None,
     principal: Principal = Depends(require_role(Role.APPROVER)),
-    settings: Settings = Depends(get_settings),
+    settings: AdvisorSettings = Depends(get_settings),
 ) -> RecommendationOut:
     engine = runtime.engine
     try:
@@ -278,7 +278,7 @@ def _steering_job(runtime: ApiRuntime) -> None:
     next tick."""
     from twin.clock import twin_clock
 
-    settings: Settings = runtime.settings
+    settings: AdvisorSettings = runtime.settings
     tolerance = settings.forecast_clock_tolerance_seconds
     clock = twin_clock(runtime.engine, settings.cluster_id, tolerance_s=tolerance)
     last = runtime.last_steering
@@ -319,5 +319,5 @@ def _remember(runtime: ApiRuntime, result: Any, telemetry_at: datetime | None = 
     }
 
 
-def ttl(settings: Settings) -> timedelta:
+def ttl(settings: AdvisorSettings) -> timedelta:
     return timedelta(hours=settings.recommendation_ttl_hours)

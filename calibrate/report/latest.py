@@ -9,12 +9,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from twin.settings import Settings
+from calibrate.settings import CalibrateSettings
 
 POINTER_FILE = "latest.json"
 
 
-def reports_root(settings: Settings) -> Path:
+def reports_root(settings: CalibrateSettings) -> Path:
     """The directory that holds reports written without --out, and the latest-report pointer."""
     return settings.data_dir / "reports"
 
@@ -37,10 +37,14 @@ def record_latest(report: Any, root: Path) -> Path:
     return path
 
 
-def latest_report(settings_or_root: Settings | Path) -> dict[str, Any] | None:
+def latest_report(settings_or_root: CalibrateSettings | Path) -> dict[str, Any] | None:
     """The pointer's content (absolute paths: out_dir, report_md, numbers_json, figures; generated_at,
     source), or None when no report was written or its files are gone."""
-    root = reports_root(settings_or_root) if isinstance(settings_or_root, Settings) else settings_or_root
+    root = (
+        reports_root(settings_or_root)
+        if isinstance(settings_or_root, CalibrateSettings)
+        else settings_or_root
+    )
     try:
         pointer = json.loads((root / POINTER_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):

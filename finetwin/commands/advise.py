@@ -14,7 +14,7 @@ from finetwin import output
 from finetwin.commands import add_command
 from finetwin.commands.options import validation_message
 from finetwin.errors import CommandError
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 
 def register(app: typer.Typer) -> None:

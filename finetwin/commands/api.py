@@ -11,8 +11,8 @@ import typer
 
 from finetwin.commands import add_command
 from finetwin.errors import CommandError
+from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
-from twin.settings import Settings
 
 log = logging.getLogger("finetwin.relay")
 

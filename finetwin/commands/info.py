@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from finetwin.commands import add_command
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 
 def register(app: typer.Typer) -> None:

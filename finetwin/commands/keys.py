@@ -9,7 +9,7 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.errors import CommandError
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 RoleName = Literal["viewer", "operator", "approver"]
 

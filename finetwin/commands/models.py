@@ -12,7 +12,7 @@ from finetwin.commands import add_command
 from finetwin.commands.options import ModelsDir, models_dir
 from finetwin.errors import CommandError
 from finetwin.numbers import num, pct
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 Version = Annotated[str, typer.Argument(help="e.g. v0003")]
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 ModelsDir = Annotated[
     Path | None,

@@ -15,7 +15,7 @@ from finetwin.commands.twin_inputs import explicit_inputs, job_models, needs_mod
 from finetwin.commands.twin_output import emit
 from finetwin.errors import CommandError
 from finetwin.numbers import short
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.errors import CommandError
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 BUNDLED = "bundled"
 

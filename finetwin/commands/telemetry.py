@@ -17,8 +17,8 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.errors import CommandError
+from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
-from twin.settings import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

@@ -27,7 +27,7 @@ from finetwin.commands.twin_inputs import (
     needs_models,
 )
 from finetwin.errors import CommandError
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 Interval = Annotated[str | None, typer.Option(help="width of one step of the series (default 1h)")]
 Runs = Annotated[int | None, typer.Option(help="seeded runs in the ensemble")]

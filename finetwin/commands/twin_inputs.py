@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from finetwin.errors import CommandError
-from twin.settings import Settings
+from finetwin.settings import Settings
 
 if TYPE_CHECKING:
     from twin.forecast import ForecastOptions

@@ -28,8 +28,8 @@ from finetwin.commands.telemetry import (
     replay_plan,
 )
 from finetwin.errors import CommandError
+from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
-from twin.settings import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from finetwin.settings import Settings
 from tests.advisor.fakes import FakeInUse
 from tests.conftest import api_app, api_headers
-from twin.settings import Settings
 
 # The installed console script (`python -m finetwin.cli` would load the module twice: __main__, and itself).
 FINETWIN = [str(Path(sys.executable).with_name("finetwin"))]

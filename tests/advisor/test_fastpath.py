@@ -17,9 +17,9 @@ from sqlalchemy import Engine
 from advisor.answer_cache import AnswerCache
 from advisor.auth import Principal, Role, authorize
 from advisor.fastpath import RepeatedAdviceFastPath
+from finetwin.settings import Settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.conftest import api_app
-from twin.settings import Settings
 
 BODY = b'{"model_name": "llama3-8b", "gpu_model": "A100-SXM"}'
 ANSWER = b'{"answer": 1}'

@@ -14,11 +14,11 @@ from sqlalchemy import Engine
 
 from calibrate.live_error import prediction_hook
 from finetwin.schema import migrate
+from finetwin.settings import Settings
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobSubmitted, new_event
 from tests.conftest import api_app, api_headers, api_parts
 from twin.db import make_engine
-from twin.settings import Settings
 
 CONFIG = {
     "model_name": "llama3-8b", "method": "lora", "gpu_model": "NVIDIA-A100-SXM4-80GB", "number_gpus": 2,

@@ -22,10 +22,10 @@ from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.refit import REFIT_NOW_JOB_ID, RefitResult, RefitScheduler
 from calibrate.registry import ModelRegistry
 from finetwin.schema import migrate
+from finetwin.settings import Settings
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobFailed, JobRejected, JobSubmitted, new_event
 from twin.db import make_engine
-from twin.settings import Settings
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 FITS = dict(model_name="llama3-8b", method="lora", gpu_model="NVIDIA-A100-SXM4-80GB", number_gpus=2,

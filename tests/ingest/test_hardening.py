@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, insert, select
 
+from finetwin.settings import Settings
 from ingest.apply import apply_events
 from ingest.bus import Record
 from ingest.events import InvalidEvent, JobSubmitted, NodeStatus, new_event, parse_event
@@ -19,7 +20,6 @@ from ingest.worker import IngestWorker, parse_message, read_dead_letter
 from tests.conftest import unique
 from tests.ingest.conftest import new_topic, produce, read_topic, store_count, worker_thread
 from twin.limits import STORE_INT_MAX
-from twin.settings import Settings
 from twin.store import Job, Node, TelemetryEvent
 
 SUBMITTED: dict[str, Any] = {

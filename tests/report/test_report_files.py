@@ -9,8 +9,8 @@ import pytest
 
 from calibrate.report import build_report, latest_report
 from finetwin.cli import main
+from finetwin.settings import Settings
 from tests.report.conftest import row, write_bench
-from twin.settings import Settings
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -70,9 +70,9 @@ def test_the_standing_forecast_follows_telemetry_time(engine: Engine, tmp_path, 
     from fastapi.testclient import TestClient
 
     from advisor.app import create_app
+    from finetwin.settings import Settings
     from tests.conftest import api_parts
     from twin.forecast_store import latest_forecast
-    from twin.settings import Settings
 
     monkeypatch.setenv("FINETWIN_FORECAST_EVERY", "30m")
     settings = Settings(data_dir=tmp_path / "d", models_dir=tmp_path / "m", scheduler_enabled=False,

@@ -141,8 +141,8 @@ def test_skill_over_http_prometheus_and_the_cli(
     from fastapi.testclient import TestClient
 
     from finetwin.cli import main
+    from finetwin.settings import Settings
     from tests.conftest import api_app, api_headers
-    from twin.settings import Settings
 
     store_history(engine)
     save_forecast(engine, document(), cluster_id="default")

@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from finetwin.settings import Settings
 from tests.conftest import api_headers, api_parts
 from twin.db import session_scope
 from twin.forecast import ForecastOptions, forecast
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
 from twin.live_state import NoClusterError, load_live_inputs
-from twin.settings import Settings
 from twin.store import Job, Node, ObservedRun
 from twin.uncalibrated import FallbackModels
 

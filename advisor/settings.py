@@ -1,0 +1,47 @@
+"""The advisor's settings (the API, keys, recommendations, steering, the outbox), read from `FINETWIN_*`
+variables; on top of calibration's, whose refits and models the API runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from calibrate.settings import CalibrateSettings
+
+
+class AdvisorSettings(CalibrateSettings):
+    # API.
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    # Periodic work in the API process (refits, standing forecast, recommendations); off in most tests.
+    scheduler_enabled: bool = True
+    # A request body larger than this is refused (413) before anything reads it (advisor.guards).
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    # Failed key checks per client address: more than this many in the window and the address gets 429
+    # for unknown keys until the window has passed (keys verified before keep working).
+    auth_max_failures: int = Field(30, ge=1)
+    auth_failure_window_seconds: float = Field(60.0, gt=0)
+    # An unknown key is remembered as unknown this long (a repeat costs no database lookup).
+    auth_negative_cache_seconds: float = Field(30.0, ge=0)
+    # POST /v1/forecast/refresh: at most one stored refresh per this many seconds.
+    forecast_refresh_min_seconds: float = Field(60.0, ge=0)
+
+    # Declared SLOs file (YAML); unset = built-in defaults.
+    slo_file: Path | None = None
+
+    actions_topic: str = "finetwin.actions"  # approved actions are published here (the outbox)
+
+    # Advisor: API keys, recommendations and the actions outbox.
+    auth_cache_seconds: float = 5.0  # a verified key is trusted this long (revocation takes up to this)
+    recommendation_ttl_hours: float = 24.0  # a pending recommendation expires after this long
+    steering_interval_minutes: float = 30.0  # scheduled cluster steering (what-ifs against the SLOs)
+    # ... of telemetry time (a replay at --speed 600 steers every few wall minutes), at most once per this
+    # many wall seconds (a steering run is a dozen paired ensembles)
+    steering_min_wall_seconds: float = 120.0
+    steering_horizon_hours: float = 24.0  # how far each what-if forecast looks ahead
+    steering_replications: int = 8  # seeded runs per what-if (paired between baseline and action)
+    relay_poll_seconds: float = 2.0  # the outbox relay also looks for unsent messages this often
+    advice_cache_size: int = 2048  # advice answers remembered per model version (same config, same answer)
+    advice_max_batch: int = Field(64, ge=1)  # uncached advice requests answered together in one model call
+    advice_fast_path: bool = True  # answer repeated advice before FastAPI parses it (advisor.fastpath)
