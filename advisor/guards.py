@@ -17,17 +17,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from advisor.auth import API_KEY_HEADER, V1_PREFIX, too_many_failures
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from advisor.auth import API_KEY_HEADER, V1_PREFIX, too_many_failures
 
 # In JSON a NUL inside a string is the escape \u0000 (the raw byte is not valid JSON at all); it is one when
 # an even number of backslashes (escaped backslashes) comes before it.
