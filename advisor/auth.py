@@ -23,6 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import StrEnum
 
+from cachetools import TTLCache
 from fastapi import HTTPException, Request, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import APIKeyHeader
@@ -134,7 +135,7 @@ class KeyCache:
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
         self._known: dict[str, tuple[float, Principal]] = {}
-        self._unknown: OrderedDict[str, float] = OrderedDict()
+        self._unknown: TTLCache[str, bool] = TTLCache(maxsize=self.MAX_ENTRIES, ttl=negative_ttl_s)
         self._lock = threading.Lock()
 
     def cached(self, key: str) -> tuple[bool, Principal | None]:
@@ -146,8 +147,7 @@ class KeyCache:
             known = self._known.get(digest)
             if known is not None and now - known[0] < self.ttl_s:
                 return True, known[1]
-            unknown = self._unknown.get(digest)
-            if unknown is not None and now - unknown < self.negative_ttl_s:
+            if digest in self._unknown:  # the cache forgets an entry `negative_ttl_s` after it was written
                 return True, None
         return False, None
 
@@ -168,10 +168,7 @@ class KeyCache:
             principal = verify_key(session, key)
         with self._lock:
             if principal is None:
-                self._unknown[digest] = now
-                self._unknown.move_to_end(digest)
-                while len(self._unknown) > self.MAX_ENTRIES:  # the oldest go first
-                    self._unknown.popitem(last=False)
+                self._unknown[digest] = True  # bounded: past MAX_ENTRIES the least recently used go first
             else:  # kept after `ttl_s` too (`verified_before`); replaced at the next lookup
                 self._unknown.pop(digest, None)
                 if len(self._known) >= self.MAX_ENTRIES:  # only as many as there are keys: never in practice
