@@ -12,6 +12,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
+from advisor.asgi_body import read_body, replay
 from advisor.auth import API_KEY_HEADER, Role
 from advisor.parts import ApiRuntime
 
@@ -42,7 +43,7 @@ class RepeatedAdviceFastPath:
             )
             await send({"type": "http.response.body", "body": answer})
             return
-        await self.app(scope, _replay(body, receive) if body is not None else receive, send)
+        await self.app(scope, replay(body, receive) if body is not None else receive, send)
 
     async def _cached_answer(
         self, scope: Scope, receive: Receive
@@ -56,7 +57,7 @@ class RepeatedAdviceFastPath:
         found, principal = key_cache.cached(key.decode("latin-1"))
         if not found or principal is None or not principal.role.allows(Role.VIEWER):
             return None, None  # unknown, expired or invalid: the app checks it and says why
-        messages = await _read_body(receive, int(length))
+        messages, _ = await read_body(receive, int(length))
         if messages[-1]["type"] != "http.request" or messages[-1].get("more_body", False):
             return None, messages  # disconnected or longer than announced: the app deals with it
         version = version_in_use(models)
@@ -72,29 +73,3 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if header == name:
             return value
     return None
-
-
-async def _read_body(receive: Receive, limit: int) -> list[Message]:
-    """The request's messages until the body ends, the client leaves, or more than `limit` bytes came."""
-    messages: list[Message] = []
-    size = 0
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            return messages
-        size += len(message.get("body", b""))
-        if not message.get("more_body", False) or size > limit:
-            return messages
-
-
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A receive that hands the app the messages already read, then the rest from the client."""
-    pending = list(messages)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replayed

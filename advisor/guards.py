@@ -20,8 +20,9 @@ import re
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from advisor.asgi_body import read_body, replay
 from advisor.auth import API_KEY_HEADER, V1_PREFIX, too_many_failures
 
 # In JSON a NUL inside a string is the escape \u0000 (the raw byte is not valid JSON at all); it is one when
@@ -57,7 +58,7 @@ class RequestGuard:
         if length == 0 or (length is None and not _has_header(scope, b"transfer-encoding")):
             await self.app(scope, receive, send)  # no body to check
             return
-        messages, size = await _read_body(receive, self.max_body_bytes)
+        messages, size = await read_body(receive, self.max_body_bytes)
         if size > self.max_body_bytes:
             await _too_large(send, self.max_body_bytes)
             return
@@ -65,7 +66,7 @@ class RequestGuard:
         if b"\x00" in body or _JSON_NUL.search(body):
             await _error(send, 422, "the request body contains a NUL character", "body", "nul_character")
             return
-        await self.app(scope, _replay(messages, receive), send)
+        await self.app(scope, replay(messages, receive), send)
 
     def _failed_too_often(self, scope: Scope) -> float | None:
         """Seconds the client must wait, when its address is over its failed-key budget and the key is not
@@ -101,32 +102,6 @@ def _content_length(scope: Scope) -> int | None:
 
 def _has_header(scope: Scope, wanted: bytes) -> bool:
     return any(name == wanted for name, _ in scope["headers"])
-
-
-async def _read_body(receive: Receive, limit: int) -> tuple[list[Message], int]:
-    """The request's messages until the body ends, the client leaves, or more than `limit` bytes came."""
-    messages: list[Message] = []
-    size = 0
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            return messages, size
-        size += len(message.get("body", b""))
-        if not message.get("more_body", False) or size > limit:
-            return messages, size
-
-
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A receive that hands the app the messages already read, then the client's (its disconnect)."""
-    pending = list(messages)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replayed
 
 
 async def _too_large(send: Send, limit: int) -> None:
