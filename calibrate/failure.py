@@ -14,6 +14,11 @@ weakest member's p_valid, mapped through a bound calibrated on out-of-fold data.
 exactly one member; its calibrated prediction there is binned, and each bin's share of rows that ran gets its
 one-sided Clopper-Pearson lower bound (95 %). The bound's knots are made monotone (a higher prediction never
 gets a lower bound) and the result is capped at the point estimate.
+
+`error_correlation` is how much of the model's error an error family (`twin.families`) shares, for the twin's
+ensembles (issue 12): failures are not independent coin flips when the model misjudges the memory of a whole
+model, method and GPU. It is the intra-family correlation of the standardized out-of-fold residuals
+(ran - p) / sqrt(p (1 - p)), measured by `calibrate.correlation.shared_share` as for throughput.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from calibrate import boosting
 from calibrate.compiled import CompiledTrees
+from calibrate.correlation import Z_CLIP, shared_share
 from calibrate.encoding import columns
 from calibrate.features import MEMORY_FEATURES
 
@@ -52,6 +58,9 @@ _EPSILON = 1e-6
 # that a bin of all-valid runs earns a bound near its prediction, few enough to follow the curve).
 LOWER_BOUND_CONFIDENCE = 0.95
 LOWER_BOUND_BIN_ROWS = 200
+# Residuals of predictions this sure are not standardized beyond it: a 1-in-1000 surprise is one surprise,
+# not evidence that a whole family is misjudged.
+_RESIDUAL_P_FLOOR = 0.02
 _MEMORY_COLUMNS = columns(MEMORY_FEATURES)
 
 
@@ -62,6 +71,8 @@ class RuntimeFailureModel:
     # (predicted p, lower bound) knots fitted on out-of-fold predictions; None for models saved before them,
     # which then bound by the weakest member alone.
     lower_bound: tuple[list[float], list[float]] | None = None
+    # Share of the (standardized) error shared within an error family; 0: independent (older versions).
+    error_correlation: float = 0.0
 
     def __post_init__(self) -> None:
         self._compiled = [CompiledTrees(member) for member in self.members]
@@ -104,10 +115,11 @@ class RuntimeFailureModel:
 
 
 def fit_failure(
-    X: np.ndarray, ran: np.ndarray, weight: np.ndarray | None, *, seed: int
-) -> RuntimeFailureModel:
+    X: np.ndarray, ran: np.ndarray, weight: np.ndarray | None, *, seed: int,
+    families: np.ndarray | None = None,
+) -> RuntimeFailureModel:  # fmt: skip
     """Fit on rows (of the encoded feature matrix) that pass the admission rules; `ran` is True for valid
-    runs, False for runtime failures."""
+    runs, False for runtime failures; `families`, each row's error family (to measure shared error)."""
     ran = np.asarray(ran, dtype=bool)
     counts = np.bincount(ran.astype(int), minlength=2)
     if counts.min() < MEMBERS:
@@ -137,7 +149,16 @@ def fit_failure(
         out_of_fold[held_out] = calibrator.predict_proba(scores)[:, 1]
         members.append(member)
         calibrators.append(calibrator)
-    return RuntimeFailureModel(members, calibrators, fit_lower_bound(out_of_fold, ran))
+    correlation = failure_error_correlation(out_of_fold, ran, families) if families is not None else 0.0
+    return RuntimeFailureModel(members, calibrators, fit_lower_bound(out_of_fold, ran), correlation)
+
+
+def failure_error_correlation(predicted: np.ndarray, ran: np.ndarray, families: np.ndarray) -> float:
+    """The intra-family correlation of standardized out-of-fold residuals (0 with too few families)."""
+    p = np.clip(np.asarray(predicted, dtype=float), _RESIDUAL_P_FLOOR, 1.0 - _RESIDUAL_P_FLOOR)
+    z = np.clip((np.asarray(ran, dtype=float) - p) / np.sqrt(p * (1.0 - p)), -Z_CLIP, Z_CLIP)
+    share = shared_share(z, np.asarray(families))
+    return round(float(share), 4) if share is not None else 0.0
 
 
 def fit_lower_bound(

@@ -146,6 +146,11 @@ class CalibratedModels:
         X, _, _ = self.matrix(configs_to_frame(configs))
         return self.throughput.predict_error_quantiles(X)
 
+    def predict_failure_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.FailureCorrelationModel: the share of each config's runtime-failure error that its
+        error family shares (one number per version, from held-out residuals)."""
+        return np.full(len(configs), self.failure.error_correlation, dtype=float)
+
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
             return np.zeros(0)
@@ -174,6 +179,7 @@ class CalibratedModels:
                 "members": len(self.failure.members),
                 "valid_threshold": VALID_THRESHOLD,
                 "lower_bound": self.failure.lower_bound,
+                "error_correlation": self.failure.error_correlation,
             },
             "power": self.power.params(),
             "info": self.info,
@@ -196,6 +202,7 @@ class CalibratedModels:
                 [estimators[f"failure_{k}"] for k in range(members)],
                 [estimators[f"failure_calibration_{k}"] for k in range(members)],
                 _lower_bound(params["failure"].get("lower_bound")),
+                float(params["failure"].get("error_correlation") or 0.0),
             )
         except KeyError as exc:
             raise ValueError(f"missing estimator {exc.args[0]!r}") from None
@@ -273,7 +280,9 @@ def fit_models(
         throughput_model = fit_throughput(
             X[usable], throughput[usable], _subset(weight, usable), seed=seed, families=families[usable]
         )
-        failure_model = fit_failure(X[passed], valid[passed], _subset(weight, passed), seed=seed)
+        failure_model = fit_failure(
+            X[passed], valid[passed], _subset(weight, passed), seed=seed, families=families[passed]
+        )
         power_model = fit_power(
             X[usable], gpus[usable], power_watts[usable], _subset(weight, usable), seed=seed
         )
@@ -287,6 +296,8 @@ def fit_models(
         # throughput error that an error family shares, from held-out residuals.
         "error_correlation": dict(throughput_model.error_correlation),
         "error_quantiles": dict(throughput_model.error_quantiles),
+        # ... and the share of the runtime-failure model's error that a family shares.
+        "failure_error_correlation": failure_model.error_correlation,
     }
     return CalibratedModels(encoding, throughput_model, failure_model, power_model, info)
 

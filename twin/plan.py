@@ -14,7 +14,10 @@ models measured as shared (`twin.protocols.ErrorCorrelationModel`, from held-out
 marginal band is unchanged; what changes is that errors no longer average out over hundreds of jobs, so the
 ensemble's spread of GPU-hours and makespan carries the models' uncertainty as it behaves. The mixed draw
 is a quantile; where the models describe their error's distribution (`ErrorDistributionModel`, heavy tailed
-in practice) the quantile is read from it, else from a normal.
+in practice) the quantile is read from it, else from a normal. Whether a job fails at runtime is drawn the
+same way (`FailureCorrelationModel`): a second family shock, so that a failure model that misjudges the
+memory of a family misjudges all of its jobs in a run, and the band of jobs completed and failed is as wide
+as the model's shared error makes it, not as narrow as independent coin flips.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from twin.config_changes import (
 )
 from twin.domain import JobConfig, config_rule
 from twin.families import ERROR_QUANTILE_LEVELS, family_of
-from twin.protocols import ErrorCorrelationModel, ErrorDistributionModel, JobModels
+from twin.protocols import ErrorCorrelationModel, ErrorDistributionModel, FailureCorrelationModel, JobModels
 from twin.randomness import job_keys, job_uniforms
 from twin.workload import NO_CONFIG, Workload
 
@@ -55,6 +58,8 @@ _Z_CLIP = 3.0
 # Per-job random streams.
 STREAM_FAIL, STREAM_BAND, STREAM_FAIL_TIME = 0, 1, 2
 STREAMS = 3
+# Per-family shocks of a run: throughput error, runtime failure.
+FAMILY_BAND, FAMILY_FAIL = 0, 1
 
 
 class Reject(IntEnum):
@@ -100,6 +105,8 @@ class PreparedCatalog:
     family_keys: np.ndarray | None = None
     # (k, levels) standardized error at ERROR_QUANTILE_LEVELS per configuration; None: normal errors.
     error_quantiles: np.ndarray | None = None
+    # (k,) share of the runtime-failure error shared within the family; None: independent failures.
+    failure_correlation: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> PreparedCatalog:
@@ -112,7 +119,16 @@ class PreparedCatalog:
         return PreparedCatalog(
             self.configs, self.throughput, self.p_valid, self.power_w, self.reject, self.changed,
             np.clip(rho, 0.0, MAX_CORRELATION), self.family_keys if self.family_keys is not None
-            else family_hashes(self.configs), self.error_quantiles,
+            else family_hashes(self.configs), self.error_quantiles, self.failure_correlation,
+        )  # fmt: skip
+
+    def with_failure_correlation(self, correlation: np.ndarray | float) -> PreparedCatalog:
+        """The same catalog with another share of shared runtime-failure error."""
+        rho = np.broadcast_to(np.asarray(correlation, dtype=float), (len(self.configs),)).copy()
+        return PreparedCatalog(
+            self.configs, self.throughput, self.p_valid, self.power_w, self.reject, self.changed,
+            self.error_correlation, self.family_keys if self.family_keys is not None
+            else family_hashes(self.configs), self.error_quantiles, np.clip(rho, 0.0, MAX_CORRELATION),
         )  # fmt: skip
 
 
@@ -170,9 +186,16 @@ def prepare_catalog(
         )
         if not np.isfinite(quantiles).all():
             raise ValueError("the model returned error quantiles that are not finite")
+    failure_correlation = None
+    if isinstance(models, FailureCorrelationModel):
+        failure_correlation = _checked(
+            models.predict_failure_correlation(configs), (k,), "failure correlation"
+        )
+        failure_correlation = np.clip(np.nan_to_num(failure_correlation, nan=0.0), 0.0, MAX_CORRELATION)
     return PreparedCatalog(
-        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles
-    )
+        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles,
+        failure_correlation,
+    )  # fmt: skip
 
 
 def _checked(values: object, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -288,7 +311,12 @@ def build_plan(
         band = catalog.throughput[idx]
         runnable = catalog.reject[idx] == Reject.NONE
         band = np.where(runnable[:, None], band, 1.0)  # rejected jobs never run; keep the arithmetic finite
-        quantile = shared_uniforms(catalog, idx, key, u[:, STREAM_BAND])
+        quantile = shared_uniforms(
+            catalog, idx, key, u[:, STREAM_BAND], catalog.error_correlation, FAMILY_BAND
+        )
+        u_fail = shared_uniforms(
+            catalog, idx, key, u[:, STREAM_FAIL], catalog.failure_correlation, FAMILY_FAIL
+        )
         tokens_per_s = band_at(band, error_z(catalog, idx, quantile))
         p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
         limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
@@ -320,7 +348,7 @@ def build_plan(
         # A job bound to fail burns its GPUs for as long as failing jobs do (the observed failure times,
         # not capped by how long its work would take: it never does that work); only a protocol's time
         # limit can stop it first, and then it counts as a run that completed.
-        fail = (u[:, STREAM_FAIL] < p_fail) & (fail_after < limit - np.nan_to_num(run_elapsed, nan=0.0))
+        fail = (u_fail < p_fail) & (fail_after < limit - np.nan_to_num(run_elapsed, nan=0.0))
         hold[modelled] = np.where(fail, fail_after, run)
         estimate[modelled] = est
         fails[modelled] = fail & runnable
@@ -353,14 +381,17 @@ def build_plan(
     )
 
 
-def shared_uniforms(catalog: PreparedCatalog, idx: np.ndarray, key: int, own: np.ndarray) -> np.ndarray:
-    """Each job's quantile in its band: its own uniform `own`, mixed with its family's shock of this run
-    (keyed by the run and the family, so a what-if's run pairs with the baseline's)."""
-    rho = catalog.error_correlation
+def shared_uniforms(
+    catalog: PreparedCatalog, idx: np.ndarray, key: int, own: np.ndarray,
+    rho: np.ndarray | None, stream: int,
+) -> np.ndarray:  # fmt: skip
+    """Each job's uniform (its quantile in its band, or its failure draw): its own uniform `own`, mixed with
+    its family's shock `stream` of this run (keyed by the run and the family, so a what-if's run pairs with
+    the baseline's). Still uniform for each job; `rho` (per configuration) is how much it shares."""
     if rho is None or catalog.family_keys is None or not np.any(rho[idx] > 0):
         return own
     families, inverse = np.unique(catalog.family_keys[idx], return_inverse=True)
-    shock = ndtri(job_uniforms(key, families, 1)[:, 0])[inverse]
+    shock = ndtri(job_uniforms(key, families, stream + 1)[:, stream])[inverse]
     r = rho[idx]
     return ndtr(np.sqrt(r) * shock + np.sqrt(1.0 - r) * ndtri(own))
 

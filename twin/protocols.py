@@ -59,3 +59,13 @@ class ErrorDistributionModel(Protocol):
         p90) at `twin.families.ERROR_QUANTILE_LEVELS`, shape (n, levels), non-decreasing along a row. A
         model without this method is taken to have normal errors."""
         ...
+
+
+@runtime_checkable
+class FailureCorrelationModel(Protocol):
+    def predict_failure_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Per config, the share of its runtime-failure error (the residual ran - p_valid over its standard
+        deviation) that it shares with the other configurations of its error family, shape (n,), in [0, 1):
+        whether a job fails is then drawn with a family shock shared by the run's jobs of that family. A
+        model without this method is taken to have independent failures."""
+        ...

@@ -43,3 +43,19 @@ def test_a_fitted_version_carries_its_error_correlation(sample_csv) -> None:  # 
 
     p10, p90 = np.interp([0.1, 0.9], ERROR_QUANTILE_LEVELS, seen)
     assert p10 == pytest.approx(-Z90, abs=0.35) and p90 == pytest.approx(Z90, abs=0.35)
+
+
+def test_a_fitted_version_carries_its_failure_correlation_through_the_registry_parts(sample_csv) -> None:  # type: ignore[no-untyped-def]
+    from calibrate.fit import CalibratedModels
+    from twin.domain import JobConfig
+
+    models = fit_models(load_benchmark(sample_csv).head(1500))
+    share = models.info["failure_error_correlation"]
+    assert 0.0 <= share < 1.0 and share == models.failure.error_correlation
+    estimators, params = models.to_parts()
+    assert params["failure"]["error_correlation"] == share
+    again = CalibratedModels.from_parts(estimators, params)
+    config = JobConfig("llama3-8b", "lora", "NVIDIA-A100-SXM4-80GB", 2, 1, 4, 1024)
+    assert again.predict_failure_correlation([config, config]).tolist() == [share, share]
+    del params["failure"]["error_correlation"]  # a version saved before it: independent failures
+    assert CalibratedModels.from_parts(estimators, params).failure.error_correlation == 0.0

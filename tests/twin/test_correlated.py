@@ -149,3 +149,56 @@ def test_jobs_draw_their_errors_from_the_models_error_distribution() -> None:
     normal = prepare_catalog(workload.catalog, SharedErrorModels(None))
     plain = build_plan(workload, normal, one_node(), run_key(np.random.default_rng(7)))
     assert np.max(np.abs(np.log(plain.hold_s / 3600.0))) <= 3 * SIGMA + 1e-9
+
+
+class SharedFailureModels(SharedErrorModels):
+    """Every job fails with probability `p`; `rho` of the failure model's error shared within a family."""
+
+    def __init__(self, rho: float | None, p_fail: float) -> None:
+        super().__init__(None)
+        self.failure_rho, self.p_fail = rho, p_fail
+
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.full(len(configs), 1.0 - self.p_fail)
+
+
+class CorrelatedFailureModels(SharedFailureModels):
+    def predict_failure_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.full(len(configs), self.failure_rho)
+
+
+def failures_per_run(catalog: PreparedCatalog, workload: Workload, runs: int) -> np.ndarray:
+    from twin.plan import build_plan
+    from twin.randomness import run_key
+
+    return np.array(
+        [
+            build_plan(workload, catalog, one_node(), run_key(np.random.default_rng([1, index]))).fails.sum()
+            for index in range(runs)
+        ]
+    )
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.3])
+def test_a_shared_failure_shock_spreads_the_failures_by_its_analytical_value(rho: float) -> None:
+    n, runs, p = 200, 400, 0.5
+    workload = one_family_workload(n)
+    catalog = prepare_catalog(workload.catalog, CorrelatedFailureModels(rho, p))
+    assert catalog.failure_correlation is not None and np.allclose(catalog.failure_correlation, rho)
+    fails = failures_per_run(catalog, workload, runs)
+    # Job i fails when Phi(sqrt(rho) s + sqrt(1 - rho) e_i) < p: a Gaussian copula. At p = 1/2 two jobs
+    # of the family both fail with probability 1/4 + arcsin(rho) / (2 pi), so the count's variance is
+    # n p (1 - p) + n (n - 1) arcsin(rho) / (2 pi); its mean stays n p (each job's marginal is unchanged).
+    variance = n * p * (1 - p) + n * (n - 1) * np.arcsin(rho) / (2 * np.pi)
+    assert np.var(fails, ddof=1) == pytest.approx(variance, rel=0.2)
+    assert fails.mean() == pytest.approx(n * p, abs=4 * np.sqrt(variance / runs))
+
+
+def test_models_without_a_failure_correlation_fail_independently() -> None:
+    workload = one_family_workload(200)
+    catalog = prepare_catalog(workload.catalog, SharedFailureModels(None, 0.5))
+    assert catalog.failure_correlation is None
+    spread = np.var(failures_per_run(catalog, workload, 300), ddof=1)
+    assert spread == pytest.approx(200 * 0.25, rel=0.25)
+    shared = np.var(failures_per_run(catalog.with_failure_correlation(0.5), workload, 300), ddof=1)
+    assert shared > 10 * spread
