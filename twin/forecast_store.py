@@ -100,6 +100,9 @@ class ForecastScore(SQLModel, table=True):
     forecast_p90: float
     actual: float
     inside: bool = Field(sa_column=Column(Boolean, nullable=False))  # p10 <= actual <= p90
+    # The ensemble's own band, where the shown one was recalibrated (twin.band_calibration); else NULL.
+    raw_p10: float | None = None
+    raw_p90: float | None = None
     scored_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 

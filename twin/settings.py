@@ -43,6 +43,9 @@ class TwinSettings(BaseSettings):
     forecast_runs: int = 32  # seeded runs per ensemble
     forecast_seed: int = 0
     forecast_lookback_days: float = 7.0  # arrivals and job mix are learned from this much history
+    # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
+    # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.
+    forecast_band_calibration: bool = True
     forecast_policy: str = "fifo"  # the cluster's scheduling policy: fifo | backfill | spf
     forecast_admission: str = "off"  # the cluster's admission control: off | reject | repair
     forecast_workers: int | None = None  # processes for an ensemble; unset = decided by its size

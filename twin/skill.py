@@ -42,6 +42,14 @@ class IntervalScore:
     p10: float
     p90: float
     actual: float
+    raw_p10: float | None = None  # the ensemble's band where the shown one was recalibrated
+    raw_p90: float | None = None
+
+    @property
+    def raw_inside(self) -> bool:
+        low = self.p10 if self.raw_p10 is None else self.raw_p10
+        high = self.p90 if self.raw_p90 is None else self.raw_p90
+        return low - _EDGE <= self.actual <= high + _EDGE
 
     @property
     def error(self) -> float:
@@ -85,12 +93,16 @@ def score_intervals(
         values = actual.get(name)
         if values is None:
             continue
+        raw_low, raw_high = band.get("raw_p10"), band.get("raw_p90")
         for i in wanted:
             mean, p10, p90 = band["mean"][i], band["p10"][i], band["p90"][i]
             if mean is None or p10 is None or p90 is None or not math.isfinite(float(values[i])):
                 continue
+            raw = (raw_low[i], raw_high[i]) if raw_low is not None and raw_high is not None else (None, None)
             scores.append(
-                IntervalScore(name, i, float(edges[i]), float(edges[i + 1]), mean, p10, p90, float(values[i]))
+                IntervalScore(
+                    name, i, float(edges[i]), float(edges[i + 1]), mean, p10, p90, float(values[i]), *raw
+                )
             )
     return scores
 
@@ -179,6 +191,8 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
                         forecast_p90=float(s.p90),
                         actual=s.actual,
                         inside=s.inside,
+                        raw_p10=s.raw_p10,
+                        raw_p90=s.raw_p90,
                         scored_at=scored_at,
                     )
                 )
@@ -197,7 +211,8 @@ def _score_one(
 
 def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dict[str, Any]:
     """The twin's skill over the scored intervals that start at or after `since` (telemetry time): how many
-    forecasts and interval figures were scored, and per figure {mape, mae, bias, coverage, n}."""
+    forecasts and interval figures were scored, and per figure {mape, mae, bias, coverage, n}, with
+    `raw_coverage`: how often the ensemble's own band (before `twin.band_calibration`) held the actual."""
     with Session(engine) as session:
         query = select(
             ForecastScore.forecast_id,
@@ -205,17 +220,25 @@ def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dic
             ForecastScore.forecast_mean,
             ForecastScore.actual,
             ForecastScore.inside,
+            func.coalesce(ForecastScore.raw_p10, ForecastScore.forecast_p10),
+            func.coalesce(ForecastScore.raw_p90, ForecastScore.forecast_p90),
         ).where(ForecastScore.cluster_id == cluster_id)
         if since is not None:
             query = query.where(col(ForecastScore.interval_start) >= as_utc(since))
         rows = session.exec(query).all()
+    figures = summarize_scores(
+        (figure, mean, actual, inside) for _, figure, mean, actual, inside, _, _ in rows
+    )
+    raw_inside: dict[str, list[bool]] = {}
+    for _, figure, _, actual, _, low, high in rows:
+        raw_inside.setdefault(figure, []).append(low - _EDGE <= actual <= high + _EDGE)
+    for figure, stats in figures.items():
+        stats["raw_coverage"] = float(np.mean(raw_inside[figure]))
     return {
         "since": as_utc(since).isoformat() if since is not None else None,
         "scored": len({r[0] for r in rows}),
         "intervals": len(rows),
-        "figures": summarize_scores(
-            (figure, mean, actual, inside) for _, figure, mean, actual, inside in rows
-        ),
+        "figures": figures,
     }
 
 

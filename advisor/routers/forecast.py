@@ -36,6 +36,7 @@ from advisor.parts import ApiRuntime
 from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from calibrate.registry import RegistryError
+from twin.band_calibration import calibrated_forecast
 from twin.clock import TwinClock, as_utc, twin_clock
 from twin.cluster import ClusterFormatError
 from twin.config_changes import Admission
@@ -146,13 +147,22 @@ def _live(runtime: ApiRuntime, clock: TwinClock | None = None) -> Any:
         raise HTTPException(NO_STATE, str(exc)) from None
 
 
+def _calibrated(runtime: ApiRuntime, document: dict[str, Any]) -> dict[str, Any]:
+    """The forecast's bands recalibrated on the cluster's scored forecasts (twin.band_calibration)."""
+    settings: AdvisorSettings = runtime.settings
+    if not settings.forecast_band_calibration:
+        return document
+    window = timedelta(days=settings.forecast_lookback_days)
+    return calibrated_forecast(runtime.engine, settings.cluster_id, document, window)
+
+
 def compute_standing_forecast(runtime: ApiRuntime, clock: TwinClock | None = None) -> dict[str, Any]:
     """A forecast from the live state with the cluster's settings, stored as the standing one."""
     settings: AdvisorSettings = runtime.settings
     models, source = _job_models(runtime)
-    document = forecast(
+    document = _calibrated(runtime, forecast(
         _live(runtime, clock), models, _options(settings), _slos(runtime), model_source=source
-    )
+    ))  # fmt: skip
     document["id"] = save_forecast(runtime.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
     return document
 
@@ -194,9 +204,9 @@ def _unstored_forecast(runtime: ApiRuntime, clock: TwinClock) -> dict[str, Any]:
         if kept is not None and time.monotonic() - kept[0] < settings.forecast_min_wall_seconds:
             return kept[1] | {"age_s": 0.0, "age_wall_s": time.monotonic() - kept[0]}
         models, source = _job_models(runtime)
-        document = forecast(
+        document = _calibrated(runtime, forecast(
             _live(runtime, clock), models, _options(settings), _slos(runtime), model_source=source
-        )
+        ))  # fmt: skip
         runtime.unstored_forecast = (time.monotonic(), document)
         return document | {"age_s": 0.0, "age_wall_s": 0.0}
 

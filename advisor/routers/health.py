@@ -98,11 +98,14 @@ class _StoreCollector:
             for key, text in (
                 ("mape", "Mean absolute percentage error of the stored forecasts' means, per figure"),
                 ("coverage", "Share of scored intervals whose actual lay inside the forecast's p10-p90"),
+                ("raw_coverage", "The same for the ensemble's own band, before its conformal recalibration"),
                 ("scored_intervals", "Scored forecast intervals, per figure"),
             )
         }
+        sources = (("mape", "mape"), ("coverage", "coverage"), ("raw_coverage", "raw_coverage"),
+                   ("scored_intervals", "n"))  # fmt: skip
         for figure, stats in figures.items():
-            for key, source in (("mape", "mape"), ("coverage", "coverage"), ("scored_intervals", "n")):
+            for key, source in sources:
                 if stats[source] is not None:
                     gauges[key].add_metric([figure], float(stats[source]))
         yield from gauges.values()

@@ -122,6 +122,11 @@ def forecast(
     job_models_, source = job_models(models, settings, needed=needs_models(inputs))
     with output.progress(options.runs, "forecast", "runs", quiet=as_json) as tick:
         document = run_forecast(inputs, job_models_, options, slos, model_source=source, progress=tick)
+    if settings.forecast_band_calibration:
+        from twin.band_calibration import calibrated_forecast
+
+        window = timedelta(days=settings.forecast_lookback_days)
+        document = calibrated_forecast(engine, settings.cluster_id, document, window)
     if store:
         save_forecast(engine, document, cluster_id=settings.cluster_id, kind=ON_DEMAND)
     twin_output.emit(document, as_json, twin_output.print_forecast)

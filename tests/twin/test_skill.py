@@ -113,7 +113,7 @@ def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engin
     assert result["scored"] == 1 and result["intervals"] == 14
     figures = result["figures"]
     # utilization: forecast 0.5 twice against 0.25 and 0.5.
-    assert figures["utilization"] == UTILIZATION_SKILL
+    assert figures["utilization"] == UTILIZATION_SKILL | {"raw_coverage": 0.5}  # no recalibrated band
     # queue: 2 against 0.75 (outside 1-3) and against 0 (outside; no MAPE on a zero actual).
     assert figures["queue_length"]["coverage"] == 0.0
     assert figures["queue_length"]["mape"] == pytest.approx(1.25 / 0.75)
@@ -161,6 +161,7 @@ def test_skill_over_http_prometheus_and_the_cli(
         assert bad.status_code == 422 and "since" in bad.json()["detail"]
         metrics = client.get("/metrics").text
         assert 'finetwin_forecast_coverage{figure="utilization"} 0.5' in metrics
+        assert 'finetwin_forecast_raw_coverage{figure="utilization"} 0.5' in metrics
         assert 'finetwin_forecast_scored_intervals{figure="queue_length"} 2.0' in metrics
         view = client.get("/v1/forecast/vs-actual", headers=headers).json()
         assert view["intervals_passed"] == 2 and view["figures"]["utilization"]["actual"] == [0.25, 0.5]
