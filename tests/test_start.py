@@ -58,6 +58,26 @@ def test_up_on_a_taken_port_fails_before_starting_anything_and_names_a_free_one(
     assert not (tmp_path / "data").exists()
 
 
+def test_the_port_is_checked_before_the_replay_is_read_or_the_parts_imported(
+    tmp_path: Path, taken_port: int
+) -> None:
+    """The port comes before the benchmark replay (seconds of pandas on the bundled sample) and the
+    imports of the broker, store and API: a replay file that does not exist is not even opened, and the
+    interpreter's own import log shows none of them loaded."""
+    env = environment(tmp_path / "data", PYTHONPROFILEIMPORTTIME="1")
+    missing = tmp_path / "no-such-bench.csv"
+    done = run(["up", "--port", str(taken_port), "--replay", str(missing)], env)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot serve the API on 127.0.0.1:{taken_port}" in done.stderr
+    assert str(missing) not in done.stderr  # the replay was never read
+    imported = {
+        line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")
+    }
+    assert "typer" in imported  # the import log is there to read
+    for heavy in ("pandas", "ingest.replay", "advisor.keys", "finetwin.wiring", "uvicorn", "kafka"):
+        assert heavy not in imported, heavy
+
+
 def test_the_default_port_when_taken_is_replaced_by_a_free_one(
     taken_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
-from twin.domain import JobConfig, canonical_gpu_name
+from twin.domain import JobConfig, UnknownGpuModel, known_gpu_name
 
 NO_CONFIG = -1
 
@@ -243,6 +243,17 @@ class _Builder:
             return False
         raise WorkloadFormatError(self.path, line, name, f"not a yes/no value: {text!r}")
 
+    def gpu_model(self, row: list[str], line: int) -> str:
+        """The benchmark's spelling of the row's GPU ("" when unnamed); a misspelled one is an error with
+        the closest known names, as in a cluster file (else its jobs would all be rejected, silently)."""
+        name = self.cell(row, "gpu_model")
+        if not name:
+            return ""
+        try:
+            return known_gpu_name(name)
+        except UnknownGpuModel as exc:
+            raise WorkloadFormatError(self.path, line, "gpu_model", str(exc)) from None
+
     def add(self, row: list[str], line: int) -> None:
         job_id = self.cell(row, "job_id")
         if not job_id:
@@ -252,7 +263,7 @@ class _Builder:
         self.seen.add(job_id)
         arrival = self.number(row, "arrival_s", line)
         gpus = self.integer(row, "gpus", line)
-        gpu_model = canonical_gpu_name(self.cell(row, "gpu_model")) if self.cell(row, "gpu_model") else ""
+        gpu_model = self.gpu_model(row, line)
         duration = math.nan
         work = math.nan
         config = NO_CONFIG

@@ -43,12 +43,13 @@ def advise(
         request = AdviceRequest.model_validate(raw)
     except ValueError as exc:
         raise CommandError(f"{config}: {validation_message(exc, AdviceRequest.model_fields)}") from exc
+    directory = settings.resolved_models_dir()
     try:
-        loaded = ModelRegistry(settings.resolved_models_dir()).load_in_use()
+        loaded = ModelRegistry(directory).load_in_use()
     except RegistryError as exc:
         raise CommandError(f"the model in use cannot be loaded: {exc}") from exc
     if loaded is None:
-        raise CommandError("no calibrated models yet: run `finetwin calibrate` first")
+        raise CommandError(f"no calibrated models yet in {directory}: run `finetwin calibrate` first")
     version, models = loaded
     job, dataset_tokens = request.to_job()
     try:

@@ -126,7 +126,10 @@ def predict(
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
     _warn_unseen_models(configs.table["model_name"])  # before the numbers, not as a note after them
-    summary = write_predictions(job_models, configs, output_csv)
+    try:
+        summary = write_predictions(job_models, configs, output_csv)
+    except OSError as exc:  # a place the checks above could not foresee (/proc, a full disk, a race)
+        raise CommandError(f"--output {output_csv}: cannot write there: {exc.strerror or exc}") from None
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
     output.say(
         f"{summary.rows} rows predicted with {version} -> {output_csv} ({outcomes}; {summary.flagged} noted)"

@@ -133,9 +133,10 @@ def _inputs(cluster: Path | None, workload: Path | None, settings: Settings) -> 
             engine, cluster_id=settings.cluster_id, lookback=timedelta(days=settings.forecast_lookback_days)
         )
     except NoClusterError as exc:
+        where = f"looked in the store {settings.store_description()}"
         if cluster is None:
-            raise CommandError(f"{exc} (or give --cluster)") from None
-        raise CommandError(str(exc)) from None
+            raise CommandError(f"{exc} ({where}; or give --cluster)") from None
+        raise CommandError(f"{exc} ({where})") from None
     if cluster is not None:
         try:
             inputs.cluster = load_cluster(cluster)

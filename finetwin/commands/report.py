@@ -34,7 +34,8 @@ def report(
             metavar="FILE",
             # Typer has no option with an optional value (its is_flag/flag_value do nothing), so the bundled
             # sample is named by a word rather than by --bench alone.
-            help=f"an LLMFineTuningBench CSV (38 columns), or {BUNDLED!r} for the bundled real sample",
+            help=f"an LLMFineTuningBench CSV (38 columns), or {BUNDLED!r} for the bundled real sample "
+            "(the default, unless --observed)",
         ),
     ] = None,
     observed: Annotated[
@@ -65,7 +66,7 @@ def report(
 
     settings: Settings = ctx.obj
     if bench is None and not observed:
-        raise CommandError("nothing to report on: give --bench FILE and/or --observed")
+        bench = BUNDLED  # as calibrate and replay: the bundled sample unless told otherwise
     if out is not None:
         try:  # before any work: a mistake costs nothing
             check_output_dir(out, report_file_names(), force=force)
@@ -93,8 +94,12 @@ def report(
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
     directory = out or reports_root(settings) / pd.Timestamp.now(tz="UTC").strftime("%Y%m%dT%H%M%SZ")
     formats = ("md", "html") if report_format == "html" else ("md",)
-    built = build_report(table, directory, source=" + ".join(sources), formats=formats)
-    pointer = record_latest(built, reports_root(settings))
+    try:
+        built = build_report(table, directory, source=" + ".join(sources), formats=formats)
+        pointer = record_latest(built, reports_root(settings))
+    except OSError as exc:  # a place the checks above could not foresee (/proc, a full disk, a race)
+        where = exc.filename or directory
+        raise CommandError(f"cannot write the report to {where}: {exc.strerror or exc}") from None
     written = [p.name for p in built.figures.values() if p is not None]
     output.say(f"wrote {built.report_md}, {built.numbers_json.name} and {len(written)} figure(s)")
     if built.report_html is not None:

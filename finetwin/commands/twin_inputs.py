@@ -113,9 +113,18 @@ def explicit_inputs(cluster_path: Path, workload_path: Path) -> tuple[Any, Any]:
     from twin.workload import WorkloadFormatError, read_jobs_csv
 
     try:
-        return load_cluster(cluster_path), read_jobs_csv(workload_path)
+        cluster, workload = load_cluster(cluster_path), read_jobs_csv(workload_path)
     except (ClusterFormatError, WorkloadFormatError) as exc:
         raise CommandError(str(exc)) from None
+    unnamed = sum(1 for g in workload.gpu_models if not g)
+    if unnamed and len(cluster.gpu_models) > 1:
+        # The twin places a job without a GPU type only on a cluster of one type; here every such job
+        # would be rejected for want of capacity (exit 0, a run that says nothing).
+        raise CommandError(
+            f"{workload_path}: {unnamed} of {len(workload)} jobs name no gpu_model, and {cluster_path} has "
+            f"several GPU types ({', '.join(cluster.gpu_models)}): give each job a gpu_model column value"
+        )
+    return cluster, workload
 
 
 def live_inputs(settings: Settings, engine: Any = None, clock: Any = None) -> Any:
@@ -133,7 +142,7 @@ def live_inputs(settings: Settings, engine: Any = None, clock: Any = None) -> An
             engine, cluster_id=settings.cluster_id, lookback=lookback, clock=clock
         )
     except NoClusterError as exc:
-        raise CommandError(str(exc)) from None
+        raise CommandError(f"{exc} (looked in the store {settings.store_description()})") from None
 
 
 def needs_models(inputs: Any) -> bool:

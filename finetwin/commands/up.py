@@ -8,7 +8,7 @@ import json
 import logging
 import socket
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -94,17 +94,51 @@ def up(
         ),
     ] = False,
 ) -> int:
-    from advisor.keys import ensure_first_key
-    from finetwin.wiring import api_app, api_parts, ensure_topics, ingest_worker, migrated_engine
-    from ingest.replay import send_replay
-
     settings: Settings = ctx.obj
     if as_json and not exit_when_done:
         raise CommandError("--json needs --exit-when-done (the counts are printed once the replay is in)")
     if exit_when_done and no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
+    # The port first, before the heavy imports and the replay's benchmark: a taken port is said within a
+    # second, before a broker, topics and a warm-up.
+    asked = port is not None or "api_port" in settings.model_fields_set
+    listener = reserve_port(
+        host or settings.api_host, settings.api_port if port is None else port, asked=asked
+    )
+    try:
+        return _up(
+            settings, listener, bootstrap=bootstrap, bench=None if no_replay else bench,
+            replay=not no_replay, speed=speed, seed=seed, job_prefix=job_prefix,
+            mean_interarrival=mean_interarrival, epoch=epoch, load=load, quiet=quiet,
+            exit_when_done=exit_when_done, as_json=as_json,
+        )  # fmt: skip
+    finally:
+        listener.close()
+
+
+def _up(
+    settings: Settings,
+    listener: socket.socket,
+    *,
+    bootstrap: str | None,
+    bench: Path | None,
+    replay: bool,
+    speed: float,
+    seed: int,
+    job_prefix: str | None,
+    mean_interarrival: float,
+    epoch: datetime | None,
+    load: float,
+    quiet: bool,
+    exit_when_done: bool,
+    as_json: bool,
+) -> int:
+    from advisor.keys import ensure_first_key
+    from finetwin.wiring import api_app, api_parts, ensure_topics, ingest_worker, migrated_engine
+    from ingest.replay import send_replay
+
     plan = None
-    if not no_replay:
+    if replay:
         plan = replay_plan(
             settings, bench, speed=speed, seed=seed, job_prefix=job_prefix,
             mean_interarrival=mean_interarrival, epoch=epoch, load=load,
@@ -122,14 +156,8 @@ def up(
     if exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
-    # The port first: a taken port is said within a second, before a broker, topics and a warm-up.
-    asked = port is not None or "api_port" in settings.model_fields_set
-    listener = reserve_port(
-        host or settings.api_host, settings.api_port if port is None else port, asked=asked
-    )
     stop = threading.Event()
     with stop_on_signals(stop), contextlib.ExitStack() as parts:
-        parts.callback(listener.close)
         bus = _bus(bootstrap, settings, parts)
         engine = migrated_engine(settings)
         parts.callback(engine.dispose)

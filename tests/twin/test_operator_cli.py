@@ -123,3 +123,72 @@ def test_steering_proposes_no_nodes_of_a_type_the_catalogue_lacks() -> None:
     inputs = TwinInputs(cluster=cluster, workload=Workload.from_durations([0.0], [10.0], gpus=1))
     proposed = [c.target for c in candidates(inputs, ForecastOptions())]
     assert "nodes:NVIDIA-A100-SXM4-80GB" in proposed and "nodes:H200-SXM" not in proposed
+
+
+def test_a_misspelled_gpu_in_a_workload_file_is_refused_with_a_suggestion(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = write(tmp_path, "c.yaml", CLUSTER)
+    jobs = write(
+        tmp_path,
+        "jobs.csv",
+        "job_id,arrival_s,gpus,duration_s,gpu_model\nj1,0,4,7200,A100-SXM\nj2,5,2,60,A100-SMX\n",
+    )
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
+    error = capsys.readouterr().err
+    assert "line 3: column 'gpu_model': unknown GPU model 'A100-SMX'" in error, error
+    assert "did you mean 'NVIDIA-A100-SXM4-80GB'" in error
+
+
+def test_jobs_without_a_gpu_type_on_a_cluster_of_several_types_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a gpu_model the twin cannot place a job on a cluster of two types: every job was rejected
+    for want of capacity, exit 0."""
+    cluster = write(
+        tmp_path, "c.yaml", "nodes:\n  - {gpu_model: A100-SXM, count: 1}\n  - {gpu_model: L40S, count: 1}\n"
+    )
+    jobs = write(tmp_path, "jobs.csv", JOBS)
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "3 of 3 jobs name no gpu_model" in error and "L40S, NVIDIA-A100-SXM4-80GB" in error, error
+    named = write(tmp_path, "named.csv", "job_id,arrival_s,gpus,duration_s,gpu_model\nj1,0,4,60,L40S\n")
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(named), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["jobs_completed"]["mean"] == 1
+
+
+def test_a_forecast_with_an_empty_store_says_which_store_it_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["forecast", "--horizon", "1h", "--runs", "1"]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "is up in the store" in error
+    assert f"looked in the store {(tmp_path / 'data' / 'finetwin.db').resolve()}" in error, error
+
+
+def test_the_mean_of_skewed_runs_is_explained_and_stays_within_the_runs() -> None:
+    """forecast printed a makespan mean above its own p90: with one run far from the rest that is what a
+    mean does (it stays inside the runs' min and max); the table says so instead of leaving it a puzzle."""
+    from twin.ensemble import spread
+
+    runs = [20_000.0] * 19 + [80_000.0]
+    figure = spread(runs)
+    assert figure["p90"] < figure["mean"] <= max(runs)  # above p90, never above the largest run
+    assert min(runs) <= figure["mean"]
+    assert figure["mean"] == pytest.approx(23_000.0)
+
+
+def test_the_forecast_table_notes_a_mean_outside_its_band(capsys: pytest.CaptureFixture[str]) -> None:
+    from finetwin.commands.twin_output import print_forecast
+    from twin.ensemble import spread
+
+    skewed, even = spread([20_000.0] * 19 + [80_000.0]), spread([3600.0, 3700.0, 3800.0])
+    doc = {
+        "runs": 20, "horizon_s": 86_400, "policy": "fifo", "admission": "off", "models": "v0001",
+        "summary": {"makespan_s": skewed, "wait_mean_s": even}, "slos": [],
+    }  # fmt: skip
+    print_forecast(doc)
+    text = capsys.readouterr().out
+    assert "note: the mean of makespan_s lies outside its p10-p90" in " ".join(text.split())
+    assert "wait_mean_s" not in text.split("note:")[1]  # only the skewed figure is named
+    assert "6.39 h" in text  # 23,000 s as hours
