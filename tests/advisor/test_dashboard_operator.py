@@ -6,6 +6,7 @@ key when the key in use is a viewer's. `FINETWIN_UPDATE_DOCS=1` refreshes docs/d
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -79,6 +80,13 @@ def test_the_dashboard_explains_itself_to_an_operator(
                 .inner_text()
                 .endswith(" %")
             )
+            # The forecast's age, on the telemetry's clock.
+            meta = page.locator("#forecast-meta")
+            assert re.search(r"made .+ ago$", meta.inner_text()), meta.inner_text()
+            # An empty recommendation list is explained: steering has not run yet, and when it will.
+            note = page.locator("#steering-note", has_text="steering has not run yet")
+            note.wait_for(timeout=30_000)
+            assert page.locator("#recs tbody tr").count() == 0
             # Times in the telemetry's clock (UTC), the zone said.
             submitted = page.locator("#jobs tbody tr td:nth-child(6)").first.inner_text()
             assert "UTC" in submitted, submitted
@@ -105,6 +113,13 @@ def test_the_dashboard_explains_itself_to_an_operator(
             result.wait_for(timeout=120_000)
             assert asked == ["Operator API key to run steering now"]
             page.locator("#steering-note", has_text="Last steering run").wait_for(timeout=15_000)
+            # Each recommendation says which SLO it helps and by how much; none is explained by the note.
+            effects = page.locator("#recs tbody tr td:nth-child(2)").all_inner_texts()
+            if effects:
+                for effect in effects:
+                    assert re.match(r'helps ".+": [+-]\d+(\.\d)? pts of its intervals met', effect), effect
+            else:
+                assert "candidates evaluated" in page.locator("#steering-note").inner_text()
             shots = REPO / "docs" if os.environ.get("FINETWIN_UPDATE_DOCS") == "1" else tmp_path
             page.screenshot(path=str(shots / "dashboard-operator.png"), full_page=True)
         finally:
