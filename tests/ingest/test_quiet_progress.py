@@ -10,6 +10,7 @@ import pytest
 from ingest import worker as worker_module
 from ingest.bus import InProcessBus
 from ingest.worker import IngestWorker
+from tests.conftest import unique
 from twin.db import make_engine
 
 
@@ -46,3 +47,25 @@ def test_lag_is_what_is_left_to_poll() -> None:
     assert consumer.lag() == 5
     assert len(consumer.poll(3, 10)) == 3
     assert consumer.lag() == 2
+
+
+@pytest.mark.integration
+def test_the_first_approval_publishes_without_a_kafka_warning(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An approved action goes out through the outbox's acked publisher: its first send used to log
+    kafka-python's "Idempotence will be disabled" (retries=0 conflicts with the idempotent default)."""
+    from ingest.acked import AckedPublisher
+    from ingest.bus import KafkaBus
+
+    topic = unique("actions")
+    KafkaBus(kafka_bootstrap).ensure_topic(topic, 1)
+    publisher = AckedPublisher(kafka_bootstrap)
+    caplog.set_level(logging.WARNING, logger="kafka")
+    try:
+        partition, offset = publisher.publish(topic, b"k", b"{}")
+    finally:
+        publisher.close()
+    assert (partition, offset) == (0, 0)
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("kafka")]
+    assert not [w for w in warnings if "dempotence" in w], warnings
