@@ -24,7 +24,7 @@ from calibrate import accuracy
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
 from calibrate.config_frame import configs_to_frame
 from calibrate.encoding import FeatureEncoding
-from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure
+from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure, model_method
 from calibrate.features import FEATURE_NAMES, feature_columns
 from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
@@ -90,7 +90,8 @@ class CalibratedModels:
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)
         with _quiet_threads() if reference else contextlib.nullcontext():
-            p_valid, p_valid_low = self.failure.predict_with_low(X, reference=reference)
+            novel = self.failure.novel(table["model_name"].to_numpy(), table["method"].to_numpy())
+            p_valid, p_valid_low = self.failure.predict_with_low(X, novel, reference=reference)
             band = self.throughput.predict(X, reference=reference)
             watts = self.power.predict(X, gpus, reference=reference) if power else np.zeros(len(X))
         p_valid = np.where(rejected, 0.0, p_valid)
@@ -180,6 +181,8 @@ class CalibratedModels:
                 "valid_threshold": VALID_THRESHOLD,
                 "lower_bound": self.failure.lower_bound,
                 "error_correlation": self.failure.error_correlation,
+                "novel_lower_bound": self.failure.novel_lower_bound,
+                "known_models": sorted(self.failure.known_models),
             },
             "power": self.power.params(),
             "info": self.info,
@@ -203,6 +206,8 @@ class CalibratedModels:
                 [estimators[f"failure_calibration_{k}"] for k in range(members)],
                 _lower_bound(params["failure"].get("lower_bound")),
                 float(params["failure"].get("error_correlation") or 0.0),
+                _lower_bound(params["failure"].get("novel_lower_bound")),
+                frozenset(str(m) for m in params["failure"].get("known_models") or []),
             )
         except KeyError as exc:
             raise ValueError(f"missing estimator {exc.args[0]!r}") from None
@@ -240,6 +245,17 @@ def admission_rules(table: pd.DataFrame) -> list[str | None]:
     return [rule.value if rule is not None else None for rule in rules]
 
 
+def row_families(table: pd.DataFrame) -> np.ndarray:
+    """Each row's error family (`twin.families`: model, method, GPU)."""
+    return np.array(
+        [
+            error_family(str(m), str(k), str(g))
+            for m, k, g in zip(table["model_name"], table["method"], table["gpu_model"], strict=True)
+        ],
+        dtype=object,
+    )
+
+
 def fit_models(
     table: pd.DataFrame, sample_weight: np.ndarray | None = None, *, seed: int = 0
 ) -> CalibratedModels:
@@ -270,19 +286,14 @@ def fit_models(
         else np.full(len(table), np.nan)
     )
     with _quiet_threads():
-        families = np.array(
-            [
-                error_family(str(m), str(k), str(g))
-                for m, k, g in zip(table["model_name"], table["method"], table["gpu_model"], strict=True)
-            ],
-            dtype=object,
-        )
+        families = row_families(table)
         throughput_model = fit_throughput(
             X[usable], throughput[usable], _subset(weight, usable), seed=seed, families=families[usable]
         )
         failure_model = fit_failure(
-            X[passed], valid[passed], _subset(weight, passed), seed=seed, families=families[passed]
-        )
+            X[passed], valid[passed], _subset(weight, passed), seed=seed, families=families[passed],
+            pairs=model_method(table["model_name"].to_numpy(), table["method"].to_numpy())[passed],
+        )  # fmt: skip
         power_model = fit_power(
             X[usable], gpus[usable], power_watts[usable], _subset(weight, usable), seed=seed
         )

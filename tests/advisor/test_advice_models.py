@@ -20,7 +20,7 @@ from twin.db import make_engine
 
 pytestmark = pytest.mark.slow
 JOB = {
-    "model_name": "llama3-8b", "method": "lora", "gpu_model": "A100-SXM", "number_gpus": 4,
+    "model_name": "llama3.1-8b", "method": "lora", "gpu_model": "A100-SXM", "number_gpus": 4,
     "batch_size": 16, "tokens_per_sample": 2048, "dataset_tokens": 1e9,
 }  # fmt: skip
 

@@ -311,8 +311,11 @@ def test_the_lower_bound_is_calibrated_on_out_of_fold_predictions(
     passed = sample[sample["outcome"] != Outcome.REJECTED.value]
     X, _, _ = models.matrix(passed)
     ran = (passed["outcome"] == Outcome.VALID.value).to_numpy()
-    fitted = failure.fit_failure(X, ran, None, seed=3)
-    ((oof, oof_ran),) = seen
+    pairs = failure.model_method(passed["model_name"].to_numpy(), passed["method"].to_numpy())
+    fitted = failure.fit_failure(X, ran, None, seed=3, pairs=pairs)
+    # Two bounds: the members' out-of-fold one, then the novel one on held-out blocks' novel rows.
+    assert len(seen) == 2 and len(seen[1][0]) < len(ran)
+    oof, oof_ran = seen[0]
     assert np.array_equal(oof_ran, ran) and np.all(np.isfinite(oof))
     members = fitted.member_predictions(X, reference=True)
     folds = StratifiedKFold(failure.MEMBERS, shuffle=True, random_state=3).split(np.zeros(len(ran)), ran)
@@ -337,3 +340,38 @@ def test_the_lower_bound_knots_are_monotone_and_below_each_bins_share() -> None:
     middle = np.array(knots_p[1:-1])
     assert np.all(np.array(knots_low[1:-1]) <= middle + 0.02)  # a bound on a calibrated p: below it
     assert np.interp(0.9, knots_p, knots_low) > 0.75  # and not vacuous
+
+
+def test_novel_llm_method_pairs_are_bounded_by_what_held_out_blocks_showed(
+    models: CalibratedModels, sample: pd.DataFrame
+) -> None:
+    """An LLM and method the training rows lack get the bound measured on held-out blocks' rows of pairs
+    their members never saw, which ran less often than the random folds' rows: a lower p_valid_low."""
+    from calibrate.fit import CalibratedModels as Models
+
+    knots_p, knots_low = models.failure.novel_lower_bound  # type: ignore[misc]
+    first = sample[sample["outcome"] == Outcome.VALID.value].iloc[0]
+    other = "full" if first["method"] != "full" else "lora"
+    names = np.array([first["model_name"], "llama3.3-70b", first["model_name"]])
+    novel = models.failure.novel(names, np.array([first["method"], first["method"], other])).tolist()
+    assert novel[:2] == [False, True]  # a known pair; an LLM the sample does not have
+    pairs = set(sample["model_name"] + "|" + sample["method"])
+    assert novel[2] == (f"{first['model_name']}|{other}" not in pairs)  # the same LLM, another method
+    assert np.all(np.diff(knots_p) >= 0) and np.all(np.diff(knots_low) >= 0)
+    passed = sample[sample["outcome"] != Outcome.REJECTED.value]
+    X, _, _ = models.matrix(passed)
+    point, seen_low = models.failure.predict_with_low(X, np.zeros(len(X), dtype=bool))
+    _, novel_low = models.failure.predict_with_low(X, np.ones(len(X), dtype=bool))
+    assert np.all(novel_low <= seen_low + 1e-12) and np.all(novel_low <= point + 1e-12)
+    sure = point > 0.97
+    assert sure.sum() > 100 and np.median(seen_low[sure] - novel_low[sure]) > 0.05
+    # predict_frame bounds a model the benchmark never ran by the novel bound; the registry's parts keep it.
+    config = passed[passed["outcome"] == Outcome.VALID.value].head(50)
+    moved = config.assign(model_name="llama3.3-70b")  # an LLM the sample does not have
+    frame = models.predict_frame(moved)
+    expected = models.failure.predict_with_low(models.matrix(moved)[0], np.ones(len(moved), dtype=bool))[1]
+    np.testing.assert_allclose(frame["p_valid_low"].to_numpy(), np.where(
+        frame["outcome"] == Outcome.REJECTED.value, 0.0, expected), rtol=1e-9)  # fmt: skip
+    estimators, params = models.to_parts()
+    again = Models.from_parts(estimators, params)
+    assert again.failure.novel_lower_bound == models.failure.novel_lower_bound
