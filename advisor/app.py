@@ -92,8 +92,12 @@ def create_app(parts: ApiParts) -> FastAPI:
         try:
             yield
         finally:
+            # The scheduler's running forecast or steering stops after its runs in flight (a second or
+            # two), and is waited for: left running, its process pool met the interpreter's exit and
+            # hung `finetwin up` after Ctrl-C.
+            runtime.stopping.set()
             if parts.scheduler.running:
-                parts.scheduler.shutdown(wait=False)
+                parts.scheduler.shutdown(wait=True)
             if runtime.relay is not None:
                 runtime.relay.stop()
                 runtime.relay = None

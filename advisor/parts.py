@@ -65,6 +65,10 @@ class ApiParts:
         return cls(settings, engine, models, scheduler, refits, outbox_relay)
 
 
+class ShuttingDown(Exception):
+    """Background work (a standing forecast, a steering run) abandoned because the app is stopping."""
+
+
 @dataclass
 class ApiRuntime:
     """The parts plus what the API builds from them once: caches, the advice batcher, the relay's thread,
@@ -83,6 +87,14 @@ class ApiRuntime:
     unstored_forecast: tuple[float, dict[str, Any]] | None = None
     unstored_forecast_lock: threading.Lock = field(default_factory=threading.Lock)
     last_requested_refresh: float = -math.inf  # POST /v1/forecast/refresh is rate-limited
+    # Set when the app stops: the scheduler's forecasts and steering stop after the ensemble runs in flight
+    # (they check it between runs), so shutting down never waits for a whole ensemble nor leaves one behind.
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def check_stopping(self) -> None:
+        """An ensemble's progress callback: raises `ShuttingDown` once the app is stopping."""
+        if self.stopping.is_set():
+            raise ShuttingDown("the API is stopping")
 
     @property
     def settings(self) -> AdvisorSettings:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -176,13 +177,15 @@ def mean_attainment(outputs: list[Any]) -> list[float]:
 
 
 def evaluate(
-    inputs: TwinInputs, models: Any, options: ForecastOptions, slos: SloSet, found: list[Candidate]
-) -> list[tuple[Candidate, dict[str, Any]]]:
-    """Each candidate's paired effect on mean SLO attainment, against one baseline ensemble."""
+    inputs: TwinInputs, models: Any, options: ForecastOptions, slos: SloSet, found: list[Candidate],
+    progress: Callable[[], object] | None = None,
+) -> list[tuple[Candidate, dict[str, Any]]]:  # fmt: skip
+    """Each candidate's paired effect on mean SLO attainment, against one baseline ensemble. `progress` is
+    called after every run (an exception it raises stops the evaluation)."""
     from twin.ensemble import run_ensemble
     from twin.whatif import ScenarioChanges, apply_changes, compare, paired_difference
 
-    baseline = run_ensemble(make_spec(inputs, models, options, slos), options.runs, options.workers)
+    baseline = run_ensemble(make_spec(inputs, models, options, slos), options.runs, options.workers, progress)
     base_attainment = mean_attainment(baseline)
     results = []
     for candidate in found:
@@ -190,7 +193,10 @@ def evaluate(
         changes = ScenarioChanges.model_validate(candidate.changes)
         scenario_inputs, scenario_options = apply_changes(scenario_inputs, options, changes)
         scenario = run_ensemble(
-            make_spec(scenario_inputs, models, scenario_options, slos), options.runs, options.workers
+            make_spec(scenario_inputs, models, scenario_options, slos),
+            options.runs,
+            options.workers,
+            progress,
         )
         effect = paired_difference(base_attainment, mean_attainment(scenario))
         per_slo = compare(baseline, scenario, slos)["slos"]
@@ -278,10 +284,12 @@ def why_nothing(evaluated: list[tuple[Candidate, dict[str, Any]]]) -> str:
 
 
 def run_steering(
-    engine: Engine, settings: AdvisorSettings, models_in_use: Any, *, actor: str, source: str
-) -> SteeringResult:
+    engine: Engine, settings: AdvisorSettings, models_in_use: Any, *, actor: str, source: str,
+    progress: Callable[[], object] | None = None,
+) -> SteeringResult:  # fmt: skip
     """Load the live state and the models in use (`get() -> (version, models) | None`), evaluate the
-    candidates, record the helpful ones."""
+    candidates, record the helpful ones. `progress`: called after every ensemble run (it may raise to
+    stop the run)."""
     from twin.live_state import NoClusterError, load_live_inputs
     from twin.slo_attainment import SloFormatError
 
@@ -301,7 +309,7 @@ def run_steering(
         raise SteeringUnavailable(str(exc)) from None
     options = baseline_options(settings)
     found = candidates(inputs, options)
-    evaluated = evaluate(inputs, models, options, slos, found)
+    evaluated = evaluate(inputs, models, options, slos, found, progress)
     chosen = proposals(evaluated, options.runs)
     with session_scope(engine) as session:
         recorded = workflow.propose(

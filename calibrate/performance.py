@@ -257,11 +257,6 @@ def _row_groups(part: np.ndarray) -> np.ndarray:
     return group.reshape(-1)
 
 
-def region_keys(X: np.ndarray) -> np.ndarray:
-    """Each row's configuration region (the same model under the same protocol), as a text key."""
-    return keys(X, _REGION_COLUMNS)
-
-
 def neighbourhood(
     X: np.ndarray, region_rows: Mapping[str, int], config_rows: Mapping[str, int]
 ) -> np.ndarray:

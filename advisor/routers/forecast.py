@@ -32,7 +32,7 @@ from pydantic import Field, StrictInt
 
 from advisor.auth import Role, access
 from advisor.deps import get_runtime
-from advisor.parts import ApiRuntime
+from advisor.parts import ApiRuntime, ShuttingDown
 from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from calibrate.registry import RegistryError
@@ -161,7 +161,8 @@ def compute_standing_forecast(runtime: ApiRuntime, clock: TwinClock | None = Non
     settings: AdvisorSettings = runtime.settings
     models, source = _job_models(runtime)
     document = _calibrated(runtime, forecast(
-        _live(runtime, clock), models, _options(settings), _slos(runtime), model_source=source
+        _live(runtime, clock), models, _options(settings), _slos(runtime), model_source=source,
+        progress=runtime.check_stopping,
     ))  # fmt: skip
     document["id"] = save_forecast(runtime.engine, document, cluster_id=settings.cluster_id, kind=STANDING)
     return document
@@ -187,6 +188,8 @@ def standing_tick(runtime: ApiRuntime) -> None:
         if forecast_due(runtime, clock):
             compute_standing_forecast(runtime, clock)
         score_due(runtime.engine, settings.cluster_id, clock.now)
+    except ShuttingDown:
+        log.info("standing forecast abandoned: the API is stopping")
     except HTTPException as exc:
         log.info("standing forecast not refreshed: %s", exc.detail)
     except Exception:  # the scheduler must keep running; the next tick tries again

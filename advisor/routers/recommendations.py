@@ -19,7 +19,7 @@ from sqlmodel import Session, col, func, select
 from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_runtime, get_settings
-from advisor.parts import ApiRuntime
+from advisor.parts import ApiRuntime, ShuttingDown
 from advisor.records import OutboxMessage, Recommendation
 from advisor.settings import AdvisorSettings
 from advisor.steering import SteeringResult, SteeringUnavailable, run_steering
@@ -227,7 +227,10 @@ def reject(
     "/run",
     response_model=RunOut,
     summary="Run cluster steering now: what-ifs against the SLOs, recording those that help (operator)",
-    responses={409: {"description": "steering cannot run yet (no SLOs, no node up, no usable models)"}},
+    responses={
+        409: {"description": "steering cannot run yet (no SLOs, no node up, no usable models)"},
+        503: {"description": "the API is stopping"},
+    },
 )
 def run_now(
     runtime: ApiRuntime = Depends(get_runtime), principal: Principal = Depends(require_role(Role.OPERATOR))
@@ -236,6 +239,8 @@ def run_now(
         result = _steer(runtime, actor=principal.actor, source="on-demand")
     except SteeringUnavailable as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from exc
+    except ShuttingDown as exc:
+        raise HTTPException(status_code=503, detail=str(exc)) from exc
     _remember(runtime, result)
     with Session(runtime.engine) as session:
         recs = [_out(session, r) for r in result.recommendations]
@@ -265,7 +270,10 @@ def _expire_job(engine: Engine) -> None:
 
 
 def _steer(runtime: ApiRuntime, *, actor: str, source: str) -> SteeringResult:
-    return run_steering(runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source)
+    return run_steering(
+        runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source,
+        progress=runtime.check_stopping,
+    )  # fmt: skip
 
 
 # The steering job looks this often whether a run is due: soon after the first model is in use, then every
@@ -289,6 +297,9 @@ def _steering_job(runtime: ApiRuntime) -> None:
             return
     try:
         result = _steer(runtime, actor="system", source="schedule")
+    except ShuttingDown:
+        log.info("scheduled steering abandoned: the API is stopping")
+        return
     except SteeringUnavailable as exc:
         log.info("scheduled steering skipped: %s", exc)
         runtime.last_steering = {
