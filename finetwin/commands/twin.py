@@ -151,7 +151,7 @@ def _skill(engine: object, settings: Settings, now: datetime, since_text: str | 
     if as_json:
         print(json.dumps(document, indent=2))
     else:
-        twin_output.print_skill(document)
+        twin_output.print_skill(document, settings.store_description(), settings.cluster_id)
     return 0
 
 

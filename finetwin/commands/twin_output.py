@@ -122,13 +122,21 @@ def _print_figures(doc: dict[str, Any]) -> None:
     output.show(output.table(columns, rows))
 
 
-def print_skill(doc: dict[str, Any]) -> None:
+def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str = "default") -> None:
+    if not doc["scored"]:
+        output.say(
+            f"no forecast of cluster {cluster_id!r} scored yet in {store}: the standing forecast is made by "
+            "`finetwin api` (and `up`) and scored as telemetry time passes its intervals"
+        )
+        return
     output.say(f"{doc['scored']} forecasts scored over {doc['intervals']} interval figures")
     rows = []
     for figure, stats in doc["figures"].items():
         mape = "-" if stats["mape"] is None else f"{100 * stats['mape']:.1f}%"
+        raw = stats.get("raw_coverage")
+        own = "-" if raw is None else f"{100 * raw:.0f} %"
         rows.append([figure, stats["n"], mape, f"{stats['mae']:.3g}", f"{stats['bias']:.3g}",
-                     f"{stats['coverage']:.2f}"])  # fmt: skip
+                     f"{100 * stats['coverage']:.0f} %", own])  # fmt: skip
     columns = ["figure", ("n", "right"), ("MAPE", "right"), ("MAE", "right"), ("bias", "right"),
-               ("p10-p90 coverage", "right")]  # fmt: skip
+               ("p10-p90 coverage", "right"), ("ensemble's own band", "right")]  # fmt: skip
     output.show(output.table(columns, rows))

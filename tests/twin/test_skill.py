@@ -4,6 +4,7 @@ actuals, with errors and coverage computed by hand."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,3 +172,15 @@ def test_skill_over_http_prometheus_and_the_cli(
     assert main(["forecast", "--skill"]) == 0
     table = capsys.readouterr().out
     assert "utilization" in table and "50.0%" in table
+
+
+def test_forecast_skill_on_an_empty_store_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from finetwin.cli import main
+
+    store = tmp_path / "empty.db"
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", f"sqlite:///{store}")
+    assert main(["forecast", "--skill"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "no forecast of cluster 'default' scored yet in" in out and str(store) in out.replace(" ", "")
