@@ -204,7 +204,7 @@ def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataF
     _raise_first(frame, ~method.isin(METHODS).to_numpy(), "method", f"must be one of {', '.join(METHODS)}")
     table["method"] = method.to_numpy()
     for column in POSITIVE_INT_COLUMNS + NON_NEGATIVE_INT_COLUMNS + FLAG_COLUMNS:
-        values = _numbers(frame, column)
+        values = _flag_numbers(frame, column) if column in FLAG_COLUMNS else _numbers(frame, column)
         not_int = values != np.round(values)
         _raise_first(frame, not_int, column, "must be a whole number")
         if column in INT_MAXIMUMS:
@@ -248,6 +248,29 @@ def _numbers(frame: _Frame, column: str, *, allow_empty: bool = False) -> np.nda
     infinite = np.isinf(values)
     _raise_first(frame, infinite, column, "must be finite")
     return values
+
+
+# A yes/no column may be written as a number (the benchmark: 0.0, 1.0) or as a word (a spreadsheet: TRUE).
+_FLAG_WORDS = {"true": "1", "yes": "1", "on": "1", "false": "0", "no": "0", "off": "0"}
+
+
+def _flag_numbers(frame: _Frame, column: str) -> np.ndarray:
+    """A yes/no column as 0/1 numbers: numbers as written, and true/false, yes/no, on/off in any case."""
+    words = frame.raw[column].str.strip().str.lower().map(_FLAG_WORDS)
+    original = frame.raw[column]
+    frame.raw[column] = words.fillna(original)
+    try:
+        return _numbers(frame, column)
+    except BenchmarkFormatError as exc:
+        if "is not a number" not in str(exc):
+            raise
+        first = int(np.argmax(~frame.raw[column].str.strip().str.lower().isin([*_FLAG_WORDS, "0", "1"])))
+        raise BenchmarkFormatError(
+            frame.path, int(frame.lines[first]), column,
+            f"{original.iloc[first]!r} is not a yes/no value (0/1, true/false, yes/no, on/off)",
+        ) from None  # fmt: skip
+    finally:
+        frame.raw[column] = original
 
 
 def _fast_kernels(frame: _Frame) -> np.ndarray:

@@ -79,3 +79,24 @@ def test_a_model_the_benchmark_never_measured_is_said_before_the_numbers(
     assert "warning (2 rows): 'lama3-8b' is not a model the benchmark measured" in captured.err, captured.err
     assert "did you mean 'llama3-8b'" in captured.err
     assert captured.err.count("warning") == 1  # the measured llama3-8b row: nothing to say
+
+
+def test_yes_no_columns_take_words_as_a_spreadsheet_writes_them(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [ROW | {"enable_roce": word, "number_nodes": "2", "number_gpus": "16"} for word in ("TRUE", "yes")]
+    rows += [ROW | {"enable_roce": word} for word in ("False", "off", "0")]
+    output = tmp_path / "pred.csv"
+    assert predict(calibrated_models_dir, write(tmp_path / "words.csv", list(ROW), rows), output) == 0
+    written = pd.read_csv(output, dtype=str, keep_default_na=False)
+    assert list(written["enable_roce"]) == ["TRUE", "yes", "False", "off", "0"]  # written back as they were
+    as_numbers = [r | {"enable_roce": v} for r, v in zip(rows, ("1", "1", "0", "0", "0"), strict=True)]
+    numbers = write(tmp_path / "numbers.csv", list(ROW), as_numbers)
+    assert predict(calibrated_models_dir, numbers, tmp_path / "pred-numbers.csv") == 0
+    same = pd.read_csv(tmp_path / "pred-numbers.csv", dtype=str, keep_default_na=False)
+    assert list(same["tokens_per_second_p50"]) == list(written["tokens_per_second_p50"])  # read as 1/0
+    capsys.readouterr()
+    bad = write(tmp_path / "bad.csv", list(ROW), [ROW, ROW | {"enable_roce": "maybe"}])
+    assert predict(calibrated_models_dir, bad, tmp_path / "pred-bad.csv") == 2
+    err = capsys.readouterr().err
+    assert "line 3" in err and "enable_roce" in err and "'maybe' is not a yes/no value" in err
