@@ -93,7 +93,7 @@ class RuntimeFailureModel:
     # The lower bound's knots for LLM-method pairs the training rows lack; None: `lower_bound` for all.
     novel_lower_bound: tuple[list[float], list[float]] | None = None
     # The LLM-method pairs ("model|method") of the training rows, to tell a novel one.
-    known_models: frozenset[str] = frozenset()
+    known_pairs: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self._compiled = [CompiledTrees(member) for member in self.members]
@@ -126,9 +126,9 @@ class RuntimeFailureModel:
     def novel(self, model_names: np.ndarray, methods: np.ndarray) -> np.ndarray:
         """Whether each row's LLM and method are a pair the training rows lack (all False when the version
         does not know its pairs: saved before the novel bound)."""
-        if not self.known_models:
+        if not self.known_pairs:
             return np.zeros(len(model_names), dtype=bool)
-        return ~np.isin(model_method(model_names, methods), list(self.known_models))
+        return ~np.isin(model_method(model_names, methods), list(self.known_pairs))
 
     def member_predictions(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
         """(members, n) calibrated p_valid of each member."""

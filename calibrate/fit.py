@@ -182,7 +182,7 @@ class CalibratedModels:
                 "lower_bound": self.failure.lower_bound,
                 "error_correlation": self.failure.error_correlation,
                 "novel_lower_bound": self.failure.novel_lower_bound,
-                "known_models": sorted(self.failure.known_models),
+                "known_pairs": sorted(self.failure.known_pairs),
             },
             "power": self.power.params(),
             "info": self.info,
@@ -207,7 +207,7 @@ class CalibratedModels:
                 _lower_bound(params["failure"].get("lower_bound")),
                 float(params["failure"].get("error_correlation") or 0.0),
                 _lower_bound(params["failure"].get("novel_lower_bound")),
-                frozenset(str(m) for m in params["failure"].get("known_models") or []),
+                frozenset(str(m) for m in params["failure"].get("known_pairs") or []),
             )
         except KeyError as exc:
             raise ValueError(f"missing estimator {exc.args[0]!r}") from None
