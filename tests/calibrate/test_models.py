@@ -375,3 +375,4 @@ def test_novel_llm_method_pairs_are_bounded_by_what_held_out_blocks_showed(
     estimators, params = models.to_parts()
     again = Models.from_parts(estimators, params)
     assert again.failure.novel_lower_bound == models.failure.novel_lower_bound
+    assert again.failure.known_pairs == models.failure.known_pairs and len(again.failure.known_pairs) > 10
