@@ -39,6 +39,10 @@ CONFORMAL_LEVEL = 0.8
 # Fewer scored intervals than this say too little about a figure's misses: its band stays the ensemble's.
 MIN_SCORES = 20
 DEFAULT_WINDOW = timedelta(days=7)
+# The newest scores a margin is taken from: a standing forecast every 5 min for 7 days is ~50 scores per
+# figure and hour of horizon; this bounds each forecast's read of the record (~10 figures x 5,000) whatever
+# the cadence, and 5,000 recent intervals per figure say all a quantile at 0.8 can.
+MAX_SCORES = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +94,14 @@ def load_margins(
                 func.coalesce(ForecastScore.raw_p10, ForecastScore.forecast_p10),
                 func.coalesce(ForecastScore.raw_p90, ForecastScore.forecast_p90),
                 ForecastScore.actual,
-            ).where(
+            )
+            .where(
                 ForecastScore.cluster_id == cluster_id,
                 col(ForecastScore.interval_end) <= before,
                 col(ForecastScore.interval_end) > before - window,
             )
+            .order_by(col(ForecastScore.interval_start).desc())  # the newest first, on the start index
+            .limit(MAX_SCORES)
         ).all()
     return margins_from_scores(((str(f), float(lo), float(hi), float(a)) for f, lo, hi, a in rows), level,
                                min_scores)  # fmt: skip

@@ -122,3 +122,15 @@ def test_a_document_without_a_start_is_left_alone(engine: Engine) -> None:
     document = {"series": {"utilization": band([0.5], [0.4], [0.6])}}
     assert calibrated_forecast(engine, "default", document) == document
     assert "band_calibration" not in document
+
+
+def test_the_margin_reads_only_the_newest_scores(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from twin import band_calibration
+
+    monkeypatch.setattr(band_calibration, "MAX_SCORES", MIN_SCORES)
+    start = T0 + timedelta(days=3)
+    for k in range(MIN_SCORES):  # the newest: actual 0.1 above the band
+        _score(engine, "utilization", start - timedelta(hours=k), 0.2, 0.4, 0.5, forecast_id=k)
+    for k in range(MIN_SCORES):  # older ones, far outside: beyond the read
+        _score(engine, "utilization", start - timedelta(hours=30 + k), 0.2, 0.4, 5.0, forecast_id=100 + k)
+    assert load_margins(engine, "default", start)["utilization"].value == pytest.approx(0.1)
