@@ -87,10 +87,17 @@ def report(
 
         engine = migrated_engine(settings)
         try:
-            tables.append(observed_table(engine))
+            runs = observed_table(engine)
         finally:
             engine.dispose()
-        sources.append(f"observed runs in {engine.url.render_as_string(hide_password=True)}")
+        store = engine.url.render_as_string(hide_password=True)
+        if runs.empty and not tables:
+            raise CommandError(
+                f"nothing to report on: no observed runs in {store} yet; give --bench FILE, or drop "
+                "--observed for the bundled sample"
+            )
+        tables.append(runs)
+        sources.append(f"observed runs in {store}")
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
     directory = out or reports_root(settings) / pd.Timestamp.now(tz="UTC").strftime("%Y%m%dT%H%M%SZ")
     formats = ("md", "html") if report_format == "html" else ("md",)
