@@ -22,14 +22,15 @@ RUNS = 2000  # far more than the test lets run: a forecast that is not stopped w
 
 
 def test_stopping_the_app_abandons_a_running_standing_forecast_and_waits_for_it(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calibrated_models_dir: Path
 ) -> None:
     from advisor.app import create_app
     from advisor.routers import forecast as forecast_router
     from finetwin.settings import Settings
     from twin.forecast_store import latest_forecast
 
-    settings = Settings(data_dir=tmp_path / "d", models_dir=tmp_path / "m", scheduler_enabled=True,
+    # A version in use, so the scheduler has no first model to fit (the shutdown would wait for that fit).
+    settings = Settings(data_dir=tmp_path / "d", models_dir=calibrated_models_dir, scheduler_enabled=True,
                         forecast_runs=RUNS, forecast_workers=1, forecast_horizon_hours=2)  # fmt: skip
     populate(engine, NOW)
     add_events(engine, [NOW])
