@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
@@ -115,21 +115,19 @@ class PreparedCatalog:
 
     def with_correlation(self, correlation: np.ndarray | float) -> PreparedCatalog:
         """The same catalog with another share of shared error (what-ifs of the uncertainty, tests)."""
-        rho = np.broadcast_to(np.asarray(correlation, dtype=float), (len(self.configs),)).copy()
-        return PreparedCatalog(
-            self.configs, self.throughput, self.p_valid, self.power_w, self.reject, self.changed,
-            np.clip(rho, 0.0, MAX_CORRELATION), self.family_keys if self.family_keys is not None
-            else family_hashes(self.configs), self.error_quantiles, self.failure_correlation,
-        )  # fmt: skip
+        return self._with_shares(error_correlation=self._shares(correlation))
 
     def with_failure_correlation(self, correlation: np.ndarray | float) -> PreparedCatalog:
         """The same catalog with another share of shared runtime-failure error."""
-        rho = np.broadcast_to(np.asarray(correlation, dtype=float), (len(self.configs),)).copy()
-        return PreparedCatalog(
-            self.configs, self.throughput, self.p_valid, self.power_w, self.reject, self.changed,
-            self.error_correlation, self.family_keys if self.family_keys is not None
-            else family_hashes(self.configs), self.error_quantiles, np.clip(rho, 0.0, MAX_CORRELATION),
-        )  # fmt: skip
+        return self._with_shares(failure_correlation=self._shares(correlation))
+
+    def _shares(self, correlation: np.ndarray | float) -> np.ndarray:
+        rho = np.broadcast_to(np.asarray(correlation, dtype=float), (len(self.configs),))
+        return np.clip(rho, 0.0, MAX_CORRELATION)
+
+    def _with_shares(self, **shares: np.ndarray) -> PreparedCatalog:
+        keys = self.family_keys if self.family_keys is not None else family_hashes(self.configs)
+        return replace(self, family_keys=keys, **shares)
 
 
 # A family's error is never wholly shared: the jobs of a family still differ (batch, GPUs, sequence length).
