@@ -30,6 +30,8 @@ class ModelsInUse(Protocol):
 
     def version_in_use(self) -> str | None: ...
 
+    def tree_engine(self) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class ApiParts:

@@ -100,6 +100,9 @@ class RuntimeFailureModel:
         # Platt scaling is one logistic function: its two numbers, not a scikit-learn call per member.
         self._platt = [(float(c.coef_[0, 0]), float(c.intercept_[0])) for c in self.calibrators]
 
+    def compiled_trees(self) -> list[CompiledTrees]:
+        return list(self._compiled)
+
     def predict(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
         """p_valid per row of the encoded feature matrix. `reference`: through scikit-learn instead of the
         compiled trees and the closed-form calibration (the same numbers, slower)."""

@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from calibrate import accuracy
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
+from calibrate.compiled import CompiledTrees
 from calibrate.config_frame import configs_to_frame
 from calibrate.encoding import FeatureEncoding
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure, model_method
@@ -74,6 +75,27 @@ class CalibratedModels:
         self.failure = failure
         self.power = power
         self.info = dict(info or {})
+
+    def prepare_native(self, *, wait: bool = True) -> bool:
+        """Every ensemble's trees as machine code (`calibrate.native_trees`), compiled in parallel or
+        loaded from this machine's cache; `wait=False` returns at once and the predictions switch over as
+        each library is ready. True when all are ready on return."""
+        trees = self._compiled_trees()
+        for compiled in trees:
+            compiled.prepare_native(wait=False)
+        return all([compiled.prepare_native(wait=wait) for compiled in trees]) if wait else False
+
+    def tree_engine(self) -> str:
+        """ "native" once every ensemble runs as machine code, "compiling" while a library is being built,
+        else "treelite" (its interpreter, and scikit-learn for large batches)."""
+        engines = {compiled.engine() for compiled in self._compiled_trees()}
+        if engines == {"native"}:
+            return "native"
+        return "compiling" if "compiling" in engines else "treelite"
+
+    def _compiled_trees(self) -> list[CompiledTrees]:
+        models = (self.throughput, self.failure, self.power)
+        return [compiled for model in models for compiled in model.compiled_trees()]
 
     def matrix(self, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(encoded feature matrix, canonical GPU names, a note per row) of loader-shaped rows."""

@@ -112,6 +112,9 @@ class ThroughputModel:
         self._center = CompiledTrees(self.regressor)
         self._difficulty = CompiledTrees(self.difficulty)
 
+    def compiled_trees(self) -> list[CompiledTrees]:
+        return [self._center, self._difficulty]
+
     def predict(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
         """(n, 3) tokens/s: p10, p50, p90, for rows of the encoded feature matrix. `reference`: through
         scikit-learn instead of the compiled trees (the same numbers, slower)."""

@@ -40,6 +40,9 @@ class PowerUseModel:
     def __post_init__(self) -> None:
         self._compiled = CompiledTrees(self.regressor) if self.regressor is not None else None
 
+    def compiled_trees(self) -> list[CompiledTrees]:
+        return [self._compiled] if self._compiled is not None else []
+
     def predict(self, X: np.ndarray, gpus: np.ndarray, *, reference: bool = False) -> np.ndarray:
         """Watts per GPU for rows of the encoded feature matrix and their (canonical) GPU names."""
         gpus = np.asarray(gpus).astype(str)

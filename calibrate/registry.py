@@ -405,6 +405,12 @@ class InUseModels:
             self._pointer_stamp = stamp
         return self._pointer_version
 
+    def tree_engine(self) -> str | None:
+        """How the loaded version's trees run in this process (`CalibratedModels.tree_engine`); None before
+        a version is loaded."""
+        models = self._models
+        return None if models is None else models.tree_engine()
+
     def get(self) -> tuple[str, CalibratedModels] | None:
         pointer = self.registry.pointer()
         if pointer is None:
@@ -414,6 +420,8 @@ class InUseModels:
             if key != self._key or self._models is None:
                 self._models = self.registry.load(*key)
                 self._key = key
+                # A long-lived reader: its trees become machine code in the background (Treelite until then).
+                self._models.prepare_native(wait=False)
             return key[0], self._models
 
 

@@ -30,6 +30,8 @@ from twin.db import make_engine
 # Tests never touch the user's data directory (twin.settings.default_data_dir): one per test session,
 # inherited by the commands the tests start as processes.
 os.environ.setdefault("FINETWIN_DATA_DIR", tempfile.mkdtemp(prefix="finetwin-test-data-"))
+# Nor its cache: the native trees (calibrate.native_trees) compiled during a session stay in the session's.
+os.environ.setdefault("FINETWIN_CACHE_DIR", tempfile.mkdtemp(prefix="finetwin-test-cache-"))
 
 REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "") not in ("", "0", "false")
 POSTGRES_HOST = os.environ.get("FINETWIN_TEST_PG_HOST", "127.0.0.1")

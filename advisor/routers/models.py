@@ -92,6 +92,10 @@ class ModelVersionOut(BaseModel):
 
 class ModelsOut(BaseModel):
     in_use: str | None
+    # How this process runs the loaded version's trees: "native" (compiled for this machine), "compiling"
+    # (in the background; answers meanwhile come from Treelite's interpreter, slower), "treelite"; null
+    # before a version is loaded.
+    trees: str | None = None
     versions: list[ModelVersionOut]
     history: list[dict[str, Any]]
 
@@ -168,7 +172,9 @@ def predict(body: PredictRequest, cache: ModelsInUse = Depends(get_models_in_use
 
 
 @router.get("/v1/models", response_model=ModelsOut, summary="Model versions, the one in use, and the history")
-def list_models(settings: AdvisorSettings = Depends(get_settings)) -> ModelsOut:
+def list_models(
+    settings: AdvisorSettings = Depends(get_settings), cache: ModelsInUse = Depends(get_models_in_use)
+) -> ModelsOut:
     registry = ModelRegistry(settings.resolved_models_dir())
     try:
         in_use = registry.in_use()
@@ -179,6 +185,7 @@ def list_models(settings: AdvisorSettings = Depends(get_settings)) -> ModelsOut:
         ) from None
     return ModelsOut(
         in_use=in_use,
+        trees=cache.tree_engine(),
         versions=[_version(registry, v, v == in_use) for v in registry.versions()],
         history=history,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,10 @@ from finetwin.commands.options import ModelsDir, models_dir
 from finetwin.errors import CommandError
 from finetwin.numbers import num, pct
 from finetwin.settings import Settings
+
+# From this many rows on, `predict` waits for the trees' machine code (a few seconds the first time for a
+# version, then loaded from the cache): below, Treelite and scikit-learn finish sooner than a compile.
+NATIVE_FROM_ROWS = 5_000
 
 
 def register(app: typer.Typer) -> None:
@@ -126,6 +131,15 @@ def predict(
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
     _warn_unseen_models(configs.table["model_name"])  # before the numbers, not as a note after them
+    if len(configs.table) >= NATIVE_FROM_ROWS:
+        started = time.perf_counter()
+        job_models.prepare_native(wait=True)
+        if time.perf_counter() - started > 2.0:
+            output.say(
+                f"compiled the trees of {version} for this machine in {time.perf_counter() - started:.1f} s "
+                "(once: later runs load them from the cache)",
+                stderr=True,
+            )
     try:
         summary = write_predictions(job_models, configs, output_csv)
     except OSError as exc:  # a place the checks above could not foresee (/proc, a full disk, a race)

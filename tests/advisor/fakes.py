@@ -71,3 +71,6 @@ class FakeInUse:
 
     def get(self) -> tuple[str, object] | None:
         return None if self.models is None else (self.version, self.models)
+
+    def tree_engine(self) -> str | None:
+        return None

@@ -1,0 +1,113 @@
+"""Native trees (calibrate/native_trees.py): the estimators compiled to machine code give scikit-learn's
+numbers, are compiled once per machine and loaded from a private cache, and never stop a prediction when
+there is no compiler."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate import native_trees
+from calibrate.fit import CalibratedModels
+from calibrate.loader import load_benchmark
+from calibrate.registry import ModelRegistry
+
+BAND = ("tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90")
+
+
+@pytest.fixture(scope="module")
+def sample(sample_csv: Path) -> pd.DataFrame:
+    return load_benchmark(sample_csv)
+
+
+def loaded(models_dir: Path) -> CalibratedModels:
+    found = ModelRegistry(models_dir).load_in_use()
+    assert found is not None
+    return found[1]
+
+
+def test_native_trees_equal_the_scikit_learn_estimators_on_the_real_sample(
+    calibrated_models_dir: Path, sample: pd.DataFrame
+) -> None:
+    """Issue 14, point 4: within 1e-6 relative of scikit-learn for every number a prediction carries, in
+    small batches (an answer: one thread) and large ones (a CSV: every core), unseen categories included."""
+    models = loaded(calibrated_models_dir)
+    assert models.tree_engine() == "treelite"
+    assert models.prepare_native(wait=True) and models.tree_engine() == "native"
+    unseen = sample.head(40).assign(
+        gpu_model="H200-SXM", model_name="qwen2-7b", experiment_id="SFTTrainer.never-seen-protocol"
+    )
+    large = pd.concat([sample] * 6, ignore_index=True)  # over PARALLEL_FROM_ROWS: the threaded loop
+    for table in (sample.head(70), unseen, large):
+        native = models.predict_frame(table, power=True)
+        reference = models.predict_frame(table, power=True, reference=True)
+        for column in ("p_valid", "p_valid_low", *BAND, "power_watts"):
+            got, want = native[column].to_numpy(float), reference[column].to_numpy(float)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12, err_msg=column)
+
+
+def test_a_second_process_loads_the_library_from_the_cache_without_compiling(
+    calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    estimator = loaded(calibrated_models_dir).throughput.difficulty
+    source = native_trees.tree_source(estimator)
+    first = native_trees.load(source)
+    assert first is not None and first.path.parent == tmp_path / "cache" / "trees"
+    assert oct(first.path.stat().st_mode & 0o777) == oct(0o700)
+    compiles: list[object] = []
+    monkeypatch.setattr(native_trees, "_compile", lambda *args: compiles.append(args))
+    again = native_trees.load(source)
+    assert compiles == []
+    assert again is not None and again.path == first.path
+
+
+def test_a_cache_others_can_write_to_is_not_loaded_from(
+    calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    source = native_trees.tree_source(loaded(calibrated_models_dir).throughput.difficulty)
+    cached = native_trees.load(source)
+    assert cached is not None
+    os.chmod(cached.path.parent, 0o777)  # anyone could have swapped the library
+    elsewhere = native_trees.load(source)
+    assert elsewhere is not None and elsewhere.path.parent != cached.path.parent
+    os.chmod(cached.path.parent, 0o700)
+    os.chmod(cached.path, 0o766)  # the file itself writable by others: compiled again in its place
+    before = cached.path.stat().st_ino
+    rebuilt = native_trees.load(source)
+    assert rebuilt is not None and rebuilt.path == cached.path
+    assert cached.path.stat().st_ino != before and cached.path.stat().st_mode & 0o777 == 0o700
+
+
+def test_without_a_compiler_predictions_stay_on_treelite(
+    calibrated_models_dir: Path, sample: pd.DataFrame, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    models = loaded(calibrated_models_dir)
+    assert not models.prepare_native(wait=True)
+    assert models.tree_engine() == "treelite"
+    got = models.predict_frame(sample.head(50))
+    want = models.predict_frame(sample.head(50), reference=True)
+    np.testing.assert_allclose(got[BAND[1]], want[BAND[1]], rtol=1e-6)
+
+
+def test_a_compile_error_is_logged_and_falls_back(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    assert native_trees.load("this is not C;") is None
+    assert "compiling failed" in caplog.text
+    assert not list((tmp_path / "cache" / "trees").glob("*.so"))  # nothing half-built is left to load
+
+
+def test_native_trees_can_be_turned_off(calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
+    models = loaded(calibrated_models_dir)
+    assert not models.prepare_native(wait=True)
+    assert models.tree_engine() == "treelite"
