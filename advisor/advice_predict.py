@@ -41,21 +41,21 @@ class ModelsUnusable(RuntimeError):
 
 
 def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
-    """One vectorized evaluation of every configuration, power included (`predict_frame` when the models
+    """One vectorized evaluation of every configuration, power included (`predict_columns` when the models
     have it)."""
     n = len(configs)
-    if hasattr(models, "predict_frame"):
-        from calibrate.config_frame import configs_to_frame
+    if hasattr(models, "predict_columns"):
+        from calibrate.config_frame import configs_to_columns
 
         try:
-            frame = models.predict_frame(configs_to_frame(configs), power=True)
+            columns = models.predict_columns(configs_to_columns(configs), power=True)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
-        p_valid = frame["p_valid"].to_numpy(dtype=float)
-        low = frame["p_valid_low"].to_numpy(dtype=float) if "p_valid_low" in frame else p_valid
-        tps = frame[list(BAND_COLUMNS)].to_numpy(dtype=float)
-        watts = frame["power_watts"].to_numpy(dtype=float)
-        notes = [n if isinstance(n, str) and n else None for n in frame.get("note", [None] * n)]
+        p_valid = np.asarray(columns["p_valid"], dtype=float)
+        low = np.asarray(columns.get("p_valid_low", p_valid), dtype=float)
+        tps = np.column_stack([np.asarray(columns[name], dtype=float) for name in BAND_COLUMNS])
+        watts = np.asarray(columns["power_watts"], dtype=float)
+        notes = [n if isinstance(n, str) and n else None for n in columns.get("note", [None] * n)]
     else:
         p_valid = np.asarray(models.predict_failure(configs), dtype=float)
         tps = np.asarray(models.predict_throughput(configs), dtype=float).reshape(n, 3)

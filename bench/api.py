@@ -284,7 +284,8 @@ def warm_up(port: int, key: str) -> None:
     # from Treelite meanwhile: the clock starts once they run natively (checkouts without it say nothing).
     deadline = time.monotonic() + 180
     while True:
-        trees = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"X-API-Key": key}).json().get("trees")
+        listed = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"X-API-Key": key}).json()
+        trees = listed.get("trees")
         if trees in (None, "native", "treelite") or time.monotonic() > deadline:
             print(f"trees: {trees}", file=sys.stderr)
             return

@@ -38,22 +38,45 @@ OPTIONAL_COLUMNS: dict[str, Any] = {
 }
 
 
+Table = pd.DataFrame | Mapping[str, Any]  # a frame, or columns by name (each a sequence of one length)
+
+
+def configs_to_columns(configs: Sequence[JobConfig]) -> dict[str, np.ndarray]:
+    """The loader's columns for JobConfigs, as arrays by name: what `configs_to_frame` holds, without the
+    frame (pandas' per-column costs were a third of an answer's ~70-row prediction)."""
+    columns: dict[str, Any] = {name: [getattr(c, name) for c in configs] for name in CONFIG_FIELDS}
+    for key in DESCRIPTOR_COLUMNS:
+        default = OPTIONAL_COLUMNS[key]
+        columns[key] = [c.extra.get(key, default) for c in configs]
+    # As the loader does for a benchmark row: a protocol with `stop_after_seconds` is time-limited.
+    columns["time_limit_s"] = [
+        time_limit_seconds(experiment) if c.time_limit_s is None else float(c.time_limit_s)
+        for c, experiment in zip(configs, columns["experiment_id"], strict=True)
+    ]
+    arrays = {name: np.asarray(columns[name]) for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)}
+    arrays["time_limit_s"] = arrays["time_limit_s"].astype(float)
+    return arrays
+
+
 def configs_to_frame(configs: Sequence[JobConfig]) -> pd.DataFrame:
     """The loader's column layout for JobConfigs, so they go through the same features as benchmark rows."""
-    rows = []
-    for config in configs:
-        row: dict[str, Any] = {name: getattr(config, name) for name in CONFIG_FIELDS}
-        for key in DESCRIPTOR_COLUMNS:
-            row[key] = config.extra.get(key, OPTIONAL_COLUMNS[key])
-        # As the loader does for a benchmark row: a protocol with `stop_after_seconds` is time-limited.
-        row["time_limit_s"] = (
-            time_limit_seconds(row["experiment_id"])
-            if config.time_limit_s is None
-            else float(config.time_limit_s)
-        )
-        rows.append(row)
-    table = pd.DataFrame(rows, columns=[*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS])
-    return table.astype({"time_limit_s": float})
+    return pd.DataFrame(configs_to_columns(configs), columns=[*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS])
+
+
+def column_names(table: Table) -> list[str]:
+    return list(table.columns) if isinstance(table, pd.DataFrame) else list(table)
+
+
+def column(table: Table, name: str) -> np.ndarray:
+    """One column of a frame or a mapping as a numpy array."""
+    values = table[name]
+    return values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+
+
+def row_count(table: Table) -> int:
+    if isinstance(table, pd.DataFrame):
+        return len(table)
+    return len(next(iter(table.values()))) if len(table) else 0
 
 
 def records_to_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -61,50 +84,66 @@ def records_to_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return configs_to_frame([config_from_row(record) for record in records])
 
 
-def validated_configs(table: pd.DataFrame) -> dict[str, np.ndarray]:
-    """The configuration columns of `table` as arrays, typed, trimmed and lower-cased, missing optional
-    ones filled. Plain arrays, not a frame: pandas' per-column costs dominated advice-sized tables.
+def validated_configs(table: Table) -> dict[str, np.ndarray]:
+    """The configuration columns of `table` (a frame or columns by name) as arrays, typed, trimmed and
+    lower-cased, missing optional ones filled. Plain arrays, not a frame: pandas' per-column costs dominated
+    advice-sized tables.
 
     Raises ValueError naming the row (position) and column of an impossible value."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    present = set(column_names(table))
+    missing = [c for c in REQUIRED_COLUMNS if c not in present]
     if missing:
         raise ValueError(f"missing configuration columns: {', '.join(missing)}")
     frame: dict[str, np.ndarray] = {}
-    for column in ("model_name", "method", "gpu_model"):
-        frame[column] = _text(table[column])
+    for name in ("model_name", "method", "gpu_model"):
+        frame[name] = _text(column(table, name))
     frame["model_name"] = np.array([name.lower() for name in frame["model_name"]], dtype=object)
     frame["method"] = np.array([method.lower() for method in frame["method"]], dtype=object)
     _check(~np.isin(frame["method"], METHODS), "method", f"must be one of {', '.join(METHODS)}")
     _check(frame["model_name"] == "", "model_name", "is empty")
-    for column in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
-        values = _numbers(table[column])
-        _check(~(values >= 1), column, "must be a number of at least 1")
-        frame[column] = values
-    n = len(table)
-    for column, default in OPTIONAL_COLUMNS.items():
-        if column not in table.columns:
-            frame[column] = np.full(n, default, dtype=object if isinstance(default, str) else None)
-        elif column in ("enable_roce", "fast_kernels"):
-            frame[column] = table[column].fillna(False).astype(bool).to_numpy()
-        elif column == "fast_moe":
-            values = np.nan_to_num(_numbers(table[column]), nan=0.0)
-            _check(values < 0, column, "must not be negative")
-            frame[column] = values
-        elif column == "time_limit_s":
-            frame[column] = _numbers(table[column])
+    for name in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
+        values = _numbers(column(table, name))
+        _check(~(values >= 1), name, "must be a number of at least 1")
+        frame[name] = values
+    n = row_count(table)
+    for name, default in OPTIONAL_COLUMNS.items():
+        if name not in present:
+            frame[name] = np.full(n, default, dtype=object if isinstance(default, str) else None)
+            continue
+        values = column(table, name)
+        if name in ("enable_roce", "fast_kernels"):
+            frame[name] = _filled(values, False).astype(bool)
+        elif name == "fast_moe":
+            numbers = np.nan_to_num(_numbers(values), nan=0.0)
+            _check(numbers < 0, name, "must not be negative")
+            frame[name] = numbers
+        elif name == "time_limit_s":
+            frame[name] = _numbers(values)
         else:
-            frame[column] = _text(table[column].fillna(default))
+            frame[name] = _text(_filled(values, default))
     return frame
 
 
-def _text(column: pd.Series) -> np.ndarray:
-    return np.array([str(value).strip() for value in column.to_numpy()], dtype=object)
+def _filled(values: np.ndarray, default: Any) -> np.ndarray:
+    """Missing cells (None, NaN) replaced by `default`, as `Series.fillna` would."""
+    if values.dtype.kind in "biu":
+        return values
+    missing = pd.isna(values)
+    if not missing.any():
+        return values
+    out = values.astype(object)
+    out[missing] = default
+    return out
 
 
-def _numbers(column: pd.Series) -> np.ndarray:
-    if column.dtype.kind in "iuf":
-        return column.to_numpy(dtype=float)
-    return pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+def _text(values: np.ndarray) -> np.ndarray:
+    return np.array([str(value).strip() for value in values], dtype=object)
+
+
+def _numbers(values: np.ndarray) -> np.ndarray:
+    if values.dtype.kind in "iufb":
+        return values.astype(float)
+    return pd.to_numeric(values, errors="coerce").astype(float)
 
 
 def _check(bad: np.ndarray, column: str, message: str) -> None:

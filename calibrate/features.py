@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from calibrate.config_frame import validated_configs
+from calibrate.config_frame import Table, validated_configs
 from calibrate.experiment_protocol import protocol_columns, version_number
 from calibrate.model_sizes import DEFAULT_VOCABULARY, VOCABULARY_BY_FAMILY, model_family, model_sizes
 from twin.domain import GPU_TYPES, UNKNOWN_GPU, canonical_gpu_name
@@ -120,7 +120,7 @@ def build_features(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return pd.DataFrame(columns, index=table.index, columns=list(FEATURE_NAMES)), notes
 
 
-def feature_columns(table: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[str]]:
+def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     """`build_features` as one array per feature (FEATURE_NAMES order), without the frame around them: the
     prediction path encodes these straight into a numeric matrix (`calibrate.encoding`). Building a frame
     column by column cost most of a ~100-row prediction."""

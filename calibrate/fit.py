@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from calibrate import accuracy
+from calibrate import accuracy, config_frame
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
 from calibrate.compiled import CompiledTrees
-from calibrate.config_frame import configs_to_frame
+from calibrate.config_frame import Table, configs_to_frame
 from calibrate.encoding import FeatureEncoding
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure, model_method
 from calibrate.features import FEATURE_NAMES, feature_columns
@@ -55,6 +55,13 @@ PREDICTION_COLUMNS = (
     "note",
 )
 _RULE_COLUMNS = ("number_gpus", "batch_size", "fast_moe", "number_nodes")
+
+
+# What a prediction carries per row, in `predict_frame`'s column order (`power_watts` when asked for).
+PREDICTED_COLUMNS: tuple[str, ...] = (
+    "outcome", "rule", "p_valid", "tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90",
+    "note", "p_valid_low", "power_watts",
+)  # fmt: skip
 
 
 class CalibratedModels:
@@ -97,7 +104,7 @@ class CalibratedModels:
         models = (self.throughput, self.failure, self.power)
         return [compiled for model in models for compiled in model.compiled_trees()]
 
-    def matrix(self, table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    def matrix(self, table: Table) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(encoded feature matrix, canonical GPU names, a note per row) of loader-shaped rows."""
         columns, notes = feature_columns(table)
         return self.encoding.matrix(columns), columns["gpu_model"], notes
@@ -108,14 +115,25 @@ class CalibratedModels:
         """Loader output (benchmark or configs) -> one prediction per row, same index and order; with
         `power`, also `power_watts` per GPU from the same features (one feature build, not two).
         `reference`: through scikit-learn's estimators instead of the compiled trees (same numbers)."""
+        predicted = self.predict_columns(table, power=power, reference=reference)
+        return pd.DataFrame(
+            {name: predicted[name] for name in PREDICTED_COLUMNS if name in predicted}, index=table.index
+        )
+
+    def predict_columns(
+        self, table: Table, *, power: bool = False, reference: bool = False
+    ) -> dict[str, Any]:
+        """`predict_frame`'s columns as arrays by name (`note`: a list), for a frame or for columns by name
+        (`calibrate.config_frame.configs_to_columns`): an answer's ~70 rows skip pandas altogether."""
         X, gpus, notes = self.matrix(table)
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)
         with _quiet_threads() if reference else contextlib.nullcontext():
-            novel = self.failure.novel(table["model_name"].to_numpy(), table["method"].to_numpy())
+            names, methods = config_frame.column(table, "model_name"), config_frame.column(table, "method")
+            novel = self.failure.novel(names, methods)
             p_valid, p_valid_low = self.failure.predict_with_low(X, novel, reference=reference)
             band = self.throughput.predict(X, reference=reference)
-            watts = self.power.predict(X, gpus, reference=reference) if power else np.zeros(len(X))
+            watts = self.power.predict(X, gpus, reference=reference) if power else None
         p_valid = np.where(rejected, 0.0, p_valid)
         p_valid_low = np.where(rejected, 0.0, p_valid_low)
         outcome = np.where(
@@ -123,22 +141,19 @@ class CalibratedModels:
             Outcome.REJECTED.value,
             np.where(p_valid >= VALID_THRESHOLD, Outcome.VALID.value, Outcome.RUNTIME.value),
         )
-        frame = pd.DataFrame(
-            {
-                "outcome": outcome,
-                "rule": pd.Series(rules, index=table.index, dtype=object),
-                "p_valid": p_valid,
-                "tokens_per_second_p10": band[:, 0],
-                "tokens_per_second_p50": band[:, 1],
-                "tokens_per_second_p90": band[:, 2],
-                "note": notes,
-                "p_valid_low": p_valid_low,
-            },
-            index=table.index,
-        )
-        if power:
-            frame["power_watts"] = watts
-        return frame
+        predicted: dict[str, Any] = {
+            "outcome": outcome,
+            "rule": np.array(rules, dtype=object),
+            "p_valid": p_valid,
+            "tokens_per_second_p10": band[:, 0],
+            "tokens_per_second_p50": band[:, 1],
+            "tokens_per_second_p90": band[:, 2],
+            "note": notes,
+            "p_valid_low": p_valid_low,
+        }
+        if watts is not None:
+            predicted["power_watts"] = watts
+        return predicted
 
     def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
@@ -251,18 +266,23 @@ def _lower_bound(stored: Any) -> tuple[list[float], list[float]] | None:
     return knots_p, knots_low
 
 
-def admission_rules(table: pd.DataFrame) -> list[str | None]:
+def admission_rules(table: Table) -> list[str | None]:
     """The actuator's first broken rule per row (exact, in the paper's order), or None."""
-    missing = [c for c in _RULE_COLUMNS if c not in table.columns and c != "fast_moe"]
+    present = set(config_frame.column_names(table))
+    missing = [c for c in _RULE_COLUMNS if c not in present and c != "fast_moe"]
     if missing:
         raise ValueError(f"missing configuration columns: {', '.join(missing)}")
-    fast_moe = table["fast_moe"] if "fast_moe" in table.columns else pd.Series(0, index=table.index)
+    fast_moe = (
+        np.nan_to_num(config_frame.column(table, "fast_moe").astype(float), nan=0.0)
+        if "fast_moe" in present
+        else np.zeros(config_frame.row_count(table))
+    )
     rules = map(
         broken_rule,
-        table["number_gpus"].astype(int),
-        table["batch_size"].astype(int),
-        fast_moe.fillna(0).astype(int),
-        table["number_nodes"].astype(int),
+        config_frame.column(table, "number_gpus").astype(int).tolist(),
+        config_frame.column(table, "batch_size").astype(int).tolist(),
+        fast_moe.astype(int).tolist(),
+        config_frame.column(table, "number_nodes").astype(int).tolist(),
     )
     return [rule.value if rule is not None else None for rule in rules]
 

@@ -58,16 +58,18 @@ def test_advice_with_the_calibrated_models(client: TestClient) -> None:
 
 
 def _count_predict_frame(models: object, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Rows of each predict_frame call; the per-quantity methods raise (everything goes through the one
-    vectorized call, power included)."""
+    """Rows of each predict_columns call (the array form of predict_frame, which advice uses); the
+    per-quantity methods raise (everything goes through the one vectorized call, power included)."""
+    from calibrate.config_frame import row_count
+
     calls: list[int] = []
-    original = type(models).predict_frame  # type: ignore[attr-defined]
+    original = type(models).predict_columns  # type: ignore[attr-defined]
 
-    def counting(self, frame, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(len(frame))
-        return original(self, frame, *args, **kwargs)
+    def counting(self, table, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(row_count(table))
+        return original(self, table, *args, **kwargs)
 
-    monkeypatch.setattr(type(models), "predict_frame", counting)
+    monkeypatch.setattr(type(models), "predict_columns", counting)
     for name in ("predict_throughput", "predict_failure", "predict_power_watts"):
         monkeypatch.setattr(type(models), name, _forbidden(name))
     return calls
@@ -113,7 +115,7 @@ def _rounded(value: object) -> object:
 
 def _forbidden(name: str):  # type: ignore[no-untyped-def]
     def method(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError(f"{name} called: the advice must use one predict_frame call")
+        raise AssertionError(f"{name} called: the advice must use one predict_columns call")
 
     return method
 

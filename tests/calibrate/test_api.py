@@ -17,7 +17,7 @@ from finetwin.schema import migrate
 from finetwin.settings import Settings
 from ingest.apply import apply_events
 from ingest.events import JobCompleted, JobSubmitted, new_event
-from tests.conftest import api_app, api_headers, api_parts
+from tests.conftest import api_app, api_headers, api_parts, wait_for
 from twin.db import make_engine
 
 CONFIG = {
@@ -103,7 +103,9 @@ def test_without_a_model_in_use_predict_is_a_409_that_says_what_to_do(store: Eng
         assert response.status_code == 409
         assert "finetwin calibrate" in response.json()["detail"]
         models = client.get("/v1/models")
-        assert models.status_code == 200 and models.json() == {"in_use": None, "versions": [], "history": []}
+        assert models.status_code == 200 and models.json() == {
+            "in_use": None, "trees": None, "versions": [], "history": [],
+        }  # fmt: skip
         live = client.get("/v1/models/live-error")
         assert live.status_code == 200 and live.json()["points"] == [] and live.json()["current"] is None
 
@@ -129,6 +131,16 @@ def test_models_lists_the_versions_with_their_metrics(client: TestClient) -> Non
     assert version["rows"] == 3983 and version["rows_by_source"] == {"benchmark:llmftbench_sample.csv": 3983}
     assert 0 < version["heldout_metrics"]["throughput_mdape"] < 1
     assert [h["action"] for h in body["history"]] == ["promote"]
+
+
+def test_models_says_how_the_trees_run_and_they_turn_native_in_the_background(client: TestClient) -> None:
+    """Nothing loaded: null; the first prediction loads the version and starts compiling its trees
+    (calibrate/native_trees.py) while it answers from Treelite; then they run as machine code."""
+    assert client.get("/v1/models").json()["trees"] is None
+    assert client.post("/v1/predict", json=CONFIG).status_code == 200
+    assert client.get("/v1/models").json()["trees"] in ("compiling", "native")
+    wait_for(lambda: client.get("/v1/models").json()["trees"] == "native", 180, "the trees compiled")
+    assert client.post("/v1/predict", json=CONFIG).status_code == 200
 
 
 def test_live_error_is_rolled_over_the_last_finished_jobs(

@@ -159,6 +159,25 @@ def test_job_configs_and_frames_go_through_the_same_features(
     assert np.allclose(p_valid[passed], predicted.loc[rows.index, "p_valid"].to_numpy()[passed])
 
 
+def test_columns_by_name_predict_what_the_frame_of_the_same_configs_predicts(
+    models: CalibratedModels, sample: pd.DataFrame
+) -> None:
+    """The advice path (configs_to_columns -> predict_columns, no pandas) and the frame path agree on every
+    number, rejected rows, unseen names and their notes included."""
+    from calibrate.config_frame import configs_to_columns, configs_to_frame
+
+    rows = sample.iloc[::41]
+    configs = [config_from_row(row) for _, row in rows.iterrows()]
+    configs.append(JobConfig("acme-13b-chat", "lora", "L40S", 3, 1, 8, 1024))  # unseen, and rejected
+    framed = models.predict_frame(configs_to_frame(configs), power=True)
+    columns = models.predict_columns(configs_to_columns(configs), power=True)
+    assert list(columns["outcome"]) == list(framed["outcome"]) and "rejected" in set(framed["outcome"])
+    assert list(columns["note"]) == list(framed["note"]) and columns["note"][-1]
+    assert [r for r in columns["rule"]] == [r if isinstance(r, str) else None for r in framed["rule"]]
+    for name in ("p_valid", "p_valid_low", *BAND, "power_watts"):
+        np.testing.assert_array_equal(np.asarray(columns[name], dtype=float), framed[name].to_numpy(float))
+
+
 def test_power_is_positive_and_falls_back_to_a_share_of_tdp_without_telemetry(
     models: CalibratedModels,
 ) -> None:
