@@ -242,6 +242,8 @@ def in_process(n: int = SINGLE_CLIENT_QUESTIONS) -> tuple[float, float]:
     from calibrate.loader import load_benchmark
 
     models = fit(load_benchmark(SAMPLE))
+    if hasattr(models, "prepare_native"):  # the trees as the server runs them (calibrate/native_trees.py)
+        models.prepare_native(wait=True)
     timings = []
     for body in itertools.islice(distinct_configs(seed=3, cold=True), n):
         config, work = AdviceRequest.model_validate(body).to_job()
