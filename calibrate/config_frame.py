@@ -137,7 +137,17 @@ def _filled(values: np.ndarray, default: Any) -> np.ndarray:
 
 
 def _text(values: np.ndarray) -> np.ndarray:
-    return np.array([str(value).strip() for value in values], dtype=object)
+    """Each value as trimmed text, computed once per distinct value (a CSV repeats a few hundred)."""
+    if len(values) < _DISTINCT_FROM_ROWS:
+        return np.array([str(value).strip() for value in values], dtype=object)
+    codes, distinct = pd.factorize(values.astype(object), use_na_sentinel=False)
+    texts = np.empty(len(distinct), dtype=object)
+    texts[:] = [str(value).strip() for value in distinct]
+    return texts[codes]
+
+
+# From this many rows on, text work goes through the distinct values (below, factorizing costs more).
+_DISTINCT_FROM_ROWS = 1_000
 
 
 def _numbers(values: np.ndarray) -> np.ndarray:

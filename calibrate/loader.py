@@ -11,10 +11,11 @@ from __future__ import annotations
 import csv
 import re
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -88,6 +89,8 @@ class _Frame:
     path: str
     raw: pd.DataFrame  # every cell as written, as str
     lines: np.ndarray  # the file line of each row (header is line 1)
+    header: tuple[str, ...] = ()  # the column names, stripped
+    rows: tuple[list[str], ...] = ()  # each row's cells as the csv module read them
 
 
 def bundled_benchmark_path() -> Path:
@@ -124,6 +127,12 @@ def load_benchmark(path: str | Path) -> pd.DataFrame:
 
 def load_configs(path: str | Path) -> pd.DataFrame:
     """Only the configuration columns are required (others are carried along untouched, as str)."""
+    return load_configs_file(path)[0]
+
+
+def load_configs_file(path: str | Path) -> tuple[pd.DataFrame, list[str], list[list[str]]]:
+    """`load_configs` with the file as read, from the one pass over it: (table, the header, each data row's
+    cells as written, in the table's order)."""
     frame = _read(path, PREDICT_REQUIRED_COLUMNS)
     given = set(frame.raw.columns)
     with_defaults = frame.raw.assign(**{c: v for c, v in PROTOCOL_DEFAULTS.items() if c not in given})
@@ -138,7 +147,7 @@ def load_configs(path: str | Path) -> pd.DataFrame:
     for column in frame.raw.columns:
         if column not in table.columns:
             table[column] = frame.raw[column].to_numpy()
-    return table
+    return table, list(frame.header), list(frame.rows)
 
 
 def _read(path: str | Path, required: Iterable[str]) -> _Frame:
@@ -188,19 +197,19 @@ def _read(path: str | Path, required: Iterable[str]) -> _Frame:
         except UnicodeDecodeError as exc:
             raise BenchmarkFormatError(path, reader.line_num + 1, None, f"not UTF-8 text: {exc}") from None
     raw = pd.DataFrame(rows, columns=header, dtype=object)
-    return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64))
+    return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64), tuple(header), tuple(rows))
 
 
 def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataFrame:
     raw = frame.raw
     table = pd.DataFrame(index=raw.index)
     for column in ("identifier", "experiment_id", "model_name", "gpu_model"):
-        values = raw[column].str.strip()
+        values = _each_distinct(raw[column], str.strip)
         if column not in may_be_empty:
             _raise_first(frame, (values == "").to_numpy(), column, "is empty")
         table[column] = values.to_numpy()
-    table["gpu_model"] = [canonical_gpu_name(g) for g in table["gpu_model"]]
-    method = raw["method"].str.strip().str.lower()
+    table["gpu_model"] = _each_distinct(table["gpu_model"], canonical_gpu_name).to_numpy()
+    method = _each_distinct(raw["method"], lambda text: text.strip().lower())
     _raise_first(frame, ~method.isin(METHODS).to_numpy(), "method", f"must be one of {', '.join(METHODS)}")
     table["method"] = method.to_numpy()
     for column in POSITIVE_INT_COLUMNS + NON_NEGATIVE_INT_COLUMNS + FLAG_COLUMNS:
@@ -219,27 +228,37 @@ def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataF
         table[column] = values.astype(np.int64)
     table["enable_roce"] = table["enable_roce"].astype(bool)
     table["fast_kernels"] = _fast_kernels(frame)
-    table["fms_hf_tuning_version"] = raw["fms_hf_tuning_version"].str.strip().to_numpy()
-    table["torch_dtype"] = raw["torch_dtype"].str.strip().replace("", "bfloat16").to_numpy()
-    table["time_limit_s"] = [time_limit_seconds(e) for e in table["experiment_id"]]
+    table["fms_hf_tuning_version"] = _each_distinct(raw["fms_hf_tuning_version"], str.strip).to_numpy()
+    dtype = _each_distinct(raw["torch_dtype"], lambda text: text.strip() or "bfloat16")
+    table["torch_dtype"] = dtype.to_numpy()
+    table["time_limit_s"] = _each_distinct(table["experiment_id"], time_limit_seconds).to_numpy(dtype=float)
     table["rule"] = [
         (rule.value if rule is not None else None)
         for rule in map(
             broken_rule,
-            table["number_gpus"], table["batch_size"], table["fast_moe"], table["number_nodes"],
+            *(table[c].tolist() for c in ("number_gpus", "batch_size", "fast_moe", "number_nodes")),
         )
-    ]  # fmt: skip
+    ]
     table["line"] = frame.lines
     return table
 
 
+def _each_distinct(values: pd.Series, function: Callable[[Any], Any]) -> pd.Series:
+    """`function` of every value, computed once per distinct value: a CSV of 100,000 configurations has a
+    few hundred distinct texts per column, and string work per cell cost seconds."""
+    codes, distinct = pd.factorize(values.to_numpy(dtype=object), use_na_sentinel=False)
+    mapped = np.empty(len(distinct), dtype=object)
+    mapped[:] = [function(value) for value in distinct]
+    return pd.Series(mapped[codes], index=values.index, dtype=object)
+
+
 def _numbers(frame: _Frame, column: str, *, allow_empty: bool = False) -> np.ndarray:
-    text = frame.raw[column].str.strip()
+    text = _each_distinct(frame.raw[column], str.strip)
     empty = (text == "").to_numpy()
     if not allow_empty:
         _raise_first(frame, empty, column, "is empty, expected a number")
     values = pd.to_numeric(text.where(~empty, None), errors="coerce").to_numpy(dtype=float)
-    unparsable = np.isnan(values) & ~empty & ~text.str.lower().isin(["nan"]).to_numpy()
+    unparsable = np.isnan(values) & ~empty & ~(_each_distinct(text, str.lower) == "nan").to_numpy()
     if unparsable.any():
         first = int(np.argmax(unparsable))
         raise BenchmarkFormatError(
@@ -256,7 +275,7 @@ _FLAG_WORDS = {"true": "1", "yes": "1", "on": "1", "false": "0", "no": "0", "off
 
 def _flag_numbers(frame: _Frame, column: str) -> np.ndarray:
     """A yes/no column as 0/1 numbers: numbers as written, and true/false, yes/no, on/off in any case."""
-    words = frame.raw[column].str.strip().str.lower().map(_FLAG_WORDS)
+    words = _each_distinct(frame.raw[column], lambda text: _FLAG_WORDS.get(text.strip().lower()))
     original = frame.raw[column]
     frame.raw[column] = words.fillna(original)
     try:
@@ -274,19 +293,24 @@ def _flag_numbers(frame: _Frame, column: str) -> np.ndarray:
 
 
 def _fast_kernels(frame: _Frame) -> np.ndarray:
-    text = frame.raw["fast_kernels"].str.strip()
-    lowered = text.str.lower()
-    on = lowered.str.contains("true") | lowered.isin(["1", "1.0", "yes", "on"])
-    off = lowered.isin(["", "0", "0.0", "false", "no", "off", "none", "nan"]) | (
-        lowered.str.startswith("[") & ~lowered.str.contains("true")
-    )
+    state = _each_distinct(frame.raw["fast_kernels"], _kernels_state).to_numpy()
     _raise_first(
         frame,
-        (~on & ~off).to_numpy(),
+        pd.isna(state),
         "fast_kernels",
         "expected empty or a list such as ['True', 'True', 'True']",
     )
-    return on.to_numpy()
+    return state.astype(bool)
+
+
+def _kernels_state(text: str) -> bool | None:
+    """True or False for a `fast_kernels` cell, None when it is neither."""
+    lowered = text.strip().lower()
+    if "true" in lowered or lowered in ("1", "1.0", "yes", "on"):
+        return True
+    if lowered in ("", "0", "0.0", "false", "no", "off", "none", "nan") or lowered.startswith("["):
+        return False
+    return None
 
 
 def _raise_first(frame: _Frame, bad: np.ndarray, column: str, message: str) -> None:

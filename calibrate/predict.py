@@ -8,17 +8,29 @@ formula (`=...`, `@...`), which is written as text with a leading `'` (`twin.csv
 from __future__ import annotations
 
 import csv
-import math
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from calibrate.loader import BenchmarkFormatError, load_configs
-from twin.csv_cells import neutralise_row
+from calibrate.loader import BenchmarkFormatError, load_configs_file
+from twin.csv_cells import FORMULA_STARTS, neutralise, neutralise_row
+
+# A cell that starts as a formula would (twin.csv_cells), found in the row's cells joined after a
+# separator that CSV text does not hold: a search led by a literal runs in C at ~2 µs a row (checking
+# every cell in Python, or an alternation with ^, cost ~8-11 µs: more than the models).
+_SEPARATOR = "\x1f"
+_FORMULA_MARK = re.compile(re.escape(_SEPARATOR) + "[" + re.escape("".join(FORMULA_STARTS)) + "]")
+
+
+def _maybe_formula(cells: list[str]) -> bool:
+    return _FORMULA_MARK.search(_SEPARATOR + _SEPARATOR.join(cells)) is not None
+
 
 PREDICTION_COLUMNS: tuple[str, ...] = (
     "outcome", "rule", "p_valid", "tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90",
@@ -38,13 +50,12 @@ class ConfigsFile:
     path: Path
     table: pd.DataFrame  # load_configs output
     header: list[str]
-    raw_rows: dict[int, list[str]]  # each row as written, by its line in the file
+    raw_rows: list[list[str]]  # each row's cells as written, in the table's order
 
 
 def read_configs(path: Path) -> ConfigsFile:
     """Raises `BenchmarkFormatError` (naming the line and column) for input it cannot read."""
-    table = load_configs(path)
-    header, raw_rows = _raw_rows(path)
+    table, header, raw_rows = load_configs_file(path)
     clashing = [c for c in PREDICTION_COLUMNS if c in header]
     if clashing:
         raise BenchmarkFormatError(
@@ -59,15 +70,19 @@ def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> P
     predicted = models.predict_frame(table) if len(table) else pd.DataFrame(columns=PREDICTION_COLUMNS)
     if len(predicted) != len(table):
         raise RuntimeError(f"the model returned {len(predicted)} predictions for {len(table)} rows")
-    lines = table["line"].to_numpy() if len(table) else []
     temporary = output_path.with_name(f".{output_path.name}.{uuid.uuid4().hex}")
     output_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with temporary.open("w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
             writer.writerow(neutralise_row([*configs.header, *PREDICTION_COLUMNS]))
-            for line, row in zip(lines, predicted.itertuples(index=False), strict=True):
-                writer.writerow(neutralise_row([*configs.raw_rows[int(line)], *_cells(row)]))
+            added = _prediction_cells(predicted)
+            for cells, extra in zip(configs.raw_rows, added, strict=True):
+                # One search over the joined row finds the rare row with a cell a spreadsheet would run;
+                # only that row is neutralised cell by cell (checking every cell cost more than the models).
+                if _maybe_formula(cells):
+                    cells = neutralise_row(cells)  # type: ignore[assignment]
+                writer.writerow([*cells, *extra])
         os.replace(temporary, output_path)
     finally:
         temporary.unlink(missing_ok=True)
@@ -99,34 +114,26 @@ def data_row_number(path: Path, line: int) -> int | None:
     return None
 
 
-def _raw_rows(path: Path) -> tuple[list[str], dict[int, list[str]]]:
-    """The header and every row as written, by the line the loader reports for it."""
-    rows: dict[int, list[str]] = {}
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = [h.strip() for h in next(reader)]
-        for row in reader:
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            rows[reader.line_num] = row
-    return header, rows
-
-
-def _cells(prediction: Any) -> list[str]:
-    return [
-        str(prediction.outcome),
-        prediction.rule if isinstance(prediction.rule, str) else "",
-        _number(prediction.p_valid, "{:.4f}"),
-        _number(prediction.tokens_per_second_p10, "{:.6g}"),
-        _number(prediction.tokens_per_second_p50, "{:.6g}"),
-        _number(prediction.tokens_per_second_p90, "{:.6g}"),
-        prediction.note if isinstance(prediction.note, str) else "",
+def _prediction_cells(predicted: pd.DataFrame) -> list[tuple[str, ...]]:
+    """The PREDICTION_COLUMNS of every row as text, formatted column by column."""
+    if not len(predicted):
+        return []
+    columns = [
+        [str(outcome) for outcome in predicted["outcome"]],
+        [rule if isinstance(rule, str) else "" for rule in predicted["rule"]],
+        _numbers(predicted["p_valid"], "{:.4f}"),
+        _numbers(predicted["tokens_per_second_p10"], "{:.6g}"),
+        _numbers(predicted["tokens_per_second_p50"], "{:.6g}"),
+        _numbers(predicted["tokens_per_second_p90"], "{:.6g}"),
+        # A note may quote the input (an unseen model's name): neutralised like the input's own cells.
+        [neutralise(note) if isinstance(note, str) else "" for note in predicted["note"]],
     ]
+    return list(zip(*columns, strict=True))
 
 
-def _number(value: Any, fmt: str) -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return ""
-    return fmt.format(number) if math.isfinite(number) else ""
+def _numbers(values: pd.Series, fmt: str) -> list[str]:
+    numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+    finite = np.isfinite(numbers)
+    return [
+        fmt.format(number) if ok else "" for number, ok in zip(numbers.tolist(), finite.tolist(), strict=True)
+    ]
