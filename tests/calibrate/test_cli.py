@@ -284,3 +284,31 @@ def test_report_out_never_replaces_files_unless_forced(
     assert main(["report", "--bench", "bundled", "--out", str(earlier)]) == 2
     assert "already holds report.md; use --force" in capsys.readouterr().err
     assert (earlier / "report.md").read_text() == "an earlier report"
+
+
+def test_predict_of_a_large_csv_runs_the_native_trees_with_the_same_numbers(
+    calibrated_models_dir: Path, sample_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From NATIVE_FROM_ROWS rows on, predict compiles the version's trees (into the user's cache) and
+    predicts with them: the file it writes holds scikit-learn's numbers."""
+    from finetwin.commands.calibrate import NATIVE_FROM_ROWS
+
+    sample = read(sample_csv)
+    large = tmp_path / "large.csv"
+    repeats = NATIVE_FROM_ROWS // len(sample) + 1
+    pd.concat([sample] * repeats, ignore_index=True).to_csv(large, index=False)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(cache))
+    assert main(predict_argv(calibrated_models_dir, large, tmp_path / "native.csv")) == 0
+    assert len(list((cache / "trees").glob("*.so"))) == 7  # two throughput, four failure, one power
+    monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
+    assert main(predict_argv(calibrated_models_dir, large, tmp_path / "reference.csv")) == 0
+    native, reference = read(tmp_path / "native.csv"), read(tmp_path / "reference.csv")
+    assert len(native) == repeats * len(sample)
+    assert list(native["outcome"]) == list(reference["outcome"])
+    for column in ("p_valid", "tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90"):
+        got, want = (
+            native[column].replace("", "nan").astype(float),
+            reference[column].replace("", "nan").astype(float),
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=column)
