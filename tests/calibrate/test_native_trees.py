@@ -5,6 +5,8 @@ there is no compiler."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import pandas as pd
 import pytest
 
 from calibrate import native_trees
+from calibrate.compiled import CompiledTrees
 from calibrate.fit import CalibratedModels
 from calibrate.loader import load_benchmark
 from calibrate.registry import ModelRegistry
@@ -111,3 +114,27 @@ def test_native_trees_can_be_turned_off(calibrated_models_dir: Path, monkeypatch
     models = loaded(calibrated_models_dir)
     assert not models.prepare_native(wait=True)
     assert models.tree_engine() == "treelite"
+
+
+def test_a_damaged_library_in_the_cache_is_compiled_again(
+    calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Another process compiled it, then the file was damaged (a disk error, a half-copied cache): this
+    process compiles it again in its place instead of failing or falling back. (Within one process the
+    loader keeps the library it mapped, whatever happens to the file.)"""
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    estimator = loaded(calibrated_models_dir).throughput.difficulty
+    source_file = tmp_path / "trees.c"
+    source_file.write_text(native_trees.tree_source(estimator))
+    code = "import sys; from calibrate import native_trees as n; print(n.load(open(sys.argv[1]).read()).path)"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(source_file)], capture_output=True, text=True, check=True
+    )
+    path = Path(done.stdout.strip())
+    assert path.parent == tmp_path / "cache" / "trees"
+    path.write_bytes(b"not a shared library")
+    again = native_trees.load(source_file.read_text())
+    assert again is not None and again.path == path and path.stat().st_size > 1000
+    X = np.zeros((3, int(estimator.n_features_in_)))
+    in_tree_space = CompiledTrees(estimator)._in_tree_space(X)  # what the library is handed
+    np.testing.assert_allclose(again.raw(in_tree_space), estimator.predict(X), rtol=1e-9)
