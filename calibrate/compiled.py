@@ -78,7 +78,7 @@ class CompiledTrees:
         return self._native is not None
 
     def engine(self) -> str:
-        """ "native", "compiling" (started, not ready) or "treelite"."""
+        """How these trees run: "native", "compiling" (started, not ready) or "treelite"."""
         if self._native is not None:
             return "native"
         return "compiling" if self._native_started and not self._native_done.is_set() else "treelite"

@@ -45,20 +45,11 @@ PARAMS_FORMAT = 2
 # OpenMP threads per fit. The models are small; on a shared two-core machine more threads spin against other
 # processes and made a fit twenty times slower in measurements, while one thread loses little.
 FIT_THREADS = 1
-PREDICTION_COLUMNS = (
-    "outcome",
-    "rule",
-    "p_valid",
-    "tokens_per_second_p10",
-    "tokens_per_second_p50",
-    "tokens_per_second_p90",
-    "note",
-)
 _RULE_COLUMNS = ("number_gpus", "batch_size", "fast_moe", "number_nodes")
 
 
 # What a prediction carries per row, in `predict_frame`'s column order (`power_watts` when asked for).
-PREDICTED_COLUMNS: tuple[str, ...] = (
+PREDICTION_COLUMNS: tuple[str, ...] = (
     "outcome", "rule", "p_valid", "tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90",
     "note", "p_valid_low", "power_watts",
 )  # fmt: skip
@@ -93,8 +84,8 @@ class CalibratedModels:
         return all([compiled.prepare_native(wait=wait) for compiled in trees]) if wait else False
 
     def tree_engine(self) -> str:
-        """ "native" once every ensemble runs as machine code, "compiling" while a library is being built,
-        else "treelite" (its interpreter, and scikit-learn for large batches)."""
+        """How the trees run: "native" once every ensemble runs as machine code, "compiling" while a library
+        is being built, else "treelite" (its interpreter, and scikit-learn for large batches)."""
         engines = {compiled.engine() for compiled in self._compiled_trees()}
         if engines == {"native"}:
             return "native"
@@ -117,7 +108,7 @@ class CalibratedModels:
         `reference`: through scikit-learn's estimators instead of the compiled trees (same numbers)."""
         predicted = self.predict_columns(table, power=power, reference=reference)
         return pd.DataFrame(
-            {name: predicted[name] for name in PREDICTED_COLUMNS if name in predicted}, index=table.index
+            {name: predicted[name] for name in PREDICTION_COLUMNS if name in predicted}, index=table.index
         )
 
     def predict_columns(

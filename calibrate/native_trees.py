@@ -33,8 +33,10 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# -O1: the branches are the work and -O2 compiles ~3x longer for no measurable gain on these trees.
-COMPILE_FLAGS = ("-O1", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno")
+# -O1: the branches are the work and -O2 compiles ~3x longer for no measurable gain on these trees. A
+# compiler without OpenMP (Apple's clang) gets the same source without -fopenmp: one thread per call.
+COMPILE_FLAGS = ("-O1", "-shared", "-fPIC", "-fno-math-errno")
+OPENMP_FLAG = "-fopenmp"
 COMPILE_TIMEOUT_S = 300
 SYMBOL = "finetwin_predict"
 _ABI = 1  # bumped when the generated function's signature changes (part of the cache key)
@@ -163,7 +165,14 @@ def load(source: str) -> NativeTrees | None:
     cc = compiler()
     if cc is None:
         return None
-    command = (cc, *COMPILE_FLAGS)
+    for command in ((cc, *COMPILE_FLAGS, OPENMP_FLAG), (cc, *COMPILE_FLAGS)):
+        native = _load_with(command, source)
+        if native is not None:
+            return native
+    return None
+
+
+def _load_with(command: tuple[str, ...], source: str) -> NativeTrees | None:
     digest = hashlib.sha256("\0".join((*command, source)).encode()).hexdigest()
     directory = cache_dir()
     with _lock_for(digest):
@@ -216,7 +225,10 @@ def _open(path: Path) -> NativeTrees | None:
 
 
 def _private(path: Path) -> bool:
-    """Owned by this user and writable by nobody else (the file and the directory holding it)."""
+    """Owned by this user and writable by nobody else (the file and the directory holding it). False where
+    the platform has no owners to check (Windows): the library is then compiled afresh, privately."""
+    if not hasattr(os, "getuid"):
+        return False
     for item in (path, path.parent) if path.is_file() else (path,):
         info = item.stat()
         if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
