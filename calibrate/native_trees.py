@@ -39,7 +39,7 @@ COMPILE_FLAGS = ("-O1", "-shared", "-fPIC", "-fno-math-errno")
 OPENMP_FLAG = "-fopenmp"
 COMPILE_TIMEOUT_S = 300
 SYMBOL = "finetwin_predict"
-_ABI = 1  # bumped when the generated function's signature changes (part of the cache key)
+_ABI = 2  # bumped when the generated function's signature changes (part of the cache key)
 
 
 def tree_source(estimator: Any) -> str:
@@ -56,7 +56,9 @@ def tree_source(estimator: Any) -> str:
         if len(bitsets):
             rows = ",".join("{" + ",".join(f"{int(w)}u" for w in row) + "}" for row in bitsets)
             parts.append(f"static const uint32_t bits_{k}[][8] = {{{rows}}};\n")
-        parts.append(f"static double tree_{k}(const double *x) {{\n")
+        # noinline: each tree is compiled on its own; inlined into one huge function they compiled slower
+        # and ran slower (measured on 1,000 trees of 31 leaves: 100k rows 2.9 -> 2.2 s).
+        parts.append(f"static __attribute__((noinline)) double tree_{k}(const double *x) {{\n")
         parts.append(_node(tree.nodes, 0, k, 1))
         parts.append("}\n")
     calls = "".join(f"    s += tree_{k}(x);\n" for k in range(len(trees)))
