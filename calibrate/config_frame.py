@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate.loader import time_limit_seconds
+from calibrate.loader import each_distinct, time_limit_seconds
 from twin.domain import METHODS, JobConfig
 from twin.job_config import (
     CONFIG_DEFAULTS,
@@ -140,10 +140,7 @@ def _text(values: np.ndarray) -> np.ndarray:
     """Each value as trimmed text, computed once per distinct value (a CSV repeats a few hundred)."""
     if len(values) < _DISTINCT_FROM_ROWS:
         return np.array([str(value).strip() for value in values], dtype=object)
-    codes, distinct = pd.factorize(values.astype(object), use_na_sentinel=False)
-    texts = np.empty(len(distinct), dtype=object)
-    texts[:] = [str(value).strip() for value in distinct]
-    return texts[codes]
+    return each_distinct(values, lambda value: str(value).strip())
 
 
 # From this many rows on, text work goes through the distinct values (below, factorizing costs more).

@@ -89,7 +89,6 @@ class _Frame:
     path: str
     raw: pd.DataFrame  # every cell as written, as str
     lines: np.ndarray  # the file line of each row (header is line 1)
-    header: tuple[str, ...] = ()  # the column names, stripped
     rows: tuple[list[str], ...] = ()  # each row's cells as the csv module read them
 
 
@@ -147,7 +146,7 @@ def load_configs_file(path: str | Path) -> tuple[pd.DataFrame, list[str], list[l
     for column in frame.raw.columns:
         if column not in table.columns:
             table[column] = frame.raw[column].to_numpy()
-    return table, list(frame.header), list(frame.rows)
+    return table, list(frame.raw.columns), list(frame.rows)
 
 
 def _read(path: str | Path, required: Iterable[str]) -> _Frame:
@@ -197,7 +196,7 @@ def _read(path: str | Path, required: Iterable[str]) -> _Frame:
         except UnicodeDecodeError as exc:
             raise BenchmarkFormatError(path, reader.line_num + 1, None, f"not UTF-8 text: {exc}") from None
     raw = pd.DataFrame(rows, columns=header, dtype=object)
-    return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64), tuple(header), tuple(rows))
+    return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64), tuple(rows))
 
 
 def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataFrame:
@@ -243,13 +242,17 @@ def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataF
     return table
 
 
-def _each_distinct(values: pd.Series, function: Callable[[Any], Any]) -> pd.Series:
-    """`function` of every value, computed once per distinct value: a CSV of 100,000 configurations has a
-    few hundred distinct texts per column, and string work per cell cost seconds."""
-    codes, distinct = pd.factorize(values.to_numpy(dtype=object), use_na_sentinel=False)
+def each_distinct(values: np.ndarray, function: Callable[[Any], Any]) -> np.ndarray:
+    """`function` of every value (an object array), computed once per distinct value: a CSV of 100,000
+    configurations has a few hundred distinct texts per column, and string work per cell cost seconds."""
+    codes, distinct = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
     mapped = np.empty(len(distinct), dtype=object)
     mapped[:] = [function(value) for value in distinct]
-    return pd.Series(mapped[codes], index=values.index, dtype=object)
+    return mapped[codes]
+
+
+def _each_distinct(values: pd.Series, function: Callable[[Any], Any]) -> pd.Series:
+    return pd.Series(each_distinct(values.to_numpy(dtype=object), function), index=values.index, dtype=object)
 
 
 def _numbers(frame: _Frame, column: str, *, allow_empty: bool = False) -> np.ndarray:

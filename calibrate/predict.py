@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +18,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.loader import BenchmarkFormatError, load_configs_file
-from twin.csv_cells import FORMULA_STARTS, neutralise, neutralise_row
-
-# A cell that starts as a formula would (twin.csv_cells), found in the row's cells joined after a
-# separator that CSV text does not hold: a search led by a literal runs in C at ~2 µs a row (checking
-# every cell in Python, or an alternation with ^, cost ~8-11 µs: more than the models).
-_SEPARATOR = "\x1f"
-_FORMULA_MARK = re.compile(re.escape(_SEPARATOR) + "[" + re.escape("".join(FORMULA_STARTS)) + "]")
-
-
-def _maybe_formula(cells: list[str]) -> bool:
-    return _FORMULA_MARK.search(_SEPARATOR + _SEPARATOR.join(cells)) is not None
-
+from twin.csv_cells import neutralise, neutralise_row, neutralise_texts
 
 PREDICTION_COLUMNS: tuple[str, ...] = (
     "outcome", "rule", "p_valid", "tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90",
@@ -78,11 +66,7 @@ def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> P
             writer.writerow(neutralise_row([*configs.header, *PREDICTION_COLUMNS]))
             added = _prediction_cells(predicted)
             for cells, extra in zip(configs.raw_rows, added, strict=True):
-                # One search over the joined row finds the rare row with a cell a spreadsheet would run;
-                # only that row is neutralised cell by cell (checking every cell cost more than the models).
-                if _maybe_formula(cells):
-                    cells = neutralise_row(cells)  # type: ignore[assignment]
-                writer.writerow([*cells, *extra])
+                writer.writerow([*neutralise_texts(cells), *extra])
         os.replace(temporary, output_path)
     finally:
         temporary.unlink(missing_ok=True)
