@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.loader import CONFIG_COLUMNS, load_benchmark
+from calibrate.loader import CONFIG_COLUMNS, each_distinct, load_benchmark
 from calibrate.observed import OBSERVED_SOURCE, observed_weights
 
 # What makes two rows the same data point: the configuration, the protocol's time cap and what happened.
@@ -117,14 +117,20 @@ def row_hashes(table: pd.DataFrame) -> np.ndarray:
     """A short sha256 of each row's identity (HASHED_COLUMNS), stable across processes and platforms."""
     if not len(table):
         return np.array([], dtype=str)
-    text = pd.Series([""] * len(table), index=table.index, dtype=object)
-    for column in HASHED_COLUMNS:
-        values = (
-            table[column] if column in table.columns else pd.Series([None] * len(table), index=table.index)
+    missing = np.full(len(table), None, dtype=object)
+    # Each column's text once per distinct value: a calibration of 30,920 rows spent 0.6 s formatting cells.
+    parts = [
+        each_distinct(
+            table[column].to_numpy(dtype=object) if column in table.columns else missing, _canonical
         )
-        text = text + "\x1f" + values.map(_canonical)
+        for column in HASHED_COLUMNS
+    ]
     return np.array(
-        [hashlib.sha256(t.encode()).hexdigest()[:ROW_HASH_CHARS] for t in text], dtype=f"<U{ROW_HASH_CHARS}"
+        [
+            hashlib.sha256(("\x1f" + "\x1f".join(row)).encode()).hexdigest()[:ROW_HASH_CHARS]
+            for row in zip(*parts, strict=True)
+        ],
+        dtype=f"<U{ROW_HASH_CHARS}",
     )
 
 

@@ -387,7 +387,13 @@ def score(models: CalibratedModels, test: pd.DataFrame) -> dict[str, float]:
 
 
 def _subset(weight: np.ndarray | None, mask: np.ndarray) -> np.ndarray | None:
-    return None if weight is None else weight[mask]
+    """The weights of the rows in `mask`, or None where every one is 1: the same fit, and scikit-learn bins
+    a weighted feature with one sort per bin edge (4.9 of the 17 s of trees in a calibration of 30,920
+    benchmark rows, which all weigh 1)."""
+    if weight is None:
+        return None
+    chosen = weight[mask]
+    return None if np.all(chosen == 1.0) else chosen
 
 
 @contextmanager

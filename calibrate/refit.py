@@ -90,26 +90,28 @@ def calibrate_version(
     registry = ModelRegistry(models_dir)
     if observed and engine is None:
         raise ValueError("observed runs need the store (an engine)")
-    tables, described = load_benchmarks(benchmarks)
-    observed_rows = observed_table(engine) if observed and engine is not None else None
-    data = assemble(tables, observed_rows, now=now, policy=weights, described=described)
-    if not len(data):
-        raise ValueError("no rows to fit on: give a benchmark file or observe some runs first")
-
-    in_use = registry.in_use()
-    # The version in use, or a newer one that was not promoted, may have learned from these very rows.
-    latest = {v for v in (in_use, (registry.versions() or [None])[-1]) if v is not None}
-    same = sorted(v for v in latest if _same_data(registry, v, data))
-    if skip_if_unchanged and same:
-        return RefitResult(
-            None, False, in_use, None, time.perf_counter() - started, len(data),
-            f"nothing new since {same[-1]} (same {len(data)} rows); no refit",
-        )  # fmt: skip
-
-    union, candidate_rows, incumbent = _with_incumbent_rows(registry, in_use, data, engine, weights, now)
     # The comparison's fits (on the split) and the final fit (on every row) are independent and each uses
     # one core: the comparison runs in a worker process meanwhile, which halves a calibration's wall time.
-    with _comparison_worker(parallel) as pool:
+    # The worker starts before the rows are loaded, so that its imports overlap the loading; not for a
+    # refit that may find nothing new, which would wait for a worker it never uses.
+    with _comparison_worker(parallel, warm=not skip_if_unchanged) as pool:
+        tables, described = load_benchmarks(benchmarks)
+        observed_rows = observed_table(engine) if observed and engine is not None else None
+        data = assemble(tables, observed_rows, now=now, policy=weights, described=described)
+        if not len(data):
+            raise ValueError("no rows to fit on: give a benchmark file or observe some runs first")
+
+        in_use = registry.in_use()
+        # The version in use, or a newer one that was not promoted, may have learned from these very rows.
+        latest = {v for v in (in_use, (registry.versions() or [None])[-1]) if v is not None}
+        same = sorted(v for v in latest if _same_data(registry, v, data))
+        if skip_if_unchanged and same:
+            return RefitResult(
+                None, False, in_use, None, time.perf_counter() - started, len(data),
+                f"nothing new since {same[-1]} (same {len(data)} rows); no refit",
+            )  # fmt: skip
+
+        union, candidate_rows, incumbent = _with_incumbent_rows(registry, in_use, data, engine, weights, now)
         pending = pool.submit(_compare, union, candidate_rows, incumbent, seed, tolerance) if pool else None
         final_fit_started = time.perf_counter()
         models = fit_models(data.table, data.weights, seed=seed)
@@ -155,20 +157,28 @@ def _compare(
 
 
 @contextlib.contextmanager
-def _comparison_worker(parallel: bool) -> Iterator[ProcessPoolExecutor | None]:
+def _comparison_worker(parallel: bool, *, warm: bool) -> Iterator[ProcessPoolExecutor | None]:
     """A one-process pool ("spawn": safe from a process with threads, such as the API's scheduler), or None
-    to run in this process when parallel fits are off or no process can be started."""
+    to run in this process when parallel fits are off or no process can be started. `warm`: start the
+    process and its imports now."""
     if not parallel:
         yield None
         return
     try:
         pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        if warm:
+            pool.submit(_import_fitting)
     except (OSError, NotImplementedError) as exc:
         log.warning("comparing in this process (no worker process: %s)", exc)
         yield None
         return
     with pool:
         yield pool
+
+
+def _import_fitting() -> None:
+    """In the worker: what `_compare` needs (about 2 s of imports a new process would spend later)."""
+    import calibrate.fit  # noqa: F401
 
 
 def _with_incumbent_rows(
