@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 VERSION_PATTERN = re.compile(r"^v(\d{4,})$")
 VERSIONS = "versions"
+STAGING_PREFIX = ".tmp-"  # a version being written (never listed: versions are named v0001, ...)
 POINTER = "IN_USE.json"
 HISTORY = "history.jsonl"
 LOCK = ".lock"
@@ -248,11 +249,16 @@ class ModelRegistry:
 
     def save(self, models: CalibratedModels, metadata: dict[str, Any], row_hashes: Sequence[str]) -> str:
         """A new version directory with the models' parts, metadata and manifest; returns its name."""
+        return self.commit(self.stage(models, row_hashes), metadata)
+
+    def stage(self, models: CalibratedModels, row_hashes: Sequence[str]) -> Path:
+        """The models' parts and training rows written to a staging directory, not yet a version: `commit`
+        makes it one (or `discard` drops it). A calibration stages while its comparison still runs."""
         import skops.io as sio
 
         estimators, params = models.to_parts()
         (self.root / VERSIONS).mkdir(parents=True, exist_ok=True)
-        staging = self.root / VERSIONS / f".tmp-{uuid.uuid4().hex}"
+        staging = self.root / VERSIONS / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
         try:
             (staging / ESTIMATORS).mkdir(parents=True)
             for name, estimator in estimators.items():
@@ -261,6 +267,14 @@ class ModelRegistry:
                 sio.dump(estimator, staging / ESTIMATORS / f"{name}{ESTIMATOR_SUFFIX}")
             _write_json(staging / PARAMS, params)
             (staging / TRAINING_ROWS).write_text("".join(f"{h}\n" for h in sorted(row_hashes)))
+        except BaseException:
+            self.discard(staging)
+            raise
+        return staging
+
+    def commit(self, staging: Path, metadata: dict[str, Any]) -> str:
+        """The staged parts with their metadata and manifest as the next version; returns its name."""
+        try:
             with self._locked():
                 version = self._next_version()
                 _write_json(staging / METADATA, {**metadata, "version": version})
@@ -272,9 +286,12 @@ class ModelRegistry:
                 _write_json(staging / MANIFEST, {"algorithm": "sha256", "files": files})
                 os.rename(staging, self.root / VERSIONS / version)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            self.discard(staging)
             raise
         return version
+
+    def discard(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
 
     def promote(self, version: str, *, reason: str, replacing: str | None | object = ANY) -> bool:
         """Put `version` in use (it is verified first); the one it replaces can be rolled back to.

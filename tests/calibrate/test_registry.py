@@ -107,6 +107,36 @@ def test_a_tampered_artifact_is_refused(registry_copy: Path, target: str) -> Non
     assert "v0001" in str(refused.value)
 
 
+def test_a_staged_version_is_no_version_until_committed(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path / "models")
+    staged = registry.stage(Parts(), ["r1"])  # type: ignore[arg-type]
+    assert staged.is_dir() and registry.versions() == []
+    version = registry.commit(staged, {"reason": "test"})
+    assert registry.versions() == [version] and not staged.exists()
+    assert registry.training_rows(version) == frozenset({"r1"})
+    registry.verify(version)
+    dropped = registry.stage(Parts(), [])  # type: ignore[arg-type]
+    registry.discard(dropped)
+    assert not dropped.exists() and registry.versions() == [version]
+
+
+def test_a_calibration_whose_comparison_fails_leaves_nothing_behind(
+    tmp_path: Path, sample_csv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The version is staged while the comparison runs; if the comparison fails, the staging goes too."""
+    import calibrate.refit
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("the comparison failed")
+
+    monkeypatch.setattr(calibrate.refit, "_compare", failing)
+    small = tmp_path / "small.csv"
+    small.write_text("".join(sample_csv.read_text().splitlines(keepends=True)[:400]))
+    with pytest.raises(RuntimeError, match="the comparison failed"):
+        calibrate_version(tmp_path / "models", benchmarks=[small], parallel=False)
+    assert list((tmp_path / "models" / "versions").iterdir()) == []
+
+
 @pytest.mark.parametrize("entry", ["estimators/../../x.skops", "../x.skops", "/tmp/x.skops"])
 def test_a_manifest_entry_outside_the_version_is_refused(tmp_path: Path, entry: str) -> None:
     registry = ModelRegistry(tmp_path / "models")
