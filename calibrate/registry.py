@@ -291,6 +291,7 @@ class ModelRegistry:
         return version
 
     def discard(self, staging: Path) -> None:
+        """Drop what `stage` wrote for a version that will not be committed."""
         shutil.rmtree(staging, ignore_errors=True)
 
     def promote(self, version: str, *, reason: str, replacing: str | None | object = ANY) -> bool:
