@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ BAND_TARGET = (0.70, 0.92)
 # The in-use version's rows must be rebuilt almost entirely to refit it; otherwise its recorded metrics are
 # all there is to compare with (and the comparison says so).
 MIN_REBUILT_SHARE = 0.9
+SAME_ROWS = "same rows"  # the basis when the in-use version was trained on the candidate's very rows
 
 LOWER_IS_BETTER = ("throughput_mdape", "throughput_mape")
 HIGHER_IS_BETTER = ("failure_balanced_accuracy",)
@@ -118,32 +120,71 @@ def compare(
     - "same split": refitted on its own rows of the training split, scored on the same held-out rows;
     - "recorded": too few of its rows could be rebuilt, so its metrics recorded at its fit are used.
     """
+    return start_comparison(union, candidate_rows, incumbent, fit=fit, seed=seed, tolerance=tolerance)()
+
+
+def start_comparison(
+    union: TrainingData,
+    candidate_rows: np.ndarray,
+    incumbent: Incumbent | None,
+    *,
+    fit: FitFunction,
+    seed: int,
+    tolerance: float,
+    executor: Executor | None = None,
+) -> Callable[[], Comparison]:
+    """`compare`, begun: its fits go to `executor` (each side's in a process of its own, so a refit against
+    the version in use takes the time of one fit, not two) or run now without one; the function returned
+    waits for them and gives the comparison."""
     split = random_holdout(union.table, fraction=HOLDOUT_FRACTION, seed=seed)
     test = np.zeros(len(union), dtype=bool)
     test[split.test] = True
     test_table = union.table[test].reset_index(drop=True)
-    candidate_metrics = _fit_and_score(union, ~test & candidate_rows, test_table, fit=fit, seed=seed)
-    candidate_metrics["n_test"] = int(test.sum())
-    if incumbent is None:
-        return Comparison(None, "nothing in use", int(test.sum()), candidate_metrics, None, True)
+    n_test = int(test.sum())
+    basis, incumbent_train = _incumbent_basis(union, candidate_rows, incumbent, test)
 
+    def start(train: np.ndarray) -> Future[dict[str, float]]:
+        if executor is not None:
+            return executor.submit(_fit_and_score, union, train, test_table, fit=fit, seed=seed)
+        done: Future[dict[str, float]] = Future()
+        done.set_result(_fit_and_score(union, train, test_table, fit=fit, seed=seed))
+        return done
+
+    candidate_side = start(~test & candidate_rows)
+    incumbent_side = start(incumbent_train) if incumbent_train is not None else None
+
+    def finish() -> Comparison:
+        candidate_metrics = candidate_side.result() | {"n_test": n_test}
+        if incumbent is None:
+            return Comparison(None, basis, n_test, candidate_metrics, None, True)
+        if incumbent_side is not None:
+            incumbent_metrics = incumbent_side.result() | {"n_test": n_test}
+        elif basis == SAME_ROWS:
+            incumbent_metrics = dict(candidate_metrics)
+        else:
+            incumbent_metrics = {k: float(v) for k, v in incumbent.recorded_metrics.items()}
+        verdict = not_worse(candidate_metrics, incumbent_metrics, tolerance)
+        return Comparison(
+            incumbent.version, basis, n_test, candidate_metrics, incumbent_metrics, verdict.not_worse,
+            verdict.reasons,
+        )  # fmt: skip
+
+    return finish
+
+
+def _incumbent_basis(
+    union: TrainingData, candidate_rows: np.ndarray, incumbent: Incumbent | None, test: np.ndarray
+) -> tuple[str, np.ndarray | None]:
+    """How the in-use side is measured (`compare`), and its training rows when it is refitted."""
+    if incumbent is None:
+        return "nothing in use", None
     incumbent_rows = np.isin(union.row_hashes, list(incumbent.row_hashes))
     rebuilt = len(set(union.row_hashes[incumbent_rows])) / max(len(incumbent.row_hashes), 1)
     if rebuilt < MIN_REBUILT_SHARE:
-        basis = f"recorded (only {rebuilt:.0%} of its rows could be rebuilt)"
-        incumbent_metrics = {k: float(v) for k, v in incumbent.recorded_metrics.items()}
-    elif np.array_equal(incumbent_rows, candidate_rows):
-        basis = "same rows"
-        incumbent_metrics = dict(candidate_metrics)
-    else:
-        basis = "same split"
-        incumbent_metrics = _fit_and_score(union, ~test & incumbent_rows, test_table, fit=fit, seed=seed)
-        incumbent_metrics["n_test"] = int(test.sum())
-    verdict = not_worse(candidate_metrics, incumbent_metrics, tolerance)
-    return Comparison(
-        incumbent.version, basis, int(test.sum()), candidate_metrics, incumbent_metrics, verdict.not_worse,
-        verdict.reasons,
-    )  # fmt: skip
+        return f"recorded (only {rebuilt:.0%} of its rows could be rebuilt)", None
+    if np.array_equal(incumbent_rows, candidate_rows):
+        return SAME_ROWS, None
+    return "same split", ~test & incumbent_rows
 
 
 def _fit_and_score(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -126,15 +128,44 @@ def test_a_calibration_whose_comparison_fails_leaves_nothing_behind(
     """The version is staged while the comparison runs; if the comparison fails, the staging goes too."""
     import calibrate.refit
 
-    def failing(*args: object) -> None:
+    def failing() -> None:
         raise RuntimeError("the comparison failed")
 
-    monkeypatch.setattr(calibrate.refit, "_compare", failing)
+    monkeypatch.setattr(calibrate.refit, "start_comparison", lambda *args, **kwargs: failing)
     small = tmp_path / "small.csv"
     small.write_text("".join(sample_csv.read_text().splitlines(keepends=True)[:400]))
     with pytest.raises(RuntimeError, match="the comparison failed"):
         calibrate_version(tmp_path / "models", benchmarks=[small], parallel=False)
     assert list((tmp_path / "models" / "versions").iterdir()) == []
+
+
+def test_a_refit_against_the_version_in_use_compares_the_same_in_worker_processes(
+    tmp_path: Path, sample_csv: Path
+) -> None:
+    """Against a version trained on other rows both sides are refitted ("same split"): each in a worker
+    process of its own, with the numbers of the two fits one after the other in this process."""
+    lines = sample_csv.read_text().splitlines(keepends=True)
+    first, second = tmp_path / "first.csv", tmp_path / "second.csv"
+    first.write_text("".join(lines[:500]))
+    second.write_text("".join(lines[:1]) + "".join(lines[200:700]))
+    calibrate_version(tmp_path / "in-use", benchmarks=[first], parallel=False)
+    comparisons = []
+    for parallel in (False, True):
+        models = Path(shutil.copytree(tmp_path / "in-use", tmp_path / f"models-{parallel}"))
+        result = calibrate_version(models, benchmarks=[second], parallel=parallel)
+        assert result.comparison is not None and result.comparison.basis == "same split"
+        comparisons.append(result.comparison.to_json())
+    assert comparisons[0] == comparisons[1]
+    assert comparisons[0]["incumbent"]["n_train"] != comparisons[0]["candidate"]["n_train"]
+
+
+def test_each_comparison_fit_runs_in_a_process_of_its_own() -> None:
+    from calibrate.refit import _ProcessPerTask
+
+    with _ProcessPerTask(warm=False) as workers:
+        pending = [workers.submit(os.getpid) for _ in range(2)]
+        pids = [p.result() for p in pending]
+    assert len(set(pids)) == 2 and os.getpid() not in pids
 
 
 @pytest.mark.parametrize("entry", ["estimators/../../x.skops", "../x.skops", "/tmp/x.skops"])
