@@ -92,10 +92,11 @@ def calibrate_version(
         raise ValueError("observed runs need the store (an engine)")
     # The comparison's fits (on the split) and the final fit (on every row) are independent and each uses
     # one core: the comparison's run meanwhile in worker processes, one per side compared (its two fits one
-    # after the other made a refit against the version in use take 39 s, not 27, on 30,920 rows). The first
-    # worker starts before the rows are loaded, so that its imports overlap the loading; not for a refit
-    # that may find nothing new, which would wait for a worker it never uses.
-    with _comparison_worker(parallel, warm=not skip_if_unchanged) as workers:
+    # after the other made a refit against the version in use take 39 s, not 27, on 30,920 rows). The
+    # workers start before the rows are loaded, so that their imports overlap the loading: one, and a
+    # second for the version in use when there is one; none for a refit that may find nothing new.
+    warm = 0 if skip_if_unchanged else (2 if registry.in_use() is not None else 1)
+    with _comparison_worker(parallel, warm=warm) as workers:
         tables, described = load_benchmarks(benchmarks)
         observed_rows = observed_table(engine) if observed and engine is not None else None
         data = assemble(tables, observed_rows, now=now, policy=weights, described=described)
@@ -156,7 +157,7 @@ def calibrate_version(
 
 
 @contextlib.contextmanager
-def _comparison_worker(parallel: bool, *, warm: bool) -> Iterator[Executor | None]:
+def _comparison_worker(parallel: bool, *, warm: int) -> Iterator[Executor | None]:
     """A process per comparison fit (`_ProcessPerTask`), or None to run in this process when parallel fits
     are off or no process can be started."""
     if not parallel:
@@ -174,15 +175,15 @@ def _comparison_worker(parallel: bool, *, warm: bool) -> Iterator[Executor | Non
 
 class _ProcessPerTask(Executor):
     """Each task submitted in a process of its own ("spawn": safe from a process with threads, such as the
-    API's scheduler), started when the task is; `warm`: start the first now, with its imports. A pool of two
-    would start its second process while the first is still importing, for a calibration that needs one."""
+    API's scheduler), started when the task is; `warm`: start that many now, with their imports (a pool of
+    two would start its second process while the first is still importing, for a calibration needing one)."""
 
-    def __init__(self, *, warm: bool) -> None:
+    def __init__(self, *, warm: int) -> None:
         self._context = multiprocessing.get_context("spawn")
-        self._pools = [self._pool()]
+        self._pools = [self._pool() for _ in range(warm)]
         self._submitted = 0
-        if warm:
-            self._pools[0].submit(_import_fitting)
+        for pool in self._pools:
+            pool.submit(_import_fitting)
 
     def _pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(max_workers=1, mp_context=self._context)

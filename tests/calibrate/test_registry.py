@@ -162,7 +162,7 @@ def test_a_refit_against_the_version_in_use_compares_the_same_in_worker_processe
 def test_each_comparison_fit_runs_in_a_process_of_its_own() -> None:
     from calibrate.refit import _ProcessPerTask
 
-    with _ProcessPerTask(warm=False) as workers:
+    with _ProcessPerTask(warm=0) as workers:
         pending = [workers.submit(os.getpid) for _ in range(2)]
         pids = [p.result() for p in pending]
     assert len(set(pids)) == 2 and os.getpid() not in pids
