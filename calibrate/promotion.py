@@ -133,9 +133,9 @@ def start_comparison(
     tolerance: float,
     executor: Executor | None = None,
 ) -> Callable[[], Comparison]:
-    """`compare`, begun: its fits go to `executor` (each side's in a process of its own, so a refit against
-    the version in use takes the time of one fit, not two) or run now without one; the function returned
-    waits for them and gives the comparison."""
+    """`compare`, begun: its fits go to `executor` (a calibration gives each side a process of its own, so
+    that refitting the version in use too costs no more wall time than one fit) or run now without one; the
+    function returned waits for them and gives the comparison."""
     split = random_holdout(union.table, fraction=HOLDOUT_FRACTION, seed=seed)
     test = np.zeros(len(union), dtype=bool)
     test[split.test] = True

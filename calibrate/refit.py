@@ -91,8 +91,8 @@ def calibrate_version(
     if observed and engine is None:
         raise ValueError("observed runs need the store (an engine)")
     # The comparison's fits (on the split) and the final fit (on every row) are independent and each uses
-    # one core: the comparison's run meanwhile in worker processes, one per side compared (its two fits one
-    # after the other made a refit against the version in use take 39 s, not 27, on 30,920 rows). The
+    # one core: the comparison's fits run meanwhile in worker processes, one per side compared (its two fits
+    # one after the other made a refit against the version in use take 39 s, not 27, on 30,920 rows). The
     # workers start before the rows are loaded, so that their imports overlap the loading: one, and a
     # second for the version in use when there is one; none for a refit that may find nothing new.
     warm = 0 if skip_if_unchanged else (2 if registry.in_use() is not None else 1)
