@@ -134,7 +134,7 @@ def start_comparison(
     executor: Executor | None = None,
 ) -> Callable[[], Comparison]:
     """`compare`, begun: its fits go to `executor` (a calibration gives each side a process of its own, so
-    that refitting the version in use too costs no more wall time than one fit) or run now without one; the
+    that the version in use is refitted beside the candidate, not after it) or run now without one; the
     function returned waits for them and gives the comparison."""
     split = random_holdout(union.table, fraction=HOLDOUT_FRACTION, seed=seed)
     test = np.zeros(len(union), dtype=bool)
