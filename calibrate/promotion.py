@@ -50,7 +50,7 @@ class Verdict:
 @dataclass
 class Comparison:
     against: str | None  # the version in use when the candidate was fitted
-    basis: str  # how the in-use side was measured (see `compare`)
+    basis: str  # how the in-use side was measured (see `start_comparison`)
     test_rows: int
     candidate: dict[str, float]
     incumbent: dict[str, float] | None
@@ -103,26 +103,6 @@ def not_worse(candidate: Mapping[str, float], incumbent: Mapping[str, float], to
     return Verdict(ok, reasons)
 
 
-def compare(
-    union: TrainingData,
-    candidate_rows: np.ndarray,
-    incumbent: Incumbent | None,
-    *,
-    fit: FitFunction,
-    seed: int,
-    tolerance: float,
-) -> Comparison:
-    """The candidate's held-out metrics and whether it is not worse than the version in use.
-
-    `union` holds the candidate's rows (mask `candidate_rows`) and whatever of the in-use version's rows
-    could be rebuilt. Basis of the in-use side, in order of preference:
-    - "same rows": it was trained on exactly the candidate's rows, so its refit is the candidate's;
-    - "same split": refitted on its own rows of the training split, scored on the same held-out rows;
-    - "recorded": too few of its rows could be rebuilt, so its metrics recorded at its fit are used.
-    """
-    return start_comparison(union, candidate_rows, incumbent, fit=fit, seed=seed, tolerance=tolerance)()
-
-
 def start_comparison(
     union: TrainingData,
     candidate_rows: np.ndarray,
@@ -133,9 +113,17 @@ def start_comparison(
     tolerance: float,
     executor: Executor | None = None,
 ) -> Callable[[], Comparison]:
-    """`compare`, begun: its fits go to `executor` (a calibration gives each side a process of its own, so
-    that the version in use is refitted beside the candidate, not after it) or run now without one; the
-    function returned waits for them and gives the comparison."""
+    """The candidate's held-out metrics and whether it is not worse than the version in use, begun: the fits
+    go to `executor` (a calibration gives each side a process of its own, so that the version in use is
+    refitted beside the candidate, not after it) or run now without one; the function returned waits for
+    them and gives the comparison.
+
+    `union` holds the candidate's rows (mask `candidate_rows`) and whatever of the in-use version's rows
+    could be rebuilt. Basis of the in-use side, in order of preference:
+    - "same rows": it was trained on exactly the candidate's rows, so its refit is the candidate's;
+    - "same split": refitted on its own rows of the training split, scored on the same held-out rows;
+    - "recorded": too few of its rows could be rebuilt, so its metrics recorded at its fit are used.
+    """
     split = random_holdout(union.table, fraction=HOLDOUT_FRACTION, seed=seed)
     test = np.zeros(len(union), dtype=bool)
     test[split.test] = True
@@ -175,7 +163,7 @@ def start_comparison(
 def _incumbent_basis(
     union: TrainingData, candidate_rows: np.ndarray, incumbent: Incumbent | None, test: np.ndarray
 ) -> tuple[str, np.ndarray | None]:
-    """How the in-use side is measured (`compare`), and its training rows when it is refitted."""
+    """How the in-use side is measured (`start_comparison`), and its training rows when it is refitted."""
     if incumbent is None:
         return "nothing in use", None
     incumbent_rows = np.isin(union.row_hashes, list(incumbent.row_hashes))
