@@ -8,12 +8,14 @@ Only scikit-learn types, so that a fitted estimator can be stored with skops (se
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
 from calibrate.features import CATEGORICAL_FEATURES
+
+if TYPE_CHECKING:  # imported where a model is fitted: predicting from compiled trees never needs them
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
 # Types inside these estimators that skops does not trust by default, all scikit-learn's own: the fitted
 # trees and the input check HistGradientBoosting keeps for categorical features (a partial of check_array).
@@ -25,12 +27,16 @@ SKOPS_TRUSTED_TYPES: tuple[str, ...] = (
 
 
 def regressor(features: Sequence[str], seed: int, params: dict[str, Any]) -> HistGradientBoostingRegressor:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
     return HistGradientBoostingRegressor(
         categorical_features=_categories(features), random_state=seed, **params
     )
 
 
 def classifier(features: Sequence[str], seed: int, params: dict[str, Any]) -> HistGradientBoostingClassifier:
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
     return HistGradientBoostingClassifier(
         categorical_features=_categories(features), random_state=seed, **params
     )

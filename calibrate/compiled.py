@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import treelite
-from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
-from treelite.model_builder import Metadata, ModelBuilder, PostProcessorFunc, TreeAnnotation
 
 from calibrate import native_trees
 
-Estimator = HistGradientBoostingRegressor | HistGradientBoostingClassifier
+if TYPE_CHECKING:  # Treelite and scikit-learn are imported where used: compiled trees run without them
+    import treelite
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+    Estimator = HistGradientBoostingRegressor | HistGradientBoostingClassifier
 
 # One thread: the machines that serve finetwin run many processes on few cores, and one ~100-row call is
 # over long before more threads would pay for waking up.
@@ -43,26 +46,90 @@ THREADS = 1
 # interpreter costs about twice scikit-learn's per row, scikit-learn ~8 ms more per call; they cross near
 # 200 rows). An advice answer (~100 rows) takes Treelite, a CSV of configurations scikit-learn.
 COMPILED_BELOW_ROWS = 256
-# From this many rows on, native trees use every core (up to 4): a CSV of configurations, not an answer.
-PARALLEL_FROM_ROWS = 20_000
+# From this many rows on, native trees use every core (up to 4): a CSV of configurations, not an answer (they
+# share the rows out in blocks of native_trees.BLOCK_ROWS).
+PARALLEL_FROM_ROWS = 2_048
 MAX_THREADS = 4
+
+
+@dataclass(frozen=True)
+class TreesSnapshot:
+    """What compiled trees need of their estimator once its library is compiled on this machine: the
+    library's file name in the cache, the input space (`_input_space`) and whether it classifies. A version
+    runs from these alone, without scikit-learn or skops (`calibrate.serving`)."""
+
+    library: str
+    order: tuple[int, ...] | None
+    lookups: dict[int, tuple[float, ...]]
+    classifier: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "library": self.library,
+            "order": None if self.order is None else list(self.order),
+            # NaN (a code the trees never saw) as None: JSON has no NaN.
+            "lookups": {
+                str(k): [None if np.isnan(v) else v for v in table] for k, table in self.lookups.items()
+            },
+            "classifier": self.classifier,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TreesSnapshot:
+        """Raises ValueError, KeyError or TypeError for anything but what `to_json` writes."""
+        library, order, classifier = data["library"], data["order"], data["classifier"]
+        if not isinstance(library, str) or not isinstance(classifier, bool):
+            raise ValueError("malformed trees snapshot")
+        return cls(
+            library,
+            None if order is None else tuple(int(j) for j in order),
+            {
+                int(k): tuple(np.nan if v is None else float(v) for v in table)
+                for k, table in data["lookups"].items()
+            },
+            classifier,
+        )
 
 
 class CompiledTrees:
     """`raw(X)`: the estimator's raw score (log-odds for a binary classifier) for rows of the matrix
-    columns it was fitted on."""
+    columns it was fitted on. Built from a fitted estimator, or from a `TreesSnapshot` of one (native trees
+    only: no Treelite, no reference numbers)."""
 
-    def __init__(self, estimator: Estimator) -> None:
-        self.estimator = estimator
-        self.classifier = isinstance(estimator, HistGradientBoostingClassifier)
-        if self.classifier and len(estimator.classes_) != 2:
-            raise ValueError("only binary classifiers are compiled")
+    def __init__(self, estimator: Estimator | TreesSnapshot) -> None:
         self._model: treelite.Model | None = None  # built at the first small call: a CSV never needs it
         self._lock = threading.Lock()
-        self._order, self._lookups = _input_space(estimator)
         self._native: native_trees.NativeTrees | None = None
         self._native_started = False
         self._native_done = threading.Event()
+        if isinstance(estimator, TreesSnapshot):
+            self.estimator: Estimator | None = None
+            self.classifier = estimator.classifier
+            self._order = None if estimator.order is None else np.array(estimator.order, dtype=np.intp)
+            self._lookups = {j: np.array(table, dtype=np.float64) for j, table in estimator.lookups.items()}
+            self._native = native_trees.open_cached(estimator.library)
+            if self._native is None:
+                raise ValueError(f"the compiled trees {estimator.library} are not in this machine's cache")
+            self._native_started = True
+            self._native_done.set()
+            return
+        self.estimator = estimator
+        # Duck-typed, so that this module does not import scikit-learn.
+        self.classifier = hasattr(estimator, "predict_proba")
+        if self.classifier and len(estimator.classes_) != 2:
+            raise ValueError("only binary classifiers are compiled")
+        self._order, self._lookups = _input_space(estimator)
+
+    def snapshot(self) -> TreesSnapshot | None:
+        """These trees as a `TreesSnapshot`, once their native library is ready (else None)."""
+        if self._native is None:
+            return None
+        return TreesSnapshot(
+            self._native.path.name,
+            None if self._order is None else tuple(int(j) for j in self._order),
+            {int(j): tuple(float(v) for v in table) for j, table in self._lookups.items()},
+            self.classifier,
+        )
 
     def prepare_native(self, *, wait: bool = True) -> bool:
         """Compile (or load from the cache) the trees' native library; calls use it once it is ready.
@@ -85,7 +152,7 @@ class CompiledTrees:
 
     def _load_native(self) -> None:
         try:
-            self._native = native_trees.load(native_trees.tree_source(self.estimator))
+            self._native = native_trees.load(native_trees.tree_source(self._fitted()))
         finally:
             self._native_done.set()
 
@@ -93,8 +160,16 @@ class CompiledTrees:
     def model(self) -> treelite.Model:
         with self._lock:
             if self._model is None:
-                self._model = _build(self.estimator)
+                self._model = _build(self._fitted())
             return self._model
+
+    def _fitted(self) -> Estimator:
+        if self.estimator is None:
+            raise RuntimeError(
+                "these trees run from their compiled library alone; load the version from the registry for "
+                "scikit-learn's estimator"
+            )
+        return self.estimator
 
     def raw(self, X: np.ndarray) -> np.ndarray:
         if len(X) == 0:
@@ -104,6 +179,8 @@ class CompiledTrees:
         if native is not None:
             threads = min(MAX_THREADS, os.cpu_count() or 1) if len(X) >= PARALLEL_FROM_ROWS else THREADS
             return native.raw(X, threads)
+        import treelite.gtil
+
         out = treelite.gtil.predict(self.model, X, nthread=THREADS, pred_margin=True)
         return np.asarray(out, dtype=np.float64).reshape(len(X))
 
@@ -117,9 +194,10 @@ class CompiledTrees:
 
     def reference_predict(self, X: np.ndarray) -> np.ndarray:
         """The same numbers from scikit-learn itself."""
+        estimator = self._fitted()
         if self.classifier:
-            return self.estimator.predict_proba(X)[:, 1]
-        return self.estimator.predict(X)
+            return estimator.predict_proba(X)[:, 1]
+        return estimator.predict(X)
 
     def _in_tree_space(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
@@ -173,6 +251,8 @@ def _indices(selection: object) -> np.ndarray:
 
 def _build(estimator: Estimator) -> treelite.Model:
     """The estimator's trees as a Treelite model whose output is the raw score (no link function)."""
+    from treelite.model_builder import Metadata, ModelBuilder, PostProcessorFunc, TreeAnnotation
+
     trees = [tree for iteration in estimator._predictors for tree in iteration]
     baseline = float(np.asarray(estimator._baseline_prediction).ravel()[0])
     builder = ModelBuilder(

@@ -79,6 +79,35 @@ def row_count(table: Table) -> int:
     return len(next(iter(table.values()))) if len(table) else 0
 
 
+# The columns a prediction reads (`validated_configs`', and through it the features', the admission rules'
+# and the novelty's): rows equal in all of them get the same prediction.
+PREDICTION_INPUTS: tuple[str, ...] = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)
+
+
+def distinct_rows(table: Table) -> tuple[np.ndarray, np.ndarray]:
+    """(the position of the first row of each distinct configuration, in row order; each row's index into
+    them). Cells are compared as they are (a missing cell equals a missing cell; `8` and `"8"` differ, which
+    only costs a repeat)."""
+    present = [name for name in PREDICTION_INPUTS if name in set(column_names(table))]
+    n = row_count(table)
+    # One integer key per row, column by column (factorizing the pair key after each column keeps it small):
+    # ~2 ms a column on 100,000 rows, where np.unique over rows of codes sorted for 350 ms.
+    key = np.zeros(n, dtype=np.int64)
+    for name in present:
+        codes, distinct = pd.factorize(column(table, name), use_na_sentinel=False)
+        key, _ = pd.factorize(key * len(distinct) + codes)
+    # factorize numbers the keys in order of first appearance, so their first rows come in row order.
+    _, first = np.unique(key, return_index=True)
+    return first, key.astype(np.intp)
+
+
+def take(table: Table, rows: np.ndarray) -> Table:
+    """The rows at these positions, of a frame (a frame, fresh index) or of columns by name."""
+    if isinstance(table, pd.DataFrame):
+        return table.iloc[rows].reset_index(drop=True)
+    return {name: np.asarray(values)[rows] for name, values in table.items()}
+
+
 def records_to_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """`configs_to_frame` for configurations as mappings (telemetry payloads, API bodies)."""
     return configs_to_frame([config_from_row(record) for record in records])

@@ -37,19 +37,19 @@ model, method and GPU. It is the intra-family correlation of the standardized ou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.stats import beta
-from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold
 
 from calibrate import boosting
 from calibrate.compiled import CompiledTrees
 from calibrate.correlation import Z_CLIP, shared_share
 from calibrate.encoding import columns
 from calibrate.features import MEMORY_FEATURES
+
+if TYPE_CHECKING:  # imported where the model is fitted: predicting from compiled trees never needs them
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
 
 # A random 30 % of the features at each split: with many overlapping memory features, it keeps the trees
 # from leaning on one proxy (better balanced accuracy on unseen blocks of the benchmark).
@@ -84,7 +84,9 @@ _MEMORY_COLUMNS = columns(MEMORY_FEATURES)
 @dataclass
 class RuntimeFailureModel:
     members: list[HistGradientBoostingClassifier]
-    calibrators: list[LogisticRegression]  # one per member: logit(member's p) -> calibrated p
+    # One per member: logit(member's p) -> calibrated p; as (slope, intercept) where the version was loaded
+    # from its serving snapshot (`calibrate.serving`), without scikit-learn.
+    calibrators: list[LogisticRegression | tuple[float, float]]
     # (predicted p, lower bound) knots fitted on out-of-fold predictions; None for models saved before them,
     # which then bound by the weakest member alone.
     lower_bound: tuple[list[float], list[float]] | None = None
@@ -98,7 +100,16 @@ class RuntimeFailureModel:
     def __post_init__(self) -> None:
         self._compiled = [CompiledTrees(member) for member in self.members]
         # Platt scaling is one logistic function: its two numbers, not a scikit-learn call per member.
-        self._platt = [(float(c.coef_[0, 0]), float(c.intercept_[0])) for c in self.calibrators]
+        self._platt = [
+            (float(c[0]), float(c[1]))
+            if isinstance(c, tuple)
+            else (float(c.coef_[0, 0]), float(c.intercept_[0]))
+            for c in self.calibrators
+        ]
+
+    def platt(self) -> list[tuple[float, float]]:
+        """Each member's calibration as (slope, intercept) of the logistic function."""
+        return list(self._platt)
 
     def compiled_trees(self) -> list[CompiledTrees]:
         return list(self._compiled)
@@ -167,6 +178,9 @@ def fit_failure(
             f"need at least {MEMBERS} valid runs and {MEMBERS} runtime failures to fit the failure model, "
             f"got {counts[1]} and {counts[0]}"
         )
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+
     X = X[:, _MEMORY_COLUMNS]
     folds = StratifiedKFold(MEMBERS, shuffle=True, random_state=seed).split(np.zeros(len(ran)), ran)
     members: list[HistGradientBoostingClassifier] = []
@@ -213,6 +227,8 @@ def _novel_pair_bound(
     never saw (None with fewer than MIN_NOVEL_ROWS of them). Each block's member is made as the members are:
     trained on all but a random 1/MEMBERS of the other rows and calibrated on that part, so that its
     predictions are like theirs and the knots map their weakest prediction to what held for novel pairs."""
+    from sklearn.linear_model import LogisticRegression
+
     n = len(ran)
     part = np.arange(n) * NOVEL_BLOCKS // n
     predicted: list[np.ndarray] = []
@@ -255,6 +271,8 @@ def fit_lower_bound(
 ) -> tuple[list[float], list[float]]:
     """Knots (predicted p, lower bound on the share that ran) from out-of-fold predictions: bins of
     `bin_rows` rows by predicted p, each bin's one-sided Clopper-Pearson lower bound, monotone."""
+    from scipy.stats import beta
+
     order = np.argsort(predicted, kind="stable")
     p, ok = np.asarray(predicted, dtype=float)[order], np.asarray(ran, dtype=bool)[order]
     n_bins = max(1, len(p) // bin_rows)

@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from calibrate import accuracy, config_frame
 from calibrate.boosting import SKOPS_TRUSTED_TYPES
-from calibrate.compiled import CompiledTrees
+from calibrate.compiled import CompiledTrees, TreesSnapshot
 from calibrate.config_frame import Table, configs_to_frame
 from calibrate.encoding import FeatureEncoding
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure, model_method
@@ -46,6 +46,10 @@ PARAMS_FORMAT = 2
 # processes and made a fit twenty times slower in measurements, while one thread loses little.
 FIT_THREADS = 1
 _RULE_COLUMNS = ("number_gpus", "batch_size", "fast_moe", "number_nodes")
+# `predict_columns` looks for repeated configurations in tables of this many rows or more (an advice answer's
+# ~70 rows are all distinct), and predicts only the distinct ones when they are at most this share.
+DISTINCT_FROM_ROWS = 1_000
+DISTINCT_AT_MOST = 0.8
 
 
 # What a prediction carries per row, in `predict_frame`'s column order (`power_watts` when asked for).
@@ -95,6 +99,38 @@ class CalibratedModels:
         models = (self.throughput, self.failure, self.power)
         return [compiled for model in models for compiled in model.compiled_trees()]
 
+    def _compiled_parts(self) -> dict[str, CompiledTrees]:
+        """The compiled trees by the name `to_parts` gives their estimator."""
+        center, difficulty = self.throughput.compiled_trees()
+        parts = {"throughput": center, "throughput_difficulty": difficulty}
+        parts.update({f"failure_{k}": trees for k, trees in enumerate(self.failure.compiled_trees())})
+        for trees in self.power.compiled_trees():  # none where too few runs had power telemetry
+            parts["power"] = trees
+        return parts
+
+    def serving_snapshot(self) -> dict[str, Any] | None:
+        """What `from_serving` needs besides the version's params: every ensemble's `TreesSnapshot` and the
+        failure members' calibration; None until every ensemble runs as machine code."""
+        trees = {name: compiled.snapshot() for name, compiled in self._compiled_parts().items()}
+        if any(snapshot is None for snapshot in trees.values()):
+            return None
+        return {
+            "trees": {name: snapshot.to_json() for name, snapshot in trees.items() if snapshot is not None},
+            "platt": [list(pair) for pair in self.failure.platt()],
+        }
+
+    @classmethod
+    def from_serving(cls, snapshot: dict[str, Any], params: dict[str, Any]) -> CalibratedModels:
+        """The models of a version from its params and its `serving_snapshot`: the same predictions, from the
+        compiled libraries in this machine's cache, without scikit-learn (no reference numbers, no
+        `to_parts`). Raises ValueError (or KeyError, TypeError) where the snapshot does not fit."""
+        estimators: dict[str, Any] = {
+            name: TreesSnapshot.from_json(data) for name, data in snapshot["trees"].items()
+        }
+        for k, (slope, intercept) in enumerate(snapshot["platt"]):
+            estimators[f"failure_calibration_{k}"] = (float(slope), float(intercept))
+        return cls.from_parts(estimators, params)
+
     def matrix(self, table: Table) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(encoded feature matrix, canonical GPU names, a note per row) of loader-shaped rows."""
         columns, notes = feature_columns(table)
@@ -115,7 +151,28 @@ class CalibratedModels:
         self, table: Table, *, power: bool = False, reference: bool = False
     ) -> dict[str, Any]:
         """`predict_frame`'s columns as arrays by name (`note`: a list), for a frame or for columns by name
-        (`calibrate.config_frame.configs_to_columns`): an answer's ~70 rows skip pandas altogether."""
+        (`calibrate.config_frame.configs_to_columns`): an answer's ~70 rows skip pandas altogether.
+
+        A large table is predicted once per distinct configuration: a CSV of configurations repeats them
+        (100,000 rows resampled from the benchmark hold ~3,900), and the features and trees cost ~50 µs a
+        row where finding the repeats costs ~1 µs."""
+        n = config_frame.row_count(table)
+        if n >= DISTINCT_FROM_ROWS:
+            first, inverse = config_frame.distinct_rows(table)
+            if len(first) <= DISTINCT_AT_MOST * n:
+                try:
+                    distinct = self._predict_rows(config_frame.take(table, first), power, reference)
+                except ValueError:
+                    # A bad cell: the whole table again, so that the message names the row as the caller
+                    # numbers it, not its place among the distinct configurations.
+                    return self._predict_rows(table, power, reference)
+                return {
+                    name: [values[i] for i in inverse] if isinstance(values, list) else values[inverse]
+                    for name, values in distinct.items()
+                }
+        return self._predict_rows(table, power, reference)
+
+    def _predict_rows(self, table: Table, power: bool, reference: bool) -> dict[str, Any]:
         X, gpus, notes = self.matrix(table)
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)

@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -39,7 +40,10 @@ COMPILE_FLAGS = ("-O1", "-shared", "-fPIC", "-fno-math-errno")
 OPENMP_FLAG = "-fopenmp"
 COMPILE_TIMEOUT_S = 300
 SYMBOL = "finetwin_predict"
-_ABI = 2  # bumped when the generated function's signature changes (part of the cache key)
+# Rows per block of the tree-by-tree loop (measured on 100,000 rows x 1,000 trees: 16 rows 2.6 s, 64 2.0 s,
+# 256 1.9 s; row by row 5.7 s).
+BLOCK_ROWS = 256
+ABI = 3  # bumped when the generated function's signature changes (part of the cache key)
 
 
 def tree_source(estimator: Any) -> str:
@@ -48,7 +52,7 @@ def tree_source(estimator: Any) -> str:
     baseline = float(np.asarray(estimator._baseline_prediction).ravel()[0])
     parts = [
         "#include <math.h>\n#include <stdint.h>\n",
-        f"/* finetwin native trees, abi {_ABI}: {len(trees)} trees, "
+        f"/* finetwin native trees, abi {ABI}: {len(trees)} trees, "
         f"{int(estimator.n_features_in_)} features */\n",
     ]
     for k, tree in enumerate(trees):
@@ -61,13 +65,20 @@ def tree_source(estimator: Any) -> str:
         parts.append(f"static __attribute__((noinline)) double tree_{k}(const double *x) {{\n")
         parts.append(_node(tree.nodes, 0, k, 1))
         parts.append("}\n")
-    calls = "".join(f"    s += tree_{k}(x);\n" for k in range(len(trees)))
+    table = ",".join(f"tree_{k}" for k in range(len(trees)))
+    # Tree by tree over a block of rows, not row by row over the trees: one tree's code and branch history
+    # stay hot for the whole block (the 1,000 trees' code outgrows the instruction cache). Each row still
+    # adds baseline, tree 0, tree 1, ... in that order: the same sums to the last bit.
     parts.append(
-        f"static double row(const double *x) {{\n    double s = {_literal(baseline)};\n"
-        f"{calls}    return s;\n}}\n"
+        f"static double (*const trees[])(const double *) = {{{table}}};\n"
         f"void {SYMBOL}(const double *X, long n, long stride, double *out, int nthread) {{\n"
         "    #pragma omp parallel for num_threads(nthread) schedule(static)\n"
-        "    for (long i = 0; i < n; i++) out[i] = row(X + i * stride);\n"
+        f"    for (long b = 0; b < n; b += {BLOCK_ROWS}) {{\n"
+        f"        long end = b + {BLOCK_ROWS} < n ? b + {BLOCK_ROWS} : n;\n"
+        f"        for (long i = b; i < end; i++) out[i] = {_literal(baseline)};\n"
+        f"        for (long k = 0; k < {len(trees)}; k++)\n"
+        "            for (long i = b; i < end; i++) out[i] += trees[k](X + i * stride);\n"
+        "    }\n"
         "}\n"
     )
     return "".join(parts)
@@ -174,21 +185,38 @@ def load(source: str) -> NativeTrees | None:
     return None
 
 
+_LIBRARY_NAME = re.compile(r"[0-9a-f]{64}\.so")
+
+
+def open_cached(name: str) -> NativeTrees | None:
+    """A library `load` compiled earlier, by its file name in the cache (`NativeTrees.path.name`); None when
+    it is not there, is not private to this user, or does not load."""
+    if not _LIBRARY_NAME.fullmatch(name):
+        return None
+    path = cache_dir() / name
+    try:
+        if not (path.is_file() and private(path)):
+            return None
+    except OSError:
+        return None
+    return _open(path)
+
+
 def _load_with(command: tuple[str, ...], source: str) -> NativeTrees | None:
     digest = hashlib.sha256("\0".join((*command, source)).encode()).hexdigest()
     directory = cache_dir()
     with _lock_for(digest):
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            private = _private(directory)
+            is_private = private(directory)
         except OSError:
-            private = False
-        if not private:  # a cache others could write to is no place to load code from
+            is_private = False
+        if not is_private:  # a cache others could write to is no place to load code from
             with tempfile.TemporaryDirectory(prefix="finetwin-trees-") as scratch:
                 path = _compile(command, source, Path(scratch), digest)
                 return _open(path) if path is not None else None
         path = directory / f"{digest}.so"
-        if path.exists() and _private(path):
+        if path.exists() and private(path):
             native = _open(path)
             if native is not None:
                 return native
@@ -226,7 +254,7 @@ def _open(path: Path) -> NativeTrees | None:
         return None
 
 
-def _private(path: Path) -> bool:
+def private(path: Path) -> bool:
     """Owned by this user and writable by nobody else (the file and the directory holding it). False where
     the platform has no owners to check (Windows): the library is then compiled afresh, privately."""
     if not hasattr(os, "getuid"):

@@ -23,11 +23,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.special import ndtri
-from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
 from calibrate.compiled import CompiledTrees
@@ -35,6 +34,9 @@ from calibrate.correlation import error_quantiles, shared_share, standardize
 from calibrate.encoding import column, columns
 from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES, THROUGHPUT_OFFSET
 from twin.families import ERROR_QUANTILE_LEVELS
+
+if TYPE_CHECKING:  # imported where the model is fitted: predicting from compiled trees never needs it
+    from sklearn.ensemble import HistGradientBoostingRegressor
 
 # Trees on a random half of the features at each split: the physics features carry most of the signal, and
 # the block cross-validation (unseen configuration regions) prefers the smoother fit. 1,000 trees of up to 31
@@ -147,7 +149,7 @@ class ThroughputModel:
         """(n, levels) each row's standardized error at ERROR_QUANTILE_LEVELS (a normal's where its level's
         distribution was not measured)."""
         levels = self.levels(X)
-        normal = ndtri(ERROR_QUANTILE_LEVELS)
+        normal = np.array([NormalDist().inv_cdf(level) for level in ERROR_QUANTILE_LEVELS])
         tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
         return np.array([tables.get(str(k), normal) for k in levels]).reshape(len(levels), -1)
 
@@ -373,6 +375,8 @@ def _difficulty_and_band(
 
 
 def _difficulty_regressor(seed: int) -> HistGradientBoostingRegressor:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
     return HistGradientBoostingRegressor(
         categorical_features=[name in CATEGORICAL_FEATURES for name in DIFFICULTY_FEATURES],
         random_state=seed,

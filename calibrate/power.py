@@ -8,15 +8,17 @@ measured on the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingRegressor
 
 from calibrate import boosting
 from calibrate.compiled import CompiledTrees
 from calibrate.features import FEATURE_NAMES
 from twin.domain import GPU_TYPES, UNKNOWN_GPU
+
+if TYPE_CHECKING:  # imported where the model is fitted: predicting from compiled trees never needs it
+    from sklearn.ensemble import HistGradientBoostingRegressor
 
 POWER_PARAMS: dict[str, Any] = {
     "max_iter": 80,

@@ -205,6 +205,17 @@ class ModelRegistry:
                 )
         return files
 
+    def verified_manifest_sha256(self, version: str, expected_manifest_sha256: str | None = None) -> str:
+        """The sha256 of the version's manifest, after `verify`: it pins every artifact of the version."""
+        self.verify(version, expected_manifest_sha256)
+        return sha256_file(self.path(version) / MANIFEST)
+
+    def params(self, version: str) -> dict[str, Any]:
+        """The version's JSON parameters (`CalibratedModels.from_parts`), checked against its manifest."""
+        path = self.path(version) / PARAMS
+        self._verify_file(version, path)
+        return _read_json(path)
+
     def _verify_file(self, version: str, path: Path) -> None:
         files = _read_json(self.path(version) / MANIFEST).get("files", {})
         name = path.relative_to(self.path(version)).as_posix()

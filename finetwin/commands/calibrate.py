@@ -106,6 +106,7 @@ def predict(
     models: ModelsDir = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite --output if it exists")] = False,
 ) -> int:
+    from calibrate import serving
     from calibrate.loader import BenchmarkFormatError
     from calibrate.predict import data_row_number, read_configs, write_predictions
     from calibrate.registry import ModelRegistry, RegistryError
@@ -123,17 +124,22 @@ def predict(
         where = f" (data row {row})" if row else ""
         raise CommandError(f"bad input: {exc}{where}") from None
     directory = models_dir(models, settings)
+    registry = ModelRegistry(directory)
     try:
-        loaded = ModelRegistry(directory).load_in_use()
+        # The version as this machine last ran it, if it did (no scikit-learn, no skops); else the registry's.
+        loaded = serving.load_in_use(registry)
+        from_snapshot = loaded is not None
+        loaded = loaded or registry.load_in_use()
     except RegistryError as exc:
         raise CommandError(str(exc)) from None
     if loaded is None:
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
     _warn_unseen_models(configs.table["model_name"])  # before the numbers, not as a note after them
-    if len(configs.table) >= NATIVE_FROM_ROWS:
+    if len(configs.table) >= NATIVE_FROM_ROWS and not from_snapshot:
         started = time.perf_counter()
-        job_models.prepare_native(wait=True)
+        if job_models.prepare_native(wait=True):
+            serving.save(registry, version, job_models)
         if time.perf_counter() - started > 2.0:
             output.say(
                 f"compiled the trees of {version} for this machine in {time.perf_counter() - started:.1f} s "

@@ -301,6 +301,10 @@ def test_predict_of_a_large_csv_runs_the_native_trees_with_the_same_numbers(
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(cache))
     assert main(predict_argv(calibrated_models_dir, large, tmp_path / "native.csv")) == 0
     assert len(list((cache / "trees").glob("*.so"))) == 7  # two throughput, four failure, one power
+    # ... and the version's serving snapshot beside them, which the next run loads (calibrate/serving.py).
+    assert len(list((cache / "trees").glob("serving-*.json"))) == 1
+    assert main(predict_argv(calibrated_models_dir, large, tmp_path / "snapshot.csv")) == 0
+    assert (tmp_path / "snapshot.csv").read_bytes() == (tmp_path / "native.csv").read_bytes()
     monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
     assert main(predict_argv(calibrated_models_dir, large, tmp_path / "reference.csv")) == 0
     native, reference = read(tmp_path / "native.csv"), read(tmp_path / "reference.csv")

@@ -1,0 +1,137 @@
+"""A version loaded from its serving snapshot (calibrate/serving.py): once its trees are compiled on this
+machine, `finetwin predict` loads it without scikit-learn or skops, with the same numbers; and any doubt
+about the snapshot (a library gone, a cache others can write to, an unreadable file, a tampered version)
+means the registry's own loading, never a wrong model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate import serving
+from calibrate.fit import CalibratedModels
+from calibrate.loader import load_benchmark
+from calibrate.registry import ModelRegistry, RegistryError
+
+NUMBERS = (
+    "p_valid",
+    "p_valid_low",
+    "tokens_per_second_p10",
+    "tokens_per_second_p50",
+    "tokens_per_second_p90",
+)
+
+
+@pytest.fixture(scope="module")
+def compiled_cache(calibrated_models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A cache directory holding the version's compiled trees and its snapshot (made as predict makes it)."""
+    cache = tmp_path_factory.mktemp("serving") / "cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FINETWIN_CACHE_DIR", str(cache))
+        registry = ModelRegistry(calibrated_models_dir)
+        version, models = registry.load_in_use()  # type: ignore[misc]
+        assert models.prepare_native(wait=True)
+        assert serving.save(registry, version, models) is not None
+        yield cache
+
+
+@pytest.fixture
+def cache_copy(compiled_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the compiled cache, in use by this test, free to damage."""
+    copy = Path(shutil.copytree(compiled_cache, tmp_path / "cache"))
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(copy))
+    return copy
+
+
+def test_the_snapshot_gives_the_numbers_of_the_registry_version_without_scikit_learn(
+    calibrated_models_dir: Path, compiled_cache: Path, sample_csv: Path, tmp_path: Path
+) -> None:
+    """In a fresh process, as `finetwin predict` runs: neither scikit-learn nor skops is imported, and every
+    number equals what the version loaded from the registry (its trees compiled) predicts."""
+    code = (
+        "import json, sys\n"
+        "from calibrate import serving\n"
+        "from calibrate.loader import load_benchmark\n"
+        "from calibrate.registry import ModelRegistry\n"
+        "version, models = serving.load_in_use(ModelRegistry(sys.argv[1]))\n"
+        "models.predict_frame(load_benchmark(sys.argv[2]), power=True).to_csv(sys.argv[3], index=False)\n"
+        "heavy = ('sklearn', 'skops', 'treelite', 'scipy')\n"
+        "imported = sorted(m for m in heavy if m in sys.modules)\n"
+        "print(json.dumps({'version': version, 'engine': models.tree_engine(), 'imported': imported}))\n"
+    )
+    out = tmp_path / "snapshot.csv"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(calibrated_models_dir), str(sample_csv), str(out)],
+        capture_output=True, text=True, env={**os.environ, "FINETWIN_CACHE_DIR": str(compiled_cache)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report == {"version": "v0001", "engine": "native", "imported": []}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FINETWIN_CACHE_DIR", str(compiled_cache))
+        _, models = ModelRegistry(calibrated_models_dir).load_in_use()  # type: ignore[misc]
+        assert models.prepare_native(wait=True)
+        want = models.predict_frame(load_benchmark(sample_csv), power=True)
+    got = pd.read_csv(out, keep_default_na=False, na_values=[""])
+    assert list(got["outcome"]) == list(want["outcome"])
+    for column in (*NUMBERS, "power_watts"):
+        # The CSV round trip of a float64 is exact (repr), so the numbers must be equal, not close.
+        assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=0, abs=0, nan_ok=True), column
+
+
+def test_a_version_from_its_snapshot_runs_native_trees_only(
+    calibrated_models_dir: Path, cache_copy: Path
+) -> None:
+    """Its trees have no estimator behind them: asked for scikit-learn's numbers, they say so."""
+    registry = ModelRegistry(calibrated_models_dir)
+    loaded = serving.load_in_use(registry)
+    assert loaded is not None and loaded[0] == "v0001"
+    assert isinstance(loaded[1], CalibratedModels) and loaded[1].tree_engine() == "native"
+    with pytest.raises(RuntimeError, match="compiled library alone"):
+        loaded[1].throughput.compiled_trees()[0].reference_predict(np.zeros((1, 44)))
+
+
+def test_no_snapshot_without_its_libraries(calibrated_models_dir: Path, cache_copy: Path) -> None:
+    next((cache_copy / "trees").glob("*.so")).unlink()
+    assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
+
+
+def test_no_snapshot_from_a_cache_others_can_write_to(calibrated_models_dir: Path, cache_copy: Path) -> None:
+    os.chmod(cache_copy / "trees", 0o777)
+    assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
+
+
+@pytest.mark.parametrize("damage", ["not json", '{"trees": {}, "platt": []}', '{"trees": 3}'])
+def test_an_unusable_snapshot_is_no_snapshot(
+    calibrated_models_dir: Path, cache_copy: Path, damage: str
+) -> None:
+    (snapshot,) = (cache_copy / "trees").glob("serving-*.json")
+    snapshot.write_text(damage)
+    assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
+
+
+def test_a_tampered_version_is_refused_even_with_a_snapshot(registry_copy: Path, cache_copy: Path) -> None:
+    registry = ModelRegistry(registry_copy)
+    assert serving.load_in_use(registry) is not None  # the copy has the same manifest: the same snapshot
+    (artifact,) = [
+        p for p in (registry_copy / "versions" / "v0001" / "estimators").iterdir() if "power" in p.name
+    ]
+    artifact.write_bytes(artifact.read_bytes() + b"\0")
+    with pytest.raises(RegistryError, match="does not match its sha256"):
+        serving.load_in_use(registry)
+
+
+def test_a_snapshot_is_not_used_when_native_trees_are_off(
+    calibrated_models_dir: Path, cache_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
+    assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
