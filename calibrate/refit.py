@@ -201,7 +201,15 @@ class _ProcessPerTask(Executor):
 
 
 def _import_fitting() -> None:
-    """In a worker: what the comparison's fits need (about 2 s of imports a new process would spend later)."""
+    """In a worker: what the comparison's fits need (about 2 s of imports a new process would spend later).
+    The models' modules import scikit-learn and SciPy only where they fit (a prediction runs without them),
+    so those are named here."""
+    import scipy.stats  # noqa: F401
+    import sklearn.ensemble  # noqa: F401
+    import sklearn.linear_model  # noqa: F401
+    import sklearn.metrics  # noqa: F401
+    import sklearn.model_selection  # noqa: F401
+
     import calibrate.fit  # noqa: F401
 
 
