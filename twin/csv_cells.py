@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+import numpy as np
+
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 # finetwin's CSV inputs have a few dozen columns; a header with thousands is a mistake (and made reading
 # quadratic), so readers refuse it before reading a row.
@@ -46,3 +48,20 @@ def neutralise_texts(cells: list[str]) -> list[str]:
     if _FORMULA_MARK.search(_SEPARATOR + _SEPARATOR.join(cells)) is None:
         return cells
     return [neutralise(c) for c in cells]
+
+
+# The bytes (UTF-8) a formula may start with, as a lookup table. Not \r: in a CSV whose every row is one line,
+# a \r is the line ending (\r\n), and a cell that begins there is an empty last cell.
+_FORMULA_BYTES = np.zeros(256, dtype=bool)
+_FORMULA_BYTES[[ord(c) for c in FORMULA_STARTS if c != "\r"]] = True
+
+
+def may_start_formulas(text: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """For a CSV whose every row is one line, as UTF-8 bytes, and offsets where a cell may start (each before
+    the text's end): which of them start with one of FORMULA_STARTS, after an opening quote if there is one.
+    Whether such a cell is a formula is for `neutralise` to say."""
+    first = text[starts]
+    quoted = first == ord('"')
+    # The text's last byte is no cell's opening quote: reading it again there finds no formula.
+    first[quoted] = text[np.minimum(starts[quoted] + 1, len(text) - 1)]
+    return _FORMULA_BYTES[first]
