@@ -455,6 +455,11 @@ def _subset(weight: np.ndarray | None, mask: np.ndarray) -> np.ndarray | None:
 
 @contextmanager
 def _quiet_threads() -> Iterator[None]:
+    # threadpoolctl limits the thread pools of the libraries loaded when it is entered, and the models import
+    # scikit-learn only where they fit: its OpenMP runtime is loaded first, or the fits run unlimited
+    # (measured: a calibration of 30,920 rows took 28 s instead of 16, its CPU time 36 s instead of 15).
+    import sklearn.ensemble  # noqa: F401
+
     with threadpool_limits(limits=FIT_THREADS, user_api="openmp"), warnings.catch_warnings():
         # scikit-learn 1.9 warns from inside HistGradientBoosting about its own joblib helper.
         warnings.filterwarnings(
