@@ -71,7 +71,8 @@ def run_predict_command(models: Path, configs: Path, output: Path) -> float:
                "--input", str(configs), "--output", str(output), "--force"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": _TREE}
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, env=env)
+    # From the measured tree: `python -m` puts the working directory first on the path, before PYTHONPATH.
+    subprocess.run(command, check=True, capture_output=True, env=env, cwd=_TREE)
     return time.perf_counter() - started
 
 
