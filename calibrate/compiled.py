@@ -46,9 +46,9 @@ THREADS = 1
 # interpreter costs about twice scikit-learn's per row, scikit-learn ~8 ms more per call; they cross near
 # 200 rows). An advice answer (~100 rows) takes Treelite, a CSV of configurations scikit-learn.
 COMPILED_BELOW_ROWS = 256
-# From this many rows on, native trees use every core (up to 4): a CSV of configurations, not an answer (they
-# share the rows out in blocks of native_trees.BLOCK_ROWS).
-PARALLEL_FROM_ROWS = 2_048
+# From this many rows on, native trees use every core (up to 4): a CSV of configurations, not an answer, nor
+# the batches of a twin's ensemble, whose runs already share the cores out between processes.
+PARALLEL_FROM_ROWS = 20_000
 MAX_THREADS = 4
 
 
