@@ -20,13 +20,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from calibrate import native_trees
 from calibrate.fit import CalibratedModels
-
-if TYPE_CHECKING:
-    from calibrate.registry import ModelRegistry
+from calibrate.registry import MANIFEST, ModelRegistry, sha256_file
 
 # Bumped when the snapshot's contents change; the library ABI is part of the name as well.
 SNAPSHOT_FORMAT = 1
@@ -65,9 +62,17 @@ def load_in_use(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:
     if pointer is None:
         return None
     version = pointer["version"]
-    path = snapshot_path(registry.verified_manifest_sha256(version, pointer.get("manifest_sha256")))
     try:
-        if not (path.is_file() and native_trees.private(path)):
+        digest = sha256_file(registry.path(version) / MANIFEST)
+    except OSError:
+        return None  # the registry's own load says what is wrong
+    path = snapshot_path(digest)
+    if not path.is_file():  # checked before verifying: a version without one is verified once, by its load
+        return None
+    if registry.verified_manifest_sha256(version, pointer.get("manifest_sha256")) != digest:
+        return None  # the manifest changed under us: let the registry's load decide
+    try:
+        if not native_trees.private(path):
             return None
         snapshot = json.loads(path.read_text())
         return version, CalibratedModels.from_serving(snapshot, registry.params(version))
