@@ -100,7 +100,8 @@ class CalibratedModels:
         return [compiled for model in models for compiled in model.compiled_trees()]
 
     def _compiled_parts(self) -> dict[str, CompiledTrees]:
-        """The compiled trees by the name `to_parts` gives their estimator."""
+        """The compiled trees by the name of their estimator: in the registry (`to_parts`) and in the serving
+        snapshot alike."""
         center, difficulty = self.throughput.compiled_trees()
         parts = {"throughput": center, "throughput_difficulty": difficulty}
         parts.update({f"failure_{k}": trees for k, trees in enumerate(self.failure.compiled_trees())})
@@ -245,17 +246,9 @@ class CalibratedModels:
 
     def to_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(name -> scikit-learn pipeline, JSON-able parameters)."""
-        estimators: dict[str, Any] = {
-            "throughput": self.throughput.regressor,
-            "throughput_difficulty": self.throughput.difficulty,
-        }
-        for k, (member, calibrator) in enumerate(
-            zip(self.failure.members, self.failure.calibrators, strict=True)
-        ):
-            estimators[f"failure_{k}"] = member
-            estimators[f"failure_calibration_{k}"] = calibrator
-        if self.power.regressor is not None:
-            estimators["power"] = self.power.regressor
+        # The trees' estimators under the names `_compiled_parts` gives them (and the snapshot repeats).
+        estimators: dict[str, Any] = {name: trees.estimator for name, trees in self._compiled_parts().items()}
+        estimators.update({f"failure_calibration_{k}": c for k, c in enumerate(self.failure.calibrators)})
         params = {
             "format": PARAMS_FORMAT,
             "feature_names": list(self.feature_names),
