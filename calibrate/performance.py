@@ -7,8 +7,8 @@ benchmark never ran, where a model of raw names would be lost.
 The band is normalized split conformal: out-of-fold residuals (from random folds and from contiguous blocks
 of the table, so that some rows are of configuration regions their fold never saw) teach a second,
 small regressor how large the error is where (the difficulty: log |residual| from the features plus how
-many training rows share the row's region and its configuration); the band is the prediction plus the
-residual-over-difficulty quantiles times the row's difficulty. Narrow where the model has seen many
+many training rows share the row's region, its siblings and its configuration); the band is the prediction
+plus the residual-over-difficulty quantiles times the row's difficulty. Narrow where the model has seen many
 neighbours, wide where it has not, with the coverage of the quantiles. The quantiles are kept apart by
 whether the training rows hold the configuration's region (the same model under the same protocol).
 
@@ -51,7 +51,12 @@ REGRESSOR_PARAMS: dict[str, Any] = {
     "max_features": 0.5,
     "early_stopping": False,
 }
-# The out-of-fold fits only estimate residuals: the same trees, fewer and larger steps.
+# The random folds' fits are the final model's (their residuals size the band of a seen region, and a weaker
+# model's errors made it too wide: bench/accuracy.py, random rows, coverage 0.87 at median width 0.20 with
+# the cheap fits below, 0.82 at 0.16 with these); the block folds' fits, which only say how much larger the
+# error is in regions the trees never saw, take fewer and larger steps (their full fits cost ~5 s more of a
+# calibration, and their band was no better on unseen blocks: 0.68 coverage at 0.28 width).
+RANDOM_RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS
 RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS | {"max_iter": 100, "learning_rate": 0.2}
 # The residuals come from a few folds of a split of the rows into RESIDUAL_PARTS parts: random parts, and
 # contiguous blocks spread over the table (each fold holds out one part, so its model sees most rows).
@@ -95,10 +100,19 @@ _REGION_KEY = (
 # The configuration inside its region: rows with the same key are repeats or near-repeats of one job.
 _CONFIG_KEY = (*_REGION_KEY, "number_gpus", "number_nodes", "log_batch", "log_tokens", "fast_kernels",
                "expert_parallel")  # fmt: skip
+# The configuration's siblings: the same region, GPU count, node count and sequence length (other batch sizes
+# or repeats). A row of a seen region without siblings sits at its edge, where the error is larger.
+_SIBLING_KEY = (*_REGION_KEY, "number_gpus", "number_nodes", "log_tokens")
 _REGION_COLUMNS = columns(_REGION_KEY)
+_SIBLING_COLUMNS = columns(_SIBLING_KEY)
 _CONFIG_COLUMNS = columns(_CONFIG_KEY)
 _OFFSET = column(THROUGHPUT_OFFSET)
-DIFFICULTY_FEATURES: tuple[str, ...] = (*FEATURE_NAMES, "region_seen", "log_region_rows", "log_config_rows")
+DIFFICULTY_FEATURES: tuple[str, ...] = (
+    *FEATURE_NAMES, "region_seen", "log_region_rows", "log_config_rows", "log_sibling_rows",
+)  # fmt: skip
+# A version fitted before the sibling count (params without "sibling_rows") has a difficulty model without
+# its column; `neighbourhood` then leaves it out too (no version-specific code: the trees take the columns
+# they were fitted on, in order).
 
 
 @dataclass
@@ -112,6 +126,7 @@ class ThroughputModel:
     error_correlation: dict[str, float] = field(default_factory=dict)
     # level -> the standardized error at twin.families.ERROR_QUANTILE_LEVELS (absent: a normal's)
     error_quantiles: dict[str, list[float]] = field(default_factory=dict)
+    sibling_rows: dict[str, int] | None = None  # training rows per sibling key (None: an older version)
 
     def __post_init__(self) -> None:
         self._center = CompiledTrees(self.regressor)
@@ -128,7 +143,7 @@ class ThroughputModel:
         center_trees = self._center.reference_predict if reference else self._center.predict
         scale_trees = self._difficulty.reference_predict if reference else self._difficulty.predict
         center = center_trees(X) + X[:, _OFFSET]
-        context = neighbourhood(X, self.region_rows, self.config_rows)
+        context = self._neighbourhood(X)
         scale = np.exp(scale_trees(np.column_stack([X, context])))
         level = np.where(context[:, 0] == 1.0, SEEN_REGION, NEW_REGION)
         low = np.array([self.band[str(k)][0] for k in (SEEN_REGION, NEW_REGION)])[level]
@@ -137,8 +152,11 @@ class ThroughputModel:
 
     def levels(self, X: np.ndarray) -> np.ndarray:
         """Each row's novelty level: SEEN_REGION when the training rows hold its region."""
-        seen = neighbourhood(X, self.region_rows, self.config_rows)[:, 0] == 1.0
+        seen = self._neighbourhood(X)[:, 0] == 1.0
         return np.where(seen, SEEN_REGION, NEW_REGION)
+
+    def _neighbourhood(self, X: np.ndarray) -> np.ndarray:
+        return neighbourhood(X, self.region_rows, self.config_rows, self.sibling_rows)
 
     def predict_error_correlation(self, X: np.ndarray) -> np.ndarray:
         """(n,) the share of each row's error its error family shares (0 where it was not measured:
@@ -160,7 +178,7 @@ class ThroughputModel:
             "config_rows": self.config_rows,
             "error_correlation": self.error_correlation,
             "error_quantiles": self.error_quantiles,
-        }
+        } | ({} if self.sibling_rows is None else {"sibling_rows": self.sibling_rows})
 
     @classmethod
     def from_params(
@@ -175,7 +193,9 @@ class ThroughputModel:
             {str(k): int(v) for k, v in params["config_rows"].items()},
             {str(k): float(v) for k, v in (params.get("error_correlation") or {}).items()},
             {str(k): [float(x) for x in v] for k, v in (params.get("error_quantiles") or {}).items()},
-        )
+            None if "sibling_rows" not in params
+            else {str(k): int(v) for k, v in params["sibling_rows"].items()},
+        )  # fmt: skip
 
 
 def fit_throughput(
@@ -193,21 +213,20 @@ def fit_throughput(
     target = np.log(tokens_per_second) - X[:, _OFFSET]
     regressor = boosting.regressor(FEATURE_NAMES, seed, REGRESSOR_PARAMS)
     regressor.fit(boosting.trainable(X, FEATURE_NAMES), target, sample_weight=weight)
-    residuals, contexts, from_blocks, rows = _out_of_fold_residuals(X, target, weight, seed=seed)
-    difficulty, band, scores = _difficulty_and_band(X[rows], contexts, residuals, from_blocks, seed=seed)
+    residuals, contexts, rows = _out_of_fold_residuals(X, target, weight, seed=seed)
+    difficulty, band, scores = _difficulty_and_band(X[rows], contexts, residuals, seed=seed)
     levels = np.where(contexts[:, 0] == 1.0, SEEN_REGION, NEW_REGION)
     row_families = np.asarray(families)[rows] if families is not None else None
-    correlation, quantiles = _error_structure(scores, levels, from_blocks, row_families, band)
+    correlation, quantiles = _error_structure(scores, levels, row_families, band)
     return ThroughputModel(
         regressor, difficulty, band, _counts(keys(X, _REGION_COLUMNS)), _counts(keys(X, _CONFIG_COLUMNS)),
-        correlation, quantiles,
+        correlation, quantiles, _counts(keys(X, _SIBLING_COLUMNS)),
     )  # fmt: skip
 
 
 def _error_structure(
     scores: np.ndarray,
     levels: np.ndarray,
-    from_blocks: np.ndarray,
     families: np.ndarray | None,
     band: dict[str, list[float]],
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -215,7 +234,7 @@ def _error_structure(
     share of error a family shares (a level without enough families takes the other's; seen: 0 when
     neither has), and the distribution of the error in band units."""
     seen = levels == SEEN_REGION
-    pools = {SEEN_REGION: seen & ~from_blocks, NEW_REGION: ~seen}
+    pools = {SEEN_REGION: seen, NEW_REGION: ~seen}
     shares: dict[str, float | None] = {}
     quantiles: dict[str, list[float]] = {}
     for level, mask in pools.items():
@@ -275,13 +294,20 @@ def _row_groups(part: np.ndarray) -> np.ndarray:
 
 
 def neighbourhood(
-    X: np.ndarray, region_rows: Mapping[str, int], config_rows: Mapping[str, int]
+    X: np.ndarray,
+    region_rows: Mapping[str, int],
+    config_rows: Mapping[str, int],
+    sibling_rows: Mapping[str, int] | None,
 ) -> np.ndarray:
-    """(n, 3): whether the training rows hold the row's region, and log(1 + training rows) of its region
-    and of its configuration."""
+    """(n, 4): whether the training rows hold the row's region, and log(1 + training rows) of its region, of
+    its configuration and of its siblings ((n, 3) without `sibling_rows`: a version fitted before them)."""
     regions = np.array([region_rows.get(k, 0) for k in keys(X, _REGION_COLUMNS)], dtype=float)
     configs = np.array([config_rows.get(k, 0) for k in keys(X, _CONFIG_COLUMNS)], dtype=float)
-    return np.column_stack([(regions > 0).astype(float), np.log1p(regions), np.log1p(configs)])
+    parts = [(regions > 0).astype(float), np.log1p(regions), np.log1p(configs)]
+    if sibling_rows is not None:
+        siblings = [sibling_rows.get(k, 0) for k in keys(X, _SIBLING_COLUMNS)]
+        parts.append(np.log1p(np.array(siblings, dtype=float)))
+    return np.column_stack(parts)
 
 
 def _counts(found: np.ndarray) -> dict[str, int]:
@@ -291,9 +317,9 @@ def _counts(found: np.ndarray) -> dict[str, int]:
 
 def _out_of_fold_residuals(
     X: np.ndarray, target: np.ndarray, weight: np.ndarray | None, *, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Residuals of log(tokens/s), each held-out row's neighbourhood in its fold's training rows, whether it
-    was held out in a block, and its row number."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Residuals of log(tokens/s), each held-out row's neighbourhood in its fold's training rows, and its
+    row number."""
     n = len(X)
     rng = np.random.default_rng(seed)
     random_part = rng.permutation(n) % RESIDUAL_PARTS
@@ -304,7 +330,6 @@ def _out_of_fold_residuals(
     ]
     residuals: list[np.ndarray] = []
     contexts: list[np.ndarray] = []
-    from_blocks: list[np.ndarray] = []
     rows: list[np.ndarray] = []
     for held_out, is_block in folds:
         train = ~held_out
@@ -314,7 +339,8 @@ def _out_of_fold_residuals(
             keep = rng.choice(np.flatnonzero(train), RESIDUAL_MAX_TRAIN_ROWS, replace=False)
             train = np.zeros(n, dtype=bool)
             train[keep] = True
-        model = boosting.regressor(FEATURE_NAMES, seed, RESIDUAL_PARAMS)
+        params = RESIDUAL_PARAMS if is_block else RANDOM_RESIDUAL_PARAMS
+        model = boosting.regressor(FEATURE_NAMES, seed, params)
         model.fit(
             boosting.trainable(X[train], FEATURE_NAMES),
             target[train],
@@ -326,16 +352,15 @@ def _out_of_fold_residuals(
                 X[held_out],
                 _counts(keys(X[train], _REGION_COLUMNS)),
                 _counts(keys(X[train], _CONFIG_COLUMNS)),
+                _counts(keys(X[train], _SIBLING_COLUMNS)),
             )
         )
-        from_blocks.append(np.full(int(held_out.sum()), is_block))
         rows.append(np.flatnonzero(held_out))
-    return (np.concatenate(residuals), np.concatenate(contexts), np.concatenate(from_blocks),
-            np.concatenate(rows))  # fmt: skip
+    return np.concatenate(residuals), np.concatenate(contexts), np.concatenate(rows)
 
 
 def _difficulty_and_band(
-    X: np.ndarray, contexts: np.ndarray, residuals: np.ndarray, from_blocks: np.ndarray, *, seed: int
+    X: np.ndarray, contexts: np.ndarray, residuals: np.ndarray, *, seed: int
 ) -> tuple[HistGradientBoostingRegressor, dict[str, list[float]], np.ndarray]:
     """The difficulty regressor (on all out-of-fold rows), the band's quantiles of residual / difficulty,
     and each out-of-fold row's residual / difficulty.
@@ -343,9 +368,11 @@ def _difficulty_and_band(
     The quantiles come from difficulties cross-fitted in two halves (each half's from a regressor that did
     not see it): scored on its own training rows, a difficulty model would look surer than it is.
 
-    A seen region takes its quantiles from the random folds alone: a held-out block makes even its seen
-    rows' neighbourhood sparser than any prediction from the full table will be. A level with too few
-    residuals borrows all of them, and a new region's band is never narrower than a seen one's.
+    A seen region takes its quantiles from every seen row, of the random folds and of the blocks: a seen
+    region's edge (a held-out block's seen rows) is as much a place predictions go as its middle (taken from
+    the random folds alone, the band covered 0.80 of random held-out rows but only 0.70 of unseen blocks). A
+    level with too few residuals borrows all of them, and a new region's band is never narrower than a seen
+    one's.
     """
     design = np.column_stack([X, contexts])
     target = np.log(np.maximum(np.abs(residuals), MIN_ABS_RESIDUAL))
@@ -361,13 +388,13 @@ def _difficulty_and_band(
     scores = residuals / scale
     seen = contexts[:, 0] == 1.0
     pools = {
-        SEEN_REGION: (scores[seen & ~from_blocks], scores[seen], BAND_QUANTILES),
-        NEW_REGION: (scores[~seen], scores[~seen], NOVEL_BAND_QUANTILES),
+        SEEN_REGION: (scores[seen], BAND_QUANTILES),
+        NEW_REGION: (scores[~seen], NOVEL_BAND_QUANTILES),
     }
     band: dict[str, list[float]] = {}
     previous = [0.0, 0.0]
-    for level, (preferred, fallback, quantiles) in pools.items():
-        chosen = next((p for p in (preferred, fallback) if p.size >= MIN_RESIDUALS_PER_LEVEL), scores)
+    for level, (pool, quantiles) in pools.items():
+        chosen = pool if pool.size >= MIN_RESIDUALS_PER_LEVEL else scores
         low, high = (float(q) for q in np.quantile(chosen, quantiles))
         band[str(level)] = previous = [min(low, previous[0]), max(high, previous[1])]
     difficulty = _difficulty_regressor(seed).fit(boosting.trainable(design, DIFFICULTY_FEATURES), target)

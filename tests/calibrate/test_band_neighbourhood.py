@@ -1,0 +1,104 @@
+"""The throughput band's neighbourhood (issue 14, point 1): how many training rows share a row's region,
+configuration and siblings, a version fitted before the sibling count still predicting, and the band's
+coverage on rows the models did not see."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate import accuracy, boosting
+from calibrate import performance as perf
+from calibrate.encoding import FeatureEncoding
+from calibrate.features import FEATURE_NAMES, feature_columns
+from calibrate.fit import fit_models
+from calibrate.loader import load_benchmark
+from calibrate.splits import random_holdout
+from twin.domain import Outcome
+
+
+@pytest.fixture(scope="module")
+def sample(sample_csv) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+    return load_benchmark(sample_csv)
+
+
+@pytest.fixture(scope="module")
+def valid_matrix(sample: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    valid = sample[sample["outcome"] == Outcome.VALID.value]
+    columns, _ = feature_columns(valid)
+    X = FeatureEncoding.fit(columns).matrix(columns)
+    return X, valid["dataset_tokens_per_second"].to_numpy(dtype=float)
+
+
+def _sibling_column(name: str) -> int:
+    return FEATURE_NAMES.index(name)
+
+
+def test_siblings_are_counted_apart_from_the_configuration(
+    valid_matrix: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """A row with another batch size than every training row is no configuration's repeat but has siblings
+    (same region, GPUs, nodes and sequence length); another sequence length has neither."""
+    X, _ = valid_matrix
+    train = X[:300]
+    counts = [perf._counts(perf.keys(train, c)) for c in (perf._REGION_COLUMNS, perf._CONFIG_COLUMNS,
+                                                         perf._SIBLING_COLUMNS)]  # fmt: skip
+    row = train[:1].copy()
+    other_batch = row.copy()
+    other_batch[0, _sibling_column("log_batch")] += 7.0  # no training row has this batch
+    other_length = row.copy()
+    other_length[0, _sibling_column("log_tokens")] += 7.0
+    context = perf.neighbourhood(np.vstack([row, other_batch, other_length]), *counts)
+    siblings = counts[2][perf.keys(row, perf._SIBLING_COLUMNS)[0]]
+    repeats = counts[1][perf.keys(row, perf._CONFIG_COLUMNS)[0]]
+    assert context.shape == (3, 4)
+    np.testing.assert_allclose(context[:, 0], 1.0)  # all three in a seen region
+    np.testing.assert_allclose(context[:, 2], [np.log1p(repeats), 0.0, 0.0])
+    np.testing.assert_allclose(context[:, 3], [np.log1p(siblings), np.log1p(siblings), 0.0])
+    assert perf.neighbourhood(row, *counts[:2], None).shape == (1, 3)  # a version without sibling counts
+
+
+def test_a_version_fitted_before_the_sibling_count_still_predicts(
+    valid_matrix: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """Its params have no "sibling_rows" and its difficulty trees take three neighbourhood columns: loaded
+    from those params it predicts as it was fitted, through the compiled trees and scikit-learn alike."""
+    X, tokens = valid_matrix
+    model = perf.fit_throughput(X, tokens, None, seed=0)
+    assert "sibling_rows" in model.params()
+    old_params = {k: v for k, v in model.params().items() if k != "sibling_rows"}
+    context = perf.neighbourhood(X, model.region_rows, model.config_rows, None)
+    target = np.log(np.abs(np.log(tokens / model.predict(X)[:, 1])) + 0.01)
+    old_difficulty = perf._difficulty_regressor(0)
+    old_difficulty.set_params(categorical_features=boosting._categories(perf.DIFFICULTY_FEATURES[:-1]))
+    old_difficulty.fit(
+        boosting.trainable(np.column_stack([X, context]), perf.DIFFICULTY_FEATURES[:-1]), target
+    )
+    old = perf.ThroughputModel.from_params(model.regressor, old_difficulty, old_params)
+    assert old.sibling_rows is None and "sibling_rows" not in old.params()
+    for reference in (False, True):
+        band = old.predict(X[:50], reference=reference)
+        assert (
+            np.all(np.isfinite(band)) and np.all(band[:, 0] < band[:, 1]) and np.all(band[:, 1] < band[:, 2])
+        )
+    np.testing.assert_allclose(band[:, 1], model.predict(X[:50])[:, 1], rtol=1e-6)  # the same centre
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_band_covers_about_four_in_five_held_out_runs_and_adapts(sample: pd.DataFrame, seed: int) -> None:
+    """Fitted on 85 % of the sample, the p10-p90 band holds the measured throughput of 72-90 % of the other
+    rows' valid runs (its nominal 80 %), and its width follows the error: the held-out rows with the
+    narrower half of the bands have the smaller errors."""
+    split = random_holdout(sample, seed=seed)
+    models = fit_models(sample.iloc[split.train], seed=seed)
+    test = sample.iloc[split.test]
+    valid = (test["outcome"] == Outcome.VALID.value).to_numpy()
+    predicted = models.predict_frame(test[valid])
+    actual = test.loc[valid, "dataset_tokens_per_second"].to_numpy(dtype=float)
+    low, mid, high = (predicted[f"tokens_per_second_{q}"].to_numpy() for q in ("p10", "p50", "p90"))
+    assert 0.72 <= accuracy.band_coverage(actual, low, high) <= 0.90
+    width = (high - low) / mid
+    error = np.abs(np.log(actual / mid))
+    narrow = width <= np.median(width)
+    assert np.median(error[narrow]) < 0.8 * np.median(error[~narrow])
