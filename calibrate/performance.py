@@ -10,7 +10,8 @@ small regressor how large the error is where (the difficulty: log |residual| fro
 many training rows share the row's region, its siblings and its configuration); the band is the prediction
 plus the residual-over-difficulty quantiles times the row's difficulty. Narrow where the model has seen many
 neighbours, wide where it has not, with the coverage of the quantiles. The quantiles are kept apart by
-whether the training rows hold the configuration's region (the same model under the same protocol).
+novelty level: whether the training rows hold the configuration's region (the same model under the same
+protocol) and, if they do, one of its siblings (the same GPU count and sequence length).
 
 The same out-of-fold residuals, in units of each row's band, say how much of the error the rows of one
 error family share, and how the error is distributed (`calibrate.correlation`, per novelty level): the
@@ -86,6 +87,11 @@ MIN_RESIDUALS_PER_LEVEL = 30
 # stack, method, GPU, time cap, nodes, RoCE). A model new to a protocol and a new protocol are pooled: the
 # benchmark has too few rows of the first kind to size a band of its own.
 SEEN_REGION, NEW_REGION = 0, 1
+# A seen region's edge: the training rows hold the region but no sibling of the configuration (see
+# _SIBLING_KEY), as for a held-out block's rows. Its error is about twice a seen row's and no feature
+# told the two apart to the difficulty model, so it takes quantiles of its own.
+EDGE_REGION = 2
+LEVELS = (SEEN_REGION, EDGE_REGION, NEW_REGION)  # from the narrowest band to the widest
 _REGION_KEY = (
     "method",
     "gpu_model",
@@ -145,15 +151,16 @@ class ThroughputModel:
         center = center_trees(X) + X[:, _OFFSET]
         context = self._neighbourhood(X)
         scale = np.exp(scale_trees(np.column_stack([X, context])))
-        level = np.where(context[:, 0] == 1.0, SEEN_REGION, NEW_REGION)
-        low = np.array([self.band[str(k)][0] for k in (SEEN_REGION, NEW_REGION)])[level]
-        high = np.array([self.band[str(k)][1] for k in (SEEN_REGION, NEW_REGION)])[level]
+        level = levels_of(context)
+        # A version fitted before the edge level has none: its edge rows were seen rows.
+        bands = [self.band.get(str(k), self.band[str(SEEN_REGION)]) for k in range(len(LEVELS))]
+        low = np.array([b[0] for b in bands])[level]
+        high = np.array([b[1] for b in bands])[level]
         return np.exp(np.column_stack([center + low * scale, center, center + high * scale]))
 
     def levels(self, X: np.ndarray) -> np.ndarray:
-        """Each row's novelty level: SEEN_REGION when the training rows hold its region."""
-        seen = self._neighbourhood(X)[:, 0] == 1.0
-        return np.where(seen, SEEN_REGION, NEW_REGION)
+        """Each row's novelty level (`levels_of`)."""
+        return levels_of(self._neighbourhood(X))
 
     def _neighbourhood(self, X: np.ndarray) -> np.ndarray:
         return neighbourhood(X, self.region_rows, self.config_rows, self.sibling_rows)
@@ -215,7 +222,7 @@ def fit_throughput(
     regressor.fit(boosting.trainable(X, FEATURE_NAMES), target, sample_weight=weight)
     residuals, contexts, rows = _out_of_fold_residuals(X, target, weight, seed=seed)
     difficulty, band, scores = _difficulty_and_band(X[rows], contexts, residuals, seed=seed)
-    levels = np.where(contexts[:, 0] == 1.0, SEEN_REGION, NEW_REGION)
+    levels = levels_of(contexts)
     row_families = np.asarray(families)[rows] if families is not None else None
     correlation, quantiles = _error_structure(scores, levels, row_families, band)
     return ThroughputModel(
@@ -233,11 +240,10 @@ def _error_structure(
     """Per novelty level, from the residuals (over each row's difficulty) the level's band came from: the
     share of error a family shares (a level without enough families takes the other's; seen: 0 when
     neither has), and the distribution of the error in band units."""
-    seen = levels == SEEN_REGION
-    pools = {SEEN_REGION: seen, NEW_REGION: ~seen}
     shares: dict[str, float | None] = {}
     quantiles: dict[str, list[float]] = {}
-    for level, mask in pools.items():
+    for level in LEVELS:
+        mask = levels == level
         low, high = band[str(level)]
         raw = standardize(scores[mask], np.full(mask.sum(), low), np.full(mask.sum(), high), clip=None)
         table = error_quantiles(raw)
@@ -247,12 +253,14 @@ def _error_structure(
         shares[str(level)] = shared_share(clipped, families[mask]) if families is not None else None
     if families is None:
         return {}, quantiles
-    seen_share = shares[str(SEEN_REGION)]
-    new_share = shares[str(NEW_REGION)]
-    seen_value = seen_share if seen_share is not None else 0.0
-    # An unseen family never shares less error than a seen one (the model learned nothing about it).
-    new_value = max(new_share if new_share is not None else seen_value, seen_value)
-    correlation = {str(SEEN_REGION): round(seen_value, 4), str(NEW_REGION): round(new_value, 4)}
+    # A more novel family never shares less error than a less novel one (the model learned less about it);
+    # a level without enough families takes the one before it's (seen: 0 when it has none).
+    correlation: dict[str, float] = {}
+    previous = 0.0
+    for level in LEVELS:
+        share = shares[str(level)]
+        previous = max(share if share is not None else previous, previous)
+        correlation[str(level)] = round(previous, 4)
     return correlation, quantiles
 
 
@@ -291,6 +299,15 @@ def _row_groups(part: np.ndarray) -> np.ndarray:
         _, codes = np.unique(part[:, j], return_inverse=True)
         _, group = np.unique(group * (int(codes.max()) + 1) + codes.reshape(-1), return_inverse=True)
     return group.reshape(-1)
+
+
+def levels_of(context: np.ndarray) -> np.ndarray:
+    """Each row's novelty level from its `neighbourhood`: NEW_REGION when the training rows do not hold its
+    region, EDGE_REGION when they hold it but none of its siblings, else SEEN_REGION (a context without the
+    sibling count, of an older version, has no edge)."""
+    seen = context[:, 0] == 1.0
+    edge = seen & (context[:, 3] == 0.0) if context.shape[1] > 3 else np.zeros(len(context), dtype=bool)
+    return np.where(seen, np.where(edge, EDGE_REGION, SEEN_REGION), NEW_REGION)
 
 
 def neighbourhood(
@@ -386,14 +403,12 @@ def _difficulty_and_band(
                                                target[~part])  # fmt: skip
         scale[part] = np.exp(CompiledTrees(model).predict(design[part]))
     scores = residuals / scale
-    seen = contexts[:, 0] == 1.0
-    pools = {
-        SEEN_REGION: (scores[seen], BAND_QUANTILES),
-        NEW_REGION: (scores[~seen], NOVEL_BAND_QUANTILES),
-    }
+    levels = levels_of(contexts)
     band: dict[str, list[float]] = {}
     previous = [0.0, 0.0]
-    for level, (pool, quantiles) in pools.items():
+    for level in LEVELS:
+        pool = scores[levels == level]
+        quantiles = NOVEL_BAND_QUANTILES if level == NEW_REGION else BAND_QUANTILES
         chosen = pool if pool.size >= MIN_RESIDUALS_PER_LEVEL else scores
         low, high = (float(q) for q in np.quantile(chosen, quantiles))
         band[str(level)] = previous = [min(low, previous[0]), max(high, previous[1])]

@@ -68,6 +68,7 @@ def test_a_version_fitted_before_the_sibling_count_still_predicts(
     model = perf.fit_throughput(X, tokens, None, seed=0)
     assert "sibling_rows" in model.params()
     old_params = {k: v for k, v in model.params().items() if k != "sibling_rows"}
+    old_params["band"] = {k: v for k, v in old_params["band"].items() if k != str(perf.EDGE_REGION)}
     context = perf.neighbourhood(X, model.region_rows, model.config_rows, None)
     target = np.log(np.abs(np.log(tokens / model.predict(X)[:, 1])) + 0.01)
     old_difficulty = perf._difficulty_regressor(0)
@@ -83,6 +84,20 @@ def test_a_version_fitted_before_the_sibling_count_still_predicts(
             np.all(np.isfinite(band)) and np.all(band[:, 0] < band[:, 1]) and np.all(band[:, 1] < band[:, 2])
         )
     np.testing.assert_allclose(band[:, 1], model.predict(X[:50])[:, 1], rtol=1e-6)  # the same centre
+
+
+def test_novelty_levels_and_their_bands_widen_from_seen_to_edge_to_new(
+    valid_matrix: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """A row of a seen region with siblings is seen, without siblings at the region's edge, of a region the
+    training rows lack new; each level's band holds the one before it."""
+    context = np.array([[1.0, 3.0, 0.0, 2.0], [1.0, 3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert list(perf.levels_of(context)) == [perf.SEEN_REGION, perf.EDGE_REGION, perf.NEW_REGION]
+    assert list(perf.levels_of(context[:, :3])) == [perf.SEEN_REGION, perf.SEEN_REGION, perf.NEW_REGION]
+    X, tokens = valid_matrix
+    band = perf.fit_throughput(X, tokens, None, seed=0).band
+    for inner, outer in zip(perf.LEVELS, perf.LEVELS[1:], strict=False):
+        assert band[str(outer)][0] <= band[str(inner)][0] < 0.0 < band[str(inner)][1] <= band[str(outer)][1]
 
 
 @pytest.mark.parametrize("seed", [0, 1])

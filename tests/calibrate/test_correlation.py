@@ -33,7 +33,8 @@ def test_a_fitted_version_carries_its_error_correlation(sample_csv) -> None:  # 
     table = pd.concat([table, load_benchmark(sample_csv).query("outcome != 'valid'").head(100)])
     models = fit_models(table)
     shares = models.info["error_correlation"]
-    assert set(shares) == {"0", "1"} and 0.0 <= shares["0"] <= shares["1"] < 1.0
+    # By novelty level, from seen (0) over a seen region's edge (2) to a new region (1): never decreasing.
+    assert set(shares) == {"0", "1", "2"} and 0.0 <= shares["0"] <= shares["2"] <= shares["1"] < 1.0
     _, params = models.to_parts()
     assert params["throughput"]["error_correlation"] == shares
     # The error's distribution in band units: rising, and about ±1.28 at the band's own p10 and p90.
