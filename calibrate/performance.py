@@ -52,12 +52,13 @@ REGRESSOR_PARAMS: dict[str, Any] = {
     "max_features": 0.5,
     "early_stopping": False,
 }
-# The random folds' fits are the final model's (their residuals size the band of a seen region, and a weaker
-# model's errors made it too wide: bench/accuracy.py, random rows, coverage 0.87 at median width 0.20 with
-# the cheap fits below, 0.82 at 0.16 with these); the block folds' fits, which only say how much larger the
-# error is in regions the trees never saw, take fewer and larger steps (their full fits cost ~5 s more of a
-# calibration, and their band was no better on unseen blocks: 0.68 coverage at 0.28 width).
-RANDOM_RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS
+# The random folds' fits come close to the final model (their residuals size the band of a seen region, and
+# a weaker model's errors made it too wide). bench/accuracy.py, random rows, coverage / median width: 0.87 /
+# 0.20 with the cheap fits below, 0.85 / 0.17 with these, 0.83 / 0.165 with the final model's 1,000 trees,
+# which cost twice the CPU (+3.9 s against +2 s per fit on 30,920 rows). The block folds' fits, which only
+# say how much larger the error is in regions the trees never saw, take fewer and larger steps (fitted as the
+# final model, unseen blocks' coverage fell to 0.68).
+RANDOM_RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS | {"max_iter": 500, "learning_rate": 0.1}
 RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS | {"max_iter": 100, "learning_rate": 0.2}
 # The residuals come from a few folds of a split of the rows into RESIDUAL_PARTS parts: random parts, and
 # contiguous blocks spread over the table (each fold holds out one part, so its model sees most rows).
@@ -238,8 +239,7 @@ def _error_structure(
     band: dict[str, list[float]],
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Per novelty level, from the residuals (over each row's difficulty) the level's band came from: the
-    share of error a family shares (a level without enough families takes the other's; seen: 0 when
-    neither has), and the distribution of the error in band units."""
+    share of error a family shares, and the distribution of the error in band units."""
     shares: dict[str, float | None] = {}
     quantiles: dict[str, list[float]] = {}
     for level in LEVELS:
@@ -385,11 +385,11 @@ def _difficulty_and_band(
     The quantiles come from difficulties cross-fitted in two halves (each half's from a regressor that did
     not see it): scored on its own training rows, a difficulty model would look surer than it is.
 
-    A seen region takes its quantiles from every seen row, of the random folds and of the blocks: a seen
-    region's edge (a held-out block's seen rows) is as much a place predictions go as its middle (taken from
-    the random folds alone, the band covered 0.80 of random held-out rows but only 0.70 of unseen blocks). A
-    level with too few residuals borrows all of them, and a new region's band is never narrower than a seen
-    one's.
+    Each novelty level (`levels_of`) takes its quantiles from its own out-of-fold rows, of the random folds
+    and of the blocks alike: a seen region's edge is as much a place predictions go as its middle, and its
+    errors are larger (with seen rows' quantiles from the random folds alone, the band covered 0.80 of
+    random held-out rows but 0.70 of unseen blocks). A level with too few residuals borrows all of them, and
+    each level's band holds the one before it in LEVELS.
     """
     design = np.column_stack([X, contexts])
     target = np.log(np.maximum(np.abs(residuals), MIN_ABS_RESIDUAL))
