@@ -31,8 +31,9 @@ def valid_matrix(sample: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return X, valid["dataset_tokens_per_second"].to_numpy(dtype=float)
 
 
-def _sibling_column(name: str) -> int:
-    return FEATURE_NAMES.index(name)
+@pytest.fixture(scope="module")
+def fitted(valid_matrix: tuple[np.ndarray, np.ndarray]) -> perf.ThroughputModel:
+    return perf.fit_throughput(*valid_matrix, None, seed=0)
 
 
 def test_siblings_are_counted_apart_from_the_configuration(
@@ -46,9 +47,9 @@ def test_siblings_are_counted_apart_from_the_configuration(
                                                          perf._SIBLING_COLUMNS)]  # fmt: skip
     row = train[:1].copy()
     other_batch = row.copy()
-    other_batch[0, _sibling_column("log_batch")] += 7.0  # no training row has this batch
+    other_batch[0, FEATURE_NAMES.index("log_batch")] += 7.0  # no training row has this batch
     other_length = row.copy()
-    other_length[0, _sibling_column("log_tokens")] += 7.0
+    other_length[0, FEATURE_NAMES.index("log_tokens")] += 7.0
     context = perf.neighbourhood(np.vstack([row, other_batch, other_length]), *counts)
     siblings = counts[2][perf.keys(row, perf._SIBLING_COLUMNS)[0]]
     repeats = counts[1][perf.keys(row, perf._CONFIG_COLUMNS)[0]]
@@ -60,12 +61,12 @@ def test_siblings_are_counted_apart_from_the_configuration(
 
 
 def test_a_version_fitted_before_the_sibling_count_still_predicts(
-    valid_matrix: tuple[np.ndarray, np.ndarray],
+    valid_matrix: tuple[np.ndarray, np.ndarray], fitted: perf.ThroughputModel
 ) -> None:
     """Its params have no "sibling_rows" and its difficulty trees take three neighbourhood columns: loaded
     from those params it predicts as it was fitted, through the compiled trees and scikit-learn alike."""
     X, tokens = valid_matrix
-    model = perf.fit_throughput(X, tokens, None, seed=0)
+    model = fitted
     assert "sibling_rows" in model.params()
     old_params = {k: v for k, v in model.params().items() if k != "sibling_rows"}
     old_params["band"] = {k: v for k, v in old_params["band"].items() if k != str(perf.EDGE_REGION)}
@@ -87,15 +88,14 @@ def test_a_version_fitted_before_the_sibling_count_still_predicts(
 
 
 def test_novelty_levels_and_their_bands_widen_from_seen_to_edge_to_new(
-    valid_matrix: tuple[np.ndarray, np.ndarray],
+    fitted: perf.ThroughputModel,
 ) -> None:
     """A row of a seen region with siblings is seen, without siblings at the region's edge, of a region the
     training rows lack new; each level's band holds the one before it."""
     context = np.array([[1.0, 3.0, 0.0, 2.0], [1.0, 3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     assert list(perf.levels_of(context)) == [perf.SEEN_REGION, perf.EDGE_REGION, perf.NEW_REGION]
     assert list(perf.levels_of(context[:, :3])) == [perf.SEEN_REGION, perf.SEEN_REGION, perf.NEW_REGION]
-    X, tokens = valid_matrix
-    band = perf.fit_throughput(X, tokens, None, seed=0).band
+    band = fitted.band
     for inner, outer in zip(perf.LEVELS, perf.LEVELS[1:], strict=False):
         assert band[str(outer)][0] <= band[str(inner)][0] < 0.0 < band[str(inner)][1] <= band[str(outer)][1]
 
