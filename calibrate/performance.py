@@ -153,7 +153,7 @@ class ThroughputModel:
         context = self._neighbourhood(X)
         scale = np.exp(scale_trees(np.column_stack([X, context])))
         level = levels_of(context)
-        # A version fitted before the edge level has none: its edge rows were seen rows.
+        # A version fitted before the edge level has no band for it (nor, without sibling counts, edge rows).
         bands = [self.band.get(str(k), self.band[str(SEEN_REGION)]) for k in range(len(LEVELS))]
         low = np.array([b[0] for b in bands])[level]
         high = np.array([b[1] for b in bands])[level]
