@@ -33,7 +33,6 @@ import itertools
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,8 @@ import uvloop
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "calibrate" / "data" / "llmftbench_sample.csv"
 sys.path.insert(0, str(REPO))  # the packages, not bench/twin.py or bench/ingest.py, answer `import twin`
+
+from ingest.broker import free_port, port_open  # noqa: E402
 
 BASE = {
     "model_name": "llama3-8b", "method": "lora", "gpu_model": "NVIDIA-A100-SXM4-80GB", "number_gpus": 4,
@@ -79,17 +80,6 @@ def distinct_configs(seed: int, *, cold: bool) -> Iterator[dict[str, object]]:
                 "dataset_tokens": 1e8 + seed * COLD_SPAN + i,
             }
         )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -43,7 +43,15 @@ def free_port() -> int:
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
+        return reaches_a_listener(s, (host, port))
+
+
+def reaches_a_listener(sock: socket.socket, address: tuple[str, int]) -> bool:
+    """Whether `sock` connects to something listening at `address`. A port from `free_port` lies in the
+    ephemeral range, and while nothing listens on it a connection can be given that very port as its source
+    and meet itself (TCP simultaneous open): connected, to no server (seen in CI: a metrics probe read back
+    its own request)."""
+    return sock.connect_ex(address) == 0 and sock.getsockname() != sock.getpeername()
 
 
 @dataclass

@@ -3,6 +3,7 @@ broker, `finetwin ingest` processes, and a check of the store against the benchm
 
 from __future__ import annotations
 
+import http.client
 import math
 import os
 import subprocess
@@ -165,8 +166,8 @@ class IngestProcess:
             url = f"http://127.0.0.1:{self.metrics_port + consumer}/metrics"
             with urllib.request.urlopen(url, timeout=2) as reply:
                 text = reply.read().decode()
-        except OSError:
-            return None
+        except (OSError, http.client.HTTPException):  # not listening yet (a probe can meet itself:
+            return None  # ingest.broker.reaches_a_listener), or listening but not answering HTTP yet
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
