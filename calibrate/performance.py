@@ -65,8 +65,9 @@ RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS | {"max_iter": 100, "learning
 RESIDUAL_PARTS = 6
 RANDOM_FOLDS = 2
 BLOCK_FOLDS = 3
-# Each out-of-fold fit sees at most this many rows, so the band costs the same on the full benchmark as on
-# the sample (on 30,920 rows the band is then slightly conservative).
+# Each out-of-fold fit sees at most this many rows, so the band costs no more on the full benchmark than on
+# the sample (on 30,920 rows the band is then slightly conservative); there, one random fit stands for all
+# the random folds (`_out_of_fold_residuals`).
 RESIDUAL_MAX_TRAIN_ROWS = 4000
 # The difficulty regressor: few, large-leaved trees (it learns a scale, not a value).
 DIFFICULTY_PARAMS: dict[str, Any] = {
@@ -336,7 +337,12 @@ def _out_of_fold_residuals(
     X: np.ndarray, target: np.ndarray, weight: np.ndarray | None, *, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Residuals of log(tokens/s), each held-out row's neighbourhood in its fold's training rows, and its
-    row number."""
+    row number.
+
+    On a table so large that a random fold's fit sees only RESIDUAL_MAX_TRAIN_ROWS of its training rows, one
+    fit holds out as many rows as all the random folds would, drawn from the rows it did not see: the same
+    number of residuals of the same kind of fit, for one final-model fit instead of RANDOM_FOLDS (on 30,920
+    benchmark rows, ~3.6 s of CPU saved per calibration fit)."""
     n = len(X)
     rng = np.random.default_rng(seed)
     random_part = rng.permutation(n) % RESIDUAL_PARTS
@@ -345,10 +351,14 @@ def _out_of_fold_residuals(
     folds = [(random_part == k, False) for k in range(RANDOM_FOLDS)] + [
         (block_part == k, True) for k in spread
     ]
+    random_wanted = int((random_part < RANDOM_FOLDS).sum())
+    random_done = 0
     residuals: list[np.ndarray] = []
     contexts: list[np.ndarray] = []
     rows: list[np.ndarray] = []
     for held_out, is_block in folds:
+        if not is_block and random_done >= random_wanted:
+            continue
         train = ~held_out
         if train.sum() < 10 or held_out.sum() == 0:
             continue
@@ -356,6 +366,12 @@ def _out_of_fold_residuals(
             keep = rng.choice(np.flatnonzero(train), RESIDUAL_MAX_TRAIN_ROWS, replace=False)
             train = np.zeros(n, dtype=bool)
             train[keep] = True
+            unseen = np.flatnonzero(~train)
+            if not is_block and len(unseen) >= random_wanted:
+                held_out = np.zeros(n, dtype=bool)
+                held_out[rng.choice(unseen, random_wanted, replace=False)] = True
+        if not is_block:
+            random_done += int(held_out.sum())
         params = RESIDUAL_PARAMS if is_block else RANDOM_RESIDUAL_PARAMS
         model = boosting.regressor(FEATURE_NAMES, seed, params)
         model.fit(

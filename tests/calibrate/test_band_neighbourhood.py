@@ -117,3 +117,56 @@ def test_the_band_covers_about_four_in_five_held_out_runs_and_adapts(sample: pd.
     error = np.abs(np.log(actual / mid))
     narrow = width <= np.median(width)
     assert np.median(error[narrow]) < 0.8 * np.median(error[~narrow])
+
+
+class _RecordingFits:
+    """boosting.regressor, recording each fit's parameters and training rows (by a row-number column)."""
+
+    def __init__(self, real, id_column: int) -> None:  # type: ignore[no-untyped-def]
+        self.real, self.id_column = real, id_column
+        self.fits: list[tuple[dict, set[int]]] = []
+
+    def __call__(self, features, seed, params):  # type: ignore[no-untyped-def]
+        model = self.real(features, seed, params)
+        fit, fits, ids = model.fit, self.fits, self.id_column
+
+        def recording_fit(X, y, sample_weight=None):  # type: ignore[no-untyped-def]
+            fits.append((params, {int(round(v)) for v in X[:, ids]}))
+            return fit(X, y, sample_weight=sample_weight)
+
+        model.fit = recording_fit
+        return model
+
+
+@pytest.mark.parametrize("cap", [10_000, 600])
+def test_a_large_table_takes_its_random_residuals_from_one_fit(
+    valid_matrix: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch, cap: int
+) -> None:
+    """When a random fold's fit would see only `RESIDUAL_MAX_TRAIN_ROWS` of its rows, one fit holds out as
+    many rows as all the random folds would (rows it never saw); below the cap every fold is fitted."""
+    X, tokens = valid_matrix
+    X = X.copy()
+    ids = FEATURE_NAMES.index("memory_headroom_gb")  # a numeric column the test turns into row numbers
+    X[:, ids] = np.arange(len(X))
+    recorder = _RecordingFits(boosting.regressor, ids)
+    monkeypatch.setattr(perf.boosting, "regressor", recorder)
+    monkeypatch.setattr(perf, "RESIDUAL_MAX_TRAIN_ROWS", cap)
+    target = np.log(tokens) - X[:, perf._OFFSET]
+    residuals, contexts, rows = perf._out_of_fold_residuals(X, target, None, seed=3)
+
+    random_fits = [seen for params, seen in recorder.fits if params is perf.RANDOM_RESIDUAL_PARAMS]
+    block_fits = [seen for params, seen in recorder.fits if params is perf.RESIDUAL_PARAMS]
+    wanted = sum(len(X) // perf.RESIDUAL_PARTS + (k < len(X) % perf.RESIDUAL_PARTS)
+                 for k in range(perf.RANDOM_FOLDS))  # fmt: skip
+    large = len(X) - len(X) // perf.RESIDUAL_PARTS > cap
+    assert len(random_fits) == (1 if large else perf.RANDOM_FOLDS)
+    assert len(block_fits) == perf.BLOCK_FOLDS
+    random_rows = rows[:wanted]
+    assert len(set(random_rows.tolist())) == wanted  # as many distinct rows as the folds hold out
+    if large:
+        assert len(random_fits[0]) == cap
+        assert not set(random_rows.tolist()) & random_fits[0]  # never a row the fit saw
+    block_part = np.arange(len(X)) * perf.RESIDUAL_PARTS // len(X)
+    spread = np.linspace(0, perf.RESIDUAL_PARTS - 1, perf.BLOCK_FOLDS).round().astype(int)
+    assert len(rows) == len(residuals) == len(contexts) == wanted + int(np.isin(block_part, spread).sum())
+    assert np.isfinite(residuals).all()
