@@ -31,7 +31,10 @@ known LLM and method on another GPU is still well predicted.
 `error_correlation` is how much of the model's error an error family (`twin.families`) shares, for the twin's
 ensembles (issue 12): failures are not independent coin flips when the model misjudges the memory of a whole
 model, method and GPU. It is the intra-family correlation of the standardized out-of-fold residuals
-(ran - p) / sqrt(p (1 - p)), measured by `calibrate.correlation.shared_share` as for throughput.
+(ran - p) / sqrt(p (1 - p)), measured by `calibrate.correlation.shared_share` as for throughput. The random
+folds see the error where the members know the family (0.02-0.04 on the bundled sample); for an LLM-method
+pair the version never saw, `novel_error_correlation` is measured on the novel bound's held-out blocks,
+over the rows of pairs their member lacked (0.45 on the sample: a whole novel family is misjudged at once).
 """
 
 from __future__ import annotations
@@ -96,6 +99,9 @@ class RuntimeFailureModel:
     novel_lower_bound: tuple[list[float], list[float]] | None = None
     # The LLM-method pairs ("model|method") of the training rows, to tell a novel one.
     known_pairs: frozenset[str] = frozenset()
+    # The share of error a family shares where its LLM-method pair is novel; None: `error_correlation` for
+    # all (versions saved before it).
+    novel_error_correlation: float | None = None
 
     def __post_init__(self) -> None:
         self._compiled = [CompiledTrees(member) for member in self.members]
@@ -143,6 +149,13 @@ class RuntimeFailureModel:
         if not self.known_pairs:
             return np.zeros(len(model_names), dtype=bool)
         return ~np.isin(model_method(model_names, methods), list(self.known_pairs))
+
+    def error_correlation_of(self, novel: np.ndarray) -> np.ndarray:
+        """The share of error each row's family shares: the novel pairs' where the row's pair is novel."""
+        novel = np.asarray(novel, dtype=bool)
+        novel_share = self.novel_error_correlation
+        shared = self.error_correlation if novel_share is None else novel_share
+        return np.where(novel, shared, self.error_correlation).astype(float)
 
     def member_predictions(self, X: np.ndarray, *, reference: bool = False) -> np.ndarray:
         """(members, n) calibrated p_valid of each member."""
@@ -206,12 +219,21 @@ def fit_failure(
     correlation = failure_error_correlation(out_of_fold, ran, families) if families is not None else 0.0
     bound = fit_lower_bound(out_of_fold, ran)
     novel_bound = None
+    novel_correlation = None
     known: frozenset[str] = frozenset()
     if pairs is not None:
         pairs = np.asarray(pairs).astype(str)
-        novel_bound = _novel_pair_bound(X, ran, weight, pairs, seed=seed)
+        predicted, outcome, rows = _novel_pair_predictions(X, ran, weight, pairs, seed=seed)
+        if len(rows) >= MIN_NOVEL_ROWS:
+            novel_bound = fit_lower_bound(predicted, outcome)
+            if families is not None:
+                # A novel pair's family never shares less than a known one's (the members learned less).
+                shared = failure_error_correlation(predicted, outcome, np.asarray(families)[rows])
+                novel_correlation = max(shared, correlation)
         known = frozenset(str(p) for p in pairs)
-    return RuntimeFailureModel(members, calibrators, bound, correlation, novel_bound, known)
+    return RuntimeFailureModel(
+        members, calibrators, bound, correlation, novel_bound, known, novel_correlation
+    )
 
 
 def model_method(model_names: np.ndarray, methods: np.ndarray) -> np.ndarray:
@@ -220,19 +242,20 @@ def model_method(model_names: np.ndarray, methods: np.ndarray) -> np.ndarray:
     return np.char.add(np.char.add(names, "|"), np.asarray(methods).astype(str))
 
 
-def _novel_pair_bound(
+def _novel_pair_predictions(
     X: np.ndarray, ran: np.ndarray, weight: np.ndarray | None, pairs: np.ndarray, *, seed: int
-) -> tuple[list[float], list[float]] | None:
-    """The lower bound's knots from contiguous blocks' held-out rows whose LLM and method the block's member
-    never saw (None with fewer than MIN_NOVEL_ROWS of them). Each block's member is made as the members are:
-    trained on all but a random 1/MEMBERS of the other rows and calibrated on that part, so that its
-    predictions are like theirs and the knots map their weakest prediction to what held for novel pairs."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(calibrated p_valid, ran, row) of contiguous blocks' held-out rows whose LLM and method the block's
+    member never saw: what the novel bound's knots and the novel pairs' shared error are measured on. Each
+    block's member is made as the members are: trained on all but a random 1/MEMBERS of the other rows and
+    calibrated on that part, so that its predictions are like theirs and the knots map their weakest
+    prediction to what held for novel pairs."""
     from sklearn.linear_model import LogisticRegression
 
     n = len(ran)
     part = np.arange(n) * NOVEL_BLOCKS // n
     predicted: list[np.ndarray] = []
-    outcome: list[np.ndarray] = []
+    rows: list[np.ndarray] = []
     rng = np.random.default_rng(seed + 1)
     for k in range(NOVEL_BLOCKS):
         held_out, rest = np.flatnonzero(part == k), rng.permutation(np.flatnonzero(part != k))
@@ -252,10 +275,11 @@ def _novel_pair_bound(
             _logit(member.predict_proba(X[calibration])[:, 1]), ran[calibration]
         )
         predicted.append(calibrator.predict_proba(_logit(member.predict_proba(X[novel])[:, 1]))[:, 1])
-        outcome.append(ran[novel])
-    if not predicted or sum(len(p) for p in predicted) < MIN_NOVEL_ROWS:
-        return None
-    return fit_lower_bound(np.concatenate(predicted), np.concatenate(outcome))
+        rows.append(novel)
+    if not rows:
+        return np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=np.intp)
+    found = np.concatenate(rows)
+    return np.concatenate(predicted), ran[found], found
 
 
 def failure_error_correlation(predicted: np.ndarray, ran: np.ndarray, families: np.ndarray) -> float:

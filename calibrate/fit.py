@@ -235,8 +235,11 @@ class CalibratedModels:
 
     def predict_failure_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """twin.protocols.FailureCorrelationModel: the share of each config's runtime-failure error that its
-        error family shares (one number per version, from held-out residuals)."""
-        return np.full(len(configs), self.failure.error_correlation, dtype=float)
+        error family shares, from held-out residuals: those of held-out blocks where the config's LLM and
+        method are a pair the version never saw, else those of random folds."""
+        names = np.array([c.model_name for c in configs], dtype=object)
+        methods = np.array([c.method for c in configs], dtype=object)
+        return self.failure.error_correlation_of(self.failure.novel(names, methods))
 
     def predict_power_watts(self, configs: Sequence[JobConfig]) -> np.ndarray:
         if not configs:
@@ -261,6 +264,7 @@ class CalibratedModels:
                 "error_correlation": self.failure.error_correlation,
                 "novel_lower_bound": self.failure.novel_lower_bound,
                 "known_pairs": sorted(self.failure.known_pairs),
+                "novel_error_correlation": self.failure.novel_error_correlation,
             },
             "power": self.power.params(),
             "info": self.info,
@@ -286,6 +290,7 @@ class CalibratedModels:
                 float(params["failure"].get("error_correlation") or 0.0),
                 _lower_bound(params["failure"].get("novel_lower_bound")),
                 frozenset(str(m) for m in params["failure"].get("known_pairs") or []),
+                _optional_float(params["failure"].get("novel_error_correlation")),
             )
         except KeyError as exc:
             raise ValueError(f"missing estimator {exc.args[0]!r}") from None
@@ -295,6 +300,10 @@ class CalibratedModels:
             list(params["power"]["gpus_with_power"]),
         )
         return cls(encoding, throughput, failure, power, params.get("info"))
+
+
+def _optional_float(stored: Any) -> float | None:
+    return None if stored is None else float(stored)
 
 
 def _lower_bound(stored: Any) -> tuple[list[float], list[float]] | None:
@@ -390,8 +399,10 @@ def fit_models(
         # throughput error that an error family shares, from held-out residuals.
         "error_correlation": dict(throughput_model.error_correlation),
         "error_quantiles": dict(throughput_model.error_quantiles),
-        # ... and the share of the runtime-failure model's error that a family shares.
+        # ... and the share of the runtime-failure model's error that a family shares: of a known LLM and
+        # method, and of a pair the version never saw (None: too few such rows to measure it).
         "failure_error_correlation": failure_model.error_correlation,
+        "failure_error_correlation_novel": failure_model.novel_error_correlation,
     }
     return CalibratedModels(encoding, throughput_model, failure_model, power_model, info)
 

@@ -60,3 +60,34 @@ def test_a_fitted_version_carries_its_failure_correlation_through_the_registry_p
     assert again.predict_failure_correlation([config, config]).tolist() == [share, share]
     del params["failure"]["error_correlation"]  # a version saved before it: independent failures
     assert CalibratedModels.from_parts(estimators, params).failure.error_correlation == 0.0
+
+
+def test_a_novel_llm_and_method_share_more_failure_error_through_the_registry(  # type: ignore[no-untyped-def]
+    calibrated_models_dir,
+) -> None:
+    """Measured on held-out blocks where the LLM and method were new to the member, a novel pair's family
+    shares more of the failure model's error than a known one's; a config gets the share of its pair's
+    novelty from the stored version, and a version saved before the novel share uses one share for all."""
+    from calibrate.fit import CalibratedModels
+    from calibrate.registry import ModelRegistry
+    from twin.domain import JobConfig
+
+    registry = ModelRegistry(calibrated_models_dir)
+    models = registry.load(registry.in_use() or "")
+    known = models.info["failure_error_correlation"]
+    novel = models.info["failure_error_correlation_novel"]
+    assert novel is not None and 0.0 <= known < novel < 1.0
+    assert novel > known + 0.1  # a whole novel family is misjudged at once (0.45 against 0.03 on the sample)
+    pairs = models.failure.known_pairs
+    llm, method = next(p.split("|") for p in sorted(pairs) if p.endswith("|full"))
+    other = "gptq-lora" if f"{llm}|gptq-lora" not in pairs else "lora"
+    assert f"{llm}|{other}" not in pairs
+    seen, new_pair, new_llm = (
+        JobConfig(name, how, "NVIDIA-A100-SXM4-80GB", 2, 1, 4, 1024)
+        for name, how in ((llm, method), (llm, other), ("an-llm-nobody-tuned-7b", method))
+    )
+    assert models.predict_failure_correlation([seen, new_pair, new_llm]).tolist() == [known, novel, novel]
+    estimators, params = models.to_parts()
+    del params["failure"]["novel_error_correlation"]  # a version saved before it
+    older = CalibratedModels.from_parts(estimators, params)
+    assert older.predict_failure_correlation([seen, new_pair]).tolist() == [known, known]
