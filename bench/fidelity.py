@@ -98,6 +98,10 @@ def backtest_split(table: pd.DataFrame, split: Split, runs: int, load: float) ->
         "fold": split.fold,
         "rows": len(test),
         "error_correlation": models.info.get("error_correlation"),
+        "failure_error_correlation": (
+            models.info.get("failure_error_correlation"),
+            models.info.get("failure_error_correlation_novel"),
+        ),
     }
     for name, used in (("twin", models), ("baseline", IndependentErrors(models))):
         result = run_backtest(test, used, runs=runs, seed=split.fold, load=load, workers=1)  # type: ignore[arg-type]
@@ -146,7 +150,8 @@ def print_backtests(results: list[dict[str, Any]]) -> bool:
         bounded, bound, need = TARGETS[r["kind"]]
         names = ", ".join(LABELS[f] for f in bounded)
         print(f"  {r['kind']} {r['fold']}: |error| <= {bound:.0%} on {names}; inside for >= {need} of 5: "
-              f"{'yes' if r['met'] else 'NO'}  (shared error share by novelty {r['error_correlation']}, "
+              f"{'yes' if r['met'] else 'NO'}  (shared error share by novelty {r['error_correlation']}; "
+              f"failures, known / novel LLM-method pair {r['failure_error_correlation']}; "
               f"{r['seconds']:.0f} s)")  # fmt: skip
     return ok
 

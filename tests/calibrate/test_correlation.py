@@ -67,7 +67,8 @@ def test_a_novel_llm_and_method_share_more_failure_error_through_the_registry(  
 ) -> None:
     """Measured on held-out blocks where the LLM and method were new to the member, a novel pair's family
     shares more of the failure model's error than a known one's; a config gets the share of its pair's
-    novelty from the stored version, and a version saved before the novel share uses one share for all."""
+    novelty from the stored version (and the twin's plan draws with it), and a version saved before the
+    novel share uses one share for all."""
     from calibrate.fit import CalibratedModels
     from calibrate.registry import ModelRegistry
     from twin.domain import JobConfig
@@ -87,6 +88,12 @@ def test_a_novel_llm_and_method_share_more_failure_error_through_the_registry(  
         for name, how in ((llm, method), (llm, other), ("an-llm-nobody-tuned-7b", method))
     )
     assert models.predict_failure_correlation([seen, new_pair, new_llm]).tolist() == [known, novel, novel]
+    # What the twin's ensemble draws the families' failure shocks with (twin.plan).
+    from twin.plan import prepare_catalog
+
+    catalog = prepare_catalog([seen, new_pair, new_llm], models)
+    assert catalog.failure_correlation is not None
+    assert catalog.failure_correlation.tolist() == [known, novel, novel]
     estimators, params = models.to_parts()
     del params["failure"]["novel_error_correlation"]  # a version saved before it
     older = CalibratedModels.from_parts(estimators, params)
