@@ -217,6 +217,14 @@ class CalibratedModels:
         X, _, _ = self.matrix(configs_to_frame(configs))
         return self.failure.predict(X)
 
+    def predict_failure_members(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.FailureMembersModel: each cross-fitted member's calibrated p_valid, (n, members);
+        their mean is `predict_failure`."""
+        if not configs:
+            return np.zeros((0, len(self.failure.members)))
+        X, _, _ = self.matrix(configs_to_frame(configs))
+        return self.failure.member_predictions(X).T
+
     def predict_error_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """twin.protocols.ErrorCorrelationModel: the share of each config's throughput error that its error
         family shares (measured on held-out residuals when the version was fitted)."""

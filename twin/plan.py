@@ -17,7 +17,9 @@ is a quantile; where the models describe their error's distribution (`ErrorDistr
 in practice) the quantile is read from it, else from a normal. Whether a job fails at runtime is drawn the
 same way (`FailureCorrelationModel`): a second family shock, so that a failure model that misjudges the
 memory of a family misjudges all of its jobs in a run, and the band of jobs completed and failed is as wide
-as the model's shared error makes it, not as narrow as independent coin flips.
+as the model's shared error makes it, not as narrow as independent coin flips. And where the failure model
+is an ensemble (`FailureMembersModel`), each run takes one member's p_valid for all its jobs: the spread
+between members is the model's uncertainty about p itself, which no per-job or per-family draw carries.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ from twin.config_changes import (
 )
 from twin.domain import JobConfig, config_rule
 from twin.families import ERROR_QUANTILE_LEVELS, family_of
-from twin.protocols import ErrorCorrelationModel, ErrorDistributionModel, FailureCorrelationModel, JobModels
+from twin.protocols import (
+    ErrorCorrelationModel,
+    ErrorDistributionModel,
+    FailureCorrelationModel,
+    FailureMembersModel,
+    JobModels,
+)
 from twin.randomness import job_keys, job_uniforms
 from twin.workload import NO_CONFIG, Workload
 
@@ -107,6 +115,8 @@ class PreparedCatalog:
     error_quantiles: np.ndarray | None = None
     # (k,) share of the runtime-failure error shared within the family; None: independent failures.
     failure_correlation: np.ndarray | None = None
+    # (k, members) each failure-model member's p_valid (mean: p_valid); None: p_valid is known exactly.
+    p_valid_members: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> PreparedCatalog:
@@ -158,11 +168,14 @@ def prepare_catalog(
     throughput = np.full((k, 3), np.nan)
     p_valid = np.zeros(k)
     power = np.full(k, np.nan)
+    p_valid_members = None
     if runnable:
         mask = reject == Reject.NONE
         throughput[mask] = _checked(models.predict_throughput(runnable), (len(runnable), 3), "throughput")
         p_valid[mask] = np.clip(_checked(models.predict_failure(runnable), (len(runnable),), "p_valid"), 0, 1)
         power[mask] = _checked(models.predict_power_watts(runnable), (len(runnable),), "power")
+        if isinstance(models, FailureMembersModel):
+            p_valid_members = _members(models.predict_failure_members(runnable), p_valid, mask)
     missing_power = ~np.isfinite(power)
     if missing_power.any():
         power[missing_power] = [
@@ -192,8 +205,22 @@ def prepare_catalog(
         failure_correlation = np.clip(np.nan_to_num(failure_correlation, nan=0.0), 0.0, MAX_CORRELATION)
     return PreparedCatalog(
         configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles,
-        failure_correlation,
+        failure_correlation, p_valid_members,
     )  # fmt: skip
+
+
+def _members(predicted: object, p_valid: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(k, members) member p_valid for the runnable rows `mask` (0 elsewhere), moved so that their mean is
+    exactly the catalog's p_valid: a run's member draw spreads the failures without moving their mean."""
+    array = np.asarray(predicted, dtype=float)
+    if array.ndim != 2 or array.shape[0] != int(mask.sum()) or array.shape[1] < 1:
+        raise ValueError(f"the model returned failure members of shape {array.shape}, "
+                         f"expected ({int(mask.sum())}, members)")  # fmt: skip
+    if not np.isfinite(array).all():
+        raise ValueError("the model returned failure members' p_valid that are not finite")
+    members = np.zeros((len(p_valid), array.shape[1]))
+    members[mask] = np.clip(array + (p_valid[mask] - array.mean(axis=1))[:, None], 0.0, 1.0)
+    return members
 
 
 def _checked(values: object, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -320,7 +347,7 @@ def build_plan(
         limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
         run = np.minimum(work / tokens_per_s, limit)
         est = np.minimum(work / p50, limit)
-        p_fail = 1.0 - catalog.p_valid[idx]
+        p_fail = 1.0 - run_p_valid(catalog, key)[idx]
         times = failure_times(failure_times_s)
         u_time = u[:, STREAM_FAIL_TIME]
 
@@ -377,6 +404,20 @@ def build_plan(
         reject=reject[order],
         elapsed_s=elapsed[order],
     )
+
+
+# The key of a run's one draw of the failure-model member (no job id hashes to it in practice).
+_MEMBER_DRAW_KEY = np.array([0x6D656D6265722121], dtype=np.uint64)
+
+
+def run_p_valid(catalog: PreparedCatalog, key: int) -> np.ndarray:
+    """Each configuration's p_valid in run `key`: one member's, the same for every job of the run (drawn from
+    the run key, so a what-if's run pairs with the baseline's), or the models' p_valid without members."""
+    members = catalog.p_valid_members
+    if members is None or members.shape[1] < 2:
+        return catalog.p_valid
+    u = float(job_uniforms(key, _MEMBER_DRAW_KEY, 1)[0, 0])
+    return members[:, min(int(u * members.shape[1]), members.shape[1] - 1)]
 
 
 def shared_uniforms(

@@ -69,3 +69,13 @@ class FailureCorrelationModel(Protocol):
         whether a job fails is then drawn with a family shock shared by the run's jobs of that family. A
         model without this method is taken to have independent failures."""
         ...
+
+
+@runtime_checkable
+class FailureMembersModel(Protocol):
+    def predict_failure_members(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Per config, the p_valid of each member of the failure model's ensemble, whose mean is
+        `predict_failure`, shape (n, members): how unsure the model is of p itself. Each twin run takes one
+        member's p for all its jobs, so that the band of jobs completed and failed carries that uncertainty;
+        a model without this method is taken to know its p."""
+        ...

@@ -98,3 +98,22 @@ def test_a_novel_llm_and_method_share_more_failure_error_through_the_registry(  
     del params["failure"]["novel_error_correlation"]  # a version saved before it
     older = CalibratedModels.from_parts(estimators, params)
     assert older.predict_failure_correlation([seen, new_pair]).tolist() == [known, known]
+
+
+def test_a_stored_version_gives_the_twin_its_failure_members(calibrated_models_dir) -> None:  # type: ignore[no-untyped-def]
+    """The cross-fitted members' p_valid, whose mean is p_valid, reach the twin's catalog, which draws one
+    member per run."""
+    from calibrate.registry import ModelRegistry
+    from twin.domain import JobConfig
+    from twin.plan import prepare_catalog
+
+    registry = ModelRegistry(calibrated_models_dir)
+    models = registry.load(registry.in_use() or "")
+    configs = [JobConfig("llama3-8b", "lora", "NVIDIA-A100-SXM4-80GB", g, 1, 8 * g, 4096) for g in (1, 2, 4)]
+    members = models.predict_failure_members(configs)
+    assert members.shape == (3, len(models.failure.members))
+    np.testing.assert_allclose(members.mean(axis=1), models.predict_failure(configs), rtol=0, atol=1e-12)
+    catalog = prepare_catalog(configs, models)
+    assert catalog.p_valid_members is not None
+    np.testing.assert_allclose(catalog.p_valid_members, members, rtol=0, atol=1e-12)
+    assert models.predict_failure_members([]).shape == (0, len(models.failure.members))

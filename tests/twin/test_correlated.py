@@ -202,3 +202,49 @@ def test_models_without_a_failure_correlation_fail_independently() -> None:
     assert spread == pytest.approx(200 * 0.25, rel=0.25)
     shared = np.var(failures_per_run(catalog.with_failure_correlation(0.5), workload, 300), ddof=1)
     assert shared > 10 * spread
+
+
+class EnsembleFailureModels(SharedFailureModels):
+    """A failure model of four members that disagree (p_valid 0.2, 0.4, 0.6, 0.8; their mean is 0.5)."""
+
+    MEMBERS = (0.2, 0.4, 0.6, 0.8)
+
+    def predict_failure_members(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.tile(self.MEMBERS, (len(configs), 1))
+
+
+def test_each_run_takes_one_failure_member_for_all_its_jobs() -> None:
+    n, runs = 200, 400
+    workload = one_family_workload(n)
+    catalog = prepare_catalog(workload.catalog, EnsembleFailureModels(None, 0.5))
+    assert catalog.p_valid_members is not None
+    np.testing.assert_allclose(catalog.p_valid_members.mean(axis=1), catalog.p_valid)
+    fails = failures_per_run(catalog, workload, runs)
+    # A run's jobs fail with one member's 1 - p: the count is binomial around one of n * (0.8, 0.6, 0.4,
+    # 0.2). Its variance across runs is the binomial's, n q (1 - q) on average, plus n^2 Var(q).
+    q = 1.0 - np.array(EnsembleFailureModels.MEMBERS)
+    variance = n * np.mean(q * (1 - q)) + n**2 * np.var(q)
+    assert np.var(fails, ddof=1) == pytest.approx(variance, rel=0.15)
+    assert fails.mean() == pytest.approx(n * 0.5, abs=4 * np.sqrt(variance / runs))
+    nearest = np.min(np.abs(fails[:, None] - n * q[None, :]), axis=1)
+    assert np.all(nearest <= 4 * np.sqrt(n * 0.25))  # never between two members: one member per run
+    # Every member is drawn, about equally often.
+    counts = np.bincount(np.argmin(np.abs(fails[:, None] - n * q[None, :]), axis=1), minlength=len(q))
+    assert counts.min() >= 0.15 * runs
+    # Without members, the same model's p = 0.5 spreads the count by the binomial alone.
+    plain = prepare_catalog(workload.catalog, SharedFailureModels(None, 0.5))
+    alone = failures_per_run(plain, workload, runs)
+    assert np.var(alone, ddof=1) == pytest.approx(n * 0.25, rel=0.2)
+
+
+def test_members_are_moved_to_the_models_p_valid() -> None:
+    """Members whose mean is not the model's p_valid (a wrapper that corrects p) are moved to it, so that the
+    member draw spreads the failures without moving their mean."""
+
+    class Shifted(EnsembleFailureModels):
+        def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+            return np.full(len(configs), 0.7)
+
+    catalog = prepare_catalog(one_family_workload(8).catalog, Shifted(None, 0.5))
+    assert catalog.p_valid_members is not None
+    np.testing.assert_allclose(catalog.p_valid_members, np.tile([0.4, 0.6, 0.8, 1.0], (4, 1)))
