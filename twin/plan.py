@@ -211,7 +211,8 @@ def prepare_catalog(
 
 def _members(predicted: object, p_valid: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """(k, members) member p_valid for the runnable rows `mask` (0 elsewhere), moved so that their mean is
-    exactly the catalog's p_valid: a run's member draw spreads the failures without moving their mean."""
+    the catalog's p_valid (but where a member is clipped at 0 or 1): a run's member draw spreads the
+    failures without moving their mean."""
     array = np.asarray(predicted, dtype=float)
     if array.ndim != 2 or array.shape[0] != int(mask.sum()) or array.shape[1] < 1:
         raise ValueError(f"the model returned failure members of shape {array.shape}, "
