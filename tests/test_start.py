@@ -236,9 +236,10 @@ def test_bash_completes_commands(tmp_path: Path) -> None:
     done = run([], env)
     assert "models" in done.stdout.split(), done.stdout + done.stderr
     # As a user runs it, from bash: typer finds the shell among the command's parents (shellingham), and
-    # under pytest alone there may be none to find.
+    # under pytest alone there may be none to find. `; exit` keeps bash from exec'ing the command in its
+    # place, so bash is its parent whatever started pytest (from a plain `sh`, the test failed).
     script = subprocess.run(
-        ["bash", "-c", f"{FINETWIN} --show-completion"],
+        ["bash", "-c", f"{FINETWIN} --show-completion; exit $?"],
         env=environment(tmp_path / "data"), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert script.returncode == 0 and "_FINETWIN_COMPLETE" in script.stdout, script.stderr

@@ -151,6 +151,9 @@ def test_a_large_table_takes_its_random_residuals_from_one_fit(
     recorder = _RecordingFits(boosting.regressor, ids)
     monkeypatch.setattr(perf.boosting, "regressor", recorder)
     monkeypatch.setattr(perf, "RESIDUAL_MAX_TRAIN_ROWS", cap)
+    # Which rows each fit sees is the question, not how well it fits: few trees keep the test quick.
+    monkeypatch.setattr(perf, "RANDOM_RESIDUAL_PARAMS", perf.REGRESSOR_PARAMS | {"max_iter": 20})
+    monkeypatch.setattr(perf, "RESIDUAL_PARAMS", perf.RESIDUAL_PARAMS | {"max_iter": 20})
     target = np.log(tokens) - X[:, perf._OFFSET]
     residuals, contexts, rows = perf._out_of_fold_residuals(X, target, None, seed=3)
 
