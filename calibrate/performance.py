@@ -223,8 +223,8 @@ def fit_throughput(
     regressor = boosting.regressor(FEATURE_NAMES, seed, REGRESSOR_PARAMS)
     regressor.fit(boosting.trainable(X, FEATURE_NAMES), target, sample_weight=weight)
     residuals, contexts, rows = _out_of_fold_residuals(X, target, weight, seed=seed)
-    difficulty, band, scores = _difficulty_and_band(X[rows], contexts, residuals, seed=seed)
     levels = levels_of(contexts)
+    difficulty, band, scores = _difficulty_and_band(X[rows], contexts, levels, residuals, seed=seed)
     row_families = np.asarray(families)[rows] if families is not None else None
     correlation, quantiles = _error_structure(scores, levels, row_families, band)
     return ThroughputModel(
@@ -393,7 +393,7 @@ def _out_of_fold_residuals(
 
 
 def _difficulty_and_band(
-    X: np.ndarray, contexts: np.ndarray, residuals: np.ndarray, *, seed: int
+    X: np.ndarray, contexts: np.ndarray, levels: np.ndarray, residuals: np.ndarray, *, seed: int
 ) -> tuple[HistGradientBoostingRegressor, dict[str, list[float]], np.ndarray]:
     """The difficulty regressor (on all out-of-fold rows), the band's quantiles of residual / difficulty,
     and each out-of-fold row's residual / difficulty.
@@ -419,7 +419,6 @@ def _difficulty_and_band(
                                                target[~part])  # fmt: skip
         scale[part] = np.exp(CompiledTrees(model).predict(design[part]))
     scores = residuals / scale
-    levels = levels_of(contexts)
     band: dict[str, list[float]] = {}
     previous = [0.0, 0.0]
     for level in LEVELS:

@@ -172,10 +172,14 @@ def prepare_catalog(
     if runnable:
         mask = reject == Reject.NONE
         throughput[mask] = _checked(models.predict_throughput(runnable), (len(runnable), 3), "throughput")
-        p_valid[mask] = np.clip(_checked(models.predict_failure(runnable), (len(runnable),), "p_valid"), 0, 1)
-        power[mask] = _checked(models.predict_power_watts(runnable), (len(runnable),), "power")
         if isinstance(models, FailureMembersModel):
-            p_valid_members = _members(models.predict_failure_members(runnable), p_valid, mask)
+            # p_valid is the members' mean: one pass of the failure model, not a second for predict_failure.
+            p_valid_members = _members(models.predict_failure_members(runnable), mask)
+            p_valid[mask] = p_valid_members[mask].mean(axis=1)
+        else:
+            predicted = _checked(models.predict_failure(runnable), (len(runnable),), "p_valid")
+            p_valid[mask] = np.clip(predicted, 0, 1)
+        power[mask] = _checked(models.predict_power_watts(runnable), (len(runnable),), "power")
     missing_power = ~np.isfinite(power)
     if missing_power.any():
         power[missing_power] = [
@@ -209,18 +213,16 @@ def prepare_catalog(
     )  # fmt: skip
 
 
-def _members(predicted: object, p_valid: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """(k, members) member p_valid for the runnable rows `mask` (0 elsewhere), moved so that their mean is
-    the catalog's p_valid (but where a member is clipped at 0 or 1): a run's member draw spreads the
-    failures without moving their mean."""
+def _members(predicted: object, mask: np.ndarray) -> np.ndarray:
+    """(k, members) member p_valid for the runnable rows `mask` (0 elsewhere), each in [0, 1]."""
     array = np.asarray(predicted, dtype=float)
     if array.ndim != 2 or array.shape[0] != int(mask.sum()) or array.shape[1] < 1:
         raise ValueError(f"the model returned failure members of shape {array.shape}, "
                          f"expected ({int(mask.sum())}, members)")  # fmt: skip
     if not np.isfinite(array).all():
         raise ValueError("the model returned failure members' p_valid that are not finite")
-    members = np.zeros((len(p_valid), array.shape[1]))
-    members[mask] = np.clip(array + (p_valid[mask] - array.mean(axis=1))[:, None], 0.0, 1.0)
+    members = np.zeros((len(mask), array.shape[1]))
+    members[mask] = np.clip(array, 0.0, 1.0)
     return members
 
 

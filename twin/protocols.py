@@ -75,7 +75,8 @@ class FailureCorrelationModel(Protocol):
 class FailureMembersModel(Protocol):
     def predict_failure_members(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """Per config, the p_valid of each member of the failure model's ensemble, whose mean is
-        `predict_failure`, shape (n, members): how unsure the model is of p itself. Each twin run takes one
-        member's p for all its jobs, so that the band of jobs completed and failed carries that uncertainty;
-        a model without this method is taken to know its p."""
+        `predict_failure`, shape (n, members): how unsure the model is of p itself. The twin takes p_valid as
+        the members' mean (without asking `predict_failure` too), and each run takes one member's p for all
+        its jobs, so that the band of jobs completed and failed carries that uncertainty; a model without
+        this method is taken to know its p."""
         ...

@@ -116,4 +116,6 @@ def test_a_stored_version_gives_the_twin_its_failure_members(calibrated_models_d
     catalog = prepare_catalog(configs, models)
     assert catalog.p_valid_members is not None
     np.testing.assert_allclose(catalog.p_valid_members, members, rtol=0, atol=1e-12)
+    # The catalog's p_valid, now the members' mean, is exactly what predict_failure gives.
+    np.testing.assert_array_equal(catalog.p_valid, models.predict_failure(configs))
     assert models.predict_failure_members([]).shape == (0, len(models.failure.members))

@@ -237,14 +237,18 @@ def test_each_run_takes_one_failure_member_for_all_its_jobs() -> None:
     assert np.var(alone, ddof=1) == pytest.approx(n * 0.25, rel=0.2)
 
 
-def test_members_are_moved_to_the_models_p_valid() -> None:
-    """Members whose mean is not the model's p_valid (a wrapper that corrects p) are moved to it, so that the
-    member draw spreads the failures without moving their mean."""
+def test_a_model_with_members_is_asked_for_them_once_and_p_valid_is_their_mean() -> None:
+    """The members give p_valid too (their mean): the failure model runs once per catalog, not twice."""
 
-    class Shifted(EnsembleFailureModels):
+    class Counting(EnsembleFailureModels):
+        asked_p_valid = 0
+
         def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
-            return np.full(len(configs), 0.7)
+            Counting.asked_p_valid += 1
+            return super().predict_failure(configs)
 
-    catalog = prepare_catalog(one_family_workload(8).catalog, Shifted(None, 0.5))
+    catalog = prepare_catalog(one_family_workload(8).catalog, Counting(None, 0.5))
+    assert Counting.asked_p_valid == 0
     assert catalog.p_valid_members is not None
-    np.testing.assert_allclose(catalog.p_valid_members, np.tile([0.4, 0.6, 0.8, 1.0], (4, 1)))
+    np.testing.assert_array_equal(catalog.p_valid_members, np.tile(EnsembleFailureModels.MEMBERS, (4, 1)))
+    np.testing.assert_allclose(catalog.p_valid, 0.5)
