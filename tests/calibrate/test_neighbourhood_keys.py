@@ -7,7 +7,9 @@ import numpy as np
 
 from calibrate.encoding import FeatureEncoding
 from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES
-from calibrate.performance import _CONFIG_COLUMNS, _REGION_COLUMNS, keys
+import pytest
+
+from calibrate.performance import _CONFIG_COLUMNS, _REGION_COLUMNS, HASH_EACH_ROW_BELOW, keys
 
 
 def _matrix(rows: int, seed: int) -> np.ndarray:
@@ -16,8 +18,13 @@ def _matrix(rows: int, seed: int) -> np.ndarray:
     return rng.integers(0, 3, size=(rows, len(FEATURE_NAMES))).astype(np.float64) / 7.0
 
 
-def test_rows_share_a_key_exactly_when_their_key_columns_are_equal() -> None:
-    X = _matrix(400, seed=1)
+# Below HASH_EACH_ROW_BELOW every row is hashed; above, equal rows are grouped first and hashed once.
+BATCH_SIZES = (400, 2 * HASH_EACH_ROW_BELOW + 500)
+
+
+@pytest.mark.parametrize("rows", BATCH_SIZES)
+def test_rows_share_a_key_exactly_when_their_key_columns_are_equal(rows: int) -> None:
+    X = _matrix(rows, seed=1)
     X[5, _REGION_COLUMNS[0]] = np.nan  # missing counts as its own value
     X[6, _REGION_COLUMNS] = X[7, _REGION_COLUMNS]
     X[6, _REGION_COLUMNS[1]] = -0.0  # -0.0 and 0.0 are one value
@@ -37,6 +44,19 @@ def test_a_row_keeps_its_key_in_any_batch() -> None:
     assert np.array_equal(keys(X[order], _CONFIG_COLUMNS), whole[order])
     assert np.array_equal(keys(X[:1], _CONFIG_COLUMNS), whole[:1])
     assert len(keys(X[:0], _CONFIG_COLUMNS)) == 0
+
+
+def test_a_large_batch_gives_each_row_the_key_it_has_alone() -> None:
+    """The grouped path (a CSV's rows) and the per-row path (an answer's) agree: the keys stored at fit
+    time are looked up from both."""
+    rng = np.random.default_rng(4)
+    X = _matrix(300, seed=4)[rng.integers(0, 300, size=BATCH_SIZES[1])]  # rows repeat
+    X[::7, _CONFIG_COLUMNS[2]] = rng.normal(size=len(X[::7]))  # many distinct rows too
+    X[3, _CONFIG_COLUMNS[0]] = np.nan
+    batch = keys(X, _CONFIG_COLUMNS)
+    alone = np.concatenate([keys(X[i : i + 100], _CONFIG_COLUMNS) for i in range(0, len(X), 100)])
+    assert np.array_equal(batch, alone)
+    assert 100 < len(set(batch)) < len(X)
 
 
 def test_codes_of_unseen_and_known_categories() -> None:
