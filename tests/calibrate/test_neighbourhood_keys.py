@@ -4,11 +4,10 @@ encoding's category codes, both computed once per distinct value."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from calibrate.encoding import FeatureEncoding
 from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES
-import pytest
-
 from calibrate.performance import _CONFIG_COLUMNS, _REGION_COLUMNS, HASH_EACH_ROW_BELOW, keys
 
 
