@@ -255,6 +255,14 @@ class CalibratedModels:
         X, gpus, _ = self.matrix(configs_to_frame(configs))
         return self.power.predict(X, gpus)
 
+    def predict_power_error(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.PowerErrorModel: per config, the standard deviation of its log(watts) error and
+        the share of it its error family shares, from held-out runs of its novelty level."""
+        if not configs:
+            return np.zeros((0, 2))
+        X, gpus, _ = self.matrix(configs_to_frame(configs))
+        return self.power.predict_error(self.throughput.levels(X), gpus)
+
     def to_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(name -> scikit-learn pipeline, JSON-able parameters)."""
         # The trees' estimators under the names `_compiled_parts` gives them (and the snapshot repeats).
@@ -302,11 +310,7 @@ class CalibratedModels:
             )
         except KeyError as exc:
             raise ValueError(f"missing estimator {exc.args[0]!r}") from None
-        power = PowerUseModel(
-            estimators.get("power"),
-            float(params["power"]["tdp_fraction"]),
-            list(params["power"]["gpus_with_power"]),
-        )
+        power = PowerUseModel.from_params(estimators.get("power"), params["power"])
         return cls(encoding, throughput, failure, power, params.get("info"))
 
 
@@ -395,8 +399,9 @@ def fit_models(
             pairs=model_method(table["model_name"].to_numpy(), table["method"].to_numpy())[passed],
         )  # fmt: skip
         power_model = fit_power(
-            X[usable], gpus[usable], power_watts[usable], _subset(weight, usable), seed=seed
-        )
+            X[usable], gpus[usable], power_watts[usable], _subset(weight, usable), seed=seed,
+            families=families[usable],
+        )  # fmt: skip
     info = {
         "seed": seed,
         "n_rows": int(len(table)),
@@ -411,6 +416,9 @@ def fit_models(
         # method, and of a pair the version never saw (None: too few such rows to measure it).
         "failure_error_correlation": failure_model.error_correlation,
         "failure_error_correlation_novel": failure_model.novel_error_correlation,
+        # ... and the power model's error by novelty level: its spread (log watts) and a family's share.
+        "power_error_scale": dict(power_model.error_scale),
+        "power_error_correlation": dict(power_model.error_correlation),
     }
     return CalibratedModels(encoding, throughput_model, failure_model, power_model, info)
 

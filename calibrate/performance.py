@@ -339,6 +339,16 @@ def neighbourhood(
     return np.column_stack(parts)
 
 
+def fold_neighbourhood(X_train: np.ndarray, X_held_out: np.ndarray) -> np.ndarray:
+    """`neighbourhood` of held-out rows in a fold's training rows (`levels_of` gives their novelty)."""
+    return neighbourhood(
+        X_held_out,
+        _counts(keys(X_train, _REGION_COLUMNS)),
+        _counts(keys(X_train, _CONFIG_COLUMNS)),
+        _counts(keys(X_train, _SIBLING_COLUMNS)),
+    )
+
+
 def _counts(found: np.ndarray) -> dict[str, int]:
     values, counts = np.unique(found.astype(str), return_counts=True)
     return {str(v): int(c) for v, c in zip(values, counts, strict=True)}
@@ -391,14 +401,7 @@ def _out_of_fold_residuals(
             sample_weight=None if weight is None else weight[train],
         )
         residuals.append(target[held_out] - CompiledTrees(model).predict(X[held_out]))
-        contexts.append(
-            neighbourhood(
-                X[held_out],
-                _counts(keys(X[train], _REGION_COLUMNS)),
-                _counts(keys(X[train], _CONFIG_COLUMNS)),
-                _counts(keys(X[train], _SIBLING_COLUMNS)),
-            )
-        )
+        contexts.append(fold_neighbourhood(X[train], X[held_out]))
         rows.append(np.flatnonzero(held_out))
     return np.concatenate(residuals), np.concatenate(contexts), np.concatenate(rows)
 

@@ -80,3 +80,14 @@ class FailureMembersModel(Protocol):
         its jobs, so that the band of jobs completed and failed carries that uncertainty; a model without
         this method is taken to know its p."""
         ...
+
+
+@runtime_checkable
+class PowerErrorModel(Protocol):
+    def predict_power_error(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Per config, shape (n, 2): the standard deviation of the error of log(`predict_power_watts`), and
+        the share of it (in [0, 1)) that it shares with the other configurations of its error family. Each
+        run draws a job's power from it, with one shock per family and run, so that an energy forecast's band
+        carries the power model's error where it does not average out. A model without this method is taken
+        to know each job's power."""
+        ...

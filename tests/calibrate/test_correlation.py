@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -119,3 +121,50 @@ def test_a_stored_version_gives_the_twin_its_failure_members(calibrated_models_d
     # The catalog's p_valid, now the members' mean, is exactly what predict_failure gives.
     np.testing.assert_array_equal(catalog.p_valid, models.predict_failure(configs))
     assert models.predict_failure_members([]).shape == (0, len(models.failure.members))
+
+
+def test_a_stored_version_gives_the_twin_its_power_error_by_novelty(calibrated_models_dir) -> None:  # type: ignore[no-untyped-def]
+    """The power model's held-out error (spread of log watts, a family's share) by novelty level, read back
+    from the registry: a configuration of a region the version never saw is less sure than a seen one, a GPU
+    type without power telemetry shares its whole error, and the twin's catalog carries both. A version
+    saved before them gives none (each job's power known)."""
+    from calibrate.correlation import MAX_SHARE
+    from calibrate.fit import CalibratedModels
+    from calibrate.registry import ModelRegistry
+    from twin.plan import prepare_catalog
+
+    registry = ModelRegistry(calibrated_models_dir)
+    models = registry.load(registry.in_use() or "")
+    scale, share = models.info["power_error_scale"], models.info["power_error_correlation"]
+    assert set(scale) == set(share) == {"0", "1", "2"}
+    # From seen (0) over a seen region's edge (2) to a new region (1): never surer, never less shared.
+    assert 0.0 < scale["0"] <= scale["2"] <= scale["1"] < 1.0
+    assert 0.0 <= share["0"] <= share["2"] <= share["1"] < 1.0
+    assert scale["1"] > 1.5 * scale["0"]  # ~0.18 against ~0.07 on the sample
+    # Each of the sample's configurations gets its novelty level's figures (the seen ones, most of them).
+    from calibrate.config_frame import configs_to_frame
+    from calibrate.loader import bundled_benchmark_path
+    from twin.backtest import _configs
+
+    configs, _ = _configs(load_benchmark(bundled_benchmark_path()).query("outcome == 'valid'"))
+    configs = [c for c in configs if c.gpu_model in models.power.gpus_with_power]
+    levels = models.throughput.levels(models.matrix(configs_to_frame(configs))[0])
+    error = models.predict_power_error(configs)
+    expected = [[scale[str(k)], share[str(k)]] for k in levels]
+    assert error.tolist() == expected and np.mean(levels == 0) > 0.9
+    seen = configs[int(np.flatnonzero(levels == 0)[0])]
+    new_region = replace(seen, model_name="an-llm-nobody-tuned-7b")
+    unmeasured = replace(seen, gpu_model="NVIDIA-A100-80GB-PCIe")
+    assert "NVIDIA-A100-80GB-PCIe" not in models.power.gpus_with_power
+    error = models.predict_power_error([seen, new_region, unmeasured])
+    assert error[:2].tolist() == [[scale["0"], share["0"]], [scale["1"], share["1"]]]
+    assert error[2].tolist() == [models.power.unmeasured_error_scale, MAX_SHARE]
+    catalog = prepare_catalog([seen, new_region, unmeasured], models)
+    assert catalog.power_error_scale is not None and catalog.power_correlation is not None
+    np.testing.assert_array_equal(catalog.power_error_scale, error[:, 0])
+    np.testing.assert_array_equal(catalog.power_correlation, np.minimum(error[:, 1], 0.99))
+    estimators, params = models.to_parts()
+    for key in ("error_scale", "error_correlation", "unmeasured_error_scale"):
+        del params["power"][key]  # a version saved before them
+    older = CalibratedModels.from_parts(estimators, params)
+    assert not older.predict_power_error([seen, new_region, unmeasured])[:2].any()
