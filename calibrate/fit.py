@@ -241,6 +241,14 @@ class CalibratedModels:
         X, _, _ = self.matrix(configs_to_frame(configs))
         return self.throughput.predict_error_quantiles(X)
 
+    def predict_error_range(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """twin.protocols.ErrorRangeModel: per config, the most negative and the most positive error of
+        log(tokens/s) held out at its novelty level."""
+        if not configs:
+            return np.zeros((0, 2))
+        X, _, _ = self.matrix(configs_to_frame(configs))
+        return self.throughput.predict_error_range(X)
+
     def predict_failure_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """twin.protocols.FailureCorrelationModel: the share of each config's runtime-failure error that its
         error family shares, from held-out residuals: those of held-out blocks where the config's LLM and
@@ -412,6 +420,7 @@ def fit_models(
         # throughput error that an error family shares, from held-out residuals.
         "error_correlation": dict(throughput_model.error_correlation),
         "error_quantiles": dict(throughput_model.error_quantiles),
+        "error_range": dict(throughput_model.error_range),
         # ... and the share of the runtime-failure model's error that a family shares: of a known LLM and
         # method, and of a pair the version never saw (None: too few such rows to measure it).
         "failure_error_correlation": failure_model.error_correlation,

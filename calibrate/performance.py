@@ -136,6 +136,8 @@ class ThroughputModel:
     # level -> the standardized error at twin.families.ERROR_QUANTILE_LEVELS (absent: a normal's)
     error_quantiles: dict[str, list[float]] = field(default_factory=dict)
     sibling_rows: dict[str, int] | None = None  # training rows per sibling key (None: an older version)
+    # level -> [the most negative, the most positive] held-out error of log(tokens/s) (absent: unbounded)
+    error_range: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._center = CompiledTrees(self.regressor)
@@ -181,6 +183,14 @@ class ThroughputModel:
         tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
         return np.array([tables.get(str(k), normal) for k in levels]).reshape(len(levels), -1)
 
+    def predict_error_range(self, X: np.ndarray) -> np.ndarray:
+        """(n, 2) the most negative and the most positive error of log(tokens/s) held out at each row's
+        novelty level (-inf, inf where the version did not measure them)."""
+        unbounded = [-np.inf, np.inf]
+        return np.array(
+            [self.error_range.get(str(k), unbounded) for k in self.levels(X)], dtype=float
+        ).reshape(-1, 2)
+
     def params(self) -> dict[str, Any]:
         return {
             "band": self.band,
@@ -188,6 +198,7 @@ class ThroughputModel:
             "config_rows": self.config_rows,
             "error_correlation": self.error_correlation,
             "error_quantiles": self.error_quantiles,
+            "error_range": self.error_range,
         } | ({} if self.sibling_rows is None else {"sibling_rows": self.sibling_rows})
 
     @classmethod
@@ -205,6 +216,7 @@ class ThroughputModel:
             {str(k): [float(x) for x in v] for k, v in (params.get("error_quantiles") or {}).items()},
             None if "sibling_rows" not in params
             else {str(k): int(v) for k, v in params["sibling_rows"].items()},
+            {str(k): [float(v) for v in pair] for k, pair in (params.get("error_range") or {}).items()},
         )  # fmt: skip
 
 
@@ -230,8 +242,26 @@ def fit_throughput(
     correlation, quantiles = _error_structure(scores, levels, row_families, band)
     return ThroughputModel(
         regressor, difficulty, band, _counts(keys(X, _REGION_COLUMNS)), _counts(keys(X, _CONFIG_COLUMNS)),
-        correlation, quantiles, _counts(keys(X, _SIBLING_COLUMNS)),
+        correlation, quantiles, _counts(keys(X, _SIBLING_COLUMNS)), _error_range(residuals, levels),
     )  # fmt: skip
+
+
+def _error_range(residuals: np.ndarray, levels: np.ndarray) -> dict[str, list[float]]:
+    """Per novelty level, the most negative and the most positive held-out residual of log(tokens/s): how
+    far from its prediction a run of that level has ever been seen to land. The twin draws no further (a
+    wide band times a heavy-tailed draw in band units reached runs 10,000 times slower than predicted, where
+    the slowest held-out run of the sample was 5.5 times slower). A level with too few residuals takes all
+    of them, and each level's range holds the one before it in LEVELS."""
+    out: dict[str, list[float]] = {}
+    if not len(residuals):
+        return out
+    previous = [0.0, 0.0]
+    for level in LEVELS:
+        pool = residuals[levels == level]
+        chosen = pool if pool.size >= MIN_RESIDUALS_PER_LEVEL else residuals
+        previous = [min(float(chosen.min()), previous[0]), max(float(chosen.max()), previous[1])]
+        out[str(level)] = [round(previous[0], 4), round(previous[1], 4)]
+    return out
 
 
 def _error_structure(

@@ -14,7 +14,8 @@ models measured as shared (`twin.protocols.ErrorCorrelationModel`, from held-out
 marginal band is unchanged; what changes is that errors no longer average out over hundreds of jobs, so the
 ensemble's spread of GPU-hours and makespan carries the models' uncertainty as it behaves. The mixed draw
 is a quantile; where the models describe their error's distribution (`ErrorDistributionModel`, heavy tailed
-in practice) the quantile is read from it, else from a normal. Whether a job fails at runtime is drawn the
+in practice) the quantile is read from it, else from a normal, and no further from p50 than the models'
+held-out errors ever went (`ErrorRangeModel`). Whether a job fails at runtime is drawn the
 same way (`FailureCorrelationModel`): a second family shock, so that a failure model that misjudges the
 memory of a family misjudges all of its jobs in a run, and the band of jobs completed and failed is as wide
 as the model's shared error makes it, not as narrow as independent coin flips. And where the failure model
@@ -49,6 +50,7 @@ from twin.families import ERROR_QUANTILE_LEVELS, family_of
 from twin.protocols import (
     ErrorCorrelationModel,
     ErrorDistributionModel,
+    ErrorRangeModel,
     FailureCorrelationModel,
     FailureMembersModel,
     JobModels,
@@ -125,6 +127,9 @@ class PreparedCatalog:
     # None: each job's power is known.
     power_error_scale: np.ndarray | None = None
     power_correlation: np.ndarray | None = None
+    # (k, 2) the most negative and the most positive log(tokens/s / p50) the model was seen to miss by;
+    # None: unbounded.
+    error_range: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> PreparedCatalog:
@@ -216,9 +221,14 @@ def prepare_catalog(
         )
         failure_correlation = np.clip(np.nan_to_num(failure_correlation, nan=0.0), 0.0, MAX_CORRELATION)
     power_scale, power_correlation = _power_error(models, configs, reject)
+    error_range = None
+    if isinstance(models, ErrorRangeModel):
+        error_range = _checked(models.predict_error_range(configs), (k, 2), "error range")
+        if np.isnan(error_range).any() or (error_range[:, 0] > 0).any() or (error_range[:, 1] < 0).any():
+            raise ValueError("the model returned an error range that does not hold 0")
     return PreparedCatalog(
         configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles,
-        failure_correlation, p_valid_members, power_scale, power_correlation,
+        failure_correlation, p_valid_members, power_scale, power_correlation, error_range,
     )  # fmt: skip
 
 
@@ -308,6 +318,18 @@ def error_z(catalog: PreparedCatalog, idx: np.ndarray, u: np.ndarray) -> np.ndar
     return z
 
 
+def within_range(
+    catalog: PreparedCatalog, idx: np.ndarray, tokens_per_s: np.ndarray, p50: np.ndarray
+) -> np.ndarray:
+    """The drawn throughputs, none further from p50 than the model's held-out errors ever were
+    (`ErrorRangeModel`): a wide band times a draw from the heavy tail in band units can reach runs
+    thousands of times slower than predicted, which no held-out run was."""
+    if catalog.error_range is None:
+        return tokens_per_s
+    low, high = catalog.error_range[idx, 0], catalog.error_range[idx, 1]
+    return np.clip(tokens_per_s, p50 * np.exp(low), p50 * np.exp(high))
+
+
 def pool_index(workload: Workload, cluster: Cluster) -> tuple[np.ndarray, list[str], np.ndarray]:
     """Each job's GPU pool (index into the cluster's GPU models; -1 = none) and whether it can ever fit."""
     pools = cluster.gpu_models
@@ -372,8 +394,8 @@ def build_plan(
         u_fail = shared_uniforms(
             catalog, idx, key, u[:, STREAM_FAIL], catalog.failure_correlation, FAMILY_FAIL
         )
-        tokens_per_s = band_at(band, error_z(catalog, idx, quantile))
         p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
+        tokens_per_s = within_range(catalog, idx, band_at(band, error_z(catalog, idx, quantile)), p50)
         limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
         run = np.minimum(work / tokens_per_s, limit)
         est = np.minimum(work / p50, limit)

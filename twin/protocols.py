@@ -62,6 +62,15 @@ class ErrorDistributionModel(Protocol):
 
 
 @runtime_checkable
+class ErrorRangeModel(Protocol):
+    def predict_error_range(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        """Per config, shape (n, 2): the most negative and the most positive error of log(tokens/s) (actual
+        over the band's p50) its model has been seen to make, -inf and inf where unknown. The twin draws no
+        throughput beyond them. A model without this method is taken to have unbounded errors."""
+        ...
+
+
+@runtime_checkable
 class FailureCorrelationModel(Protocol):
     def predict_failure_correlation(self, configs: Sequence[JobConfig]) -> np.ndarray:
         """Per config, the share of its runtime-failure error (the residual ran - p_valid over its standard

@@ -168,3 +168,50 @@ def test_a_stored_version_gives_the_twin_its_power_error_by_novelty(calibrated_m
         del params["power"][key]  # a version saved before them
     older = CalibratedModels.from_parts(estimators, params)
     assert not older.predict_power_error([seen, new_region, unmeasured])[:2].any()
+
+
+def test_error_ranges_nest_by_novelty_and_a_thin_level_borrows_all() -> None:
+    from calibrate.performance import EDGE_REGION, NEW_REGION, SEEN_REGION, _error_range
+
+    rng = np.random.default_rng(0)
+    seen = rng.normal(0, 0.1, 200)
+    edge = rng.normal(0, 0.3, 100)
+    residuals = np.concatenate([seen, edge, [-2.0, 1.0]])  # two rows of a new region: too few alone
+    levels = np.array([SEEN_REGION] * 200 + [EDGE_REGION] * 100 + [NEW_REGION] * 2)
+    ranges = _error_range(residuals, levels)
+    assert ranges[str(SEEN_REGION)] == pytest.approx([seen.min(), seen.max()], abs=1e-4)
+    # The edge holds the seen range (a more novel configuration is never held to a narrower one).
+    assert ranges[str(EDGE_REGION)] == pytest.approx(
+        [min(seen.min(), edge.min()), max(seen.max(), edge.max())], abs=1e-4
+    )
+    assert ranges[str(NEW_REGION)] == pytest.approx([-2.0, max(1.0, edge.max(), seen.max())], abs=1e-4)
+    assert _error_range(np.zeros(0), np.zeros(0, dtype=int)) == {}
+
+
+def test_a_stored_version_bounds_the_twins_throughput_draws(calibrated_models_dir) -> None:  # type: ignore[no-untyped-def]
+    """The held-out error range by novelty level goes with the version and reaches the twin's catalog; an
+    older version without it leaves the draws unbounded."""
+    from calibrate.fit import CalibratedModels
+    from calibrate.registry import ModelRegistry
+    from twin.domain import JobConfig
+    from twin.plan import prepare_catalog
+
+    registry = ModelRegistry(calibrated_models_dir)
+    models = registry.load(registry.in_use() or "")
+    ranges = models.info["error_range"]
+    assert set(ranges) == {"0", "1", "2"}
+    for less, more in (("0", "2"), ("2", "1")):
+        assert ranges[more][0] <= ranges[less][0] < 0.0 < ranges[less][1] <= ranges[more][1]
+    # On the sample the slowest held-out run was a few times slower than predicted, not thousands.
+    assert 1.5 < np.exp(-ranges["1"][0]) < 20.0
+    seen = JobConfig("llama3-8b", "lora", "NVIDIA-A100-SXM4-80GB", 2, 1, 4, 1024)
+    new_region = JobConfig("an-llm-nobody-tuned-7b", "lora", "NVIDIA-A100-SXM4-80GB", 2, 1, 4, 1024)
+    predicted = models.predict_error_range([seen, new_region])
+    assert predicted[1].tolist() == ranges["1"]
+    catalog = prepare_catalog([seen, new_region], models)
+    assert catalog.error_range is not None
+    np.testing.assert_array_equal(catalog.error_range, predicted)
+    estimators, params = models.to_parts()
+    del params["throughput"]["error_range"]  # a version saved before it
+    older = CalibratedModels.from_parts(estimators, params).predict_error_range([seen])
+    assert older.tolist() == [[-np.inf, np.inf]]

@@ -252,3 +252,40 @@ def test_a_model_with_members_is_asked_for_them_once_and_p_valid_is_their_mean()
     assert catalog.p_valid_members is not None
     np.testing.assert_array_equal(catalog.p_valid_members, np.tile(EnsembleFailureModels.MEMBERS, (4, 1)))
     np.testing.assert_allclose(catalog.p_valid, 0.5)
+
+
+class BoundedModels(HeavyTailedModels):
+    """The heavy-tailed errors above, and held-out errors that never went beyond 2x slower or 1.5x faster."""
+
+    RANGE = (-np.log(2.0), np.log(1.5))
+
+    def predict_error_range(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return np.tile(self.RANGE, (len(configs), 1))
+
+
+def test_no_job_is_drawn_further_from_its_prediction_than_held_out_errors_went() -> None:
+    from twin.plan import build_plan
+    from twin.randomness import run_key
+
+    workload = one_family_workload(4000)
+    key = run_key(np.random.default_rng(7))
+    bounded = build_plan(workload, prepare_catalog(workload.catalog, BoundedModels(None)), one_node(), key)
+    free = build_plan(workload, prepare_catalog(workload.catalog, HeavyTailedModels(None)), one_node(), key)
+    low, high = BoundedModels.RANGE
+    # Run time is 1 h at p50: within [1 h / 1.5, 2 h] with the range, ~2.6 h in the tail without it.
+    assert bounded.hold_s.max() == pytest.approx(3600.0 * np.exp(-low))
+    assert bounded.hold_s.min() == pytest.approx(3600.0 * np.exp(-high))
+    assert free.hold_s.max() > 2.5 * 3600.0 and free.hold_s.min() < 3600.0 / 1.5
+    # Inside the range every job keeps the draw it had: the range only cuts the tails.
+    inside = (free.hold_s <= 3600.0 * np.exp(-low)) & (free.hold_s >= 3600.0 * np.exp(-high))
+    assert inside.mean() > 0.9
+    np.testing.assert_array_equal(bounded.hold_s[inside], free.hold_s[inside])
+    np.testing.assert_array_equal(np.clip(free.hold_s, 1800.0 * 4 / 3, 7200.0), bounded.hold_s)
+
+
+def test_an_error_range_that_excludes_the_prediction_is_refused() -> None:
+    class Broken(BoundedModels):
+        RANGE = (0.1, 0.5)  # every run faster than predicted: not a range of errors around it
+
+    with pytest.raises(ValueError, match="error range"):
+        prepare_catalog(one_family_workload(4).catalog, Broken(None))
