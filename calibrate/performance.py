@@ -249,7 +249,7 @@ def fit_throughput(
 def _error_range(residuals: np.ndarray, levels: np.ndarray) -> dict[str, list[float]]:
     """Per novelty level, the most negative and the most positive held-out residual of log(tokens/s): how
     far from its prediction a run of that level has ever been seen to land. The twin draws no further (a
-    wide band times a heavy-tailed draw in band units reached runs 10,000 times slower than predicted, where
+    wide band times a heavy-tailed draw in band units reached runs 24,000 times slower than predicted, where
     the slowest held-out run of the sample was 5.5 times slower). A level with too few residuals takes all
     of them, and each level's range holds the one before it in LEVELS."""
     out: dict[str, list[float]] = {}

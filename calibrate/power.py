@@ -8,7 +8,7 @@ How wrong the model is, as the twin draws it (`twin.protocols.PowerErrorModel`):
 configuration (`calibrate.performance.levels_of`), the spread of log(watts) on held-out runs and the share of
 it an error family shares (`calibrate.correlation`). The sum over a workload's jobs is what an energy
 forecast is: on random held-out rows of the sample the per-job errors (~4 % median) cancel to ~1 %, but on
-held-out configuration blocks the whole block's power was 9-10 % off (three of ten blocks), an error a
+held-out configuration blocks the whole block's power was 8-10 % off (three of ten blocks), an error a
 forecast that took each job's power as known could not show in its band.
 """
 
@@ -40,8 +40,8 @@ DEFAULT_TDP_FRACTION = 0.8  # before any power telemetry is seen
 MIN_POWER_RUNS = 20
 # The held-out residuals: one random fold and two contiguous blocks (the table is sorted by configuration, so
 # a block holds regions its fold never saw) of a split into RESIDUAL_PARTS, each fit on at most
-# RESIDUAL_MAX_TRAIN_ROWS in fewer, larger steps: they size the error, they are not the model (with the
-# model's own parameters and 3,000 rows the three fits cost ~0.6 s of a calibration on the full benchmark).
+# RESIDUAL_MAX_TRAIN_ROWS in fewer, larger steps: they size the error, they are not the model (~0.3 s of a
+# calibration on the full benchmark; with the model's own parameters and 3,000 rows, ~0.6 s).
 RESIDUAL_PARTS = 6
 RESIDUAL_BLOCKS = (0, RESIDUAL_PARTS - 1)
 RESIDUAL_MAX_TRAIN_ROWS = 2000

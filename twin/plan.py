@@ -492,7 +492,8 @@ def power_factor(catalog: PreparedCatalog, idx: np.ndarray, key: int, own: np.nd
     mixed with its family's power shock (1 where the catalog carries no power error), clipped as the band's
     draws. Log-normal with the prediction as its mean: summed over held-out jobs the predictions were
     unbiased (0.99-1.01 of the measured power of the sample's random holdouts and of most blocks), where a
-    median of exp(sigma z) would have added sigma^2 / 2 (~2 % in a new region) to every energy forecast."""
+    draw with the prediction as its median would have added sigma^2 / 2 (~2 % in a new region) to every
+    energy forecast."""
     if catalog.power_error_scale is None:
         return np.ones(len(idx))
     u = shared_uniforms(catalog, idx, key, own, catalog.power_correlation, FAMILY_POWER)

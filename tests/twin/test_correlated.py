@@ -89,21 +89,25 @@ def test_independent_errors_average_out_over_many_jobs() -> None:
     assert shared > 10 * spread
 
 
-def test_families_draw_their_own_shocks_and_runs_pair_across_scenarios() -> None:
-    catalog_configs = [
+def two_family_workload(n: int) -> Workload:
+    """n one-GPU jobs alternating between two error families (even jobs the first), 3.6e6 tokens each."""
+    catalog = [
         JobConfig("llama3-70b", "lora", A100, 1, 1, 4, 1024),
         JobConfig("mistral-7b", "full", A100, 1, 1, 4, 1024),
     ]
-    n = 600
-    workload = Workload(
+    return Workload(
         job_ids=[f"j{i}" for i in range(n)], arrival_s=np.zeros(n), gpus=np.ones(n, dtype=np.int64),
         gpu_models=[A100] * n, duration_s=np.full(n, np.nan), work_tokens=np.full(n, 3.6e6),
-        config_idx=np.arange(n) % 2, catalog=catalog_configs,
+        config_idx=np.arange(n) % 2, catalog=catalog,
     )  # fmt: skip
+
+
+def test_families_draw_their_own_shocks_and_runs_pair_across_scenarios() -> None:
     from twin.plan import build_plan
     from twin.randomness import run_key
 
-    catalog = prepare_catalog(catalog_configs, CorrelatedModels(0.9))
+    workload = two_family_workload(600)
+    catalog = prepare_catalog(workload.catalog, CorrelatedModels(0.9))
     means = []
     for index in range(40):
         key = run_key(np.random.default_rng([0, index]))

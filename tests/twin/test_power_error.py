@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from tests.twin.conftest import A100, one_node
-from tests.twin.test_correlated import one_family_workload
+from tests.twin.conftest import one_node
+from tests.twin.test_correlated import one_family_workload, two_family_workload
 from twin.domain import JobConfig
 from twin.ensemble import EnsembleSpec, run_ensemble
 from twin.plan import build_plan, prepare_catalog
@@ -95,19 +95,8 @@ def test_the_power_draw_leaves_every_other_draw_as_it_was() -> None:
 
 
 def test_families_draw_their_own_power_shocks() -> None:
-    configs = [
-        JobConfig("llama3-70b", "lora", A100, 1, 1, 4, 1024),
-        JobConfig("mistral-7b", "full", A100, 1, 1, 4, 1024),
-    ]
-    from twin.workload import Workload
-
-    n = 400
-    workload = Workload(
-        job_ids=[f"j{i}" for i in range(n)], arrival_s=np.zeros(n), gpus=np.ones(n, dtype=np.int64),
-        gpu_models=[A100] * n, duration_s=np.full(n, np.nan), work_tokens=np.full(n, 3.6e6),
-        config_idx=np.arange(n) % 2, catalog=configs,
-    )  # fmt: skip
-    catalog = prepare_catalog(configs, PowerErrorModels(0.9))
+    workload = two_family_workload(400)
+    catalog = prepare_catalog(workload.catalog, PowerErrorModels(0.9))
     means = []
     for index in range(60):
         plan = build_plan(workload, catalog, one_node(), run_key(np.random.default_rng([5, index])))
