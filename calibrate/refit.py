@@ -296,6 +296,7 @@ def _metadata(
     now: datetime,
 ) -> dict[str, Any]:
     table = data.table
+    info: dict[str, Any] = getattr(models, "info", {})
     return {
         "created_at": now.isoformat(timespec="seconds"),
         "reason": reason,
@@ -316,8 +317,14 @@ def _metadata(
             "observed_half_life_days": weights.half_life_days,
         },
         "features": list(getattr(models, "feature_names", [])),
-        # How much throughput error an error family shares, by novelty level (the twin's ensembles use it).
-        "error_correlation": dict(getattr(models, "info", {}).get("error_correlation", {})),
+        # How much throughput error an error family shares, by novelty level (the twin's ensembles use it),
+        # how far from its prediction a held-out run has landed, and how unsure the power model is.
+        "error_correlation": dict(info.get("error_correlation", {})),
+        "error_range": dict(info.get("error_range", {})),
+        "power_error": {
+            "scale": dict(info.get("power_error_scale", {})),
+            "correlation": dict(info.get("power_error_correlation", {})),
+        },
         "libraries": library_versions(),
         "heldout_metrics": comparison.candidate,
         "comparison": comparison.to_json(),

@@ -50,6 +50,14 @@ def test_a_version_records_its_data_features_libraries_and_metrics(
         assert 0.0 <= held_out[name] <= 1.5, name
     assert held_out["rules_exact"] == 1.0
     assert metadata["comparison"]["against"] is None and metadata["promoted"] is True
+    # What the twin's ensembles draw from, for an operator comparing versions.
+    info = registry.load("v0001").info
+    assert metadata["error_range"] == info["error_range"] and set(metadata["error_range"]) == {"0", "1", "2"}
+    assert metadata["power_error"] == {
+        "scale": info["power_error_scale"],
+        "correlation": info["power_error_correlation"],
+    }
+    assert metadata["power_error"]["scale"]["0"] > 0
     # Every artifact is in the manifest with its hash, and the training rows are the data's rows.
     path = registry.path("v0001")
     manifest = json.loads((path / "MANIFEST.json").read_text())["files"]
