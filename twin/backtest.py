@@ -7,7 +7,7 @@ it fails (the benchmark does not say when: a draw from the same failure-time dis
 a rejected row never runs. Replayed with the scheduling policy, that is the truth.
 
 The twin sees what live telemetry would show at the window's start (the jobs queued, the jobs running
-with their progress and measured rate) and the jobs that arrive in the window, with their configuration
+with their progress, measured rate and power) and the jobs that arrive in the window, with their configuration
 and work (dataset tokens) but not their outcome or run time: those come from the models. Both are run to
 completion and compared on the window's jobs: jobs completed, GPU-hours (from the window's start), mean
 wait, makespan, and energy: over the jobs whose rows carry measured power, their measured power per GPU
@@ -249,6 +249,8 @@ def window_workload(
                 elapsed_s=elapsed,
                 tokens_done=elapsed * rate if math.isfinite(rate) else None,
                 tokens_per_second=rate if math.isfinite(rate) else None,
+                # what its progress reports carry, as the replay's do
+                power_w=float(replay.truth_power_w[row]) if replay.truth_has_power[row] else None,
             )
     part = Workload(
         job_ids=[w.job_ids[r] for r in rows],

@@ -439,6 +439,9 @@ def build_plan(
         tdp = {name: gpu_tdp_watts(name) * DEFAULT_POWER_FRACTION for name in pools}
         fallback = gpu_tdp_watts("") * DEFAULT_POWER_FRACTION
         power[fixed] = [tdp.get(pools[p], fallback) if p >= 0 else fallback for p in pool[fixed]]
+    for row, state in workload.running.items():
+        if state.power_w is not None and state.power_w > 0:  # measured: no prediction, no draw
+            power[row] = state.power_w
     if np.isnan(hold[reject == Reject.NONE]).any():
         raise ValueError("a job has neither a duration nor a configuration")
     hold[reject != Reject.NONE] = 0.0

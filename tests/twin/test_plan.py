@@ -8,7 +8,7 @@ import pytest
 from tests.twin.conftest import A100, RuleModels, config_workload, mixed_cluster
 from twin.config_changes import Optimization, optimize_config, repair_config
 from twin.domain import JobConfig
-from twin.plan import PlanOptions, band_draw, build_plan, prepare_catalog
+from twin.plan import JobPlan, PlanOptions, band_draw, build_plan, prepare_catalog
 from twin.randomness import job_keys, job_uniforms
 from twin.workload import RunningState, Workload
 
@@ -131,3 +131,29 @@ def test_a_running_job_fails_with_the_chance_left_after_surviving_so_far() -> No
     assert plan.fails.mean() == pytest.approx(1 / 3, abs=0.01)
     assert plan.hold_s[plan.fails].min() >= 0.0 and plan.hold_s[plan.fails].max() <= 270.0
     assert plan.hold_s[plan.fails].mean() == pytest.approx(135.0, rel=0.03)
+
+
+def test_a_running_job_draws_the_power_it_reports() -> None:
+    """A running job's measured power replaces the model's for the rest of its run, in every run and
+    whatever the power model's error; a running job that reported none, and a queued one, keep the model's."""
+    from tests.twin.test_power_error import POWER_W, PowerErrorModels
+
+    config = JobConfig("llama3-8b", "lora", A100, 1, 1, 8, 1024)
+    workload = one_config_workload(3, config, work=1e6)
+    workload.running = {
+        0: RunningState(elapsed_s=300.0, tokens_done=6e5, tokens_per_second=2000.0, power_w=412.5),
+        1: RunningState(elapsed_s=300.0),
+    }
+    catalog = prepare_catalog(workload.catalog, PowerErrorModels(0.5))
+
+    def power_by_row(plan: JobPlan) -> np.ndarray:
+        out = np.empty(len(plan.row))
+        out[plan.row] = plan.power_w
+        return out
+
+    for key in range(1, 6):
+        by_row = power_by_row(build_plan(workload, catalog, mixed_cluster(), key))
+        assert by_row[0] == 412.5
+        assert by_row[1] != POWER_W and by_row[2] != POWER_W  # drawn about the model's 300 W
+    known = prepare_catalog(workload.catalog, RuleModels())
+    assert power_by_row(build_plan(workload, known, mixed_cluster(), 1)).tolist() == [412.5, 300.0, 300.0]

@@ -52,7 +52,7 @@ def populate(engine: Engine, now: datetime = NOW) -> None:
         session.add(job("queued-nocfg", "submitted", now - timedelta(minutes=10), model_name=None))
         session.add(job("running-1", "running", now - timedelta(minutes=40),
                         started_at=now - timedelta(minutes=30), tokens_processed=1e7,
-                        last_tokens_per_second=5000.0))  # fmt: skip
+                        last_tokens_per_second=5000.0, last_power_watts=287.5))  # fmt: skip
 
 
 def test_live_inputs_from_the_store(engine: Engine) -> None:
@@ -65,6 +65,7 @@ def test_live_inputs_from_the_store(engine: Engine) -> None:
     assert sorted(w.job_ids) == ["queued-1", "running-1"]
     row = w.job_ids.index("running-1")
     assert w.running[row].elapsed_s == pytest.approx(1800.0) and w.running[row].tokens_per_second == 5000.0
+    assert w.running[row].power_w == 287.5  # what its progress reported, for the rest of its run
     assert w.arrival_s[w.job_ids.index("queued-1")] == pytest.approx(-1200.0)
     assert any("1 queued or running job(s) left out" in n for n in inputs.notes)
     # 52 submissions in the two days of lookback (one an hour, four more in the last hours); the mix is the
