@@ -45,6 +45,7 @@ from calibrate.fit import CalibratedModels, fit_models  # noqa: E402
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
 from calibrate.splits import Split, block_folds, random_holdout  # noqa: E402
 from twin.backtest import FIGURES, run_backtest  # noqa: E402
+from twin.backtest_sources import SOURCES, miss_sources  # noqa: E402
 
 LABELS = {
     "jobs_completed": "jobs completed",
@@ -106,6 +107,7 @@ def backtest_split(table: pd.DataFrame, split: Split, runs: int, load: float) ->
     for name, used in (("twin", models), ("baseline", IndependentErrors(models))):
         result = run_backtest(test, used, runs=runs, seed=split.fold, load=load, workers=1)  # type: ignore[arg-type]
         out[name] = result["figures"]
+    out["sources"] = miss_sources(test, models, seed=split.fold, load=load)
     out["seconds"] = time.perf_counter() - began
     return out
 
@@ -145,6 +147,7 @@ def print_backtests(results: list[dict[str, Any]]) -> bool:
                 )
                 r["met"] = met
                 ok &= met
+    print_sources(results)
     print("\ntargets per split (twin):")
     for r in results:
         bounded, bound, need = TARGETS[r["kind"]]
@@ -154,6 +157,30 @@ def print_backtests(results: list[dict[str, Any]]) -> bool:
               f"failures, known / novel LLM-method pair {r['failure_error_correlation']}; "
               f"{r['seconds']:.0f} s)")  # fmt: skip
     return ok
+
+
+SOURCE_LABELS = {
+    "run_times": "run times",
+    "doubted_runs": "doubted runs",
+    "failed_runs": "failed runs",
+    "failure_times": "failure times",
+}
+
+
+def print_sources(results: list[dict[str, Any]]) -> None:
+    """Each split's expected GPU-hours error by where it comes from (`twin.backtest_sources`)."""
+    print("\nwhere the GPU-hours miss comes from: the twin's expected GPU-hours minus the truth's, in % of "
+          "the truth (an expectation, not the runs' mean), and the jobs that weigh most")  # fmt: skip
+    header = f"{'hidden workload':<28}" + "".join(f"{SOURCE_LABELS[s]:>15}" for s in SOURCES)
+    header += f"{'expected':>11}  heaviest jobs (GPU-hours)"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        sources = r["sources"]
+        label = f"{'random rows' if r['kind'] == 'random' else 'unseen block'} {r['fold']} ({r['rows']})"
+        cells = "".join(f"{100 * sources.gpu_hours[s] / sources.truth_gpu_hours:>+14.1f}%" for s in SOURCES)
+        heaviest = ", ".join(f"{job} {hours:+.0f}" for job, hours in sources.heaviest)
+        print(f"{label:<28}{cells}{100 * sources.expected_error:>+10.1f}%  {heaviest}")
 
 
 # --- live scoring of the bundled replay --------------------------------------------------------------------
