@@ -170,26 +170,23 @@ class ThroughputModel:
     def _neighbourhood(self, X: np.ndarray) -> np.ndarray:
         return neighbourhood(X, self.region_rows, self.config_rows, self.sibling_rows)
 
-    def predict_error_correlation(self, X: np.ndarray) -> np.ndarray:
-        """(n,) the share of each row's error its error family shares (0 where it was not measured:
-        independent errors)."""
-        return np.array([self.error_correlation.get(str(k), 0.0) for k in self.levels(X)], dtype=float)
+    def error_correlation_at(self, levels: np.ndarray) -> np.ndarray:
+        """(n,) per row of novelty `levels` (`levels_of`), the share of its error its error family shares
+        (0 where it was not measured: independent errors)."""
+        return np.array([self.error_correlation.get(str(k), 0.0) for k in levels], dtype=float)
 
-    def predict_error_quantiles(self, X: np.ndarray) -> np.ndarray:
-        """(n, levels) each row's standardized error at ERROR_QUANTILE_LEVELS (a normal's where its level's
-        distribution was not measured)."""
-        levels = self.levels(X)
+    def error_quantiles_at(self, levels: np.ndarray) -> np.ndarray:
+        """(n, levels) per row of novelty `levels`, its standardized error at ERROR_QUANTILE_LEVELS (a
+        normal's where its level's distribution was not measured)."""
         normal = np.array([NormalDist().inv_cdf(level) for level in ERROR_QUANTILE_LEVELS])
         tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
         return np.array([tables.get(str(k), normal) for k in levels]).reshape(len(levels), -1)
 
-    def predict_error_range(self, X: np.ndarray) -> np.ndarray:
-        """(n, 2) the most negative and the most positive error of log(tokens/s) held out at each row's
-        novelty level (-inf, inf where the version did not measure them)."""
+    def error_range_at(self, levels: np.ndarray) -> np.ndarray:
+        """(n, 2) per row of novelty `levels`, the most negative and the most positive error of log(tokens/s)
+        held out at its level (-inf, inf where the version did not measure them)."""
         unbounded = [-np.inf, np.inf]
-        return np.array(
-            [self.error_range.get(str(k), unbounded) for k in self.levels(X)], dtype=float
-        ).reshape(-1, 2)
+        return np.array([self.error_range.get(str(k), unbounded) for k in levels], dtype=float).reshape(-1, 2)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -369,6 +366,21 @@ def neighbourhood(
     return np.column_stack(parts)
 
 
+def held_out_residuals(
+    X: np.ndarray, target: np.ndarray, weight: np.ndarray | None, train: np.ndarray, held_out: np.ndarray,
+    params: dict[str, Any], *, seed: int,
+) -> np.ndarray:  # fmt: skip
+    """A regressor of `params` fitted on the rows `train` (a mask or row numbers), and the residuals of
+    `target` on the rows `held_out`."""
+    model = boosting.regressor(FEATURE_NAMES, seed, params)
+    model.fit(
+        boosting.trainable(X[train], FEATURE_NAMES),
+        target[train],
+        sample_weight=None if weight is None else weight[train],
+    )
+    return target[held_out] - CompiledTrees(model).predict(X[held_out])
+
+
 def fold_neighbourhood(X_train: np.ndarray, X_held_out: np.ndarray) -> np.ndarray:
     """`neighbourhood` of held-out rows in a fold's training rows (`levels_of` gives their novelty)."""
     return neighbourhood(
@@ -424,13 +436,7 @@ def _out_of_fold_residuals(
         if not is_block:
             random_done += int(held_out.sum())
         params = RESIDUAL_PARAMS if is_block else RANDOM_RESIDUAL_PARAMS
-        model = boosting.regressor(FEATURE_NAMES, seed, params)
-        model.fit(
-            boosting.trainable(X[train], FEATURE_NAMES),
-            target[train],
-            sample_weight=None if weight is None else weight[train],
-        )
-        residuals.append(target[held_out] - CompiledTrees(model).predict(X[held_out]))
+        residuals.append(held_out_residuals(X, target, weight, train, held_out, params, seed=seed))
         contexts.append(fold_neighbourhood(X[train], X[held_out]))
         rows.append(np.flatnonzero(held_out))
     return np.concatenate(residuals), np.concatenate(contexts), np.concatenate(rows)

@@ -23,7 +23,7 @@ from calibrate import boosting
 from calibrate.compiled import CompiledTrees
 from calibrate.correlation import MAX_SHARE, Z90, shared_share
 from calibrate.features import FEATURE_NAMES
-from calibrate.performance import LEVELS, fold_neighbourhood, levels_of
+from calibrate.performance import LEVELS, fold_neighbourhood, held_out_residuals, levels_of
 from twin.domain import GPU_TYPES, UNKNOWN_GPU
 
 if TYPE_CHECKING:  # imported where the model is fitted: predicting from compiled trees never needs it
@@ -171,13 +171,7 @@ def _out_of_fold(
             continue
         if len(train) > RESIDUAL_MAX_TRAIN_ROWS:
             train = np.sort(rng.choice(train, RESIDUAL_MAX_TRAIN_ROWS, replace=False))
-        model = boosting.regressor(FEATURE_NAMES, seed, RESIDUAL_PARAMS)
-        model.fit(
-            boosting.trainable(X[train], FEATURE_NAMES),
-            target[train],
-            sample_weight=None if weight is None else weight[train],
-        )
-        residuals.append(target[held_out] - CompiledTrees(model).predict(X[held_out]))
+        residuals.append(held_out_residuals(X, target, weight, train, held_out, RESIDUAL_PARAMS, seed=seed))
         levels.append(levels_of(fold_neighbourhood(X[train], X[held_out])))
         rows.append(np.flatnonzero(held_out))
     if not residuals:

@@ -19,14 +19,7 @@ import numpy as np
 import pandas as pd
 
 from twin.backtest import demand_cluster, replay_benchmark
-from twin.plan import (
-    DEFAULT_FAILURE_TIMES_S,
-    Reject,
-    band_at,
-    error_z,
-    prepare_catalog,
-    within_range,
-)
+from twin.plan import Reject, band_at, error_z, failure_times, prepare_catalog, within_range
 from twin.protocols import JobModels
 from twin.simulator import End
 
@@ -64,7 +57,7 @@ def miss_sources(table: pd.DataFrame, models: JobModels, *, seed: int, load: flo
         limit = np.array([c.time_limit_s or np.inf for c in catalog.configs])[k]
         run_s = np.minimum(np.repeat(workload.work_tokens[rows], len(_LEVELS)) / tokens_per_s, limit)
         expected_run[rows] = run_s.reshape(len(rows), -1).mean(axis=1)
-    failing_s = float(np.quantile(DEFAULT_FAILURE_TIMES_S, _LEVELS).mean())
+    failing_s = float(np.quantile(failure_times(None), _LEVELS).mean())  # what the backtest's twin draws from
     p = catalog.p_valid[idx]
     gpus = workload.gpus.astype(float) / 3600.0
     held = replay.truth_hold_s

@@ -182,6 +182,7 @@ def prepare_catalog(
     p_valid = np.zeros(k)
     power = np.full(k, np.nan)
     p_valid_members = None
+    power_scale = power_correlation = None
     if runnable:
         mask = reject == Reject.NONE
         throughput[mask] = _checked(models.predict_throughput(runnable), (len(runnable), 3), "throughput")
@@ -193,6 +194,7 @@ def prepare_catalog(
             predicted = _checked(models.predict_failure(runnable), (len(runnable),), "p_valid")
             p_valid[mask] = np.clip(predicted, 0, 1)
         power[mask] = _checked(models.predict_power_watts(runnable), (len(runnable),), "power")
+        power_scale, power_correlation = _power_error(models, runnable, mask)
     missing_power = ~np.isfinite(power)
     if missing_power.any():
         power[missing_power] = [
@@ -220,7 +222,6 @@ def prepare_catalog(
             models.predict_failure_correlation(configs), (k,), "failure correlation"
         )
         failure_correlation = np.clip(np.nan_to_num(failure_correlation, nan=0.0), 0.0, MAX_CORRELATION)
-    power_scale, power_correlation = _power_error(models, configs, reject)
     error_range = None
     if isinstance(models, ErrorRangeModel):
         error_range = _checked(models.predict_error_range(configs), (k, 2), "error range")
@@ -233,18 +234,16 @@ def prepare_catalog(
 
 
 def _power_error(
-    models: JobModels, configs: list[JobConfig], reject: np.ndarray
+    models: JobModels, runnable: list[JobConfig], mask: np.ndarray
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Each runnable configuration's log-power error spread and family share (0 for the rest: their power is
-    a fallback, or they never run), or (None, None) when the models do not give them."""
-    mask = reject == Reject.NONE
-    if not isinstance(models, PowerErrorModel) or not mask.any():
+    """Each runnable configuration's log-power error spread and family share (0 for the rest, `mask` False:
+    they never run), or (None, None) when the models do not give them."""
+    if not isinstance(models, PowerErrorModel):
         return None, None
-    runnable = [c for c, ok in zip(configs, mask, strict=True) if ok]
     predicted = _checked(models.predict_power_error(runnable), (len(runnable), 2), "power error")
     if not np.isfinite(predicted).all() or (predicted[:, 0] < 0).any():
         raise ValueError("the model returned a power error that is negative or not finite")
-    scale, share = np.zeros(len(configs)), np.zeros(len(configs))
+    scale, share = np.zeros(len(mask)), np.zeros(len(mask))
     scale[mask] = predicted[:, 0]
     share[mask] = np.clip(predicted[:, 1], 0.0, MAX_CORRELATION)
     return scale, share

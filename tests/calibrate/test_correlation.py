@@ -215,3 +215,51 @@ def test_a_stored_version_bounds_the_twins_throughput_draws(calibrated_models_di
     del params["throughput"]["error_range"]  # a version saved before it
     older = CalibratedModels.from_parts(estimators, params).predict_error_range([seen])
     assert older.tolist() == [[-np.inf, np.inf]]
+
+
+def test_a_catalog_builds_each_matrix_once_and_predicts_as_before(calibrated_models_dir) -> None:  # type: ignore[no-untyped-def]
+    """The twin asks eight questions of one catalog: the feature matrix is built once for the runnable
+    configurations and once for all of them (not once per question), read-only, and every answer is what
+    a fresh version gives for the same configurations asked alone."""
+    from calibrate.loader import bundled_benchmark_path
+    from calibrate.registry import ModelRegistry
+    from twin.backtest import _configs
+    from twin.plan import prepare_catalog
+
+    registry = ModelRegistry(calibrated_models_dir)
+    models = registry.load(registry.in_use() or "")
+    configs, _ = _configs(load_benchmark(bundled_benchmark_path()).head(600))
+    built: list[int] = []
+    matrix = models.matrix
+    models.matrix = lambda table: built.append(len(table)) or matrix(table)  # type: ignore[method-assign]
+    catalog = prepare_catalog(configs, models)
+    runnable = int((catalog.reject == 0).sum())
+    assert 0 < runnable < len(configs) and sorted(built) == sorted([runnable, len(configs)])
+    # A new list of the same configuration objects is the same question; an equal copy is built anew.
+    assert models._features(list(configs)).X.flags.writeable is False
+    assert len(built) == 2
+    models.predict_error_range([replace(c) for c in configs])
+    assert len(built) == 3
+    # Every answer is the one the matrix built for that question alone gives.
+    from calibrate.config_frame import configs_to_frame
+
+    runs = [c for c, r in zip(configs, catalog.reject, strict=True) if r == 0]
+    X_runs, gpus_runs, _ = matrix(configs_to_frame(runs))
+    X_all, _, _ = matrix(configs_to_frame(configs))
+    np.testing.assert_array_equal(catalog.throughput[catalog.reject == 0], models.throughput.predict(X_runs))
+    np.testing.assert_array_equal(
+        catalog.power_w[catalog.reject == 0], models.power.predict(X_runs, gpus_runs)
+    )
+    levels_runs, levels_all = models.throughput.levels(X_runs), models.throughput.levels(X_all)
+    assert catalog.power_error_scale is not None
+    np.testing.assert_array_equal(
+        catalog.power_error_scale[catalog.reject == 0],
+        models.power.predict_error(levels_runs, gpus_runs)[:, 0],
+    )
+    np.testing.assert_array_equal(catalog.error_range, models.throughput.error_range_at(levels_all))
+    np.testing.assert_array_equal(
+        catalog.error_correlation, models.throughput.error_correlation_at(levels_all)
+    )
+    mixed = [configs[3], configs[0], *configs[5:9]]
+    X_mixed, _, _ = matrix(configs_to_frame(mixed))
+    np.testing.assert_array_equal(models.predict_throughput(mixed), models.throughput.predict(X_mixed))
