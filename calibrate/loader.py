@@ -13,6 +13,7 @@ import io
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -93,22 +94,30 @@ class Records:
     text: bytes
     starts: np.ndarray
     ends: np.ndarray
-    may_be_formula: np.ndarray  # per row: a cell may start as a formula (twin.csv_cells.neutralise decides)
+    # The cells that may start as a formula (twin.csv_cells.neutralise decides): where each one's text starts
+    # and ends in `text` (up to the next comma), and its data row. A quoted cell, or a comma inside one, is
+    # a false alarm at worst: its row is read again to tell.
+    formula_starts: np.ndarray
+    formula_ends: np.ndarray
+    formula_rows: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
 class AsWritten:
-    """A CSV's data rows as the file holds them, in the file's order."""
+    """A CSV's data rows as the file holds them, in the file's order: each row's line when every row is one
+    plain line (the fast reader read it), else every cell as text."""
 
-    cells: pd.DataFrame  # every cell as text, under the header's (stripped) names
-    records: Records | None  # each row's line, when every row is one plain line (the fast reader read it)
+    header: list[str]  # stripped names
+    records: Records | None
+    cells: pd.DataFrame | None  # when records is None: every cell as text, under the header's names
 
 
 @dataclass(frozen=True, slots=True)
 class _Frame:
     path: str
-    raw: pd.DataFrame  # every cell as written, as str
+    raw: pd.DataFrame  # the cells as written, as str: every column, or those `_read` was asked for
     lines: np.ndarray  # the file line of each row (header is line 1)
+    header: list[str]  # every column's (stripped) name
     records: Records | None = None
 
 
@@ -146,16 +155,46 @@ def load_benchmark(path: str | Path) -> pd.DataFrame:
 
 def load_configs(path: str | Path) -> pd.DataFrame:
     """Only the configuration columns are required (others are carried along untouched, as str)."""
-    return load_configs_file(path)[0]
+    frame = _read(path, PREDICT_REQUIRED_COLUMNS)
+    table = _configs_table(frame)
+    for column in frame.raw.columns:
+        if column not in table.columns:
+            table[column] = frame.raw[column].to_numpy()
+    return table
 
 
-def load_configs_file(path: str | Path) -> tuple[pd.DataFrame, AsWritten]:
-    """`load_configs` with the file as read, from the one pass over it: (table, the rows as written, in the
-    table's order)."""
-    frame = _read(path, PREDICT_REQUIRED_COLUMNS, with_records=True)
+@dataclass(frozen=True, slots=True)
+class DistinctConfigs:
+    """A configurations CSV as a prediction reads it."""
+
+    table: pd.DataFrame  # each distinct configuration once, typed (`load_configs`' columns), by first row
+    rows: np.ndarray  # each data row's configuration: its index into `table`
+    written: AsWritten  # the data rows as the file holds them
+
+
+# The cells of a configurations CSV that a prediction reads: rows equal in all of them are one configuration.
+_CONFIG_CELLS: tuple[str, ...] = (*PREDICT_REQUIRED_COLUMNS, *PROTOCOL_DEFAULTS)
+
+
+def load_distinct_configs(path: str | Path) -> DistinctConfigs:
+    """The configurations of a CSV, each distinct one typed once, and the file as read, from one pass over
+    it. A CSV of 100,000 configurations resampled from the benchmark holds ~3,900 (typing every row cost
+    ~0.3 s); a bad cell is named at the first row that holds it, as when every row is typed."""
+    frame = _read(path, PREDICT_REQUIRED_COLUMNS, with_records=True, columns=_CONFIG_CELLS)
+    present = [c for c in _CONFIG_CELLS if c in frame.raw.columns]
+    first, rows = distinct_rows_of([frame.raw[c].to_numpy(dtype=object) for c in present], len(frame.raw))
+    distinct = frame.raw[present].iloc[first].reset_index(drop=True)
+    table = _configs_table(_Frame(frame.path, distinct, frame.lines[first], frame.header))
+    written = AsWritten(frame.header, frame.records, None if frame.records is not None else frame.raw)
+    return DistinctConfigs(table, rows, written)
+
+
+def _configs_table(frame: _Frame) -> pd.DataFrame:
+    """The configuration columns typed, the protocol's taking their defaults where the file has none."""
     given = set(frame.raw.columns)
     with_defaults = frame.raw.assign(**{c: v for c, v in PROTOCOL_DEFAULTS.items() if c not in given})
-    table = _typed_config(_Frame(frame.path, with_defaults, frame.lines), may_be_empty=set(PROTOCOL_DEFAULTS))
+    defaulted = _Frame(frame.path, with_defaults, frame.lines, frame.header)
+    table = _typed_config(defaulted, may_be_empty=set(PROTOCOL_DEFAULTS))
     unknown_gpu = ~np.isin(table["gpu_model"].to_numpy(), list(GPU_TYPES))
     if unknown_gpu.any():  # taken as another GPU, every number would be about a GPU nobody has
         first = int(np.argmax(unknown_gpu))
@@ -163,22 +202,27 @@ def load_configs_file(path: str | Path) -> tuple[pd.DataFrame, AsWritten]:
         raise BenchmarkFormatError(
             frame.path, int(frame.lines[first]), "gpu_model", unknown_gpu_message(written)
         )
-    for column in frame.raw.columns:
-        if column not in table.columns:
-            table[column] = frame.raw[column].to_numpy()
-    return table, AsWritten(frame.raw, frame.records)
+    return table
 
 
-def _read(path: str | Path, required: Iterable[str], *, with_records: bool = False) -> _Frame:
+def _read(
+    path: str | Path,
+    required: Iterable[str],
+    *,
+    with_records: bool = False,
+    columns: Iterable[str] | None = None,
+) -> _Frame:
     """The file's cells and lines; with each row's line as written (`Records`) if asked, and if it is
-    plain enough to have them."""
+    plain enough to have them. `columns`: the ones the caller reads (None: all); the fast reader holds only
+    those, where they are in the file (the csv module's reader holds every column, to write rows again)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise BenchmarkFormatError(path, None, None, f"cannot open: {exc.strerror or exc}") from exc
     required = tuple(required)
-    plain = _read_plain(path, data, required, with_records=with_records)
+    wanted = None if columns is None else tuple(columns)
+    plain = _read_plain(path, data, required, with_records=with_records, columns=wanted)
     return plain or _read_with_csv_module(path, data, required)
 
 
@@ -206,7 +250,7 @@ def _read_with_csv_module(path: Path, data: bytes, required: tuple[str, ...]) ->
         except UnicodeDecodeError as exc:
             raise BenchmarkFormatError(path, reader.line_num + 1, None, f"not UTF-8 text: {exc}") from None
     raw = pd.DataFrame(rows, columns=header, dtype=object)
-    return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64))
+    return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64), header)
 
 
 def _header(path: Path, reader: Any, required: tuple[str, ...]) -> list[str]:
@@ -251,32 +295,73 @@ class _Lines:
     fields: np.ndarray  # each line's number of fields
 
 
-def _read_plain(path: Path, data: bytes, required: tuple[str, ...], *, with_records: bool) -> _Frame | None:
+def _read_plain(
+    path: Path,
+    data: bytes,
+    required: tuple[str, ...],
+    *,
+    with_records: bool,
+    columns: tuple[str, ...] | None = None,
+) -> _Frame | None:
     """The file through pandas when every line is one plain row; None to read it with the csv module. The
-    header is the csv module's (and its errors)."""
+    header is the csv module's (and its errors).
+
+    pandas parses a large file in a thread while this one finds its lines: its tokenizer and numpy's scans
+    release the GIL, so on 100,000 rows the two took ~0.3 s together, not ~0.45 s one after the other. It
+    starts from the header line alone, before the lines show whether the file is plain enough."""
     if not (data.isascii() or _is_utf8(data)) or b"\x00" in data:
         return None
-    lines = _lines(data)
-    if lines is None:
-        return None
-    header_end = lines.starts[1] if len(lines.starts) > 1 else len(data)
-    header = _header(path, csv.reader(io.StringIO(data[:header_end].decode("utf-8"), newline="")), required)
-    blank = lines.ends == lines.starts
-    if len(header) < 2 or (lines.fields[1:][~blank[1:]] != len(header)).any():
-        # One column: the csv path skips a line of any whitespace, pandas one of spaces and tabs only.
-        return None
-    rows = np.flatnonzero(~blank[1:]) + 1  # each data row's line, counted from 0
-    if len(rows):  # every cell as written: str, no NA (pandas skips the blank lines, as the csv path does)
-        raw = pd.read_csv(
-            io.BytesIO(data), engine="c", header=None, skiprows=1, dtype=object, na_filter=False
-        )
-        raw.columns = header
-    else:
-        raw = pd.DataFrame([], columns=header, dtype=object)
+    first_line = data[: data.find(b"\n") + 1] if b"\n" in data else data
+    try:
+        header = _header(path, csv.reader(io.StringIO(first_line.decode("utf-8"), newline="")), required)
+    except BenchmarkFormatError:
+        if _lines(data) is None:  # the csv module reads this header otherwise, and says what is wrong
+            return None
+        raise
+    wanted = range(len(header)) if columns is None else [i for i, h in enumerate(header) if h in columns]
+    positions = None if columns is None else list(wanted)
+    pool = ThreadPoolExecutor(max_workers=1) if len(data) >= _OVERLAP_FROM_BYTES else None
+    cells = pool.submit(_read_cells, data, positions) if pool is not None else None
+    try:
+        lines = _lines(data)
+        if lines is None:
+            return None
+        blank = lines.ends == lines.starts
+        if len(header) < 2 or (lines.fields[1:][~blank[1:]] != len(header)).any():
+            # One column: the csv path skips a line of any whitespace, pandas one of spaces and tabs only.
+            return None
+        rows = np.flatnonzero(~blank[1:]) + 1  # each data row's line, counted from 0
+        names = [header[i] for i in wanted]
+        raw = (cells.result() if cells is not None else _read_cells(data, positions)) if len(rows) else None
+        if raw is None:
+            raw = pd.DataFrame([], columns=names, dtype=object)
+        raw.columns = names
+    finally:
+        if pool is not None:  # a file for the csv module: its pandas parse is not waited for
+            pool.shutdown(wait=False, cancel_futures=True)
     records = None
     if with_records:
-        records = Records(data, lines.starts[rows], lines.ends[rows], _formula_rows(data, lines, rows))
-    return _Frame(str(path), raw, rows + 1, records)
+        formula_starts, formula_ends, formula_rows = _formula_cells(data, lines, rows)
+        records = Records(
+            data, lines.starts[rows], lines.ends[rows], formula_starts, formula_ends, formula_rows
+        )
+    return _Frame(str(path), raw, rows + 1, header, records)
+
+
+# Below this size a file is parsed after its lines are found: a thread costs more than it saves.
+_OVERLAP_FROM_BYTES = 1 << 20
+
+
+def _read_cells(data: bytes, positions: list[int] | None) -> pd.DataFrame | None:
+    """The data rows' cells as written (str, no NA) of the columns at `positions` (None: all), labelled by
+    position; None without a data row. pandas skips blank lines, as the csv path does."""
+    try:
+        return pd.read_csv(
+            io.BytesIO(data), engine="c", header=None, skiprows=1, dtype=object, na_filter=False,
+            usecols=positions,
+        )  # fmt: skip
+    except pd.errors.EmptyDataError:
+        return None
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -329,15 +414,24 @@ def _quoted_cells_only(buffer: np.ndarray, quotes: np.ndarray, newlines: np.ndar
     )
 
 
-def _formula_rows(data: bytes, lines: _Lines, rows: np.ndarray) -> np.ndarray:
-    """Per data row: may one of its cells start as a formula. Cells start at a line's start or after a
-    comma (one inside quotes gives a false alarm, which neutralise then clears)."""
+def _formula_cells(data: bytes, lines: _Lines, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The cells of the data rows (their lines, `rows`) that may start as a formula: where each starts, where
+    it ends (at the next comma or its line's end) and its data row. Cells start at a line's start or after a
+    comma: one inside quotes gives a false alarm, which `neutralise` then clears."""
     buffer = np.frombuffer(data, dtype=np.uint8)
-    first_cells = rows[may_start_formulas(buffer, lines.starts[rows])]
+    row_starts = lines.starts[rows]
+    first = may_start_formulas(buffer, row_starts)
     commas = lines.commas[: np.searchsorted(lines.commas, len(buffer) - 1)]  # a last comma starts no text
     later = commas[may_start_formulas(buffer, commas + 1)]
-    later_cells = np.searchsorted(lines.starts, later, side="right") - 1
-    return np.isin(rows, np.concatenate((first_cells, later_cells)))
+    later_lines = np.searchsorted(lines.starts, later, side="right") - 1
+    in_data = later_lines > 0  # not the header's (blank lines hold no comma)
+    starts = np.concatenate((row_starts[first], later[in_data] + 1))
+    line_of = np.concatenate((rows[first], later_lines[in_data]))
+    # The first comma from each start on (the header has one: a plain file has two columns or more).
+    following = lines.commas[np.minimum(np.searchsorted(lines.commas, starts), len(lines.commas) - 1)]
+    line_ends = lines.ends[line_of]
+    ends = np.where(following >= starts, np.minimum(following, line_ends), line_ends)
+    return starts, ends, np.searchsorted(rows, line_of)
 
 
 def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataFrame:
@@ -390,6 +484,20 @@ def each_distinct(values: np.ndarray, function: Callable[[Any], Any]) -> np.ndar
     mapped = np.empty(len(distinct), dtype=object)
     mapped[:] = [function(value) for value in distinct]
     return mapped[codes]
+
+
+def distinct_rows_of(columns: Iterable[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of `n` equal in every column (arrays of n values; a missing value equals a missing value): the
+    position of each distinct row's first, in row order, and each row's index into them."""
+    # One integer key per row, column by column (factorizing the pair key after each column keeps it small):
+    # ~2 ms a column on 100,000 rows, where np.unique over rows of codes sorted for 350 ms.
+    key = np.zeros(n, dtype=np.int64)
+    for values in columns:
+        codes, distinct = pd.factorize(values, use_na_sentinel=False)
+        key, _ = pd.factorize(key * len(distinct) + codes)
+    # factorize numbers the keys in order of first appearance, so their first rows come in row order.
+    _, first = np.unique(key, return_index=True)
+    return first, key.astype(np.intp)
 
 
 def _each_distinct(values: pd.Series, function: Callable[[Any], Any]) -> pd.Series:

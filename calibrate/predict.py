@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate.loader import AsWritten, BenchmarkFormatError, Records, each_distinct, load_configs_file
+from calibrate.loader import AsWritten, BenchmarkFormatError, Records, each_distinct, load_distinct_configs
 from twin.csv_cells import neutralise, neutralise_row, neutralise_texts
 
 PREDICTION_COLUMNS: tuple[str, ...] = (
@@ -37,42 +37,47 @@ class PredictSummary:
 @dataclass(frozen=True)
 class ConfigsFile:
     path: Path
-    table: pd.DataFrame  # load_configs output
+    table: pd.DataFrame  # each distinct configuration once (`calibrate.loader.load_distinct_configs`)
+    rows: np.ndarray  # each data row's configuration: its index into `table`
     header: list[str]
-    written: AsWritten  # each row as written, in the table's order
+    written: AsWritten  # each data row as written, in the file's order
 
 
 def read_configs(path: Path) -> ConfigsFile:
     """Raises `BenchmarkFormatError` (naming the line and column) for input it cannot read."""
-    table, written = load_configs_file(path)
-    header = list(written.cells.columns)
+    configs = load_distinct_configs(path)
+    header = configs.written.header
     clashing = [c for c in PREDICTION_COLUMNS if c in header]
     if clashing:
         raise BenchmarkFormatError(
             path, 1, clashing[0], "is a column that predict adds; rename or remove it in the input"
         )
-    return ConfigsFile(path, table, header, written)
+    return ConfigsFile(path, configs.table, configs.rows, header, configs.written)
 
 
 def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> PredictSummary:
-    """The input rows as written plus the prediction columns, atomically (all rows or no file)."""
+    """The input rows as written plus the prediction columns, atomically (all rows or no file). Each
+    distinct configuration is predicted and formatted once."""
     table = configs.table
     predicted = models.predict_frame(table) if len(table) else pd.DataFrame(columns=PREDICTION_COLUMNS)
     if len(predicted) != len(table):
         raise RuntimeError(f"the model returned {len(predicted)} predictions for {len(table)} rows")
+    texts = _prediction_texts(predicted)
     temporary = output_path.with_name(f".{output_path.name}.{uuid.uuid4().hex}")
     output_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with temporary.open("wb") as handle:
             header = _row_text(neutralise_row([*configs.header, *PREDICTION_COLUMNS]))
             handle.write(f"{header}{_LINE_END}".encode())
-            handle.write(_rows(configs.written, _prediction_texts(predicted)))
+            handle.write(_rows(configs.written, [texts[i] for i in configs.rows.tolist()]))
         os.replace(temporary, output_path)
     finally:
         temporary.unlink(missing_ok=True)
-    outcomes = {str(k): int(v) for k, v in predicted["outcome"].value_counts().items()}
-    flagged = int(predicted["note"].fillna("").astype(str).str.len().gt(0).sum()) if len(predicted) else 0
-    return PredictSummary(len(table), outcomes, flagged)
+    repeats = np.bincount(configs.rows, minlength=len(table))  # how many rows hold each configuration
+    outcomes = pd.Series(repeats).groupby(predicted["outcome"].astype(str).to_numpy()).sum()
+    noted = predicted["note"].fillna("").astype(str).str.len().gt(0).to_numpy() if len(predicted) else []
+    flagged = int(repeats[noted].sum())
+    return PredictSummary(len(configs.rows), {str(k): int(v) for k, v in outcomes.items()}, flagged)
 
 
 def predict_csv(models: Any, input_path: Path, output_path: Path) -> PredictSummary:
@@ -117,15 +122,16 @@ def _row_text(cells: list[Any]) -> str:
 def _rows(written: AsWritten, predictions: list[bytes]) -> bytes:
     """Every data row's output line: its cells as written (formula-like ones neutralised), the predictions."""
     if written.records is None:
+        assert written.cells is not None  # the csv module's reader holds every cell
         rows = written.cells.to_numpy().tolist()
         return b"".join(
             _row_text(neutralise_texts(cells)).encode() + added
             for cells, added in zip(rows, predictions, strict=True)
         )
-    return _records_with(written.records, written.cells, predictions)
+    return _records_with(written.records, predictions)
 
 
-def _records_with(records: Records, cells: pd.DataFrame, predictions: list[bytes]) -> bytes:
+def _records_with(records: Records, predictions: list[bytes]) -> bytes:
     """Each row's line as the file holds it (which reads back as its cells), the predictions appended; a row
     with a cell that starts as a formula is written from its cells, neutralised. For 100,000 rows of 38
     columns ~0.1 s, where csv.writer took ~1 s to write every cell again."""
@@ -135,22 +141,42 @@ def _records_with(records: Records, cells: pd.DataFrame, predictions: list[bytes
         text[start:end] for start, end in zip(records.starts.tolist(), records.ends.tolist(), strict=True)
     ]
     pieces[1::2] = predictions
-    for row, neutralised in _neutralised_rows(records, cells):
+    for row, neutralised in _neutralised_rows(records):
         pieces[2 * row] = _row_text(neutralised).encode()
     return b"".join(pieces)
 
 
-def _neutralised_rows(records: Records, cells: pd.DataFrame) -> list[tuple[int, list[str]]]:
-    """The rows with a cell `neutralise` changes, with their neutralised cells. Only the rows where a cell
-    may start as a formula are looked at, their cells once per distinct text: a column of negative numbers
-    (`model_load_time` -1.0 in the benchmark) marks many rows, and cell by cell that cost ~60 µs a row."""
-    candidates = np.flatnonzero(records.may_be_formula)
-    if not len(candidates):
+def _neutralised_rows(records: Records) -> list[tuple[int, list[str]]]:
+    """The rows with a cell `neutralise` changes, with their neutralised cells. Only the cells that may start
+    as a formula are looked at, from the file's bytes, once per distinct text (a column of negative numbers,
+    `model_load_time` -1.0 in the benchmark, marks most rows, and `neutralise` leaves a number alone); a row
+    is read with the csv module only when one of them would change, or is quoted."""
+    if not len(records.formula_rows):
         return []
-    written = cells.iloc[candidates].to_numpy(dtype=object)
-    neutralised = each_distinct(written.ravel(), neutralise).reshape(written.shape)
-    changed = (neutralised != written).any(axis=1)
-    return list(zip(candidates[changed].tolist(), neutralised[changed].tolist(), strict=True))
+    text = records.text
+    candidates = np.empty(len(records.formula_starts), dtype=object)
+    candidates[:] = [
+        text[start:end]
+        for start, end in zip(records.formula_starts.tolist(), records.formula_ends.tolist(), strict=True)
+    ]
+    suspect = each_distinct(candidates, _may_change).astype(bool)
+    changed: list[tuple[int, list[str]]] = []
+    for row in np.unique(records.formula_rows[suspect]).tolist():
+        line = text[records.starts[row] : records.ends[row]].decode("utf-8")
+        cells = next(csv.reader([line]))
+        neutralised = [neutralise(cell) for cell in cells]
+        if neutralised != cells:
+            changed.append((row, neutralised))
+    return changed
+
+
+def _may_change(cell: bytes) -> bool:
+    """Whether `neutralise` may change a cell, from its text up to the next comma: a quoted cell is read
+    whole first (its quotes, and any comma in it, are not its text)."""
+    if cell.startswith(b'"'):
+        return True
+    written = cell.decode("utf-8")
+    return neutralise(written) != written
 
 
 def _prediction_texts(predicted: pd.DataFrame) -> list[bytes]:

@@ -135,8 +135,9 @@ def predict(
     if loaded is None:
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
-    _warn_unseen_models(configs.table["model_name"])  # before the numbers, not as a note after them
-    if len(configs.table) >= NATIVE_FROM_ROWS and not from_snapshot:
+    # Before the numbers, not as a note after them; counted over the file's rows, not its configurations.
+    _warn_unseen_models(configs.table["model_name"].iloc[configs.rows])
+    if len(configs.rows) >= NATIVE_FROM_ROWS and not from_snapshot:
         started = time.perf_counter()
         if job_models.prepare_native(wait=True):
             serving.save(registry, version, job_models)

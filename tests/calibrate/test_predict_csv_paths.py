@@ -104,7 +104,8 @@ def predict_both(path: Path, seed: int = 0) -> tuple[bytes, str]:
     configs = read_configs(path)
     output = path.with_name("pred.csv")
     write_predictions(Stub(seed), configs, output)
-    return output.read_bytes(), old_output(path, Stub(seed).predict_frame(configs.table))
+    every_row = Stub(seed).predict_frame(configs.table).iloc[configs.rows]
+    return output.read_bytes(), old_output(path, every_row)
 
 
 def cells(text: str) -> list[list[str]]:
@@ -134,7 +135,9 @@ def test_the_tricky_cells_come_out_as_the_csv_module_wrote_them(tmp_path: Path, 
     extras = [(cell, TRICKY[(i + 5) % len(TRICKY)]) for i, cell in enumerate(TRICKY)]
     path = tmp_path / "configs.csv"
     path.write_bytes(configs_text(extras, ending, blank_after=3).encode())
-    assert read_configs(path).written.records is not None  # the fast path
+    configs = read_configs(path)
+    assert configs.written.records is not None  # the fast path
+    assert "extra" not in configs.table.columns  # read from the lines, not parsed as cells
     new, old = predict_both(path)
     assert new == old.encode()  # byte for byte: the input was quoted as the csv module quotes
     written = cells(new.decode())
@@ -291,6 +294,26 @@ def test_any_file_reads_as_the_csv_module_reads_it(tmp_path: Path, data: bytes) 
     assert fast == read_outcome(lambda: loader._read_with_csv_module(path, data, ("a", "b")))
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(csv_files())
+def test_a_file_parsed_beside_its_lines_reads_as_the_csv_module_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes
+) -> None:
+    """What a large file takes (pandas in a thread while its lines are found), on any file, every column or
+    some: the csv module's cells of those columns, or its error."""
+    monkeypatch.setattr(loader, "_OVERLAP_FROM_BYTES", 0)
+    path = tmp_path / "any.csv"
+    path.write_bytes(data)
+    expected = read_outcome(lambda: loader._read_with_csv_module(path, data, ("a", "b")))
+    assert read_outcome(lambda: loader._read(path, ("a", "b"))) == expected
+    some = read_outcome(lambda: loader._read(path, ("a", "b"), columns=("c", "a")))
+    if expected[0] == "rows" and some[1] != expected[1]:  # the fast path: columns a and c, in file order
+        assert some[1] == ["a", "c"]
+        assert some[2] == [[row[0], row[2]] for row in expected[2]] and some[3] == expected[3]
+    else:
+        assert some == expected
+
+
 EXTRA_CELLS = st.sampled_from(TRICKY) | st.text(alphabet='-=+@\t,"é x1.', max_size=5)
 OTHER_CELLS = st.text(alphabet='-=+@\t,"\r\né x1.', max_size=5)  # line breaks: the csv module's path
 
@@ -314,3 +337,33 @@ def test_any_cells_are_written_as_the_csv_module_wrote_them(
         frame = loader._read_with_csv_module(path, path.read_bytes(), PREDICT_REQUIRED_COLUMNS)
         for start, end, row in zip(records.starts, records.ends, frame.raw.to_numpy().tolist(), strict=True):
             assert cells(records.text[start:end].decode()) == [row]
+
+
+def test_each_configuration_is_predicted_once_and_every_row_gets_its_own(tmp_path: Path) -> None:
+    """Rows that repeat a configuration (only the columns a prediction reads count) share one prediction;
+    the summary counts rows, not configurations."""
+    other = {**ROW, "batch_size": "32"}
+    rows = [("a", ROW, "x"), ("b", other, "y"), ("c", ROW, "z"), ("d", ROW, "x"), ("e", other, "w")]
+    path = tmp_path / "configs.csv"
+    path.write_text("\n".join([",".join(COLUMNS)] + [",".join([e, *r.values(), o]) for e, r, o in rows]) + "\n")
+    configs = read_configs(path)
+    assert len(configs.table) == 2 and configs.rows.tolist() == [0, 1, 0, 0, 1]
+    output = tmp_path / "pred.csv"
+    summary = write_predictions(Stub(3), configs, output)
+    written = pd.read_csv(output, dtype=str, keep_default_na=False)
+    assert written["extra"].tolist() == ["a", "b", "c", "d", "e"]
+    by_row = written[list(PREDICTION_COLUMNS)].to_numpy().tolist()
+    assert by_row[0] == by_row[2] == by_row[3] and by_row[1] == by_row[4]
+    assert summary.rows == 5 and sum(summary.outcomes.values()) == 5
+    assert summary.outcomes == written["outcome"].value_counts().to_dict()
+    assert summary.flagged == int((written["note"] != "").sum())
+
+
+def test_a_bad_configuration_is_named_at_the_first_row_that_holds_it(tmp_path: Path) -> None:
+    bad = {**ROW, "number_gpus": "0"}
+    rows = [ROW, {**ROW, "batch_size": "32"}, ROW, bad, ROW, bad]
+    path = tmp_path / "configs.csv"
+    path.write_text("\n".join([",".join(COLUMNS)] + [",".join(["x", *r.values(), "y"]) for r in rows]) + "\n")
+    with pytest.raises(BenchmarkFormatError) as caught:
+        read_configs(path)
+    assert (caught.value.line, caught.value.column) == (5, "number_gpus")
