@@ -345,7 +345,8 @@ def test_each_configuration_is_predicted_once_and_every_row_gets_its_own(tmp_pat
     other = {**ROW, "batch_size": "32"}
     rows = [("a", ROW, "x"), ("b", other, "y"), ("c", ROW, "z"), ("d", ROW, "x"), ("e", other, "w")]
     path = tmp_path / "configs.csv"
-    path.write_text("\n".join([",".join(COLUMNS)] + [",".join([e, *r.values(), o]) for e, r, o in rows]) + "\n")
+    lines = [",".join(COLUMNS)] + [",".join([e, *r.values(), o]) for e, r, o in rows]
+    path.write_text("\n".join(lines) + "\n")
     configs = read_configs(path)
     assert len(configs.table) == 2 and configs.rows.tolist() == [0, 1, 0, 0, 1]
     output = tmp_path / "pred.csv"
