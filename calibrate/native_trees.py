@@ -27,6 +27,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,33 +44,45 @@ SYMBOL = "finetwin_predict"
 # Rows per block of the tree-by-tree loop (measured on 100,000 rows x 1,000 trees: 16 rows 2.6 s, 64 2.0 s,
 # 256 1.9 s; row by row 5.7 s).
 BLOCK_ROWS = 256
-ABI = 3  # bumped when the generated function's signature or loop changes (in the source: the cache key)
+ABI = 4  # bumped when the generated function's signature or loop changes (in the source: the cache key)
+# The trees are compiled in units of this many, in parallel, and linked into one library: the 1,000-tree
+# throughput model took 15.6 s to compile as one file, most of a version's first compile on a machine. The
+# units are fixed by the source, not by the machine's cores, so that a library is the same everywhere.
+TREES_PER_UNIT = 200
+UNIT_MARK = "\n/* finetwin native trees: next compilation unit */\n"
+_HEADER = "#include <math.h>\n#include <stdint.h>\n"
+# Hidden: the trees are called only from the library's own batch function, and need not be exported.
+_TREE_ATTRIBUTES = '__attribute__((visibility("hidden"), noinline))'
 
 
 def tree_source(estimator: Any) -> str:
-    """C source of the estimator's raw score: baseline + every tree's leaf value."""
+    """C source of the estimator's raw score: baseline + every tree's leaf value. In compilation units
+    joined by UNIT_MARK: the batch function first, then the trees, TREES_PER_UNIT to a unit."""
     trees = [tree for iteration in estimator._predictors for tree in iteration]
     baseline = float(np.asarray(estimator._baseline_prediction).ravel()[0])
-    parts = [
-        "#include <math.h>\n#include <stdint.h>\n",
-        f"/* finetwin native trees, abi {ABI}: {len(trees)} trees, "
-        f"{int(estimator.n_features_in_)} features */\n",
-    ]
-    for k, tree in enumerate(trees):
-        bitsets = np.asarray(tree.raw_left_cat_bitsets, dtype=np.uint32).reshape(-1, 8)
-        if len(bitsets):
-            rows = ",".join("{" + ",".join(f"{int(w)}u" for w in row) + "}" for row in bitsets)
-            parts.append(f"static const uint32_t bits_{k}[][8] = {{{rows}}};\n")
-        # noinline: each tree is compiled on its own; inlined into one huge function they compiled slower
-        # and ran slower (measured on 1,000 trees of 31 leaves: 100k rows 2.9 -> 2.2 s).
-        parts.append(f"static __attribute__((noinline)) double tree_{k}(const double *x) {{\n")
-        parts.append(_node(tree.nodes, 0, k, 1))
-        parts.append("}\n")
-    table = ",".join(f"tree_{k}" for k in range(len(trees)))
+    units = []
+    for first in range(0, len(trees), TREES_PER_UNIT):
+        parts = [_HEADER]
+        for k in range(first, min(first + TREES_PER_UNIT, len(trees))):
+            tree = trees[k]
+            bitsets = np.asarray(tree.raw_left_cat_bitsets, dtype=np.uint32).reshape(-1, 8)
+            if len(bitsets):
+                rows = ",".join("{" + ",".join(f"{int(w)}u" for w in row) + "}" for row in bitsets)
+                parts.append(f"static const uint32_t bits_{k}[][8] = {{{rows}}};\n")
+            # noinline: each tree is compiled on its own; inlined into one huge function they compiled slower
+            # and ran slower (measured on 1,000 trees of 31 leaves: 100k rows 2.9 -> 2.2 s).
+            parts.append(f"{_TREE_ATTRIBUTES} double tree_{k}(const double *x) {{\n")
+            parts.append(_node(tree.nodes, 0, k, 1))
+            parts.append("}\n")
+        units.append("".join(parts))
+    declared = "".join(f"{_TREE_ATTRIBUTES} double tree_{k}(const double *x);\n" for k in range(len(trees)))
+    table = ",".join(f"tree_{k}" for k in range(len(trees))) or "0"
     # Tree by tree over a block of rows, not row by row over the trees: one tree's code and branch history
     # stay hot for the whole block (the 1,000 trees' code outgrows the instruction cache). Each row still
     # adds baseline, tree 0, tree 1, ... in that order: the same sums to the last bit.
-    parts.append(
+    batch = (
+        f"{_HEADER}/* finetwin native trees, abi {ABI}: {len(trees)} trees, "
+        f"{int(estimator.n_features_in_)} features */\n{declared}"
         f"static double (*const trees[])(const double *) = {{{table}}};\n"
         f"void {SYMBOL}(const double *X, long n, long stride, double *out, int nthread) {{\n"
         "    #pragma omp parallel for num_threads(nthread) schedule(static)\n"
@@ -81,7 +94,7 @@ def tree_source(estimator: Any) -> str:
         "    }\n"
         "}\n"
     )
-    return "".join(parts)
+    return UNIT_MARK.join([batch, *units])
 
 
 def _node(nodes: np.ndarray, key: int, tree: int, depth: int) -> str:
@@ -225,25 +238,50 @@ def _load_with(command: tuple[str, ...], source: str) -> NativeTrees | None:
 
 
 def _compile(command: tuple[str, ...], source: str, directory: Path, digest: str) -> Path | None:
-    with tempfile.TemporaryDirectory(prefix="build-", dir=directory) as build:
-        c_file = Path(build) / "trees.c"
-        c_file.write_text(source)
-        library = Path(build) / "trees.so"
-        try:
-            done = subprocess.run(
-                [*command, "-o", str(library), str(c_file), "-lm"],
-                capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("native trees: the compiler did not run (%s); Treelite is used instead", exc)
-            return None
-        if done.returncode != 0:
-            log.warning("native trees: compiling failed; Treelite is used instead: %s", done.stderr[-400:])
+    """The library of `source` (its units, UNIT_MARK apart, compiled side by side and linked) as
+    `directory/<digest>.so`; None when the compiler does not run or fails."""
+    with tempfile.TemporaryDirectory(prefix="build-", dir=directory) as scratch:
+        build = Path(scratch)
+        units = []
+        for number, text in enumerate(source.split(UNIT_MARK)):
+            c_file = build / f"unit{number}.c"
+            c_file.write_text(text)
+            units.append(c_file)
+        objects = [str(unit.with_suffix(".o")) for unit in units]
+        library = build / "trees.so"
+        failed = _run_all(
+            [[*command, "-c", "-o", o, str(unit)] for unit, o in zip(units, objects, strict=True)], build
+        ) or _run_all([[*command, "-o", str(library), *objects, "-lm"]], build)
+        if failed is not None:
+            log.warning("native trees: %s; Treelite is used instead", failed)
             return None
         target = directory / f"{digest}.so"
         library.chmod(0o700)
         os.replace(library, target)
         return target
+
+
+def _run_all(commands: list[list[str]], build: Path) -> str | None:
+    """Runs the commands side by side, within COMPILE_TIMEOUT_S: None when all succeed, else what went
+    wrong (the others are stopped). Each one's errors go to a file: a pipe that fills would stall it."""
+    deadline = time.monotonic() + COMPILE_TIMEOUT_S
+    running: list[tuple[subprocess.Popen[bytes], Path]] = []
+    try:
+        for number, command in enumerate(commands):
+            errors = build / f"errors{number}.txt"
+            with errors.open("wb") as sink:
+                running.append((subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink), errors))
+        for process, errors in running:
+            if process.wait(timeout=max(0.0, deadline - time.monotonic())) != 0:
+                return f"compiling failed: {errors.read_text(errors='replace')[-400:]}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the compiler did not run ({exc})"
+    finally:
+        for process, _ in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return None
 
 
 def _open(path: Path) -> NativeTrees | None:

@@ -53,6 +53,26 @@ def test_native_trees_equal_the_scikit_learn_estimators_on_the_real_sample(
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12, err_msg=column)
 
 
+def test_a_large_ensemble_compiles_in_units_and_sums_as_scikit_learn_does(
+    calibrated_models_dir: Path, sample: pd.DataFrame, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The 1,000-tree throughput model is compiled in several units side by side (TREES_PER_UNIT each) and
+    linked into one library, whose raw scores are scikit-learn's to the last bit: each row adds the
+    baseline and the trees in their order, whichever unit holds them."""
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    from calibrate import boosting, performance
+
+    models = loaded(calibrated_models_dir)
+    regressor = models.throughput.regressor
+    source = native_trees.tree_source(regressor)
+    assert source.count(native_trees.UNIT_MARK) == -(-regressor.n_iter_ // native_trees.TREES_PER_UNIT) > 1
+    library = native_trees.load(source)
+    assert library is not None
+    X, _, _ = models.matrix(sample)
+    want = regressor._raw_predict(boosting.trainable(X, performance.FEATURE_NAMES)).ravel()
+    assert np.array_equal(library.raw(CompiledTrees(regressor)._in_tree_space(X)), want)
+
+
 def test_a_second_process_loads_the_library_from_the_cache_without_compiling(
     calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -138,3 +158,13 @@ def test_a_damaged_library_in_the_cache_is_compiled_again(
     X = np.zeros((3, int(estimator.n_features_in_)))
     in_tree_space = CompiledTrees(estimator)._in_tree_space(X)  # what the library is handed
     np.testing.assert_allclose(again.raw(in_tree_space), estimator.predict(X), rtol=1e-9)
+
+
+def test_one_unit_that_does_not_compile_fails_the_whole_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    good = "double tree_0(const double *x) { return x[0]; }\n"
+    assert native_trees.load(native_trees.UNIT_MARK.join([good, "this is not C;", good])) is None
+    assert "compiling failed" in caplog.text and "this is not C" in caplog.text
+    assert not list((tmp_path / "cache" / "trees").rglob("*.so"))
