@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate import native_trees
+from calibrate import boosting, native_trees, performance
 from calibrate.compiled import CompiledTrees
 from calibrate.fit import CalibratedModels
 from calibrate.loader import load_benchmark
@@ -60,8 +60,6 @@ def test_a_large_ensemble_compiles_in_units_and_sums_as_scikit_learn_does(
     linked into one library, whose raw scores are scikit-learn's to the last bit: each row adds the
     baseline and the trees in their order, whichever unit holds them."""
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
-    from calibrate import boosting, performance
-
     models = loaded(calibrated_models_dir)
     regressor = models.throughput.regressor
     source = native_trees.tree_source(regressor)
