@@ -215,7 +215,7 @@ def inputs_from_rows(
                 elapsed_s=max((now - started).total_seconds(), 0.0),
                 tokens_done=job.tokens_processed,
                 tokens_per_second=job.last_tokens_per_second,
-                power_w=job.last_power_watts if job.last_power_watts and job.last_power_watts > 0 else None,
+                power_w=job.last_power_watts,  # as reported: the plan keeps only a measured one
             )
         current.add(job.job_id, min((submitted - now).total_seconds(), 0.0), config, work, running)
     if skipped:

@@ -66,7 +66,7 @@ class RunningState:
     elapsed_s: float
     tokens_done: float | None = None
     tokens_per_second: float | None = None  # last observed; better than a prediction for the rest of the run
-    power_w: float | None = None  # per GPU, last observed: likewise, for the rest of its run
+    power_w: float | None = None  # per GPU, last observed: likewise, for the rest of its run (if > 0)
 
 
 @dataclass

@@ -135,14 +135,14 @@ def test_a_running_job_fails_with_the_chance_left_after_surviving_so_far() -> No
 
 def test_a_running_job_draws_the_power_it_reports() -> None:
     """A running job's measured power replaces the model's for the rest of its run, in every run and
-    whatever the power model's error; a running job that reported none, and a queued one, keep the model's."""
+    whatever the power model's error; a running job that reported none (0 W), and a queued one, keep the model's."""
     from tests.twin.test_power_error import POWER_W, PowerErrorModels
 
     config = JobConfig("llama3-8b", "lora", A100, 1, 1, 8, 1024)
     workload = one_config_workload(3, config, work=1e6)
     workload.running = {
         0: RunningState(elapsed_s=300.0, tokens_done=6e5, tokens_per_second=2000.0, power_w=412.5),
-        1: RunningState(elapsed_s=300.0),
+        1: RunningState(elapsed_s=300.0, power_w=0.0),  # no measurement (what an idle meter reports)
     }
     catalog = prepare_catalog(workload.catalog, PowerErrorModels(0.5))
 
