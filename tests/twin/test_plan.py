@@ -135,7 +135,8 @@ def test_a_running_job_fails_with_the_chance_left_after_surviving_so_far() -> No
 
 def test_a_running_job_draws_the_power_it_reports() -> None:
     """A running job's measured power replaces the model's for the rest of its run, in every run and
-    whatever the power model's error; a running job that reported none (0 W), and a queued one, keep the model's."""
+    whatever the power model's error; a running job that reported none (0 W), and a queued one, keep the
+    model's."""
     from tests.twin.test_power_error import POWER_W, PowerErrorModels
 
     config = JobConfig("llama3-8b", "lora", A100, 1, 1, 8, 1024)
