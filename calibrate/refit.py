@@ -33,7 +33,7 @@ from calibrate.dataset import TrainingData, WeightPolicy, assemble, file_sha256,
 from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.loader import bundled_benchmark_path
 from calibrate.observed import observed_table
-from calibrate.promotion import Comparison, Incumbent, start_comparison
+from calibrate.promotion import Comparison, Incumbent, KeptFit, split_of, start_comparison
 from calibrate.records import ModelVersionRecord
 from calibrate.registry import ModelRegistry, RegistryError
 from calibrate.settings import CalibrateSettings
@@ -96,38 +96,49 @@ def calibrate_version(
     # workers start before the rows are loaded, so that their imports overlap the loading: one, and a
     # second for the version in use when there is one; none for a refit that may find nothing new.
     warm = 0 if skip_if_unchanged else (2 if registry.in_use() is not None else 1)
-    with _comparison_worker(parallel, warm=warm) as workers:
-        tables, described = load_benchmarks(benchmarks)
-        observed_rows = observed_table(engine) if observed and engine is not None else None
-        data = assemble(tables, observed_rows, now=now, policy=weights, described=described)
-        if not len(data):
-            raise ValueError("no rows to fit on: give a benchmark file or observe some runs first")
+    keep: Path | None = None  # where the comparison writes the candidate's fit, kept with the version
+    try:
+        with _comparison_worker(parallel, warm=warm) as workers:
+            tables, described = load_benchmarks(benchmarks)
+            observed_rows = observed_table(engine) if observed and engine is not None else None
+            data = assemble(tables, observed_rows, now=now, policy=weights, described=described)
+            if not len(data):
+                raise ValueError("no rows to fit on: give a benchmark file or observe some runs first")
 
-        in_use = registry.in_use()
-        # The version in use, or a newer one that was not promoted, may have learned from these very rows.
-        latest = {v for v in (in_use, (registry.versions() or [None])[-1]) if v is not None}
-        same = sorted(v for v in latest if _same_data(registry, v, data))
-        if skip_if_unchanged and same:
-            return RefitResult(
-                None, False, in_use, None, time.perf_counter() - started, len(data),
-                f"nothing new since {same[-1]} (same {len(data)} rows); no refit",
+            in_use = registry.in_use()
+            # The version in use, or a newer one that was not promoted, may have learned from these rows.
+            latest = {v for v in (in_use, (registry.versions() or [None])[-1]) if v is not None}
+            same = sorted(v for v in latest if _same_data(registry, v, data))
+            if skip_if_unchanged and same:
+                return RefitResult(
+                    None, False, in_use, None, time.perf_counter() - started, len(data),
+                    f"nothing new since {same[-1]} (same {len(data)} rows); no refit",
+                )  # fmt: skip
+
+            union, candidate_rows, incumbent = _with_incumbent_rows(
+                registry, in_use, data, engine, weights, now, seed
+            )
+            keep = registry.scratch()
+            finish_comparison = start_comparison(
+                union, candidate_rows, incumbent, fit=fit_models, seed=seed, tolerance=tolerance,
+                executor=workers, keep=keep,
             )  # fmt: skip
-
-        union, candidate_rows, incumbent = _with_incumbent_rows(registry, in_use, data, engine, weights, now)
-        finish_comparison = start_comparison(
-            union, candidate_rows, incumbent, fit=fit_models, seed=seed, tolerance=tolerance, executor=workers
-        )
-        final_fit_started = time.perf_counter()
-        models = fit_models(data.table, data.weights, seed=seed)
-        final_fit_seconds = time.perf_counter() - final_fit_started
-        # Written while the comparison still runs (about a second of the wall time otherwise): everything
-        # of the version but its metadata, which holds the comparison.
-        staging = registry.stage(models, data.row_hashes)
-        try:
-            comparison = finish_comparison()
-        except BaseException:
-            registry.discard(staging)
-            raise
+            final_fit_started = time.perf_counter()
+            models = fit_models(data.table, data.weights, seed=seed)
+            final_fit_seconds = time.perf_counter() - final_fit_started
+            # Written while the comparison still runs (about a second of the wall time otherwise):
+            # everything of the version but its metadata, which holds the comparison.
+            staging = registry.stage(models, data.row_hashes)
+            try:
+                comparison = finish_comparison()
+                if registry.holds_parts(keep):
+                    registry.stage_comparison_fit(staging, keep)
+            except BaseException:
+                registry.discard(staging)
+                raise
+    finally:
+        if keep is not None:  # after the workers are gone: none still writes there
+            registry.discard(keep)
     fit_seconds = time.perf_counter() - started
     metadata = _metadata(data, models, comparison, weights, reason, seed, fit_seconds, now)
     metadata["final_fit_seconds"] = round(final_fit_seconds, 3)
@@ -203,12 +214,13 @@ class _ProcessPerTask(Executor):
 def _import_fitting() -> None:
     """In a worker: what the comparison's fits need (about 2 s of imports a new process would spend later).
     The models' modules import scikit-learn and SciPy only where they fit (a prediction runs without them),
-    so those are named here."""
+    so those are named here, and skops, which writes the candidate's fit and reads a kept one."""
     import scipy.stats  # noqa: F401
     import sklearn.ensemble  # noqa: F401
     import sklearn.linear_model  # noqa: F401
     import sklearn.metrics  # noqa: F401
     import sklearn.model_selection  # noqa: F401
+    import skops.io  # noqa: F401
 
     import calibrate.fit  # noqa: F401
 
@@ -220,6 +232,7 @@ def _with_incumbent_rows(
     engine: Engine | None,
     weights: WeightPolicy,
     now: datetime,
+    seed: int,
 ) -> tuple[TrainingData, np.ndarray, Incumbent | None]:
     """The union of the candidate's rows and the in-use version's (from its benchmark files, if still
     there and unchanged, and the observed runs), with a mask of the candidate's rows."""
@@ -227,7 +240,10 @@ def _with_incumbent_rows(
         return data, np.ones(len(data), dtype=bool), None
     try:
         metadata = registry.metadata(in_use)
-        incumbent = Incumbent(in_use, registry.training_rows(in_use), metadata.get("heldout_metrics", {}))
+        incumbent = Incumbent(
+            in_use, registry.training_rows(in_use), metadata.get("heldout_metrics", {}),
+            _kept_fit(registry, in_use, metadata, seed),
+        )  # fmt: skip
     except RegistryError as exc:
         # A version in use that fails verification cannot be compared with: the new one must not replace
         # it silently (recorded metrics of nothing), so it is compared with "cannot be measured".
@@ -256,6 +272,24 @@ def _with_incumbent_rows(
     )
     candidate_rows = np.concatenate([np.ones(len(data), bool), np.zeros(len(more), bool)])
     return union, candidate_rows, incumbent
+
+
+def _kept_fit(registry: ModelRegistry, version: str, metadata: dict[str, Any], seed: int) -> KeptFit | None:
+    """The version's comparison fit where a comparison of this calibration may score it: made on a split
+    of the same kind and seed, with the same libraries (finetwin's own version among them: a fit made by
+    other code is fitted again by this one)."""
+    comparison = metadata.get("comparison") or {}
+    if comparison.get("split") != split_of(seed) or metadata.get("libraries") != library_versions():
+        return None
+    if not registry.has_comparison_fit(version):
+        return None
+    pointer = registry.pointer() or {}
+    manifest = pointer.get("manifest_sha256") if pointer.get("version") == version else None
+    # Verified here, not only where it is loaded: a damaged version in use is then compared as one that
+    # cannot be read (`_with_incumbent_rows`), rather than failing the whole calibration in a worker.
+    registry.verify(version, manifest)
+    n_train = int((comparison.get("candidate") or {}).get("n_train", 0))
+    return KeptFit(registry.root, version, manifest, n_train)
 
 
 def _unchanged(path: Path, sha256: str) -> bool:

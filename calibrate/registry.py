@@ -5,6 +5,10 @@
                       /metadata.json              data fingerprint, rows per source, features, libraries,
                                                   held-out metrics, the comparison with the version in use
                       /training_rows.txt          a fingerprint per training row (to rebuild them fairly)
+                      /comparison/estimators/, /comparison/params.json
+                                                  the version's fit on its rows of the held-out comparison's
+                                                  training split, scored again when a later version is
+                                                  compared with it (`calibrate.promotion`)
                       /MANIFEST.json              the sha256 of every file above
     DIR/IN_USE.json     the version in use, its manifest's sha256 and the stack of earlier ones (rollback)
     DIR/history.jsonl   every promotion and rollback, appended
@@ -48,6 +52,7 @@ PARAMS = "params.json"
 METADATA = "metadata.json"
 TRAINING_ROWS = "training_rows.txt"
 ESTIMATORS = "estimators"
+COMPARISON = "comparison"
 ESTIMATOR_SUFFIX = ".skops"
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 MAX_ROLLBACK_DEPTH = 20  # versions in use before the current one that rollback can return to
@@ -223,16 +228,33 @@ class ModelRegistry:
             raise RegistryError(f"version {version}: {name} does not match its manifest; refusing to use it")
 
     def load(self, version: str, expected_manifest_sha256: str | None = None) -> CalibratedModels:
+        files = self.verify(version, expected_manifest_sha256)
+        return self._load_parts(version, files, "")
+
+    def has_comparison_fit(self, version: str) -> bool:
+        """Whether the version kept its comparison fit (versions calibrated before it was kept did not)."""
+        return (self.path(version) / COMPARISON / PARAMS).is_file()
+
+    def load_comparison_fit(
+        self, version: str, expected_manifest_sha256: str | None = None
+    ) -> CalibratedModels:
+        """The version's comparison fit (`stage_comparison_fit`), verified and loaded as `load` does."""
+        files = self.verify(version, expected_manifest_sha256)
+        if f"{COMPARISON}/{PARAMS}" not in files:
+            raise RegistryError(f"version {version} kept no comparison fit")
+        return self._load_parts(version, files, f"{COMPARISON}/")
+
+    def _load_parts(self, version: str, files: dict[str, str], prefix: str) -> CalibratedModels:
+        """The models of the verified files under `prefix` ("" for the version's own)."""
         import skops.io as sio
         from skops.io.exceptions import UntrustedTypesFoundException
 
         from calibrate.fit import CalibratedModels
 
-        files = self.verify(version, expected_manifest_sha256)
         path = self.path(version)
         estimators: dict[str, Any] = {}
         for name in sorted(files):
-            if not (name.startswith(ESTIMATORS + "/") and name.endswith(ESTIMATOR_SUFFIX)):
+            if not (name.startswith(f"{prefix}{ESTIMATORS}/") and name.endswith(ESTIMATOR_SUFFIX)):
                 continue
             try:
                 # skops audits every type in the file against the list before it constructs anything.
@@ -244,7 +266,7 @@ class ModelRegistry:
                     f"({_untrusted_names(exc)}); refusing to load it"
                 ) from None
             estimators[Path(name).name[: -len(ESTIMATOR_SUFFIX)]] = estimator
-        params = _read_json(path / PARAMS)
+        params = _read_json(path / f"{prefix}{PARAMS}")
         try:
             return CalibratedModels.from_parts(estimators, params)
         except (KeyError, TypeError, ValueError) as exc:
@@ -265,23 +287,32 @@ class ModelRegistry:
     def stage(self, models: CalibratedModels, row_hashes: Sequence[str]) -> Path:
         """The models' parts and training rows written to a staging directory, not yet a version: `commit`
         makes it one (or `discard` drops it). A calibration stages while its comparison still runs."""
-        import skops.io as sio
-
-        estimators, params = models.to_parts()
-        (self.root / VERSIONS).mkdir(parents=True, exist_ok=True)
-        staging = self.root / VERSIONS / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        staging = self.scratch()
         try:
-            (staging / ESTIMATORS).mkdir(parents=True)
-            for name, estimator in estimators.items():
-                if not _ESTIMATOR_NAME.match(name):
-                    raise RegistryError(f"estimator name {name!r} cannot be a file name")
-                sio.dump(estimator, staging / ESTIMATORS / f"{name}{ESTIMATOR_SUFFIX}")
-            _write_json(staging / PARAMS, params)
+            write_parts(models, staging)
             (staging / TRAINING_ROWS).write_text("".join(f"{h}\n" for h in sorted(row_hashes)))
         except BaseException:
             self.discard(staging)
             raise
         return staging
+
+    def scratch(self) -> Path:
+        """A new, empty directory beside the versions, never listed as one (`discard` drops it): where a
+        version is staged, and where a worker process writes a comparison fit (`write_parts`)."""
+        (self.root / VERSIONS).mkdir(parents=True, exist_ok=True)
+        path = self.root / VERSIONS / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        path.mkdir()
+        return path
+
+    @staticmethod
+    def holds_parts(directory: Path) -> bool:
+        """Whether `write_parts` finished writing into `directory` (its params are written last)."""
+        return (directory / PARAMS).is_file()
+
+    def stage_comparison_fit(self, staging: Path, written: Path) -> None:
+        """A comparison fit's parts (`write_parts` into `written`, a `scratch` directory) moved into a staged
+        version, before `commit` lists them in its manifest."""
+        os.rename(written, staging / COMPARISON)
 
     def commit(self, staging: Path, metadata: dict[str, Any]) -> str:
         """The staged parts with their metadata and manifest as the next version; returns its name."""
@@ -452,6 +483,19 @@ class InUseModels:
                 # A long-lived reader: its trees become machine code in the background (Treelite until then).
                 self._models.prepare_native(wait=False)
             return key[0], self._models
+
+
+def write_parts(models: CalibratedModels, directory: Path) -> None:
+    """The models' estimators (skops) and parameters (JSON) in `directory`, as a version holds them."""
+    import skops.io as sio
+
+    estimators, params = models.to_parts()
+    (directory / ESTIMATORS).mkdir(parents=True)
+    for name, estimator in estimators.items():
+        if not _ESTIMATOR_NAME.match(name):
+            raise RegistryError(f"estimator name {name!r} cannot be a file name")
+        sio.dump(estimator, directory / ESTIMATORS / f"{name}{ESTIMATOR_SUFFIX}")
+    _write_json(directory / PARAMS, params)
 
 
 def load_models_in_use(models_dir: str | Path) -> CalibratedModels | None:

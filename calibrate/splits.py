@@ -9,7 +9,8 @@ Splits are positions (for `DataFrame.iloc`) in file order, deterministic for a s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,26 @@ def random_holdout(table: pd.DataFrame, *, fraction: float = 0.15, seed: int = 0
     n_test = max(1, int(round(n * fraction)))
     order = np.random.default_rng(seed).permutation(n)
     return Split(RANDOM, seed, np.sort(order[n_test:]), np.sort(order[:n_test]))
+
+
+def hashed_holdout(row_hashes: Sequence[str], *, fraction: float = 0.15, seed: int = 0) -> Split:
+    """A random share of the rows chosen by each row's own fingerprint (`calibrate.dataset.row_hashes`), not
+    by its place among the others: a row is held out in every table that holds it, for a seed. So a fit on
+    one table's training rows never saw a held-out row of another table's split (a model version's
+    comparison fit can be scored again on later rows, `calibrate.promotion`), and repeats of a row are all
+    held out or all trained on. The held-out share is `fraction` on average, not exactly."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+    cut = int(fraction * 2**32)
+    held_out = np.fromiter(
+        (
+            int.from_bytes(hashlib.sha256(f"{seed}:{h}".encode()).digest()[:4], "big") < cut
+            for h in row_hashes
+        ),
+        dtype=bool,
+        count=len(row_hashes),
+    )
+    return Split(RANDOM, seed, np.flatnonzero(~held_out), np.flatnonzero(held_out))
 
 
 def random_holdouts(

@@ -17,7 +17,7 @@ import skops.io as sio
 
 from calibrate.dataset import WeightPolicy, assemble, load_benchmarks
 from calibrate.loader import load_benchmark
-from calibrate.promotion import manual_verdict, not_worse
+from calibrate.promotion import KEPT_FIT, manual_verdict, not_worse
 from calibrate.refit import calibrate_version
 from calibrate.registry import TRUSTED_TYPES, ModelRegistry, RegistryError, load_models_in_use
 from finetwin.cli import main
@@ -150,8 +150,9 @@ def test_a_calibration_whose_comparison_fails_leaves_nothing_behind(
 def test_a_refit_against_the_version_in_use_compares_the_same_in_worker_processes(
     tmp_path: Path, sample_csv: Path
 ) -> None:
-    """Against a version trained on other rows both sides are refitted ("same split"): each in a worker
-    process of its own, with the numbers of the two fits one after the other in this process."""
+    """Against a version trained on other rows, the candidate is fitted and the version in use's kept
+    comparison fit scored (`test_kept_comparison_fit`): in worker processes of their own, with the numbers
+    of the same work in this process."""
     lines = sample_csv.read_text().splitlines(keepends=True)
     first, second = tmp_path / "first.csv", tmp_path / "second.csv"
     first.write_text("".join(lines[:500]))
@@ -161,7 +162,7 @@ def test_a_refit_against_the_version_in_use_compares_the_same_in_worker_processe
     for parallel in (False, True):
         models = Path(shutil.copytree(tmp_path / "in-use", tmp_path / f"models-{parallel}"))
         result = calibrate_version(models, benchmarks=[second], parallel=parallel)
-        assert result.comparison is not None and result.comparison.basis == "same split"
+        assert result.comparison is not None and result.comparison.basis == KEPT_FIT
         comparisons.append(result.comparison.to_json())
     assert comparisons[0] == comparisons[1]
     assert comparisons[0]["incumbent"]["n_train"] != comparisons[0]["candidate"]["n_train"]
@@ -257,14 +258,14 @@ def test_promotion_refuses_a_worse_model_and_an_operator_must_force_it(
     registry_copy: Path, sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A candidate that learned from a tenth of the rows the model in use learned from is worse on rows
-    # neither saw; the comparison rebuilds the in-use version's rows from its benchmark file.
+    # neither saw; the comparison scores the in-use version's kept fit on its own rows of the split.
     few = tmp_path / "few.csv"
     lines = sample_csv.read_text().splitlines(keepends=True)
     few.write_text("".join([lines[0], *lines[1::10]]))
     result = calibrate_version(registry_copy, benchmarks=[few], reason="test: fewer rows")
     registry = ModelRegistry(registry_copy)
     assert result.version == "v0002"
-    assert result.comparison is not None and result.comparison.basis == "same split"
+    assert result.comparison is not None and result.comparison.basis == KEPT_FIT
     assert result.comparison.against == "v0001"
     assert not result.promoted, result.comparison.reasons
     assert registry.in_use() == "v0001"
