@@ -94,8 +94,9 @@ def calibrate_version(
     # one core: the comparison's fits run meanwhile in worker processes, one per side compared (its two fits
     # one after the other made a refit against the version in use take 39 s, not 27, on 30,920 rows). The
     # workers start before the rows are loaded, so that their imports overlap the loading: one, and a
-    # second for the version in use when there is one; none for a refit that may find nothing new.
-    warm = 0 if skip_if_unchanged else (2 if registry.in_use() is not None else 1)
+    # second for the version in use when it kept no comparison fit this calibration may score; none for a
+    # refit that may find nothing new.
+    warm = 0 if skip_if_unchanged else 1 + int(_refits_version_in_use(registry, seed))
     keep: Path | None = None  # where the comparison writes the candidate's fit, kept with the version
     try:
         with _comparison_worker(parallel, warm=warm) as workers:
@@ -274,19 +275,38 @@ def _with_incumbent_rows(
     return union, candidate_rows, incumbent
 
 
-def _kept_fit(registry: ModelRegistry, version: str, metadata: dict[str, Any], seed: int) -> KeptFit | None:
-    """The version's comparison fit where a comparison of this calibration may score it: made on a split
-    of the same kind and seed, with the same libraries (finetwin's own version among them: a fit made by
-    other code is fitted again by this one)."""
+def _refits_version_in_use(registry: ModelRegistry, seed: int) -> bool:
+    """Whether the comparison will likely fit the version in use again (it kept no fit to score)."""
+    in_use = registry.in_use()
+    if in_use is None:
+        return False
+    try:
+        return not _may_score_kept_fit(registry, in_use, registry.metadata(in_use), seed)
+    except RegistryError:
+        return False  # it cannot be read: compared as "cannot be measured", not refitted
+
+
+def _may_score_kept_fit(registry: ModelRegistry, version: str, metadata: dict[str, Any], seed: int) -> bool:
+    """Whether the version kept a comparison fit that a comparison of this calibration may score: made on
+    a split of the same kind and seed, with the same libraries (finetwin's own version among them: a fit
+    made by other code is fitted again by this one)."""
     comparison = metadata.get("comparison") or {}
-    if comparison.get("split") != split_of(seed) or metadata.get("libraries") != library_versions():
+    return (
+        comparison.get("split") == split_of(seed)
+        and metadata.get("libraries") == library_versions()
+        and registry.has_comparison_fit(version)
+    )
+
+
+def _kept_fit(registry: ModelRegistry, version: str, metadata: dict[str, Any], seed: int) -> KeptFit | None:
+    """The version's comparison fit where a comparison of this calibration may score it, verified."""
+    if not _may_score_kept_fit(registry, version, metadata, seed):
         return None
-    if not registry.has_comparison_fit(version):
-        return None
+    comparison = metadata.get("comparison") or {}
     pointer = registry.pointer() or {}
     manifest = pointer.get("manifest_sha256") if pointer.get("version") == version else None
     # Verified here, not only where it is loaded: a damaged version in use is then compared as one that
-    # cannot be read (`_with_incumbent_rows`), rather than failing the whole calibration in a worker.
+    # cannot be read (`_with_incumbent_rows`), rather than failing the whole calibration where it is scored.
     registry.verify(version, manifest)
     n_train = int((comparison.get("candidate") or {}).get("n_train", 0))
     return KeptFit(registry.root, version, manifest, n_train)

@@ -17,7 +17,7 @@ import calibrate.refit
 from calibrate.dataset import TrainingData, WeightPolicy, assemble, load_benchmarks
 from calibrate.fit import fit_models
 from calibrate.promotion import KEPT_FIT, SAME_ROWS, Incumbent, KeptFit, _incumbent_basis, split_of
-from calibrate.refit import calibrate_version
+from calibrate.refit import _refits_version_in_use, calibrate_version
 from calibrate.registry import ModelRegistry
 from calibrate.splits import hashed_holdout
 
@@ -148,3 +148,12 @@ def test_the_version_in_use_is_measured_on_the_best_basis_its_rows_allow() -> No
     assert basis(range(50), None, np.arange(100) < 40) == "same split"
     assert basis(range(200), kept) == KEPT_FIT  # half its rows are gone: its kept fit had them all
     assert basis(range(200), None).startswith("recorded (only 50% of its rows")
+
+
+def test_a_second_worker_is_started_early_only_to_fit_the_version_in_use_again(
+    in_use: Path, tmp_path: Path
+) -> None:
+    """Its imports overlap the loading; a kept fit is scored in the calibrating process and needs none."""
+    assert not _refits_version_in_use(ModelRegistry(in_use), seed=0)
+    assert _refits_version_in_use(ModelRegistry(in_use), seed=1)  # its kept fit is of another split
+    assert not _refits_version_in_use(ModelRegistry(tmp_path / "empty"), seed=0)  # nothing in use
