@@ -160,27 +160,29 @@ class CalibratedModels:
         return self.encoding.matrix(columns), columns["gpu_model"], notes
 
     def predict_frame(
-        self, table: pd.DataFrame, *, power: bool = False, reference: bool = False
+        self, table: pd.DataFrame, *, power: bool = False, reference: bool = False, distinct: bool = False
     ) -> pd.DataFrame:
         """Loader output (benchmark or configs) -> one prediction per row, same index and order; with
         `power`, also `power_watts` per GPU from the same features (one feature build, not two).
-        `reference`: through scikit-learn's estimators instead of the compiled trees (same numbers)."""
-        predicted = self.predict_columns(table, power=power, reference=reference)
+        `reference`: through scikit-learn's estimators instead of the compiled trees (same numbers).
+        `distinct`: the caller's rows are distinct configurations already (`predict_columns`)."""
+        predicted = self.predict_columns(table, power=power, reference=reference, distinct=distinct)
         return pd.DataFrame(
             {name: predicted[name] for name in PREDICTION_COLUMNS if name in predicted}, index=table.index
         )
 
     def predict_columns(
-        self, table: Table, *, power: bool = False, reference: bool = False
+        self, table: Table, *, power: bool = False, reference: bool = False, distinct: bool = False
     ) -> dict[str, Any]:
         """`predict_frame`'s columns as arrays by name (`note`: a list), for a frame or for columns by name
         (`calibrate.config_frame.configs_to_columns`): an answer's ~70 rows skip pandas altogether.
 
         A large table is predicted once per distinct configuration: a CSV of configurations repeats them
         (100,000 rows resampled from the benchmark hold ~3,900), and the features and trees cost ~50 µs a
-        row where finding the repeats costs ~1 µs."""
+        row where finding the repeats costs ~1 µs. `distinct`: the rows are distinct already
+        (`calibrate.loader.load_distinct_configs`), and are not searched for repeats again."""
         n = config_frame.row_count(table)
-        if n >= DISTINCT_FROM_ROWS:
+        if n >= DISTINCT_FROM_ROWS and not distinct:
             first, inverse = config_frame.distinct_rows(table)
             if len(first) <= DISTINCT_AT_MOST * n:
                 try:

@@ -59,7 +59,9 @@ def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> P
     """The input rows as written plus the prediction columns, atomically (all rows or no file). Each
     distinct configuration is predicted and formatted once."""
     table = configs.table
-    predicted = models.predict_frame(table) if len(table) else pd.DataFrame(columns=PREDICTION_COLUMNS)
+    predicted = (
+        models.predict_frame(table, distinct=True) if len(table) else pd.DataFrame(columns=PREDICTION_COLUMNS)
+    )
     if len(predicted) != len(table):
         raise RuntimeError(f"the model returned {len(predicted)} predictions for {len(table)} rows")
     texts = _prediction_texts(predicted)

@@ -37,7 +37,7 @@ class Stub:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def predict_frame(self, table: pd.DataFrame) -> pd.DataFrame:
+    def predict_frame(self, table: pd.DataFrame, *, distinct: bool = False) -> pd.DataFrame:
         n = len(table)
         pick = np.random.default_rng(self.seed).integers(0, 1 << 16, size=n)
         notes = np.array(["", "'lama3' is new, \"see\" docs", "=evil()", "two\nlines", "plain"], dtype=object)
