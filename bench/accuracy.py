@@ -76,7 +76,15 @@ Predictor = Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]
 
 
 def finetwin(train: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
-    return fit_models(train, seed=0).predict_frame(test)
+    """The models' predictions, and the band with one width per novelty level around the same p50
+    (`one_width_p10`, `one_width_p90`): the baseline of the adaptive band."""
+    models = fit_models(train, seed=0)
+    predicted = models.predict_frame(test)
+    X, _, _ = models.matrix(test)
+    one_width = models.throughput.one_width_predict(X, predicted["tokens_per_second_p50"].to_numpy())
+    if one_width is not None:
+        predicted["one_width_p10"], predicted["one_width_p90"] = one_width[:, 0], one_width[:, 1]
+    return predicted
 
 
 def median_of_matches(train: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
@@ -168,15 +176,25 @@ def pooled_metrics(table: pd.DataFrame, predictions: pd.DataFrame, has_rules: bo
         if has_rules
         else float("nan"),
     }
-    low = predictions["tokens_per_second_p10"].to_numpy()[valid]
-    high = predictions["tokens_per_second_p90"].to_numpy()[valid]
-    band = {
-        "band_coverage": accuracy.band_coverage(actual[valid], low, high),
-        "band_median_width": accuracy.median_relative_width(low, p50[valid], high),
-        "interval_score": accuracy.interval_score(actual[valid], low, high, alpha=0.2),
-    }
+    band = band_metrics(actual[valid], predictions, "tokens_per_second", valid)
     result |= {k: (v if has_band else float("nan")) for k, v in band.items()}
+    if has_band and "one_width_p10" in predictions.columns:
+        one_width = band_metrics(actual[valid], predictions, "one_width", valid)
+        result |= {f"one_width_{k}": v for k, v in one_width.items()}
     return result
+
+
+def band_metrics(actual: np.ndarray, predictions: pd.DataFrame, prefix: str, rows: np.ndarray) -> dict:
+    """Coverage, median relative width and interval score of the band `{prefix}_p10`-`{prefix}_p90` (around
+    `tokens_per_second_p50`) on `rows`."""
+    low = predictions[f"{prefix}_p10"].to_numpy()[rows]
+    high = predictions[f"{prefix}_p90"].to_numpy()[rows]
+    p50 = predictions["tokens_per_second_p50"].to_numpy()[rows]
+    return {
+        "band_coverage": accuracy.band_coverage(actual, low, high),
+        "band_median_width": accuracy.median_relative_width(low, p50, high),
+        "interval_score": accuracy.interval_score(actual, low, high, alpha=0.2),
+    }
 
 
 def run(table: pd.DataFrame, splits: list[Split], predictors: dict[str, Predictor]) -> dict[str, dict]:
@@ -240,7 +258,28 @@ def print_table(results: dict[str, dict], n_rows: dict[str, int]) -> bool:
             cells = " ".join(f"{v:>9.4f}" if not np.isnan(v) else f"{'-':>9}" for v in (ours, gbm, median))
             print(f"{metric:<27} {kind:<9} {cells} {shown_ratio} {text:>8}  {'yes' if ok else 'NO'}")
     print(f"\nheld-out rows per kind (pooled over folds): {n_rows}")
+    print_band_baseline(results)
     return all_ok
+
+
+def print_band_baseline(results: dict[str, dict]) -> None:
+    """The adaptive band against one width for every row of a novelty level, around the same p50: the same
+    out-of-fold residuals' quantiles without the difficulty model (before issue 14 the band had one width
+    for everything). Ratio: adaptive / one width, below 1 sharper; coverage is shown beside it, since a
+    narrower band that misses more is no gain."""
+    kinds = [k for k in KINDS if k in results and "one_width_band_coverage" in results[k]["finetwin"]]
+    if not kinds:
+        return
+    header = f"{'band':<19} {'split':<9} {'adaptive':>9} {'one width':>9} {'ratio':>7}"
+    print("\nthe adaptive band against one width per novelty level (around the same p50)")
+    print(header)
+    print("-" * len(header))
+    for metric in ("band_coverage", "band_median_width", "interval_score"):
+        for kind in kinds:
+            row = results[kind]["finetwin"]
+            ours, one_width = row[metric], row[f"one_width_{metric}"]
+            shown = f"{ours / one_width:>7.2f}" if metric != "band_coverage" and one_width else f"{'':>7}"
+            print(f"{metric:<19} {kind:<9} {ours:>9.4f} {one_width:>9.4f} {shown}")
 
 
 def main() -> None:

@@ -138,6 +138,10 @@ class ThroughputModel:
     sibling_rows: dict[str, int] | None = None  # training rows per sibling key (None: an older version)
     # level -> [the most negative, the most positive] held-out error of log(tokens/s) (absent: unbounded)
     error_range: dict[str, list[float]] = field(default_factory=dict)
+    # level -> [low, high] of log(tokens/s) around p50: the band with one width for every row of a novelty
+    # level, the same out-of-fold residuals' quantiles as `band` without the difficulty model (None: an
+    # older version). The baseline `bench/accuracy.py` compares the adaptive band with.
+    one_width_band: dict[str, list[float]] | None = None
 
     def __post_init__(self) -> None:
         self._center = CompiledTrees(self.regressor)
@@ -189,14 +193,27 @@ class ThroughputModel:
         return np.array([self.error_range.get(str(k), unbounded) for k in levels], dtype=float).reshape(-1, 2)
 
     def params(self) -> dict[str, Any]:
-        return {
-            "band": self.band,
-            "region_rows": self.region_rows,
-            "config_rows": self.config_rows,
-            "error_correlation": self.error_correlation,
-            "error_quantiles": self.error_quantiles,
-            "error_range": self.error_range,
-        } | ({} if self.sibling_rows is None else {"sibling_rows": self.sibling_rows})
+        return (
+            {
+                "band": self.band,
+                "region_rows": self.region_rows,
+                "config_rows": self.config_rows,
+                "error_correlation": self.error_correlation,
+                "error_quantiles": self.error_quantiles,
+                "error_range": self.error_range,
+            }
+            | ({} if self.sibling_rows is None else {"sibling_rows": self.sibling_rows})
+            | ({} if self.one_width_band is None else {"one_width_band": self.one_width_band})
+        )
+
+    def one_width_predict(self, X: np.ndarray, p50: np.ndarray) -> np.ndarray | None:
+        """(n, 2) tokens/s for rows of the encoded feature matrix: the one-width band's p10 and p90 around
+        their predictions `p50` (None for a version fitted before it was recorded)."""
+        if self.one_width_band is None:
+            return None
+        bands = np.array([self.one_width_band[str(level)] for level in LEVELS])[self.levels(X)]
+        p50 = np.asarray(p50, dtype=float)
+        return p50[:, None] * np.exp(bands)
 
     @classmethod
     def from_params(
@@ -214,6 +231,8 @@ class ThroughputModel:
             None if "sibling_rows" not in params
             else {str(k): int(v) for k, v in params["sibling_rows"].items()},
             {str(k): [float(v) for v in pair] for k, pair in (params.get("error_range") or {}).items()},
+            None if params.get("one_width_band") is None
+            else {str(k): [float(v) for v in pair] for k, pair in params["one_width_band"].items()},
         )  # fmt: skip
 
 
@@ -240,6 +259,7 @@ def fit_throughput(
     return ThroughputModel(
         regressor, difficulty, band, _counts(keys(X, _REGION_COLUMNS)), _counts(keys(X, _CONFIG_COLUMNS)),
         correlation, quantiles, _counts(keys(X, _SIBLING_COLUMNS)), _error_range(residuals, levels),
+        level_quantiles(residuals, levels),
     )  # fmt: skip
 
 
@@ -469,16 +489,23 @@ def _difficulty_and_band(
                                                target[~part])  # fmt: skip
         scale[part] = np.exp(CompiledTrees(model).predict(design[part]))
     scores = residuals / scale
+    band = level_quantiles(scores, levels)
+    difficulty = _difficulty_regressor(seed).fit(boosting.trainable(design, DIFFICULTY_FEATURES), target)
+    return difficulty, band, scores
+
+
+def level_quantiles(values: np.ndarray, levels: np.ndarray) -> dict[str, list[float]]:
+    """Per novelty level, the band's quantiles of `values` (its out-of-fold rows'; all of them for a level
+    with too few), each level's holding the one before it in LEVELS."""
     band: dict[str, list[float]] = {}
     previous = [0.0, 0.0]
     for level in LEVELS:
-        pool = scores[levels == level]
+        pool = values[levels == level]
         quantiles = NOVEL_BAND_QUANTILES if level == NEW_REGION else BAND_QUANTILES
-        chosen = pool if pool.size >= MIN_RESIDUALS_PER_LEVEL else scores
+        chosen = pool if pool.size >= MIN_RESIDUALS_PER_LEVEL else values
         low, high = (float(q) for q in np.quantile(chosen, quantiles))
         band[str(level)] = previous = [min(low, previous[0]), max(high, previous[1])]
-    difficulty = _difficulty_regressor(seed).fit(boosting.trainable(design, DIFFICULTY_FEATURES), target)
-    return difficulty, band, scores
+    return band
 
 
 def _difficulty_regressor(seed: int) -> HistGradientBoostingRegressor:

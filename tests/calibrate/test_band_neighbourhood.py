@@ -117,6 +117,41 @@ def test_the_band_covers_about_four_in_five_held_out_runs_and_adapts(sample: pd.
     error = np.abs(np.log(actual / mid))
     narrow = width <= np.median(width)
     assert np.median(error[narrow]) < 0.8 * np.median(error[~narrow])
+    # The difficulty model pays: against one width per novelty level from the same residuals (measured on
+    # the sample: interval score 0.70 against 1.42 and 0.57 against 1.03), the adaptive band's score is lower.
+    X, _, _ = models.matrix(test[valid])
+    one_width = models.throughput.one_width_predict(X, mid)
+    assert one_width is not None
+    adaptive_score = accuracy.interval_score(actual, low, high)
+    assert adaptive_score < 0.8 * accuracy.interval_score(actual, one_width[:, 0], one_width[:, 1])
+
+
+def test_the_one_width_band_is_the_levels_residual_quantiles_around_p50(
+    fitted: perf.ThroughputModel, valid_matrix: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """The baseline band: one width per novelty level, nested like the adaptive band's levels, kept
+    through the version's params, and None for a version fitted before it."""
+    band = fitted.one_width_band
+    assert band is not None and set(band) == {str(level) for level in perf.LEVELS}
+    for inner, outer in zip(perf.LEVELS, perf.LEVELS[1:], strict=False):
+        assert band[str(outer)][0] <= band[str(inner)][0] < 0.0 < band[str(inner)][1] <= band[str(outer)][1]
+    X = valid_matrix[0][:200]
+    p50 = fitted.predict(X)[:, 1]
+    levels = fitted.levels(X)
+    expected = np.array([band[str(level)] for level in levels])
+    np.testing.assert_allclose(fitted.one_width_predict(X, p50), p50[:, None] * np.exp(expected), rtol=1e-12)
+    params = fitted.params()
+    again = perf.ThroughputModel.from_params(fitted.regressor, fitted.difficulty, params)
+    assert again.one_width_band == band
+    older = {k: v for k, v in params.items() if k != "one_width_band"}
+    assert (
+        perf.ThroughputModel.from_params(fitted.regressor, fitted.difficulty, older).one_width_predict(X, p50)
+        is None
+    )
+    assert (
+        "one_width_band"
+        not in perf.ThroughputModel.from_params(fitted.regressor, fitted.difficulty, older).params()
+    )
 
 
 class _RecordingFits:
