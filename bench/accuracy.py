@@ -117,7 +117,9 @@ def gbm_on_names(train: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
     def design(frame: pd.DataFrame) -> pd.DataFrame:
         out = frame[list(NAME_COLUMNS) + list(NUMERIC_COLUMNS)].copy()
         for name in NAME_COLUMNS:
-            out[name] = pd.Categorical(out[name], categories=sorted(train[name].unique()))
+            known = sorted(train[name].unique())
+            # A name the training rows lack is missing to the trees (as pandas did silently before 3.x).
+            out[name] = pd.Categorical(out[name].where(out[name].isin(known)), categories=known)
         out["params_b"] = [model_params_b(m) for m in frame["model_name"]]
         return out.astype({c: float for c in ("enable_roce", "fast_kernels")})
 
