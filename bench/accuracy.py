@@ -17,7 +17,9 @@ Baselines, fitted on the same training rows of each split:
   GPU count, batch and sequence length, backing off one column at a time when there are none;
 - gbm: plain gradient boosting on names and sizes (model name, method and GPU as categories, the numeric
   configuration columns and the model's parameter count) for log(tokens/s), and for valid vs runtime
-  failure; a three-class version of it (rejected / valid / runtime) for the rules row.
+  failure; a three-class version of it (rejected / valid / runtime) for the rules row;
+- for the band, one width per novelty level around finetwin's own p50 (the same out-of-fold residuals'
+  quantiles without the difficulty model), in a table of its own after the main one.
 
 Each split kind pools the held-out predictions of its folds, then computes each metric once. The ratio is
 finetwin / the better baseline, oriented so that below 1 means finetwin is better (for balanced accuracy and
