@@ -211,7 +211,8 @@ class ThroughputModel:
         their predictions `p50` (None for a version fitted before it was recorded)."""
         if self.one_width_band is None:
             return None
-        bands = np.array([self.one_width_band[str(level)] for level in LEVELS])[self.levels(X)]
+        # Indexed by the level's number (levels are 0, 2, 1 from the narrowest to the widest in LEVELS).
+        bands = np.array([self.one_width_band[str(level)] for level in range(len(LEVELS))])[self.levels(X)]
         p50 = np.asarray(p50, dtype=float)
         return p50[:, None] * np.exp(bands)
 

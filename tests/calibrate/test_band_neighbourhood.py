@@ -117,13 +117,15 @@ def test_the_band_covers_about_four_in_five_held_out_runs_and_adapts(sample: pd.
     error = np.abs(np.log(actual / mid))
     narrow = width <= np.median(width)
     assert np.median(error[narrow]) < 0.8 * np.median(error[~narrow])
-    # The difficulty model pays: against one width per novelty level from the same residuals (measured on
-    # the sample: interval score 0.70 against 1.42 and 0.57 against 1.03), the adaptive band's score is lower.
+    # The difficulty model pays: against one width per novelty level from the same residuals, the adaptive
+    # band is narrower at the median and scores better (measured on the sample, seeds 0 and 1: median width
+    # 0.154 and 0.164 against 0.231 and 0.216, interval score 0.70 and 0.57 against 0.81 and 0.63).
     X, _, _ = models.matrix(test[valid])
     one_width = models.throughput.one_width_predict(X, mid)
     assert one_width is not None
+    assert np.median(width) < 0.85 * accuracy.median_relative_width(one_width[:, 0], mid, one_width[:, 1])
     adaptive_score = accuracy.interval_score(actual, low, high)
-    assert adaptive_score < 0.8 * accuracy.interval_score(actual, one_width[:, 0], one_width[:, 1])
+    assert adaptive_score < 0.95 * accuracy.interval_score(actual, one_width[:, 0], one_width[:, 1])
 
 
 def test_the_one_width_band_is_the_levels_residual_quantiles_around_p50(
@@ -135,9 +137,14 @@ def test_the_one_width_band_is_the_levels_residual_quantiles_around_p50(
     assert band is not None and set(band) == {str(level) for level in perf.LEVELS}
     for inner, outer in zip(perf.LEVELS, perf.LEVELS[1:], strict=False):
         assert band[str(outer)][0] <= band[str(inner)][0] < 0.0 < band[str(inner)][1] <= band[str(outer)][1]
-    X = valid_matrix[0][:200]
+    seen = valid_matrix[0][:100]
+    edge, new = seen.copy(), seen.copy()
+    edge[:, FEATURE_NAMES.index("log_tokens")] += 7.0  # a sequence length no training row has: no sibling
+    new[:, FEATURE_NAMES.index("log_params")] += 7.0  # an LLM size no training row has: a new region
+    X = np.vstack([seen, edge, new])
     p50 = fitted.predict(X)[:, 1]
     levels = fitted.levels(X)
+    assert set(levels[100:200]) == {perf.EDGE_REGION} and set(levels[200:]) == {perf.NEW_REGION}
     expected = np.array([band[str(level)] for level in levels])
     np.testing.assert_allclose(fitted.one_width_predict(X, p50), p50[:, None] * np.exp(expected), rtol=1e-12)
     params = fitted.params()
