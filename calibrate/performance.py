@@ -162,9 +162,7 @@ class ThroughputModel:
         scale = np.exp(scale_trees(np.column_stack([X, context])))
         level = levels_of(context)
         # A version fitted before the edge level has no band for it (nor, without sibling counts, edge rows).
-        bands = [self.band.get(str(k), self.band[str(SEEN_REGION)]) for k in range(len(LEVELS))]
-        low = np.array([b[0] for b in bands])[level]
-        high = np.array([b[1] for b in bands])[level]
+        low, high = at_levels(self.band, level, self.band[str(SEEN_REGION)]).T
         return np.exp(np.column_stack([center + low * scale, center, center + high * scale]))
 
     def levels(self, X: np.ndarray) -> np.ndarray:
@@ -177,20 +175,18 @@ class ThroughputModel:
     def error_correlation_at(self, levels: np.ndarray) -> np.ndarray:
         """(n,) per row of novelty `levels` (`levels_of`), the share of its error its error family shares
         (0 where it was not measured: independent errors)."""
-        return np.array([self.error_correlation.get(str(k), 0.0) for k in levels], dtype=float)
+        return at_levels(self.error_correlation, levels, 0.0)
 
     def error_quantiles_at(self, levels: np.ndarray) -> np.ndarray:
         """(n, levels) per row of novelty `levels`, its standardized error at ERROR_QUANTILE_LEVELS (a
         normal's where its level's distribution was not measured)."""
-        normal = np.array([NormalDist().inv_cdf(level) for level in ERROR_QUANTILE_LEVELS])
-        tables = {key: np.asarray(value, dtype=float) for key, value in self.error_quantiles.items()}
-        return np.array([tables.get(str(k), normal) for k in levels]).reshape(len(levels), -1)
+        normal = [NormalDist().inv_cdf(level) for level in ERROR_QUANTILE_LEVELS]
+        return at_levels(self.error_quantiles, levels, normal)
 
     def error_range_at(self, levels: np.ndarray) -> np.ndarray:
         """(n, 2) per row of novelty `levels`, the most negative and the most positive error of log(tokens/s)
         held out at its level (-inf, inf where the version did not measure them)."""
-        unbounded = [-np.inf, np.inf]
-        return np.array([self.error_range.get(str(k), unbounded) for k in levels], dtype=float).reshape(-1, 2)
+        return at_levels(self.error_range, levels, [-np.inf, np.inf])
 
     def params(self) -> dict[str, Any]:
         return (
@@ -211,10 +207,8 @@ class ThroughputModel:
         their predictions `p50` (None for a version fitted before it was recorded)."""
         if self.one_width_band is None:
             return None
-        # Indexed by the level's number (levels are 0, 2, 1 from the narrowest to the widest in LEVELS).
-        bands = np.array([self.one_width_band[str(level)] for level in range(len(LEVELS))])[self.levels(X)]
-        p50 = np.asarray(p50, dtype=float)
-        return p50[:, None] * np.exp(bands)
+        bands = at_levels(self.one_width_band, self.levels(X), self.one_width_band[str(SEEN_REGION)])
+        return np.asarray(p50, dtype=float)[:, None] * np.exp(bands)
 
     @classmethod
     def from_params(
@@ -359,6 +353,14 @@ def _row_groups(part: np.ndarray) -> np.ndarray:
         codes, distinct = pd.factorize(part[:, j])
         group, _ = pd.factorize(group * len(distinct) + codes)
     return group
+
+
+def at_levels(table: Mapping[str, Any], levels: np.ndarray, default: Any) -> np.ndarray:
+    """Per row of novelty `levels`, its level's entry of `table` (keyed by the level's number as text;
+    `default` where the version has none): (n,) for numbers, (n, k) for lists of k. Indexed by the level's
+    number, not its place in LEVELS (which runs 0, 2, 1 from the narrowest band to the widest)."""
+    entries = np.array([table.get(str(k), default) for k in range(len(LEVELS))], dtype=float)
+    return entries[np.asarray(levels, dtype=np.intp)]
 
 
 def levels_of(context: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from calibrate import boosting
 from calibrate.compiled import CompiledTrees
 from calibrate.correlation import MAX_SHARE, Z90, shared_share
 from calibrate.features import FEATURE_NAMES
-from calibrate.performance import LEVELS, fold_neighbourhood, held_out_residuals, levels_of
+from calibrate.performance import LEVELS, at_levels, fold_neighbourhood, held_out_residuals, levels_of
 from twin.domain import GPU_TYPES, UNKNOWN_GPU
 
 if TYPE_CHECKING:  # imported where the model is fitted: predicting from compiled trees never needs it
@@ -86,8 +86,8 @@ class PowerUseModel:
         """(n, 2): per row of novelty `levels` and (canonical) GPU names, the standard deviation of its
         log(watts) error and the share of it its error family shares. A GPU type without power telemetry
         shares its whole error: the same guessed share of TDP for every job on it."""
-        scale = np.array([self.error_scale.get(str(k), 0.0) for k in levels], dtype=float)
-        share = np.array([self.error_correlation.get(str(k), 0.0) for k in levels], dtype=float)
+        scale = at_levels(self.error_scale, levels, 0.0)
+        share = at_levels(self.error_correlation, levels, 0.0)
         unmeasured = ~np.isin(np.asarray(gpus).astype(str), self.gpus_with_power)
         scale[unmeasured] = self.unmeasured_error_scale
         share[unmeasured] = MAX_SHARE
