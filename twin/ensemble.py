@@ -24,7 +24,7 @@ from twin.cluster import Cluster
 from twin.plan import JobPlan, PreparedCatalog, build_plan
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.randomness import run_key
-from twin.run_metrics import SERIES_FIGURES, SUMMARY_FIGURES, energy_of, measure
+from twin.run_metrics import SERIES_FIGURES, SUMMARY_FIGURES, energy_if_run, measure
 from twin.simulator import End, SimResult, simulate
 from twin.slo_attainment import DEFAULT_SLOS, SloSet, evaluate
 from twin.workload import Workload, concat
@@ -51,8 +51,8 @@ class EnsembleSpec:
     slos: SloSet = field(default_factory=lambda: DEFAULT_SLOS)
     backfill_depth: int = DEFAULT_BACKFILL_DEPTH
     keep_jobs: bool = False  # keep run 0's job table
-    # Backtests: also the energy of these jobs alone (summary `energy_kwh_subset`), the ones whose truth is
-    # measured.
+    # Backtests: also the energy these jobs would draw if they ran to completion (summary
+    # `energy_kwh_if_run`): the jobs whose truth is measured, which are the ones that completed.
     energy_jobs: frozenset[str] | None = None
 
 
@@ -95,8 +95,7 @@ def run_one(spec: EnsembleSpec, index: int) -> RunOutput:
     metrics = measure(plan, result, spec.cluster.gpus_by_model(), spec.horizon_s, spec.interval_s)
     if spec.energy_jobs is not None:
         subset = np.fromiter((j in spec.energy_jobs for j in plan.job_ids), dtype=bool, count=len(plan))
-        window = spec.horizon_s if spec.horizon_s is not None else result.until_s
-        metrics.summary["energy_kwh_subset"] = energy_of(plan, result, window, subset)
+        metrics.summary["energy_kwh_if_run"] = energy_if_run(plan, subset)
     return RunOutput(
         summary=metrics.summary,
         utilization_by_type=metrics.utilization_by_type,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 import numpy as np
@@ -285,7 +285,9 @@ class JobPlan:
     power_w: np.ndarray  # per GPU
     reject: np.ndarray  # Reject codes
     elapsed_s: np.ndarray  # NaN, or how long it has been running when the simulation starts
-    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    # How long it would hold its GPUs had it run to completion: hold_s, except for a job drawn to fail, whose
+    # drawn run stands here. None where the plan does not draw runs (a truth replayed from measured times).
+    run_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.job_ids)
@@ -444,6 +446,9 @@ def build_plan(
     if np.isnan(hold[reject == Reject.NONE]).any():
         raise ValueError("a job has neither a duration nor a configuration")
     hold[reject != Reject.NONE] = 0.0
+    if_run = hold.copy()
+    if len(modelled):
+        if_run[modelled] = np.where(reject[modelled] == Reject.NONE, run, 0.0)
     return JobPlan(
         job_ids=[workload.job_ids[i] for i in order],
         row=order,
@@ -457,6 +462,7 @@ def build_plan(
         power_w=power[order],
         reject=reject[order],
         elapsed_s=elapsed[order],
+        run_s=if_run[order],
     )
 
 

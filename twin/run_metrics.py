@@ -231,10 +231,11 @@ def _count_in_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return counts.astype(float)
 
 
-def energy_of(plan: JobPlan, result: SimResult, window: float, subset: np.ndarray) -> float:
-    """kWh drawn in [0, window] by the jobs of `subset` (a boolean mask in plan order)."""
-    started = ~np.isnan(result.start_s) & subset
-    run_from = np.maximum(result.start_s[started], 0.0)
-    run_to = np.minimum(np.where(np.isnan(result.end_s[started]), window, result.end_s[started]), window)
-    busy = np.maximum(run_to - run_from, 0.0)
-    return float((busy * plan.gpus[started] * plan.power_w[started]).sum() / 3.6e6)
+def energy_if_run(plan: JobPlan, subset: np.ndarray) -> float:
+    """kWh the jobs of `subset` (a boolean mask in plan order) would draw if each ran to completion: its
+    drawn run at its power, also where this run drew its failure instead (a backtest's measured energy is of
+    runs that completed, so the twin's figure for them is conditional on their completing)."""
+    if plan.run_s is None:
+        raise ValueError("the plan has no drawn runs")
+    ran = subset & (plan.run_s > 0)  # a rejected job draws nothing (and has no power)
+    return float((plan.run_s[ran] * plan.gpus[ran] * plan.power_w[ran]).sum() / 3.6e6)

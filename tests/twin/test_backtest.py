@@ -98,3 +98,20 @@ def test_backtest_command_calibrates_on_the_benchmark(
     # Models calibrated on this very benchmark: the GPU-hours of the window's jobs within 10 %.
     assert abs(doc["figures"]["gpu_hours"]["error"]) <= 0.10
     assert abs(doc["figures"]["jobs_completed"]["error"]) <= 0.05
+
+
+class DoubtingOracle(OracleModels):
+    """The oracle's throughput and power, but a coin flip on whether a job that runs will run."""
+
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        return 0.5 * super().predict_failure(configs)
+
+
+def test_energy_is_compared_on_the_runs_that_were_measured(unique_rows: pd.DataFrame) -> None:
+    # Only valid runs carry measured power. A twin that doubts every job burns half of it in its runs, yet
+    # if these jobs run (as the measured ones did) it knows exactly what they draw: the energy figure is that.
+    doc = run_backtest(unique_rows, DoubtingOracle(unique_rows), runs=2, seed=4, workers=1)
+    figures = doc["figures"]
+    assert abs(figures["energy_kwh"]["error"]) < 0.02
+    assert figures["jobs_completed"]["error"] < -0.3  # the doubts do show where they belong
+    assert figures["gpu_hours"]["error"] < -0.1
