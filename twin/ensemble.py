@@ -221,12 +221,17 @@ def run_ensemble(
 
 
 def spread(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
-    """Mean, p10 and p90 across runs (NaN runs left out; None when no run has a value)."""
+    """Mean, p10 and p90 across runs (NaN runs left out; None when no run has a value).
+
+    p10-p90 is the interval that holds one more run with 80 % chance, which is what the truth is to the
+    ensemble: the runs' order statistics at p (n + 1) (Weibull's plotting positions). The runs' own
+    interpolated percentiles are narrower: with 16 runs they hold another run 71 % of the time, with 8 64 %.
+    Below 9 runs the interval is the runs' range, which holds another run (n - 1) / (n + 1) of the time."""
     array = np.asarray(values, dtype=float)
     array = array[~np.isnan(array)]
     if not len(array):
         return {"mean": None, "p10": None, "p90": None}
-    p10, p90 = np.quantile(array, [0.1, 0.9])
+    p10, p90 = np.quantile(array, [0.1, 0.9], method="weibull")
     return {"mean": float(array.mean()), "p10": float(p10), "p90": float(p90)}
 
 
