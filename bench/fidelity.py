@@ -6,10 +6,11 @@
      block is a region (protocol, model, GPU) the training rows never saw.
    Models are calibrated on the rest; the held-out rows are replayed as a workload (FIFO, offered load 0.7)
    and the twin's ensemble (`twin.backtest`) is compared with what they really did: jobs completed,
-   GPU-hours, energy (rows with measured power), mean wait, makespan; error of the ensemble's mean and
-   whether the truth lies inside its p10-p90. The baseline is the same twin with independent errors per job
-   (what it did before issue 12): the share of the models' error that a configuration family shares is what
-   the ensemble now draws once per family and run.
+   GPU-hours, energy (rows with measured power, all valid runs: the twin's energy for them is what they
+   draw if they run to completion), mean wait, makespan; error of the ensemble's mean and whether the truth
+   lies inside its p10-p90 (the interval for one more run, `twin.ensemble.spread`). The baseline is the
+   same twin with independent errors per job (what it did before issue 12): the share of the models' error
+   that a configuration family shares is what the ensemble now draws once per family and run.
 2. Live scoring of the bundled replay: the bundled sample replayed as telemetry into a store, the standing
    forecast made every --live-every of telemetry time from the store as it stood then (the twin's clock),
    its bands recalibrated on the intervals scored before it as the API does (`twin.band_calibration`;
