@@ -17,7 +17,7 @@ Only valid runs carry measured power, so the energy figure is over jobs chosen b
 figure for them is conditional on that outcome: each job's drawn run, also in a run of the ensemble where it
 drew a failure. Counting what the twin's runs burn instead would charge the failure model's doubts about
 jobs that were then valid (a 0.8 chance to run costs a fifth of the job's energy) without the failures it
-rightly expected to offset them: on eight random held-out splits of the sample, that bias was -4.7 % on
+rightly expected to offset them: on eight random held-out splits of the sample, that bias was -4.5 % on
 average (-0.6 to -16 %). The failure model is measured by jobs completed and GPU-hours.
 """
 
