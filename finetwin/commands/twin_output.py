@@ -48,7 +48,8 @@ def print_forecast(doc: dict[str, Any]) -> None:
     if skewed:
         output.say(
             f"note: the mean of {', '.join(skewed)} lies outside its p10-p90: the runs are skewed (a few "
-            "runs far from the rest pull the mean; p10 and p90 are the 10th and 90th percentiles of the runs)"
+            "runs far from the rest pull the mean; p10-p90 is the interval that holds one more run 80 % of "
+            "the time, from the runs' order statistics)"
         )
     for slo in doc.get("slos", []):
         a = slo["attainment"]
