@@ -140,6 +140,10 @@ def test_dashboard_approve_end_to_end(
             )
             for name, chart in drawn.items():
                 assert chart["points"] > 0 and chart["inked"] > 500, (name, chart)
+            # The cluster's tables come from their own requests (the nodes, then the jobs): the charts may be
+            # drawn before them.
+            jobs_listed = "() => document.querySelectorAll('#jobs tbody tr').length > 0"
+            page.wait_for_function(jobs_listed, timeout=30_000)
             assert page.locator("#nodes tbody tr").count() == 1
             assert page.locator("#jobs tbody tr").count() == 12
             assert "error" not in (page.get_attribute("#status", "class") or "")
