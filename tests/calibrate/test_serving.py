@@ -20,7 +20,7 @@ import pytest
 from calibrate import serving
 from calibrate.fit import CalibratedModels
 from calibrate.loader import load_benchmark
-from calibrate.registry import ModelRegistry, RegistryError
+from calibrate.registry import InUseModels, ModelRegistry, RegistryError
 
 NUMBERS = (
     "p_valid",
@@ -135,3 +135,29 @@ def test_a_snapshot_is_not_used_when_native_trees_are_off(
 ) -> None:
     monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
     assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
+
+
+def test_a_long_lived_reader_leaves_the_snapshot_for_the_next_predict(
+    calibrated_models_dir: Path, cache_copy: Path
+) -> None:
+    """The API's reader of the version in use (its trees in the cache already, no snapshot yet): once it
+    has compiled them, the snapshot is there for the next `finetwin predict`."""
+    for snapshot in (cache_copy / "trees").glob("serving-*.json"):
+        snapshot.unlink()
+    assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
+    reader = InUseModels(calibrated_models_dir)
+    assert reader.get() is not None
+    assert reader.wait_native(timeout=120)
+    loaded = serving.load_in_use(ModelRegistry(calibrated_models_dir))
+    assert loaded is not None and loaded[0] == "v0001" and loaded[1].tree_engine() == "native"
+
+
+def test_a_reader_without_native_trees_leaves_no_snapshot(
+    calibrated_models_dir: Path, cache_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for snapshot in (cache_copy / "trees").glob("serving-*.json"):
+        snapshot.unlink()
+    monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
+    reader = InUseModels(calibrated_models_dir)
+    assert reader.get() is not None and reader.wait_native(timeout=120)
+    assert list((cache_copy / "trees").glob("serving-*.json")) == []
