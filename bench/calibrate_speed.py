@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # `--tree DIR` (what --baseline passes): import finetwin from DIR instead of this checkout.
 _TREE = (
@@ -107,7 +108,7 @@ def plain_baseline(table: pd.DataFrame) -> tuple[float, float]:
     return fitted - started, time.perf_counter() - fitted
 
 
-def compile_as_the_api_does(models_dir: Path, models: object) -> bool:
+def compile_as_the_api_does(models_dir: Path, models: Any) -> bool:
     """Compile the version in use's trees as the API's reader does; True when they are native."""
     from calibrate import registry
 
@@ -118,7 +119,7 @@ def compile_as_the_api_does(models_dir: Path, models: object) -> bool:
         reader.wait_native()
         return loaded is not None and loaded[1].tree_engine() == "native"
     # A checkout before the reader left the snapshot: compile as it did.
-    return models.prepare_native(wait=True) if hasattr(models, "prepare_native") else False  # type: ignore[attr-defined]
+    return bool(models.prepare_native(wait=True)) if hasattr(models, "prepare_native") else False
 
 
 def _children_cpu() -> float:
