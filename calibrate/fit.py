@@ -201,14 +201,19 @@ class CalibratedModels:
         X, gpus, notes = self.matrix(table)
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)
+        # A configuration the rules reject never runs: its p_valid is 0 without asking the failure model
+        # (four ensembles; most rows of a sweep over sizes are rejected).
+        runnable = np.flatnonzero(~rejected)
+        p_valid, p_valid_low = np.zeros(len(rejected)), np.zeros(len(rejected))
         with _quiet_threads() if reference else contextlib.nullcontext():
-            names, methods = config_frame.column(table, "model_name"), config_frame.column(table, "method")
-            novel = self.failure.novel(names, methods)
-            p_valid, p_valid_low = self.failure.predict_with_low(X, novel, reference=reference)
+            if len(runnable):
+                names = config_frame.column(table, "model_name")[runnable]
+                novel = self.failure.novel(names, config_frame.column(table, "method")[runnable])
+                p_valid[runnable], p_valid_low[runnable] = self.failure.predict_with_low(
+                    X[runnable], novel, reference=reference
+                )
             band = self.throughput.predict(X, reference=reference)
             watts = self.power.predict(X, gpus, reference=reference) if power else None
-        p_valid = np.where(rejected, 0.0, p_valid)
-        p_valid_low = np.where(rejected, 0.0, p_valid_low)
         outcome = np.where(
             rejected,
             Outcome.REJECTED.value,

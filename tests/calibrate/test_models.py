@@ -71,6 +71,19 @@ def test_the_admission_rules_are_exact_on_every_real_row(
     assert rejected.sum() == 1299  # the sample's rejected rows, so the check above is not vacuous
 
 
+def test_rows_that_pass_the_rules_are_predicted_alike_with_or_without_rejected_rows_beside_them(
+    models: CalibratedModels, sample: pd.DataFrame
+) -> None:
+    """The failure model is asked only about runnable rows; a rejected row's p_valid and its bound are 0."""
+    mixed = models.predict_columns(sample)
+    rejected = mixed["outcome"] == Outcome.REJECTED.value
+    assert 0 < rejected.sum() < len(sample)
+    alone = models.predict_columns(sample[~rejected].reset_index(drop=True))
+    for name in ("p_valid", "p_valid_low", "tokens_per_second_p50"):
+        assert mixed[name][~rejected].tolist() == alone[name].tolist(), name
+    assert (mixed["p_valid"][rejected] == 0).all() and (mixed["p_valid_low"][rejected] == 0).all()
+
+
 def test_every_real_row_gets_a_complete_ordered_prediction(
     sample: pd.DataFrame, predicted: pd.DataFrame
 ) -> None:
