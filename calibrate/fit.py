@@ -201,8 +201,8 @@ class CalibratedModels:
         X, gpus, notes = self.matrix(table)
         rules = admission_rules(table)
         rejected = np.array([r is not None for r in rules], dtype=bool)
-        # A configuration the rules reject never runs: its p_valid is 0 without asking the failure model
-        # (four ensembles; most rows of a sweep over sizes are rejected).
+        # A configuration the rules reject never runs: its p_valid is 0 without asking the failure model's
+        # four ensembles (a sweep over batch sizes and sequence lengths holds many such rows).
         runnable = np.flatnonzero(~rejected)
         p_valid, p_valid_low = np.zeros(len(rejected)), np.zeros(len(rejected))
         with _quiet_threads() if reference else contextlib.nullcontext():
