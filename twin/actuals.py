@@ -24,6 +24,7 @@ from twin.domain import canonical_gpu_name
 from twin.plan import DEFAULT_POWER_FRACTION
 from twin.run_metrics import integrate_on_bins
 from twin.store import Job, Node, ObservedRun
+from twin.units import JOULES_PER_KWH
 
 OVERALL_FIGURES = (
     "utilization",
@@ -135,7 +136,7 @@ def actual_series(times: JobTimes, edges_s: Sequence[float] | np.ndarray) -> dic
         "running_jobs": running / safe,
         "jobs_completed": _count(times.ended[times.completed], edges),
         "jobs_failed": _count(times.ended[times.failed], edges),
-        "energy_kwh": energy_j / 3.6e6,
+        "energy_kwh": energy_j / JOULES_PER_KWH,
     }
     models = np.asarray(times.gpu_models, dtype=object)
     for name, capacity in times.gpus_by_type.items():

@@ -51,6 +51,7 @@ from twin.protocols import JobModels
 from twin.randomness import job_keys, job_uniforms
 from twin.simulator import End, SimResult, simulate
 from twin.slo_attainment import SloSet
+from twin.units import JOULES_PER_KWH
 from twin.workload import RunningState, Workload, catalog_key
 
 # Offered load of the replayed arrivals: busy enough that queueing matters, not so busy it never drains.
@@ -289,7 +290,7 @@ def truth_figures(
         "gpu_hours": float((held * plan.gpus[rows]).sum() / 3600.0),
         "wait_mean_s": float(waits.mean()) if len(waits) else 0.0,
         "makespan_s": float(np.nanmax(ended) - start) if len(rows) else 0.0,
-        "energy_kwh": float(energy_j / 3.6e6),
+        "energy_kwh": float(energy_j / JOULES_PER_KWH),
     }
 
 

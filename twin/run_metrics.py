@@ -17,6 +17,7 @@ import numpy as np
 
 from twin.plan import JobPlan
 from twin.simulator import End, SimResult
+from twin.units import JOULES_PER_KWH
 
 SUMMARY_FIGURES = (
     "jobs",
@@ -138,7 +139,7 @@ def measure(
         "utilization": float(alloc_seconds.sum() / (total_gpus * window)) if total_gpus * window else 0.0,
         "gpu_hours": float(gpu_seconds.sum() / 3600.0),
         "failed_gpu_hours": float(gpu_seconds[failed].sum() / 3600.0),
-        "energy_kwh": float((gpu_seconds * plan.power_w).sum() / 3.6e6),
+        "energy_kwh": float((gpu_seconds * plan.power_w).sum() / JOULES_PER_KWH),
         "runtime_failure_ratio": float(failed.sum() / finished) if finished else 0.0,
         "makespan_s": float(np.nanmax(end)) if ended.any() else 0.0,
     }
@@ -220,7 +221,7 @@ def _series(
         "jobs_failed": failed_count,
         "runtime_failure_ratio": np.where(finished > 0, failed_count / np.maximum(finished, 1), np.nan),
         "failed_gpu_hours": failed_gpu_s / 3600.0,
-        "energy_kwh": energy_j / 3.6e6,
+        "energy_kwh": energy_j / JOULES_PER_KWH,
     }
     return series, by_type
 
@@ -238,4 +239,4 @@ def energy_if_run(plan: JobPlan, subset: np.ndarray) -> float:
     if plan.run_s is None:
         raise ValueError("the plan has no drawn runs")
     ran = subset & (plan.run_s > 0)  # a rejected job draws nothing (and has no power)
-    return float((plan.run_s[ran] * plan.gpus[ran] * plan.power_w[ran]).sum() / 3.6e6)
+    return float((plan.run_s[ran] * plan.gpus[ran] * plan.power_w[ran]).sum() / JOULES_PER_KWH)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+JOULES_PER_KWH = 3.6e6  # watt-seconds in a kilowatt-hour
+
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
 
