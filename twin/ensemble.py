@@ -21,6 +21,7 @@ import simpy
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster
+from twin.executors import ignore_terminal_interrupt, start_forkserver
 from twin.plan import JobPlan, PreparedCatalog, build_plan
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.randomness import run_key
@@ -131,6 +132,7 @@ _WORKER_SPEC: EnsembleSpec | None = None
 
 def _init_worker(spec: EnsembleSpec) -> None:
     global _WORKER_SPEC
+    ignore_terminal_interrupt()
     _WORKER_SPEC = spec
 
 
@@ -206,6 +208,7 @@ def run_ensemble(
         return outputs
     # forkserver: workers start from a clean process, safe even when the caller runs threads (the API).
     context = get_context("forkserver")
+    start_forkserver([__name__])  # each worker forks with this module imported
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(spec,)) as pool:
         try:
             for output in pool.map(_run_in_worker, range(runs)):

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import forkserver, get_context
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,27 @@ _SHARED: Any = None  # a pool worker's copy of the shared inputs (set once by th
 
 def _init_worker(shared: Any) -> None:
     global _SHARED
+    ignore_terminal_interrupt()
     _SHARED = shared
+
+
+def start_forkserver(preload: Sequence[str] = ()) -> None:
+    """Start the forkserver the local pools fork their workers from, if it is not running, importing
+    `preload` in it (each worker forks ready to run them) and `twin.forkserver_preload`: every worker is born
+    ignoring Ctrl-C. A terminal sends Ctrl-C to every process of its foreground group: a worker that took it
+    died with a KeyboardInterrupt traceback and broke its pool, and one forked while it arrived died before
+    any code of ours ran (the parent's write to it failed with BrokenPipeError). The parent alone decides
+    what a Ctrl-C stops: the API after the runs in flight, a command at once. The first start wins: a
+    server already running keeps what it preloaded."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(["twin.forkserver_preload", *preload])
+    forkserver.ensure_running()
+
+
+def ignore_terminal_interrupt() -> None:
+    """In a pool worker: leave Ctrl-C to the parent, also when this worker's forkserver was started by other
+    code than `start_forkserver`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _call_in_worker(fn: TaskFn, task: Any) -> Any:
@@ -120,7 +141,7 @@ class LocalExecutor:
         # of each importing numpy, scipy and SimPy itself (seconds each on a busy machine). No effect when
         # the server already runs (it keeps what it preloaded first).
         context = get_context("forkserver")
-        context.set_forkserver_preload([fn.__module__, "twin.ensemble"])
+        start_forkserver([fn.__module__, "twin.ensemble"])
         while len(results) < len(tasks):
             todo = [i for i in range(len(tasks)) if i not in results]
             workers = min(self.workers, len(todo))
