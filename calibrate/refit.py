@@ -517,6 +517,14 @@ class RefitScheduler:
                 # data would fit the same model again.
                 skip_if_unchanged=True,
             )
+        except KeyboardInterrupt:
+            if threading.current_thread() is threading.main_thread():
+                raise  # the user's own Ctrl-C
+            # The comparison fit's worker process took a terminal's Ctrl-C (it reaches every process of the
+            # foreground group, and `finetwin up` is stopping): its KeyboardInterrupt comes back as its
+            # result. Not a failure to report with a traceback.
+            log.info("refit (%s) abandoned: its worker process was interrupted (Ctrl-C)", reason)
+            return None
         except Exception as exc:  # the scheduler's thread must survive a failed refit; say why it failed
             log.exception("refit (%s) failed", reason)
             result = RefitResult(

@@ -3,7 +3,10 @@ calibrate hook), on SQLite and PostgreSQL; drift of the live error triggers a re
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from calibrate.drift import DriftPolicy, drift, summarize
 from calibrate.live_error import prediction_hook
 from calibrate.observed import observed_table, observed_weights
 from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
-from calibrate.refit import REFIT_NOW_JOB_ID, RefitResult, RefitScheduler
+from calibrate.refit import REFIT_NOW_JOB_ID, RefitResult, RefitScheduler, _ProcessPerTask
 from calibrate.registry import ModelRegistry
 from finetwin.schema import migrate
 from finetwin.settings import Settings
@@ -311,4 +314,39 @@ def test_an_installation_with_a_model_waits_for_the_schedule(sqlite_url: str, re
     scheduler = BackgroundScheduler(timezone="UTC")
     RefitScheduler(Settings(), engine, scheduler, models_dir=registry_copy, clock=lambda: T0).install()
     assert scheduler.get_job(REFIT_NOW_JOB_ID) is None
+    engine.dispose()
+
+
+def _interrupt_this_worker() -> None:
+    os.kill(os.getpid(), signal.SIGINT)  # a terminal's Ctrl-C reaching the comparison fit's worker
+    time.sleep(60)  # never reached: the KeyboardInterrupt is raised at once
+
+
+def _calibrate_in_an_interrupted_worker(*_args: Any, **_kwargs: Any) -> None:
+    with _ProcessPerTask(warm=0) as worker:
+        worker.submit(_interrupt_this_worker).result()
+
+
+def test_a_refit_whose_worker_takes_ctrl_c_is_abandoned_quietly(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`finetwin up` stopping mid-calibration: the worker's KeyboardInterrupt comes back as its result, in
+    the scheduler's thread; the refit says it was abandoned (no traceback) and frees its lock."""
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    refits = RefitScheduler(Settings(), engine, scheduler=None, models_dir=tmp_path / "models")
+    monkeypatch.setattr("calibrate.refit.calibrate_version", _calibrate_in_an_interrupted_worker)
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(refits.refit(reason="first model")))
+    with caplog.at_level("INFO", logger="calibrate.refit"):
+        thread.start()
+        thread.join()
+    assert outcome == [None]
+    assert "refit (first model) abandoned: its worker process was interrupted" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
+    assert refits._running.acquire(blocking=False)  # released: the next refit can run
+    # In the main thread a KeyboardInterrupt is the user's own Ctrl-C: it is not swallowed.
+    refits._running.release()
+    with pytest.raises(KeyboardInterrupt):
+        refits.refit(reason="schedule")
     engine.dispose()
