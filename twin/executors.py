@@ -83,7 +83,8 @@ def start_forkserver(preload: Sequence[str] = ()) -> None:
     what a Ctrl-C stops: the API after the runs in flight, a command at once. The first start wins: a
     server already running keeps what it preloaded."""
     context = get_context("forkserver")
-    context.set_forkserver_preload(["twin.forkserver_preload", *preload])
+    # "__main__" as multiprocessing preloads by default: a worker of a script forks with the script loaded.
+    context.set_forkserver_preload(["twin.forkserver_preload", "__main__", *preload])
     forkserver.ensure_running()
 
 
