@@ -107,7 +107,7 @@ def create_app(parts: ApiParts) -> FastAPI:
             if runtime.relay is not None:
                 runtime.relay.stop()
                 runtime.relay = None
-            runtime.plan_jobs.pool.shutdown(wait=False, cancel_futures=True)
+            runtime.plan_jobs.pool.shutdown(wait=True, cancel_futures=True)  # a running plan stops soon too
 
     # /docs (Swagger UI) and /redoc from files the fastapi-offline package ships, not from a CDN: the API's
     # documentation works on a machine without internet, as the dashboard does with its vendored Chart.js.

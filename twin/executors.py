@@ -153,29 +153,13 @@ class LocalExecutor:
                 for i in todo:
                     attempts[i] += 1
                     pending[pool.submit(_call_in_worker, fn, tasks[i])] = i
-                broken = False
-                while pending and not broken:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        i = pending.pop(future)
-                        try:
-                            results[i] = future.result()
-                        except BrokenProcessPool:
-                            # A worker died (killed, out of memory): every unfinished task of this pool is
-                            # lost with it. Start a new pool for them; each lost task used one attempt.
-                            broken = True
-                            if attempts[i] > self.retries:
-                                results[i] = TaskFailure("a worker process died running it", attempts[i])
-                        except Exception as exc:
-                            if attempts[i] > self.retries:
-                                results[i] = TaskFailure(describe_error(exc), attempts[i])
-                            else:
-                                log.warning("task %d failed, retrying: %s", i, describe_error(exc))
-                                attempts[i] += 1
-                                pending[pool.submit(_call_in_worker, fn, tasks[i])] = i
-                                continue
-                        if progress is not None and i in results:
-                            progress(len(results), len(tasks))
+                try:
+                    broken = self._collect(fn, tasks, pool, pending, results, attempts, progress)
+                except BaseException:
+                    # `progress` may raise to stop the sweep (the API is stopping): the tasks not started are
+                    # dropped instead of being waited for when the pool closes.
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
                 if broken:
                     for future, i in pending.items():
                         if future.done() and not future.exception():
@@ -185,6 +169,39 @@ class LocalExecutor:
                     if progress is not None:
                         progress(len(results), len(tasks))
         return [results[i] for i in range(len(tasks))]
+
+    def _collect(
+        self, fn: TaskFn, tasks: Sequence[Any], pool: ProcessPoolExecutor, pending: dict[Future[Any], int],
+        results: dict[int, Any], attempts: dict[int, int], progress: Progress | None,
+    ) -> bool:  # fmt: skip
+        """Results of `pending` as they finish (failed tasks retried in the same pool) until none is left or
+        a worker died; returns whether one did (then `pending` holds the tasks the pool lost)."""
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            broken = False
+            for future in done:
+                i = pending.pop(future)
+                try:
+                    results[i] = future.result()
+                except BrokenProcessPool:
+                    # A worker died (killed, out of memory): every unfinished task of this pool is lost with
+                    # it. Start a new pool for them; each lost task used one attempt.
+                    broken = True
+                    if attempts[i] > self.retries:
+                        results[i] = TaskFailure("a worker process died running it", attempts[i])
+                except Exception as exc:
+                    if attempts[i] > self.retries:
+                        results[i] = TaskFailure(describe_error(exc), attempts[i])
+                    else:
+                        log.warning("task %d failed, retrying: %s", i, describe_error(exc))
+                        attempts[i] += 1
+                        pending[pool.submit(_call_in_worker, fn, tasks[i])] = i
+                        continue
+                if progress is not None and i in results:
+                    progress(len(results), len(tasks))
+            if broken:
+                return True
+        return False
 
 
 # --- Ray

@@ -7,7 +7,9 @@ the sweep's cheapest scenario into a pending recommendation that an approver app
 
 Sweeps run one at a time on a worker thread; each fans out on the local process pool, or on Ray when
 FINETWIN_RAY_ADDRESS is set. Jobs live in the API process's memory (the last MAX_KEPT), not in the store:
-a restart forgets them, and the recommendations made from them are what lasts.
+a restart forgets them, and the recommendations made from them are what lasts. A plan running when the API
+stops ends after its tasks in flight, failed with "stopped: ...", rather than holding the API up for the
+rest of its sweep.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pydantic import BaseModel, Field, StrictFloat, StrictInt
 from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_runtime
-from advisor.parts import ApiRuntime
+from advisor.parts import ApiRuntime, ShuttingDown
 from advisor.routers.forecast import _job_models, _live, _slos
 from advisor.settings import AdvisorSettings
 from twin.capacity import SweepError, SweepRequest, enumerate_scenarios, make_tasks, run_sweep
@@ -109,17 +111,24 @@ class PlanJobs:
         return job
 
 
-def _run(job: PlanJob, work: Any, settings: AdvisorSettings) -> None:
+def _run(job: PlanJob, work: Any, runtime: ApiRuntime) -> None:
     job.status = "running"
     # Not closed afterwards: on Ray, the API process keeps one connection for its plans and forecasts.
-    executor = make_executor(settings.ray_address, settings.forecast_workers)
+    executor = make_executor(runtime.settings.ray_address, runtime.settings.forecast_workers)
 
     def progress(done: int, total: int) -> None:
         job.done, job.total = done, total
+        # A plan can take minutes: the API stops after the tasks in flight, not after the whole sweep.
+        runtime.check_stopping()
 
     try:
         job.result = work(executor, progress)
         job.status = "done"
+    except ShuttingDown:
+        log.info("capacity plan %s stopped after %d of %d tasks: the API is stopping", job.id, job.done,
+                 job.total)  # fmt: skip
+        job.error = "stopped: the API stopped before the plan finished"
+        job.status = "failed"
     except Exception as exc:  # the job reports it; the API goes on
         log.exception("capacity plan %s failed", job.id)
         job.error = f"{type(exc).__name__}: {exc}"
@@ -155,7 +164,7 @@ def post_plan(body: PlanBody, runtime: ApiRuntime = Depends(get_runtime)) -> Pla
 
     jobs: PlanJobs = runtime.plan_jobs
     jobs.add(job)
-    jobs.pool.submit(_run, job, work, runtime.settings)
+    jobs.pool.submit(_run, job, work, runtime)
     return job.out()
 
 

@@ -129,3 +129,24 @@ def test_an_unreachable_ray_cluster_is_a_503_for_forecasts_and_a_failed_plan(
         started = client.post("/v1/plan", json={"vary": [f"{A100}=1..2"], "runs": 1}, headers=operator)
         plan = finished(client, started.json()["id"], operator)
     assert plan["status"] == "failed" and "cannot reach the Ray cluster" in plan["error"]
+
+
+def test_a_plan_running_when_the_api_stops_stops_after_its_tasks_in_flight(
+    store: Engine, tmp_path: Path
+) -> None:
+    """A sweep can take minutes: stopping the API does not wait for all of it, and says so in the plan."""
+    settings = advisor_settings(tmp_path, forecast_workers=2, forecast_lookback_days=3650)
+    app = api_app(settings, store, FakeInUse(FakeModels()))
+    with TestClient(app) as client:
+        operator = api_headers(store, "operator")
+        assert client.put("/v1/slos", json=WAIT_SLO, headers=operator).status_code == 200
+        body = {"vary": [f"{A100}=1..8"], "policies": ["fifo", "backfill"], "runs": 64, "horizon": "12h",
+                "chunk_runs": 1}  # fmt: skip
+        started = client.post("/v1/plan", json=body, headers=operator)
+        assert started.status_code == 202, started.text
+        job = app.state.runtime.plan_jobs.get(started.json()["id"])
+        wait_for(lambda: job.done > 0, timeout_s=120, what="the plan's first tasks")
+    # Leaving the client stopped the app, which waited for the plan to stop.
+    assert job.status == "failed", (job.status, job.done, job.total)
+    assert job.error == "stopped: the API stopped before the plan finished"
+    assert 0 < job.done < job.total == 8 * 2 * 64
