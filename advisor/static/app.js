@@ -424,6 +424,8 @@ document.getElementById("key-form").addEventListener("submit", (event) => {
   const input = document.getElementById("key-input");
   if (input.value) localStorage.setItem(KEY_STORAGE, input.value.trim());
   input.value = "";
+  // Until every panel has answered, not the "enter an API key" of the page before the key.
+  setStatus("loading…", false);
   loadAll();
 });
 

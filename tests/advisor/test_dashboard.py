@@ -146,7 +146,11 @@ def test_dashboard_approve_end_to_end(
             page.wait_for_function(jobs_listed, timeout=30_000)
             assert page.locator("#nodes tbody tr").count() == 1
             assert page.locator("#jobs tbody tr").count() == 12
-            assert "error" not in (page.get_attribute("#status", "class") or "")
+            # The status line speaks once every panel has answered (the charts and tables above may be drawn
+            # before the slowest of them): the page marks the end of each load with the key.
+            page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=60_000)
+            status = page.locator("#status")
+            assert "error" not in (status.get_attribute("class") or ""), status.text_content()
             # The capacity plan: every scenario in the table, the frontier drawn against the cost.
             page.wait_for_function("() => window.finetwinCharts.plan", timeout=30_000)
             assert page.locator("#plan-scenarios tbody tr").count() == plan_rows
