@@ -84,7 +84,10 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 meta = page.text_content("#vs-meta") or ""
                 assert "90 min old on the telemetry's clock" in meta and "1 of 2 intervals" in meta
                 assert "utilization 0 % inside p10-p90 (n 1)" in (page.text_content("#vs-skill") or "")
-                assert "error" not in (page.get_attribute("#status", "class") or "")
+                # The status line speaks once every panel has answered: the page marks the end of the load.
+                page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=60_000)
+                status = page.locator("#status")
+                assert "error" not in (status.get_attribute("class") or ""), status.text_content()
                 if os.environ.get("FINETWIN_UPDATE_DOCS") == "1":
                     page.locator("#vs-actual").screenshot(path=str(Path("docs") / "forecast-vs-actual.png"))
                 page.locator("#vs-actual").screenshot(path=str(tmp_path / "vs-actual.png"))
