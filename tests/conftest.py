@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -295,3 +296,15 @@ def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: 
 def registry_copy(calibrated_models_dir: Path, tmp_path: Path) -> Path:
     """A private copy of the session's fitted registry, free to change."""
     return Path(shutil.copytree(calibrated_models_dir, tmp_path / "models"))
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """This process takes Ctrl-C as a terminal's foreground process does (KeyboardInterrupt), as do the
+    processes it starts from now on: a test run from a script or CI may have inherited SIGINT ignored, which
+    every worker would inherit too, and a test of what Ctrl-C does to them would prove nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -5,8 +5,10 @@ KeyboardInterrupt traceback and "standing forecast refresh failed ... BrokenPipe
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
+from collections.abc import Iterator
 from multiprocessing import forkserver, get_context
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -14,13 +16,25 @@ from typing import Any
 
 import pytest
 
+import twin.forkserver_preload
 from tests.twin.conftest import one_node
 from tests.twin.test_correlated import CorrelatedModels, one_family_workload
 from twin.ensemble import EnsembleSpec, run_ensemble
 from twin.executors import LocalExecutor, start_forkserver
-from twin.forkserver_preload import in_the_forkserver
 from twin.plan import prepare_catalog
 from twin.slo_attainment import SloSet
+
+
+@pytest.fixture
+def fresh_forkserver(ctrl_c_raises: None) -> Iterator[None]:
+    """The forkserver started anew, from this process taking Ctrl-C as a terminal's does: one started
+    earlier in the run may have inherited Ctrl-C ignored, and so would its workers, fix or no fix."""
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    server._stop()  # what CPython's own tests use to stop it
+    try:
+        yield
+    finally:
+        server._stop()  # the next pool starts one again
 
 
 def _interrupted_then_doubled(_shared: Any, task: int) -> int:
@@ -28,7 +42,7 @@ def _interrupted_then_doubled(_shared: Any, task: int) -> int:
     return task * 2
 
 
-def test_a_ctrl_c_to_a_pool_worker_neither_stops_its_task_nor_breaks_the_pool() -> None:
+def test_a_ctrl_c_to_a_pool_worker_neither_stops_its_task_nor_breaks_the_pool(fresh_forkserver: None) -> None:
     try:
         results = LocalExecutor(2, retries=0).run(_interrupted_then_doubled, None, [1, 2, 3, 4])
     except KeyboardInterrupt:  # a task's KeyboardInterrupt comes back as its result's exception
@@ -40,7 +54,7 @@ def _report_ctrl_c_handler(connection: Connection) -> None:
     connection.send(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
 
 
-def test_the_forkservers_processes_are_born_ignoring_ctrl_c() -> None:
+def test_the_forkservers_processes_are_born_ignoring_ctrl_c(fresh_forkserver: None) -> None:
     """Before any code of theirs runs (no initializer here): a Ctrl-C while a worker starts is not raised."""
     start_forkserver()
     receiver, sender = get_context("forkserver").Pipe(duplex=False)
@@ -51,8 +65,9 @@ def test_the_forkservers_processes_are_born_ignoring_ctrl_c() -> None:
     assert child.exitcode == 0
 
 
-def test_importing_the_preload_elsewhere_leaves_ctrl_c_alone() -> None:
-    assert not in_the_forkserver()
+def test_importing_the_preload_elsewhere_leaves_ctrl_c_alone(ctrl_c_raises: None) -> None:
+    importlib.reload(twin.forkserver_preload)
+    assert not twin.forkserver_preload.in_the_forkserver()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
@@ -70,7 +85,7 @@ def _forkserver_children() -> list[int]:
     return children
 
 
-def test_an_ensemble_hit_by_ctrl_c_mid_way_finishes_with_the_same_runs() -> None:
+def test_an_ensemble_hit_by_ctrl_c_mid_way_finishes_with_the_same_runs(fresh_forkserver: None) -> None:
     workload = one_family_workload(40)
     catalog = prepare_catalog(workload.catalog, CorrelatedModels(0.5))
     spec = EnsembleSpec(cluster=one_node(), workload=workload, catalog=catalog, slos=SloSet(slos=[]))
