@@ -225,6 +225,8 @@ async function loadVsActual() {
 async function loadLiveError() {
   const live = await api("/v1/models/live-error?limit=200");
   const points = live.points.filter((p) => p.rolling_mdape !== null);
+  document.getElementById("error-caption").textContent = "Live model error: rolling throughput MdAPE" +
+    (points.length ? "" : " (no finished job scored against its prediction yet)");
   draw("error", "chart-error", "line", {
     labels: points.map((p) => new Date(p.ended_at).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
     datasets: [
@@ -373,6 +375,7 @@ async function loadPlan() {
   if (!latest) return;
   const plan = (await api(`/v1/plan/${encodeURIComponent(latest.id)}`)).result;
   document.getElementById("plan-empty").hidden = true;
+  document.getElementById("plan-result").hidden = false; // an empty chart and table until there is a plan
   meta.textContent = `${plan.scenarios.length} scenarios x ${plan.runs} runs on ${plan.executor}, ` +
     `confidence ${fmt(plan.confidence * 100, 0)} %` + (meta.textContent ? `; ${meta.textContent}` : "");
   const isCheapest = (s) => plan.cheapest && JSON.stringify(s) === JSON.stringify(plan.cheapest);

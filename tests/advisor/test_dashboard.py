@@ -140,6 +140,7 @@ def test_dashboard_approve_end_to_end(
             )
             for name, chart in drawn.items():
                 assert chart["points"] > 0 and chart["inked"] > 500, (name, chart)
+            assert "no finished job" not in page.text_content("#error-caption")
             # The cluster's tables come from their own requests (the nodes, then the jobs): the charts may be
             # drawn before them.
             jobs_listed = "() => document.querySelectorAll('#jobs tbody tr').length > 0"

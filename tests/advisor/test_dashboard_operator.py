@@ -86,6 +86,13 @@ def test_the_dashboard_explains_itself_to_an_operator(
             # An empty recommendation list is explained: steering has not run yet, and when it will.
             note = page.locator("#steering-note", has_text="steering has not run yet")
             note.wait_for(timeout=30_000)
+            # No capacity plan yet: the panel says how to start one, without an empty chart and table.
+            page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=60_000)
+            assert page.locator("#plan-empty").is_visible()
+            assert not page.locator("#chart-plan").is_visible()
+            assert not page.locator("#plan-scenarios").is_visible()
+            # No job has finished yet: the live error chart says why it is empty.
+            assert "no finished job scored" in page.text_content("#error-caption")
             assert page.locator("#recs tbody tr").count() == 0
             # Times in the telemetry's clock (UTC), the zone said.
             submitted = page.locator("#jobs tbody tr td:nth-child(6)").first.inner_text()
