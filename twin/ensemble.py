@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -21,7 +19,7 @@ import simpy
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster
-from twin.executors import ignore_terminal_interrupt, start_forkserver
+from twin.executors import worker_pool
 from twin.plan import JobPlan, PreparedCatalog, build_plan
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.randomness import run_key
@@ -132,7 +130,6 @@ _WORKER_SPEC: EnsembleSpec | None = None
 
 def _init_worker(spec: EnsembleSpec) -> None:
     global _WORKER_SPEC
-    ignore_terminal_interrupt()
     _WORKER_SPEC = spec
 
 
@@ -206,10 +203,7 @@ def run_ensemble(
             if progress is not None:
                 progress()
         return outputs
-    # forkserver: workers start from a clean process, safe even when the caller runs threads (the API).
-    context = get_context("forkserver")
-    start_forkserver([__name__])  # each worker forks with this module imported
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(spec,)) as pool:
+    with worker_pool(workers, _init_worker, (spec,), preload=[__name__]) as pool:
         try:
             for output in pool.map(_run_in_worker, range(runs)):
                 outputs.append(output)

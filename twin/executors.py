@@ -70,8 +70,25 @@ _SHARED: Any = None  # a pool worker's copy of the shared inputs (set once by th
 
 def _init_worker(shared: Any) -> None:
     global _SHARED
-    ignore_terminal_interrupt()
     _SHARED = shared
+
+
+def worker_pool(
+    workers: int, initializer: Callable[..., object], initargs: tuple[Any, ...], preload: Sequence[str] = ()
+) -> ProcessPoolExecutor:
+    """The twin's local process pool: `workers` processes forked from the forkserver (`start_forkserver`,
+    with `preload`), each running `initializer(*initargs)` once, with Ctrl-C left to this process.
+    forkserver: workers start from a clean process, safe even when the caller runs threads (the API)."""
+    start_forkserver(preload)
+    return ProcessPoolExecutor(
+        workers, mp_context=get_context("forkserver"), initializer=_start_worker,
+        initargs=(initializer, initargs),
+    )  # fmt: skip
+
+
+def _start_worker(initializer: Callable[..., object], initargs: tuple[Any, ...]) -> None:
+    ignore_terminal_interrupt()
+    initializer(*initargs)
 
 
 def start_forkserver(preload: Sequence[str] = ()) -> None:
@@ -137,18 +154,13 @@ class LocalExecutor:
     ) -> list[Any]:
         results: dict[int, Any] = {}
         attempts = dict.fromkeys(range(len(tasks)), 0)
-        # forkserver: workers start from a clean process, safe even when the caller runs threads (the API).
-        # The server imports the task's module once and every worker forks from it ready to run, instead
+        # The forkserver imports the task's module once and every worker forks from it ready to run, instead
         # of each importing numpy, scipy and SimPy itself (seconds each on a busy machine). No effect when
         # the server already runs (it keeps what it preloaded first).
-        context = get_context("forkserver")
-        start_forkserver([fn.__module__, "twin.ensemble"])
+        preload = [fn.__module__, "twin.ensemble"]
         while len(results) < len(tasks):
             todo = [i for i in range(len(tasks)) if i not in results]
-            workers = min(self.workers, len(todo))
-            with ProcessPoolExecutor(
-                workers, mp_context=context, initializer=_init_worker, initargs=(shared,)
-            ) as pool:
+            with worker_pool(min(self.workers, len(todo)), _init_worker, (shared,), preload) as pool:
                 pending: dict[Future[Any], int] = {}
                 for i in todo:
                     attempts[i] += 1
