@@ -10,8 +10,10 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
 fi
+current() { [ -f "$1" ] && [ ! pyproject.toml -nt "$1" ]; }
 stamp=.venv/.finetwin-installed${want_test:+-test}
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# The install with test extras holds the plain one: `scripts/up` after `scripts/test` installs nothing.
+if ! current "$stamp" && { [ -n "$want_test" ] || ! current .venv/.finetwin-installed-test; }; then
   if [ -n "$want_test" ]; then
     .venv/bin/pip install -q -e ".[test]"
   else
