@@ -97,13 +97,15 @@ class _StoreCollector:
             key: GaugeMetricFamily(f"finetwin_forecast_{key}", text, labels=["figure"])
             for key, text in (
                 ("mape", "Mean absolute percentage error of the stored forecasts' means, per figure"),
+                # MAPE runs into the thousands for nearly idle figures; the weighted error stays readable.
+                ("wape", "Summed absolute error of the forecasts' means over the summed actuals, per figure"),
                 ("coverage", "Share of scored intervals whose actual lay inside the forecast's p10-p90"),
                 ("raw_coverage", "The same for the ensemble's own band, before its conformal recalibration"),
                 ("scored_intervals", "Scored forecast intervals, per figure"),
             )
         }
-        sources = (("mape", "mape"), ("coverage", "coverage"), ("raw_coverage", "raw_coverage"),
-                   ("scored_intervals", "n"))  # fmt: skip
+        sources = (("mape", "mape"), ("wape", "wape"), ("coverage", "coverage"),
+                   ("raw_coverage", "raw_coverage"), ("scored_intervals", "n"))  # fmt: skip
         for figure, stats in figures.items():
             for key, source in sources:
                 if stats[source] is not None:

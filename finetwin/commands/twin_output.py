@@ -133,11 +133,21 @@ def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str =
     output.say(f"{doc['scored']} forecasts scored over {doc['intervals']} interval figures")
     rows = []
     for figure, stats in doc["figures"].items():
-        mape = "-" if stats["mape"] is None else f"{100 * stats['mape']:.1f}%"
         raw = stats.get("raw_coverage")
         own = "-" if raw is None else f"{100 * raw:.0f} %"
-        rows.append([figure, stats["n"], mape, f"{stats['mae']:.3g}", f"{stats['bias']:.3g}",
-                     f"{100 * stats['coverage']:.0f} %", own])  # fmt: skip
-    columns = ["figure", ("n", "right"), ("MAPE", "right"), ("MAE", "right"), ("bias", "right"),
-               ("p10-p90 coverage", "right"), ("ensemble's own band", "right")]  # fmt: skip
+        rows.append([figure, stats["n"], _percent(stats.get("wape")), _percent(stats["mape"]),
+                     f"{stats['mae']:.3g}", f"{stats['bias']:.3g}", f"{100 * stats['coverage']:.0f} %",
+                     own])  # fmt: skip
+    columns = ["figure", ("n", "right"), ("WAPE", "right"), ("MAPE", "right"), ("MAE", "right"),
+               ("bias", "right"), ("p10-p90 coverage", "right"),
+               ("ensemble's own band", "right")]  # fmt: skip
     output.show(output.table(columns, rows))
+    # A queue of 1 forecast as 3 is a 200 % error: MAPE runs into the thousands where actuals are near 0.
+    output.say(
+        "WAPE: the intervals' absolute errors summed over their actuals summed; MAPE: each interval's "
+        "relative error averaged (intervals whose actual is 0 left out), large where actuals are small"
+    )
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"

@@ -162,6 +162,8 @@ def test_skill_over_http_prometheus_and_the_cli(
         assert bad.status_code == 422 and "since" in bad.json()["detail"]
         metrics = client.get("/metrics").text
         assert 'finetwin_forecast_coverage{figure="utilization"} 0.5' in metrics
+        wape = expected["figures"]["utilization"]["wape"]
+        assert f'finetwin_forecast_wape{{figure="utilization"}} {wape}' in metrics
         assert 'finetwin_forecast_raw_coverage{figure="utilization"} 0.5' in metrics
         assert 'finetwin_forecast_scored_intervals{figure="queue_length"} 2.0' in metrics
         view = client.get("/v1/forecast/vs-actual", headers=headers).json()
@@ -172,6 +174,10 @@ def test_skill_over_http_prometheus_and_the_cli(
     assert main(["forecast", "--skill"]) == 0
     table = capsys.readouterr().out
     assert "utilization" in table and "50.0%" in table
+    # Beside MAPE, the weighted error, which stays readable where actuals are near 0.
+    utilization_row = next(line.split() for line in table.splitlines() if line.startswith("utilization"))
+    wape = expected["figures"]["utilization"]["wape"]
+    assert utilization_row[2] == f"{100 * wape:.1f}%" and "WAPE" in table
 
 
 def test_forecast_skill_on_an_empty_store_says_where_it_looked(
