@@ -51,7 +51,7 @@ def test_a_project_changed_since_the_test_install_is_installed_again(checkout: P
     stamp(checkout, TEST_STAMP, newer_than_project=False)
     assert bootstrap(checkout) == ["install -q -e ."]
     assert (checkout / PLAIN_STAMP).exists()
-    assert bootstrap(checkout) == ["install -q -e ."], "a second run found its own stamp current"
+    assert bootstrap(checkout) == ["install -q -e ."], "the second run installed again"
 
 
 def test_the_tests_after_the_main_job_install_the_test_extras(checkout: Path) -> None:
