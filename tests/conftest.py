@@ -6,6 +6,7 @@ FINETWIN_REQUIRE_SERVICES=1 (CI), where it fails the test instead.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -28,11 +29,22 @@ from ingest.broker import BrokerUnavailable, EmbeddedBroker, free_port, port_ope
 from tests.services import docker_available, session_services, start_kafka_container, start_postgres_container
 from twin.db import make_engine
 
+
+def _session_dir(variable: str, prefix: str) -> None:
+    """`variable` names a directory of this test session's own, made here unless the caller set it, and
+    removed when the session's process exits (the commands the tests start as processes have ended then)."""
+    if variable in os.environ:
+        return
+    made = tempfile.mkdtemp(prefix=prefix)
+    os.environ[variable] = made
+    atexit.register(shutil.rmtree, made, ignore_errors=True)
+
+
 # Tests never touch the user's data directory (twin.settings.default_data_dir): one per test session,
 # inherited by the commands the tests start as processes.
-os.environ.setdefault("FINETWIN_DATA_DIR", tempfile.mkdtemp(prefix="finetwin-test-data-"))
+_session_dir("FINETWIN_DATA_DIR", "finetwin-test-data-")
 # Nor its cache: the native trees (calibrate.native_trees) compiled during a session stay in the session's.
-os.environ.setdefault("FINETWIN_CACHE_DIR", tempfile.mkdtemp(prefix="finetwin-test-cache-"))
+_session_dir("FINETWIN_CACHE_DIR", "finetwin-test-cache-")
 
 REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "") not in ("", "0", "false")
 POSTGRES_HOST = os.environ.get("FINETWIN_TEST_PG_HOST", "127.0.0.1")
