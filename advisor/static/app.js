@@ -199,7 +199,11 @@ async function loadVsActual() {
     `${view.intervals_passed} of ${total} intervals have happened`;
   const parts = Object.entries(skill.figures)
     .filter(([name]) => VS_FIGURES.some(([f]) => f === name))
-    .map(([name, s]) => `${name} ${Math.round(s.coverage * 100)} % inside p10-p90 (n ${s.n})`);
+    .map(([name, s]) => {
+      // WAPE (total error over total actual), not MAPE: a queue of 1 forecast as 3 would read 200 %.
+      const error = s.wape === null ? "" : `, error ${Math.round(s.wape * 100)} % of actual`;
+      return `${name} ${Math.round(s.coverage * 100)} % inside p10-p90${error} (n ${s.n})`;
+    });
   document.getElementById("vs-skill").textContent = skill.scored
     ? `Skill over ${skill.scored} scored forecasts: ${parts.join("; ")}`
     : "No forecast interval has been scored yet.";
