@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine
 
-from twin.clock import as_utc
+from twin.clock import as_utc, telemetry_span
 from twin.cluster import gpu_tdp_watts
 from twin.ensemble import run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
@@ -40,6 +40,26 @@ from twin.workload import Workload, concat
 
 FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s", "energy_kwh")
 OBSERVED, MODEL = "observed", "model"
+
+
+def check_window(engine: Engine, cluster_id: str, at: datetime, end: datetime) -> None:
+    """Raises ValueError, saying what the store holds, unless the telemetry covers `at` to `end`: before its
+    first event the state at T is unknown, and after its last what happened is not in the store yet (the
+    truth would read as nothing happening: 0 jobs completed)."""
+    earliest, latest = telemetry_span(engine, cluster_id)
+    if earliest is None or latest is None:
+        raise ValueError(f"the store holds no telemetry of cluster {cluster_id!r}: nothing to backtest")
+    held = (
+        f"the store's telemetry of cluster {cluster_id!r} runs from {earliest.isoformat()} "
+        f"to {latest.isoformat()}"
+    )
+    if at < earliest:
+        raise ValueError(f"T ({at.isoformat()}) is before any telemetry: {held}")
+    if end > latest:
+        raise ValueError(
+            f"T + horizon ({end.isoformat()}) is after the newest telemetry, so what happened then is not "
+            f"in the store yet: {held}"
+        )
 
 
 def backtest_from_store(
@@ -66,6 +86,7 @@ def backtest_from_store(
         raise ValueError(f"arrivals must be {OBSERVED!r} or {MODEL!r}, not {arrivals!r}")
     at = as_utc(at)
     end = at + timedelta(seconds=horizon_s)
+    check_window(engine, cluster_id, at, end)
     before = rebuild_at(engine, cluster_id, at)
     after = rebuild_at(engine, cluster_id, end)
     if not any(n.status == "up" for n in before.nodes):

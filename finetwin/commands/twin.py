@@ -321,13 +321,20 @@ def _backtest_from_store(
 ) -> int:  # fmt: skip
     """Parse, pick the model version that was in use at T, hand over to twin.store_backtest."""
     from finetwin.wiring import load_job_models_at, migrated_engine
-    from twin.clock import as_utc
+    from twin.clock import as_utc, telemetry_span
     from twin.policies import Policy
-    from twin.store_backtest import backtest_from_store
+    from twin.store_backtest import backtest_from_store, check_window
     from twin.units import parse_duration
 
+    engine = migrated_engine(settings)
     if at is None or horizon is None:
-        raise CommandError("--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h)")
+        earliest, latest = telemetry_span(engine, settings.cluster_id)
+        held = (
+            f"; the store's telemetry runs from {earliest.isoformat()} to {latest.isoformat()}"
+            if earliest is not None and latest is not None
+            else ""
+        )
+        raise CommandError(f"--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h){held}")
     try:
         when = as_utc(datetime.fromisoformat(at.strip().replace("Z", "+00:00")))
     except ValueError:
@@ -338,6 +345,10 @@ def _backtest_from_store(
         raise CommandError(f"--horizon: {exc}") from None
     if runs < 1:
         raise CommandError("--runs must be at least 1")
+    try:  # before the models: a window the store does not cover is the first thing to fix
+        check_window(engine, settings.cluster_id, when, when + timedelta(seconds=horizon_s))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     try:
         loaded = load_job_models_at(settings, when, models)
     except Exception as exc:  # the registry refuses a tampered or unreadable version: say so
@@ -349,7 +360,6 @@ def _backtest_from_store(
             f"no model version was in use at {when.isoformat()} (or every one then was fitted on later data)"
         )
     version, job_models_ = loaded
-    engine = migrated_engine(settings)
     with output.progress(runs, "backtest", "runs", quiet=as_json) as tick:
         document = checked(
             lambda: backtest_from_store(

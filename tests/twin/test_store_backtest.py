@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -134,9 +135,38 @@ def test_finetwin_backtest_from_store(
     assert doc["jobs_at_start"]["running"] > 0 and doc["jobs_in_window"] > doc["jobs_at_start"]["running"]
     assert "v0001" in doc["models"]
     # Before any model version was in use there is nothing honest to backtest with: a clear error.
-    early = ["backtest", "--from-store", "--at", "2020-01-01T00:00:00Z", "--horizon", "2h",
-             "--models", str(registry_copy)]  # fmt: skip
-    assert main(early) == 2
-    assert "no model version was in use" in capsys.readouterr().err
+    before_models = ["backtest", "--from-store", "--at", "2020-01-01T00:00:00Z", "--horizon", "2h",
+                     "--models", str(registry_copy)]  # fmt: skip
+    assert main(before_models) == 2
+    assert "before any telemetry" in capsys.readouterr().err  # the store's span is checked first
     assert main(["backtest", "--from-store", "--at", at.isoformat()]) == 2
-    assert "--horizon" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert "--horizon" in err and "the store's telemetry runs from" in err
+    # A window past the newest telemetry has no truth yet: refused, with what the store holds, not scored
+    # against nothing (it read "0 jobs completed").
+    last = epoch + timedelta(seconds=plan.duration_s)
+    late = ["backtest", "--from-store", "--at", (last - timedelta(hours=1)).isoformat(), "--horizon", "2h",
+            "--models", str(registry_copy)]  # fmt: skip
+    assert main(late) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is after the newest telemetry" in err and "not in the store yet" in err
+
+
+def test_a_window_the_telemetry_does_not_cover_is_refused_with_its_span(tmp_path: Path) -> None:
+    from ingest.events import NodeStatus, new_event
+    from twin.store_backtest import backtest_from_store, check_window
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    with pytest.raises(ValueError, match="holds no telemetry of cluster 'default'"):
+        backtest_from_store(engine, None, at=t0, horizon_s=3600.0)
+    up = NodeStatus(node_id="a100-0", gpu_model="NVIDIA-A100-SXM4-80GB", gpu_count=8, status="up")
+    hourly = [new_event("node.status", up, job_id=None, ts=t0 + timedelta(hours=k)) for k in range(4)]
+    apply_events(engine, hourly)
+    span = re.escape("runs from 2026-03-01T00:00:00+00:00 to 2026-03-01T03:00:00+00:00")
+    with pytest.raises(ValueError, match=f"is before any telemetry: .*{span}"):
+        check_window(engine, "default", t0 - timedelta(minutes=1), t0 + timedelta(hours=1))
+    with pytest.raises(ValueError, match=f"is after the newest telemetry.*{span}"):
+        check_window(engine, "default", t0 + timedelta(hours=2), t0 + timedelta(hours=3, seconds=1))
+    check_window(engine, "default", t0, t0 + timedelta(hours=3))  # the whole span: covered
