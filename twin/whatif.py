@@ -142,6 +142,22 @@ def apply_changes(
     return scenario_inputs, options.with_changes(policy=changes.policy or options.policy, plan=plan)
 
 
+def idle_additions(inputs: TwinInputs, changes: ScenarioChanges) -> list[str]:
+    """A note per added node type that no known job asks for and no expected arrival would (jobs name their
+    GPU type): its nodes would stand idle, and the what-if's zero difference needs that said."""
+    asked = set(inputs.workload.gpu_models)
+    if inputs.arrivals is not None:
+        asked |= set(inputs.arrivals.mix.gpu_models)
+    if "" in asked:  # a job that names no GPU type may run on the added ones
+        return []
+    return [
+        f"no known job asks for {c.gpu_model}, nor any arrival the twin expects: the {c.add} added "
+        f"node(s) would stand idle"
+        for c in changes.nodes
+        if c.add and c.gpu_model not in asked
+    ]
+
+
 @dataclass(frozen=True)
 class ScenarioSize:
     """How big a what-if is before it runs: the larger of its two clusters, and its simulated work."""
@@ -246,6 +262,7 @@ def run_whatif(
             "baseline": describe(inputs, options, model_source) | summarize(baseline, slos),
             "scenario": describe(scenario_inputs, scenario_options, model_source) | summarize(scenario, slos),
             "difference": compare(baseline, scenario, slos),
+            "notes": idle_additions(inputs, whatif.changes),
             "wall_s": round(time.perf_counter() - began, 3),
         }
     )

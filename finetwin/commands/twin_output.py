@@ -66,6 +66,8 @@ def _outside(mean: Any, low: Any, high: Any) -> bool:
 
 def print_whatif(doc: dict[str, Any]) -> None:
     output.say(f"what-if {doc['name']!r}: {json.dumps(doc['changes'])}")
+    for note in doc.get("notes", []):
+        output.say(f"note: {note}")
     rows = []
     for name, diff in doc["difference"].items():
         if name == "slos":

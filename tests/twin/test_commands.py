@@ -149,3 +149,24 @@ def test_whatif_on_explicit_files(tmp_path: Path, capsys: pytest.CaptureFixture[
     bad = write(tmp_path, "bad.yaml", "changes:\n  optimizations: [warp_drive]\n")
     assert main(["whatif", str(bad)]) == 2
     assert "changes.optimizations.0" in capsys.readouterr().err
+
+
+def test_a_whatif_adding_nodes_no_job_asks_for_says_they_would_stand_idle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Jobs name their GPU type: nodes of another type change nothing, and the what-if says why."""
+    rng = np.random.default_rng(1)
+    arrivals, durations = np.sort(rng.uniform(0, 3600, 200)), rng.exponential(300, 200)
+    workload = Workload.from_durations(arrivals, durations, gpus=4, gpu_model="NVIDIA-A100-SXM4-80GB")
+    write_jobs_csv(workload, tmp_path / "jobs.csv")
+    write(tmp_path, "cluster.yaml", CLUSTER)
+    common = "horizon: null\nruns: 2\ncluster: cluster.yaml\nworkload: jobs.csv\n"
+    other = write(tmp_path, "l40s.yaml", common + "changes:\n  nodes: [{gpu_model: L40S, add: 2}]\n")
+    doc = run_json(capsys, ["whatif", str(other), "--json"])
+    assert doc["difference"]["wait_mean_s"]["mean"] == 0
+    assert len(doc["notes"]) == 1 and "L40S" in doc["notes"][0] and "stand idle" in doc["notes"][0]
+    assert main(["whatif", str(other)]) == 0
+    assert "note: no known job asks for L40S" in " ".join(capsys.readouterr().out.split())
+    same = write(tmp_path, "a100.yaml", common + "changes:\n  nodes: [{gpu_model: A100-SXM, add: 1}]\n")
+    doc = run_json(capsys, ["whatif", str(same), "--json"])
+    assert doc["notes"] == [] and doc["difference"]["wait_mean_s"]["mean"] < 0
