@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
 
+from twin.input_errors import validation_message
 from twin.run_metrics import RunMetrics
 
 SloMetric = Literal["wait_p95_s", "wait_p50_s", "runtime_failure_ratio", "utilization", "queue_length"]
@@ -97,9 +98,7 @@ def load_slos(path: str | Path | None) -> SloSet:
     try:
         return SloSet.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise SloFormatError(f"{path}: {where}: {first.get('msg', 'invalid')}") from exc
+        raise SloFormatError(f"{path}: {validation_message(exc, SloSet)}") from exc
 
 
 def slo_values(slo: Slo, metrics: RunMetrics) -> tuple[float, list[float]]:

@@ -42,7 +42,7 @@ def advise(
     try:
         request = AdviceRequest.model_validate(raw)
     except ValueError as exc:
-        raise CommandError(f"{config}: {validation_message(exc, AdviceRequest.model_fields)}") from exc
+        raise CommandError(f"{config}: {validation_message(exc, AdviceRequest)}") from exc
     directory = settings.resolved_models_dir()
     try:
         loaded = ModelRegistry(directory).load_in_use()

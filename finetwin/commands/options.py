@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel
 
 from finetwin.settings import Settings
 
@@ -27,32 +28,17 @@ def models_dir(option: Path | None, settings: Settings) -> Path:
 
 def first_error(exc: Exception) -> str:
     """The first problem pydantic found, as `field.path: message`."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", ""))
-    return str(exc)
+    from pydantic import ValidationError
+
+    from twin.input_errors import first_error as first_validation_error
+
+    return first_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
 
 
-def validation_message(exc: Exception, known: Iterable[str]) -> str:
-    """What is wrong with a document pydantic refused, all at once: unknown keys with the known key they
-    most resemble (`batchsize` -> did you mean `batch_size`?), then missing keys, else the first error."""
-    import difflib
+def validation_message(exc: Exception, model: type[BaseModel], also: Sequence[str] = ()) -> str:
+    """What is wrong with a document pydantic refused (`twin.input_errors.validation_message`)."""
+    from pydantic import ValidationError
 
-    errors = getattr(exc, "errors", None)
-    if not callable(errors):
-        return str(exc)
-    found = errors()
-    known = list(known)
-    unknown = [".".join(map(str, e["loc"])) for e in found if e.get("type") == "extra_forbidden"]
-    missing = [".".join(map(str, e["loc"])) for e in found if e.get("type") == "missing"]
-    if not unknown and not missing:
-        return first_error(exc)
-    parts = []
-    for key in unknown:
-        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1, cutoff=0.6)
-        parts.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    if missing:
-        parts.append(f"missing: {', '.join(missing)}")
-    return "; ".join(parts) + f" (known keys: {', '.join(known)})"
+    from twin.input_errors import validation_message as describe
+
+    return describe(exc, model, also) if isinstance(exc, ValidationError) else str(exc)

@@ -214,7 +214,8 @@ def whatif(
     try:
         what = WhatIf.model_validate(spec)
     except ValidationError as exc:
-        raise CommandError(f"{scenario}: {validation_message(exc, WhatIf.model_fields)}") from None
+        wrong = validation_message(exc, WhatIf, also=("cluster", "workload"))  # the two files, read here
+        raise CommandError(f"{scenario}: {wrong}") from None
     if (cluster_file is None) != (workload_file is None):
         raise CommandError(f"{scenario}: give both cluster and workload files, or neither (live state)")
     if cluster_file is not None:

@@ -63,6 +63,34 @@ def test_an_unknown_key_in_a_whatif_is_named_with_the_key_it_resembles(
     assert "unknown key 'run' (did you mean 'runs'?)" in capsys.readouterr().err
 
 
+def test_an_unknown_key_inside_a_section_is_matched_against_that_sections_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The suggestion and the list of keys come from the section the key sits in, not from the top level
+    (`changes.nodez` was offered "name, horizon, runs, ..."); the scenario's file keys count at the top."""
+    nested = write(tmp_path, "s.yaml", "changes:\n  nodez: [{gpu_model: L40S, add: 1}]\n")
+    assert main(["whatif", str(nested)]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "unknown key 'changes.nodez' (did you mean 'nodes'?)" in error, error
+    assert "(known keys of changes: nodes, policy, admission, optimizations, right_size_batches)" in error
+    top = write(tmp_path, "t.yaml", "clustr: c.yaml\n")
+    assert main(["whatif", str(top)]) == 2
+    assert "unknown key 'clustr' (did you mean 'cluster'?)" in capsys.readouterr().err
+
+
+def test_an_slo_file_with_an_unknown_key_is_refused_with_the_key_it_resembles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, jobs = write(tmp_path, "c.yaml", CLUSTER), write(tmp_path, "jobs.csv", JOBS)
+    slos = write(tmp_path, "slo.yaml", "slos:\n  - {name: fast, metric: wait_p95_s, maxx: 1800}\n")
+    argv = ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--slo", str(slos),
+            "--vary", "A100-SXM=1..2", "--runs", "2"]  # fmt: skip
+    assert main(argv) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "unknown key 'slos.0.maxx' (did you mean 'max'?)" in error, error
+    assert "known keys of slos: name, metric, max, min, gpu_model" in error
+
+
 def test_tables_speak_hours_and_percent_json_keeps_full_precision(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
