@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from twin.domain import GPUS_PER_NODE, UnknownGpuModel, canonical_gpu_name, gpu_or_unknown, known_gpu_name
+from twin.input_errors import unknown_keys
 
 
 class ClusterFormatError(ValueError):
@@ -72,9 +73,18 @@ class Cluster:
         return Cluster(tuple(n for i, n in enumerate(self.nodes) if i not in dropped))
 
 
+CLUSTER_KEYS = ("nodes",)
+NODE_KEYS = ("gpu_model", "count", "gpus_per_node")
+
+
 def cluster_from_spec(spec: object, source: str = "cluster") -> Cluster:
     """`{"nodes": [{"gpu_model": NAME, "count": N, "gpus_per_node": 8}, ...]}` as parsed from YAML/JSON."""
-    if not isinstance(spec, Mapping) or "nodes" not in spec:
+    if not isinstance(spec, Mapping):
+        raise ClusterFormatError(f"{source}: expected a mapping with a 'nodes' list")
+    wrong = unknown_keys(spec, CLUSTER_KEYS)
+    if wrong:  # a misspelled key was either "no 'nodes' list" or silently ignored
+        raise ClusterFormatError(f"{source}: {wrong}")
+    if "nodes" not in spec:
         raise ClusterFormatError(f"{source}: expected a mapping with a 'nodes' list")
     entries = spec["nodes"]
     if not isinstance(entries, list) or not entries:
@@ -84,9 +94,9 @@ def cluster_from_spec(spec: object, source: str = "cluster") -> Cluster:
         where = f"{source}: nodes[{i}]"
         if not isinstance(entry, Mapping):
             raise ClusterFormatError(f"{where}: expected a mapping with gpu_model and count")
-        unknown = set(entry) - {"gpu_model", "count", "gpus_per_node"}
-        if unknown:
-            raise ClusterFormatError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        wrong = unknown_keys(entry, NODE_KEYS)
+        if wrong:
+            raise ClusterFormatError(f"{where}: {wrong}")
         model = entry.get("gpu_model")
         if not isinstance(model, str) or not model.strip():
             raise ClusterFormatError(f"{where}.gpu_model: required, a GPU model name")

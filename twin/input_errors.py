@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -32,6 +32,19 @@ def validation_message(exc: ValidationError, model: type[BaseModel], also: Seque
     named = [str(p) for p in section if not isinstance(p, int)]
     where = f" of {'.'.join(named)}" if named else ""
     return "; ".join(parts) + f" (known keys{where}: {', '.join(keys_at(model, section, also))})"
+
+
+def unknown_keys(given: Iterable[Any], known: Sequence[str]) -> str | None:
+    """For a document read without pydantic: its keys not in `known`, each with the known key it most
+    resembles, and the known keys; None when every key is known."""
+    unknown = sorted(str(k) for k in given if k not in known)
+    if not unknown:
+        return None
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+        parts.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return "; ".join(parts) + f" (known keys: {', '.join(known)})"
 
 
 def first_error(exc: ValidationError) -> str:

@@ -12,6 +12,7 @@ future arrivals drawn from the observed arrival process (`twin.arrivals`).
 from __future__ import annotations
 
 import csv
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -167,11 +168,18 @@ def read_jobs_csv(path: str | Path) -> Workload:
             raise WorkloadFormatError(path, 1, None, too_many_columns(len(header)))
         for column in REQUIRED_COLUMNS:
             if column not in header:
-                raise WorkloadFormatError(path, 1, column, "missing from the header")
+                raise WorkloadFormatError(
+                    path, 1, column, "missing from the header" + _resembling(column, header)
+                )
         if "duration_s" not in header:
             for column in CONFIG_REQUIRED:
                 if column not in header:
-                    raise WorkloadFormatError(path, 1, column, "missing (needed when there is no duration_s)")
+                    raise WorkloadFormatError(
+                        path,
+                        1,
+                        column,
+                        "missing (needed when there is no duration_s)" + _resembling(column, header),
+                    )
         builder = _Builder(path, {name: i for i, name in enumerate(header)})
         try:
             for row in reader:
@@ -192,6 +200,12 @@ def read_jobs_csv(path: str | Path) -> Workload:
 MAX_INTEGER = 10_000_000  # the largest whole number a cell may hold (GPUs, nodes, batch, tokens per sample)
 _TRUE = {"1", "1.0", "true", "yes", "y", "t"}
 _FALSE = {"", "0", "0.0", "false", "no", "n", "f", "none", "nan"}
+
+
+def _resembling(column: str, header: list[str]) -> str:
+    """` (the header has 'gpu': misspelled?)` where a header name resembles the missing column."""
+    close = difflib.get_close_matches(column, header, n=1, cutoff=0.6)
+    return f" (the header has {close[0]!r}: misspelled?)" if close else ""
 
 
 class _Builder:

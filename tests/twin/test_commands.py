@@ -95,6 +95,10 @@ def test_configured_jobs_without_a_calibrated_model_use_the_labelled_fallback(
     [
         ("job_id,arrival_s\nj1,0\n", "column 'gpus': missing from the header"),
         (
+            "job_id,arrival_s,gpu,duration_s\nj1,0,4,60\n",
+            "column 'gpus': missing from the header (the header has 'gpu': misspelled?)",
+        ),
+        (
             "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\nj2,soon,1,10\n",
             "line 3: column 'arrival_s': not a number",
         ),
@@ -128,6 +132,16 @@ def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFi
     cluster = write(tmp_path, "c.yaml", "nodes:\n  - {gpu_model: L40S, count: -2}\n")
     assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
     assert "nodes[0].count: must be a positive integer" in capsys.readouterr().err
+    # A misspelled key is named with the key it resembles, at either level (was "unknown field(s) cnt", and a
+    # misspelled `nodes` read as "expected a mapping with a 'nodes' list").
+    for text, expected in (
+        ("nodes:\n  - {gpu_model: L40S, cnt: 2}\n", "nodes[0]: unknown key 'cnt' (did you mean 'count'?)"),
+        ("nodez:\n  - {gpu_model: L40S, count: 2}\n", "unknown key 'nodez' (did you mean 'nodes'?)"),
+    ):
+        cluster = write(tmp_path, "c.yaml", text)
+        assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
+        error = " ".join(capsys.readouterr().err.split())
+        assert expected in error, error
 
 
 def test_whatif_on_explicit_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
