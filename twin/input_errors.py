@@ -23,9 +23,8 @@ def validation_message(exc: ValidationError, model: type[BaseModel], also: Seque
         return first_error(exc)
     parts = []
     for loc in unknown:
-        keys = keys_at(model, loc[:-1], also)
-        close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
-        parts.append(f"unknown key {_dotted(loc)!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        close = closest(str(loc[-1]), keys_at(model, loc[:-1], also))
+        parts.append(f"unknown key {_dotted(loc)!r}" + (f" (did you mean {close!r}?)" if close else ""))
     if missing:
         parts.append(f"missing: {', '.join(missing)}")
     section = unknown[0][:-1] if unknown else ()
@@ -42,9 +41,15 @@ def unknown_keys(given: Iterable[Any], known: Sequence[str]) -> str | None:
         return None
     parts = []
     for key in unknown:
-        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-        parts.append(f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        close = closest(key, known)
+        parts.append(f"unknown key {key!r}" + (f" (did you mean {close!r}?)" if close else ""))
     return "; ".join(parts) + f" (known keys: {', '.join(known)})"
+
+
+def closest(name: str, names: Iterable[str]) -> str | None:
+    """The one of `names` that `name` most resembles, if any is close enough to be a misspelling of it."""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def first_error(exc: ValidationError) -> str:

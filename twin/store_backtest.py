@@ -42,17 +42,24 @@ FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s", "energy_k
 OBSERVED, MODEL = "observed", "model"
 
 
+def telemetry_held(cluster_id: str, earliest: datetime | None, latest: datetime | None) -> str:
+    """What the store's telemetry of a cluster covers, in words (`twin.clock.telemetry_span`'s result)."""
+    if earliest is None or latest is None:
+        return f"the store holds no telemetry of cluster {cluster_id!r}"
+    return (
+        f"the store's telemetry of cluster {cluster_id!r} runs from {earliest.isoformat()} "
+        f"to {latest.isoformat()}"
+    )
+
+
 def check_window(engine: Engine, cluster_id: str, at: datetime, end: datetime) -> None:
     """Raises ValueError, saying what the store holds, unless the telemetry covers `at` to `end`: before its
     first event the state at T is unknown, and after its last what happened is not in the store yet (the
     truth would read as nothing happening: 0 jobs completed)."""
     earliest, latest = telemetry_span(engine, cluster_id)
+    held = telemetry_held(cluster_id, earliest, latest)
     if earliest is None or latest is None:
-        raise ValueError(f"the store holds no telemetry of cluster {cluster_id!r}: nothing to backtest")
-    held = (
-        f"the store's telemetry of cluster {cluster_id!r} runs from {earliest.isoformat()} "
-        f"to {latest.isoformat()}"
-    )
+        raise ValueError(f"{held}: nothing to backtest")
     if at < earliest:
         raise ValueError(f"T ({at.isoformat()}) is before any telemetry: {held}")
     if end > latest:

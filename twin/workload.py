@@ -12,7 +12,6 @@ future arrivals drawn from the observed arrival process (`twin.arrivals`).
 from __future__ import annotations
 
 import csv
-import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import numpy as np
 
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
 from twin.domain import JobConfig, UnknownGpuModel, known_gpu_name
+from twin.input_errors import closest
 
 NO_CONFIG = -1
 
@@ -204,8 +204,8 @@ _FALSE = {"", "0", "0.0", "false", "no", "n", "f", "none", "nan"}
 
 def _resembling(column: str, header: list[str]) -> str:
     """` (the header has 'gpu': misspelled?)` where a header name resembles the missing column."""
-    close = difflib.get_close_matches(column, header, n=1, cutoff=0.6)
-    return f" (the header has {close[0]!r}: misspelled?)" if close else ""
+    close = closest(column, header)
+    return f" (the header has {close!r}: misspelled?)" if close else ""
 
 
 class _Builder:

@@ -324,18 +324,13 @@ def _backtest_from_store(
     from finetwin.wiring import load_job_models_at, migrated_engine
     from twin.clock import as_utc, telemetry_span
     from twin.policies import Policy
-    from twin.store_backtest import backtest_from_store, check_window
+    from twin.store_backtest import backtest_from_store, check_window, telemetry_held
     from twin.units import parse_duration
 
     engine = migrated_engine(settings)
     if at is None or horizon is None:
-        earliest, latest = telemetry_span(engine, settings.cluster_id)
-        held = (
-            f"; the store's telemetry runs from {earliest.isoformat()} to {latest.isoformat()}"
-            if earliest is not None and latest is not None
-            else ""
-        )
-        raise CommandError(f"--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h){held}")
+        held = telemetry_held(settings.cluster_id, *telemetry_span(engine, settings.cluster_id))
+        raise CommandError(f"--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h); {held}")
     try:
         when = as_utc(datetime.fromisoformat(at.strip().replace("Z", "+00:00")))
     except ValueError:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from finetwin import output
-from finetwin.numbers import finite, human, signed
+from finetwin.numbers import finite, human, pct, signed
 
 
 def emit(document: dict[str, Any], as_json: bool, printer: Callable[[dict[str, Any]], None]) -> None:
@@ -137,7 +137,7 @@ def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str =
     for figure, stats in doc["figures"].items():
         raw = stats.get("raw_coverage")
         own = "-" if raw is None else f"{100 * raw:.0f} %"
-        rows.append([figure, stats["n"], _percent(stats.get("wape")), _percent(stats["mape"]),
+        rows.append([figure, stats["n"], pct(stats.get("wape")), pct(stats["mape"]),
                      f"{stats['mae']:.3g}", f"{stats['bias']:.3g}", f"{100 * stats['coverage']:.0f} %",
                      own])  # fmt: skip
     columns = ["figure", ("n", "right"), ("WAPE", "right"), ("MAPE", "right"), ("MAE", "right"),
@@ -149,7 +149,3 @@ def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str =
         "WAPE: the intervals' absolute errors summed over their actuals summed; MAPE: each interval's "
         "relative error averaged (intervals whose actual is 0 left out), large where actuals are small"
     )
-
-
-def _percent(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:.1f}%"

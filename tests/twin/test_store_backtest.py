@@ -141,7 +141,7 @@ def test_finetwin_backtest_from_store(
     assert "before any telemetry" in capsys.readouterr().err  # the store's span is checked first
     assert main(["backtest", "--from-store", "--at", at.isoformat()]) == 2
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
-    assert "--horizon" in err and "the store's telemetry runs from" in err
+    assert "--horizon" in err and "the store's telemetry of cluster 'default' runs from" in err
     # A window past the newest telemetry has no truth yet: refused, with what the store holds, not scored
     # against nothing (it read "0 jobs completed").
     last = epoch + timedelta(seconds=plan.duration_s)
