@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate.loader import distinct_rows_of, each_distinct, time_limit_seconds
+from calibrate.loader import distinct_rows_of, distinct_values, time_limit_seconds
 from twin.domain import METHODS, JobConfig
 from twin.job_config import (
     CONFIG_DEFAULTS,
@@ -116,9 +116,7 @@ def validated_configs(table: Table) -> dict[str, np.ndarray]:
         raise ValueError(f"missing configuration columns: {', '.join(missing)}")
     frame: dict[str, np.ndarray] = {}
     for name in ("model_name", "method", "gpu_model"):
-        frame[name] = _text(column(table, name))
-    frame["model_name"] = np.array([name.lower() for name in frame["model_name"]], dtype=object)
-    frame["method"] = np.array([method.lower() for method in frame["method"]], dtype=object)
+        frame[name] = _text(column(table, name), lower=name != "gpu_model")
     _check(~np.isin(frame["method"], METHODS), "method", f"must be one of {', '.join(METHODS)}")
     _check(frame["model_name"] == "", "model_name", "is empty")
     for name in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample"):
@@ -156,15 +154,12 @@ def _filled(values: np.ndarray, default: Any) -> np.ndarray:
     return out
 
 
-def _text(values: np.ndarray) -> np.ndarray:
-    """Each value as trimmed text, computed once per distinct value (a CSV repeats a few hundred)."""
-    if len(values) < _DISTINCT_FROM_ROWS:
-        return np.array([str(value).strip() for value in values], dtype=object)
-    return each_distinct(values, lambda value: str(value).strip())
-
-
-# From this many rows on, text work goes through the distinct values (below, factorizing costs more).
-_DISTINCT_FROM_ROWS = 1_000
+def _text(values: np.ndarray, *, lower: bool = False) -> np.ndarray:
+    """Each value as trimmed (and, if asked, lower-cased) text, computed once per distinct value (a CSV
+    repeats a few hundred)."""
+    codes, distinct = distinct_values(values)
+    texts = [str(value).strip() for value in distinct]
+    return np.array([text.lower() for text in texts] if lower else texts, dtype=object)[codes]
 
 
 def _numbers(values: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES
+from calibrate.loader import distinct_values
 
 # HistGradientBoosting takes at most 255 categories per feature; the rarest beyond this count as unseen.
 MAX_CATEGORIES = 250
@@ -56,11 +57,12 @@ class FeatureEncoding:
         return out
 
     def _codes(self, name: str, values: Any) -> np.ndarray:
-        # Each distinct value looked up once: a 100,000-row CSV holds a few dozen per feature.
-        distinct, inverse = np.unique(np.asarray(values).astype(str), return_inverse=True)
+        # Each distinct value looked up once: a 100,000-row CSV holds a few dozen per feature. Found by
+        # hashing, not by np.unique over texts (which sorted them: ~12 ms a feature on 100,000 rows).
+        codes, distinct = distinct_values(values)
         index = self._index(name)
         table = np.array([index.get(str(v), np.nan) for v in distinct], dtype=np.float64)
-        return table[inverse.reshape(-1)]
+        return table[codes]
 
     def _index(self, name: str) -> dict[str, float]:
         cache = self.__dict__.setdefault("_indexes", {})

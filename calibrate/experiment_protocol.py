@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from calibrate.loader import distinct_values
+
 _PROTOCOL_KEYS = (
     "protocol",
     "data_parallel_only",
@@ -43,22 +45,19 @@ def version_number(version: str) -> float:
 def protocol_columns(experiment_ids: np.ndarray, identifiers: np.ndarray) -> dict[str, np.ndarray]:
     """The protocol columns of every row: parsed once per distinct experiment and per distinct identifier
     (for settings the experiment does not state); the full benchmark repeats both."""
-    experiments = _by_distinct(experiment_ids, lambda e: dict(_experiment(e)))
-    columns = {key: np.array([parsed[key] for parsed in experiments]) for key in _PROTOCOL_KEYS}
-    found = _by_distinct(identifiers, _identifier_settings)
+    experiment_codes, experiments = distinct_values(experiment_ids)
+    parsed = [dict(_experiment(e)) for e in experiments]
+    columns = {key: np.array([p[key] for p in parsed])[experiment_codes] for key in _PROTOCOL_KEYS}
+    identifier_codes, distinct_identifiers = distinct_values(identifiers)
+    found = [_identifier_settings(i) for i in distinct_identifiers]
     for column, key in (("gradient_accumulation", "gradient_accumulation_steps"),
                         ("reentrant", "gradient_checkpointing_use_reentrant")):  # fmt: skip
         stated = columns[column].astype(float)
-        columns[column] = np.where(np.isnan(stated), np.array([_number(f[key]) for f in found]), stated)
+        named = np.array([_number(f[key]) for f in found], dtype=float)[identifier_codes]
+        columns[column] = np.where(np.isnan(stated), named, stated)
     hybrid = np.array([f["fsdp_sharding_strategy"] == "HYBRID_SHARD" for f in found], dtype=bool)
-    columns["hybrid_shard"] = columns["hybrid_shard"].astype(bool) | hybrid
+    columns["hybrid_shard"] = columns["hybrid_shard"].astype(bool) | hybrid[identifier_codes]
     return columns
-
-
-def _by_distinct(values: Any, parse: Any) -> list[Any]:
-    """`parse` of each value, computed once per distinct value."""
-    parsed: dict[str, Any] = {}
-    return [parsed[v] if v in parsed else parsed.setdefault(v, parse(v)) for v in values]
 
 
 @lru_cache(maxsize=4096)

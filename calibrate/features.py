@@ -22,6 +22,7 @@ import pandas as pd
 
 from calibrate.config_frame import Table, validated_configs
 from calibrate.experiment_protocol import protocol_columns, version_number
+from calibrate.loader import distinct_values
 from calibrate.model_sizes import DEFAULT_VOCABULARY, VOCABULARY_BY_FAMILY, model_family, model_sizes
 from twin.domain import GPU_TYPES, UNKNOWN_GPU, canonical_gpu_name
 
@@ -127,19 +128,25 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     frame = validated_configs(table)
     out: dict[str, np.ndarray] = {}
 
-    names = frame["model_name"]
-    params, active, notes = model_sizes(names)
-    methods = frame["method"]
-    gpus_named = [canonical_gpu_name(g) for g in frame["gpu_model"]]
+    # Per distinct LLM, GPU, method and tuning version, then taken row by row (`distinct_values`).
+    name_codes, distinct_names = distinct_values(frame["model_name"])
+    params, active, name_notes = (np.asarray(x)[name_codes] for x in model_sizes(distinct_names))
+    gpu_codes, distinct_gpus = distinct_values(frame["gpu_model"])
+    gpus_named = np.array([canonical_gpu_name(g) for g in distinct_gpus], dtype=object)
     gpus_known = [GPU_TYPES.get(g) for g in gpus_named]
     catalogue = [g or UNKNOWN_GPU for g in gpus_known]
-    memory = np.array([g.memory_gb for g in catalogue])
-    tflops = np.array([g.dense_tflops for g in catalogue])
-    relative_speed = np.array([g.relative_speed for g in catalogue])
-    intra_node_gbs = np.array([g.intra_node_gbs for g in catalogue])
-    for i, known in enumerate(gpus_known):
-        if known is None:
-            notes[i] = "; ".join(x for x in (notes[i], UNKNOWN_GPU_NOTE) if x)
+    memory, tflops, relative_speed, intra_node_gbs = (
+        np.array([getattr(g, spec) for g in catalogue], dtype=float)[gpu_codes]
+        for spec in ("memory_gb", "dense_tflops", "relative_speed", "intra_node_gbs")
+    )
+    gpus_named = gpus_named[gpu_codes]
+    unknown_gpu = np.array([known is None for known in gpus_known], dtype=bool)[gpu_codes]
+    notes = [
+        "; ".join(x for x in (note, UNKNOWN_GPU_NOTE) if x) if unknown else str(note)
+        for note, unknown in zip(name_notes.tolist(), unknown_gpu.tolist(), strict=True)
+    ]
+    method_codes, distinct_methods = distinct_values(frame["method"])
+    methods = frame["method"]
 
     gpus = frame["number_gpus"]
     nodes = frame["number_nodes"]
@@ -149,8 +156,11 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     expert_parallel = frame["fast_moe"].astype(float)
     time_limit = frame["time_limit_s"].astype(float)
     protocol = protocol_columns(frame["experiment_id"], frame["identifier"])
-    families = np.array([model_family(name) for name in names], dtype=object)
-    vocabulary = np.array([VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in families], dtype=float)
+    distinct_families = [model_family(name) for name in distinct_names]
+    families = np.array(distinct_families, dtype=object)[name_codes]
+    vocabulary = np.array(
+        [VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in distinct_families], dtype=float
+    )[name_codes]
 
     gpus_per_node = gpus / nodes
     batch_per_gpu = batch / gpus
@@ -161,7 +171,7 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     shard_degree = np.where(data_parallel_only == 1, 1.0, np.where(hybrid_shard == 1, gpus_per_node, gpus))
 
     # Memory per GPU, in GB.
-    state_bytes = _per_method(methods, STATE_BYTES_PER_PARAM)
+    state_bytes = _per_method(method_codes, distinct_methods, STATE_BYTES_PER_PARAM)
     state_gb = params * state_bytes / shard_degree
     width_depth = _WIDTH_DEPTH_AT_7B * (active / 7.0) ** _WIDTH_DEPTH_EXPONENT
     activation_gb = _ACTIVATION_BYTES * batch_per_gpu * tokens * width_depth / 1e9
@@ -170,13 +180,13 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
 
     # Speed: compute time of one step on one GPU against the time to move weights and gradients.
     flops_per_token = (
-        _per_method(methods, FLOPS_PER_PARAM) * active * 1e9
+        _per_method(method_codes, distinct_methods, FLOPS_PER_PARAM) * active * 1e9
         + 12.0 * width_depth * tokens  # attention scores and values, forward and backward
     )
     effective_flops = _REFERENCE_TFLOPS * 1e12 * relative_speed
     compute_s = flops_per_token * batch_per_gpu * tokens / (effective_flops * NOMINAL_UTILIZATION)
-    weight_bytes = _per_method(methods, WEIGHT_BYTES_PER_PARAM) * params * 1e9
-    gradient_bytes = _per_method(methods, GRADIENT_BYTES_PER_PARAM) * params * 1e9
+    weight_bytes = _per_method(method_codes, distinct_methods, WEIGHT_BYTES_PER_PARAM) * params * 1e9
+    gradient_bytes = _per_method(method_codes, distinct_methods, GRADIENT_BYTES_PER_PARAM) * params * 1e9
     # FSDP gathers the weights for the forward and again for the backward pass and reduce-scatters the
     # gradients; plain data parallelism all-reduces the gradients only.
     step_bytes = np.where(data_parallel_only == 1, 2.0 * gradient_bytes, 2.0 * weight_bytes + gradient_bytes)
@@ -202,7 +212,7 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     out["log_params"] = np.log(params)
     out["log_active_params"] = np.log(active)
     out["is_moe"] = (active < params * 0.95).astype(float)
-    out["hybrid_mamba"] = np.array(["-h-" in name for name in names], dtype=float)
+    out["hybrid_mamba"] = np.array(["-h-" in name for name in distinct_names], dtype=float)[name_codes]
     out["log_vocabulary"] = np.log(vocabulary)
     out["log_gpu_memory"] = np.log(memory)
     out["log_gpu_tflops"] = np.log(tflops)
@@ -230,7 +240,8 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     # NaN where the protocol does not state the setting: the trees learn where "not stated" belongs.
     out["gradient_accumulation"] = protocol["gradient_accumulation"].astype(float)
     out["reentrant_checkpointing"] = protocol["reentrant"].astype(float)
-    out["version_number"] = np.array([version_number(v) for v in out["tuning_version"]], dtype=float)
+    version_codes, versions = distinct_values(out["tuning_version"])
+    out["version_number"] = np.array([version_number(v) for v in versions], dtype=float)[version_codes]
     out["state_bytes_per_param"] = state_bytes
     out["log_state_gb"] = np.log(state_gb)
     out["log_activation_gb"] = np.log(activation_gb)
@@ -243,5 +254,6 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     return {name: out[name] for name in FEATURE_NAMES}, notes
 
 
-def _per_method(methods: np.ndarray, table: Mapping[str, float]) -> np.ndarray:
-    return np.array([table[m] for m in methods], dtype=float)
+def _per_method(codes: np.ndarray, methods: np.ndarray, table: Mapping[str, float]) -> np.ndarray:
+    """`table`'s number for each row's method, of `distinct_values`' codes and distinct methods."""
+    return np.array([table[m] for m in methods], dtype=float)[codes]

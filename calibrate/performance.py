@@ -380,13 +380,30 @@ def neighbourhood(
 ) -> np.ndarray:
     """(n, 4): whether the training rows hold the row's region, and log(1 + training rows) of its region, of
     its configuration and of its siblings ((n, 3) without `sibling_rows`: a version fitted before them)."""
-    regions = np.array([region_rows.get(k, 0) for k in keys(X, _REGION_COLUMNS)], dtype=float)
-    configs = np.array([config_rows.get(k, 0) for k in keys(X, _CONFIG_COLUMNS)], dtype=float)
-    parts = [(regions > 0).astype(float), np.log1p(regions), np.log1p(configs)]
-    if sibling_rows is not None:
-        siblings = [sibling_rows.get(k, 0) for k in keys(X, _SIBLING_COLUMNS)]
-        parts.append(np.log1p(np.array(siblings, dtype=float)))
+    # The keys nest (a configuration's holds its siblings', which holds its region's): a row whose region
+    # the training rows lack has no siblings there, and one without siblings no configuration, so the
+    # narrower keys are hashed only where the wider one was found (a sweep of new sequence lengths skips
+    # most of the configuration keys).
+    regions = _counts_of(X, _REGION_COLUMNS, region_rows, np.ones(len(X), dtype=bool))
+    if sibling_rows is None:
+        configs = _counts_of(X, _CONFIG_COLUMNS, config_rows, regions > 0)
+        parts = [(regions > 0).astype(float), np.log1p(regions), np.log1p(configs)]
+    else:
+        siblings = _counts_of(X, _SIBLING_COLUMNS, sibling_rows, regions > 0)
+        configs = _counts_of(X, _CONFIG_COLUMNS, config_rows, siblings > 0)
+        parts = [(regions > 0).astype(float), np.log1p(regions), np.log1p(configs), np.log1p(siblings)]
     return np.column_stack(parts)
+
+
+def _counts_of(
+    X: np.ndarray, key_columns: np.ndarray, rows: Mapping[str, int], where: np.ndarray
+) -> np.ndarray:
+    """Per row, the training rows of its key (of `key_columns`), looked up for the rows `where` (0 elsewhere
+    and where the key is not among `rows`)."""
+    counts = np.zeros(len(X), dtype=float)
+    if where.any():
+        counts[where] = [rows.get(k, 0) for k in keys(X if where.all() else X[where], key_columns)]
+    return counts
 
 
 def held_out_residuals(
