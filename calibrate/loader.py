@@ -266,11 +266,14 @@ def _header(path: Path, reader: Any, required: tuple[str, ...]) -> list[str]:
     header = [h.strip() for h in header]
     missing = [column for column in required if column not in header]
     if missing:  # all of them at once: one fix, not one round per column
+        from twin.csv_header import resembling, separator_hint  # an error's path only
+
+        named = ", ".join(c + resembling(c, header, required) for c in missing)
         raise BenchmarkFormatError(
             path,
             1,
             None,
-            f"missing from the header: {', '.join(missing)} (needed: {', '.join(required)})",
+            separator_hint(header) or f"missing from the header: {named} (needed: {', '.join(required)})",
         )
     duplicated = {h for h, n in Counter(header).items() if n > 1}
     if duplicated:

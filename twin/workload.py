@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
+from twin.csv_header import resembling, separator_hint
 from twin.domain import JobConfig, UnknownGpuModel, known_gpu_name
-from twin.input_errors import closest
 
 NO_CONFIG = -1
 
@@ -166,10 +166,12 @@ def read_jobs_csv(path: str | Path) -> Workload:
             raise WorkloadFormatError(path, 1, None, f"not a CSV header: {exc}") from None
         if len(header) > MAX_CSV_COLUMNS:
             raise WorkloadFormatError(path, 1, None, too_many_columns(len(header)))
+        if separator_hint(header):
+            raise WorkloadFormatError(path, 1, None, separator_hint(header))
         for column in REQUIRED_COLUMNS:
             if column not in header:
                 raise WorkloadFormatError(
-                    path, 1, column, "missing from the header" + _resembling(column, header)
+                    path, 1, column, "missing from the header" + _header_hint(column, header)
                 )
         if "duration_s" not in header:
             for column in CONFIG_REQUIRED:
@@ -178,7 +180,7 @@ def read_jobs_csv(path: str | Path) -> Workload:
                         path,
                         1,
                         column,
-                        "missing (needed when there is no duration_s)" + _resembling(column, header),
+                        "missing (needed when there is no duration_s)" + _header_hint(column, header),
                     )
         builder = _Builder(path, {name: i for i, name in enumerate(header)})
         try:
@@ -202,10 +204,9 @@ _TRUE = {"1", "1.0", "true", "yes", "y", "t"}
 _FALSE = {"", "0", "0.0", "false", "no", "n", "f", "none", "nan"}
 
 
-def _resembling(column: str, header: list[str]) -> str:
-    """` (the header has 'gpu': misspelled?)` where a header name resembles the missing column."""
-    close = closest(column, header)
-    return f" (the header has {close!r}: misspelled?)" if close else ""
+def _header_hint(column: str, header: list[str]) -> str:
+    """Where the header has a name resembling `column` (not one it reads as it is): a misspelling."""
+    return resembling(column, header, (*REQUIRED_COLUMNS, *CONFIG_REQUIRED))
 
 
 class _Builder:

@@ -151,6 +151,11 @@ def predict(
         summary = write_predictions(job_models, configs, output_csv)
     except OSError as exc:  # a place the checks above could not foresee (/proc, a full disk, a race)
         raise CommandError(f"--output {output_csv}: cannot write there: {exc.strerror or exc}") from None
+    if not summary.rows:
+        output.say(
+            f"no rows to predict: {input_csv} has a header and no data rows; {output_csv} holds the header"
+        )
+        return 0
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
     output.say(
         f"{summary.rows} rows predicted with {version} -> {output_csv} ({outcomes}; {summary.flagged} noted)"

@@ -50,6 +50,50 @@ def test_every_missing_column_is_named_at_once(
     assert "missing from the header: gpu_model, batch_size, fast_moe" in error, error
 
 
+@pytest.mark.parametrize(("separator", "named"), [(";", "';'"), ("\t", "tabs")])
+def test_a_file_separated_by_another_character_is_named_so(
+    calibrated_models_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    separator: str,
+    named: str,
+) -> None:
+    configs = tmp_path / "export.csv"
+    configs.write_text(separator.join(ROW) + "\n" + separator.join(ROW.values()) + "\n")
+    assert predict(calibrated_models_dir, configs, tmp_path / "pred.csv") == 2
+    error = capsys.readouterr().err
+    assert f"the header is one column with {named} in it: the file looks separated by {named}" in error, error
+    assert "missing from the header" not in error  # not ten columns to look for: one fix
+
+
+def test_a_misspelled_column_is_named_with_the_one_it_resembles(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    columns = [{"gpu_model": "gpu_modle"}.get(c, c) for c in ROW]
+    configs = write(tmp_path / "typo.csv", columns, [{"gpu_modle": ROW["gpu_model"], **ROW}])
+    assert predict(calibrated_models_dir, configs, tmp_path / "pred.csv") == 2
+    error = capsys.readouterr().err
+    assert "missing from the header: gpu_model (the header has 'gpu_modle': misspelled?)" in error, error
+    # A column the header has as it should be is no misspelling of another (number_nodes for number_gpus).
+    columns = [c for c in ROW if c != "number_gpus"]
+    assert (
+        predict(calibrated_models_dir, write(tmp_path / "short.csv", columns, [ROW]), tmp_path / "p.csv") == 2
+    )
+    error = capsys.readouterr().err
+    assert "missing from the header: number_gpus (needed:" in error, error
+
+
+def test_a_header_without_rows_is_said_so(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = write(tmp_path / "empty.csv", list(ROW), [])
+    output = tmp_path / "pred.csv"
+    assert predict(calibrated_models_dir, configs, output) == 0
+    said = capsys.readouterr().out
+    assert "no rows to predict" in said and "has a header and no data rows" in said, said
+    assert output.read_text().splitlines()[0].startswith(",".join(ROW))
+
+
 def test_predict_help_lists_the_columns_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())

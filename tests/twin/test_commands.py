@@ -110,6 +110,9 @@ def test_configured_jobs_without_a_calibrated_model_use_the_labelled_fallback(
             "line 1: has 304 columns; at most 256 are read",
         ),
         ("job_id,arrival_s,gpus,duration_s\nj1,0,1,10\nj1,1,1,10\n", "line 3: column 'job_id': duplicate"),
+        # A spreadsheet's export with ';' (or tabs): the separator named, not every column called missing.
+        ("job_id;arrival_s;gpus\nj1;0;1\n", "line 1: the header is one column with ';' in it"),
+        ("job_id\tarrival_s\tgpus\nj1\t0\t1\n", "the file looks separated by tabs"),
         (
             "job_id,arrival_s,gpus,duration_s,model_name,method,gpu_model,batch_size,tokens_per_sample,dataset_tokens\n"
             "j1,0,1,,llama3-8b,lora,L40S,8,,1e6\n",
