@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from advisor import findings
-from advisor.advice_answer import RECOMMEND_P_VALID_LOW, Answer, paper_evidence
+from advisor.advice_answer import RECOMMEND_P_VALID, RECOMMEND_P_VALID_LOW, Answer, paper_evidence
 from advisor.advice_optimizations import fast_kernels_advice, fast_moe_advice, roce_advice
 from advisor.advice_options import best_cost, best_throughput, fewest_gpus
 from advisor.advice_plan import AdviceError, Plan, plan_advice
@@ -82,6 +82,8 @@ def _compose(
     cheapest = best_cost(answer, plan.searched + plan.ladder)
 
     pool = plan.searched + plan.ladder
+    if fewest is None and fastest is None:  # no option at all: say how far the search went, and how close
+        notes.append(_nothing_likely(answer, pool))
     repair_out = None
     if plan.changes:
         assert plan.i_repaired is not None
@@ -118,6 +120,28 @@ def _compose(
             roce_advice(answer, plan.roce, plan.tuned),
         ],
         notes=notes,
+    )
+
+
+def _nothing_likely(answer: Answer, pool: list[int]) -> str:
+    """What the search for options covered when none of it is likely to run, and the likeliest it found:
+    'none found' alone left an operator to guess whether more GPUs or another batch were tried."""
+    configs = answer.rows.configs
+    searched = list(dict.fromkeys(pool))
+    if not searched:
+        return "no configuration of this job was searched"
+    gpus = sorted({configs[i].number_gpus for i in searched})
+    batches = sorted({configs[i].batch_size for i in searched})
+    nodes = max(configs[i].number_nodes for i in searched)
+    likeliest = max(searched, key=lambda i: (answer.p_valid(i), -configs[i].number_gpus))
+    config = configs[likeliest]
+    return (
+        f"none of the {len(searched)} configurations searched ({gpus[0]}-{gpus[-1]} GPUs on up to {nodes} "
+        f"node(s), batch {batches[0]:,}-{batches[-1]:,}, with the job's model, method, GPU type and sequence "
+        f"length) is likely to run; the likeliest, {config.number_gpus} GPU(s) at batch "
+        f"{config.batch_size:,}, runs with p = {answer.p_valid(likeliest):.2f} (at least "
+        f"{answer.p_valid_low(likeliest):.2f} with 95 % confidence), where an option needs p >= "
+        f"{RECOMMEND_P_VALID} and a bound of at least {answer.min_p_valid_low}"
     )
 
 

@@ -4,8 +4,10 @@ models (unit level), the evidence against the paper's published figures, and the
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -110,6 +112,24 @@ def test_fewest_gpus_for_a_model_that_does_not_fit_one() -> None:
     tried = fewest.evidence[0].predicted["p_valid_by_gpus"]
     assert all(p < RECOMMEND_P_VALID for g, p in tried.items() if int(g) < fewest.config.number_gpus)
     assert answer.verdict.status == "likely_oom" and answer.verdict.p_oom > 0.5
+
+
+class _NothingRuns(FakeModels):
+    """No configuration is likely to run; 16 GPUs at batch 64 comes closest."""
+
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        super().predict_failure(configs)
+        return np.array([0.6 if (c.number_gpus, c.batch_size) == (16, 64) else 0.2 for c in configs])
+
+
+def test_when_nothing_is_likely_to_run_the_answer_says_what_was_searched_and_what_came_closest() -> None:
+    answer = advise_job(job(model_name="llama3.1-70b", method="full", batch_size=32), 1e9, _NothingRuns())
+    assert answer.fewest_gpus is None and answer.best_throughput is None and answer.best_cost is None
+    note = next(n for n in answer.notes if n.startswith("none of the"))
+    assert "configurations searched (1-32 GPUs on up to 4 node(s), batch 1-1,024," in note, note
+    assert "the likeliest, 16 GPU(s) at batch 64, runs with p = 0.60 (at least 0.60" in note, note
+    # Where an option exists, no such note.
+    assert not any(n.startswith("none of the") for n in advise_job(job(), 1e9, FakeModels()).notes)
 
 
 def test_placement_and_optimizations() -> None:
