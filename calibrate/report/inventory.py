@@ -39,7 +39,18 @@ def inventory(table: pd.DataFrame) -> dict[str, Any]:
         },
         "models_without_known_size": [m for m, p in sizes.items() if p is None],
         "a100_sxm_rows_pct": pct(int((table["gpu_model"] == A100_SXM).sum()), len(table)),
+        "most_common_gpu": _most_common_gpu(table),
         "gpu_models_without_power_telemetry": [
             g for g in gpu_order(table["gpu_model"]) if g not in with_power
         ],
     }
+
+
+def _most_common_gpu(table: pd.DataFrame) -> dict[str, Any] | None:
+    """The GPU type with the most experiments (the first in the paper's order on a tie) and its share: the
+    GPU type a pooled number mostly speaks of, when it holds more than half."""
+    if not len(table):
+        return None
+    counts = table["gpu_model"].value_counts()
+    top = max(gpu_order(table["gpu_model"]), key=lambda g: counts[g])
+    return {"gpu_model": top, "rows_pct": pct(int(counts[top]), len(table))}

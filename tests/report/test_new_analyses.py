@@ -271,6 +271,29 @@ def test_inventory_counts_ids_sizes_the_a100_sxm_share_and_gpus_without_power(tm
     assert "- 6 experiments in 3 distinct `experiment_id`s, 3 LLMs" in text
     assert "model sizes 1.2 B (llama3.2-1b) to 405 B (llama3.1-405b)" in text
     assert "without power telemetry in any experiment: A100-PCIe, L40S" in text
+    # Three of six on the A100-SXM: not most of them, so no pooled number is "mostly A100-SXM".
+    assert inventory["most_common_gpu"] == {"gpu_model": SXM, "rows_pct": pytest.approx(50.0)}
+    assert "- no GPU type holds most of the experiments (the most, 50.0 %, ran on A100-SXM)" in text
+    assert "mostly made of" not in text
+
+
+@pytest.mark.parametrize(
+    ("gpus", "said"),
+    [
+        (["L40S", "L40S", "L40S", SXM],
+         "- 75.0 % of the experiments ran on L40S: a number pooled over GPU types is mostly made of L40S"),
+        (["L40S"] * 2, "- every experiment ran on L40S"),
+    ],
+)  # fmt: skip
+def test_the_data_names_the_gpu_type_a_pooled_number_speaks_of(
+    tmp_path: Path, gpus: list[str], said: str
+) -> None:
+    numbers, _ = written(tmp_path, [row(tps=900, model="llama3-8b", gpu=gpu) for gpu in gpus])
+    text = render(numbers, {})
+    assert said in text, text
+    assert "A100-SXM number" not in text and "ran on A100-SXM" not in text
+    assert f"- {len(gpus)} experiments in 1 distinct `experiment_id`, 1 LLM\n" in text
+    assert "- model size 8 B parameters (llama3-8b)" in text
 
 
 # ── Table 1: largest remainder ──────────────────────────────────────────────────────────────────────────────
