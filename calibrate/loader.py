@@ -229,6 +229,11 @@ def _read(
 def _read_with_csv_module(path: Path, data: bytes, required: tuple[str, ...]) -> _Frame:
     """Any CSV, row by row: what every error message (and its line) is defined by. From the bytes read, as
     the file was read before (a pipe cannot be read twice)."""
+    from twin.csv_hints import not_utf8  # what a decoder's error cannot say: the line it is on
+
+    problem = not_utf8(data)
+    if problem is not None:
+        raise BenchmarkFormatError(path, problem[0], None, problem[1])
     with io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="") as handle:
         reader = csv.reader(handle)
         header = _header(path, reader, required)
@@ -247,8 +252,6 @@ def _read_with_csv_module(path: Path, data: bytes, required: tuple[str, ...]) ->
                 lines.append(line)
         except csv.Error as exc:
             raise BenchmarkFormatError(path, reader.line_num, None, f"not valid CSV: {exc}") from None
-        except UnicodeDecodeError as exc:
-            raise BenchmarkFormatError(path, reader.line_num + 1, None, f"not UTF-8 text: {exc}") from None
     raw = pd.DataFrame(rows, columns=header, dtype=object)
     return _Frame(str(path), raw, np.asarray(lines, dtype=np.int64), header)
 
@@ -266,7 +269,7 @@ def _header(path: Path, reader: Any, required: tuple[str, ...]) -> list[str]:
     header = [h.strip() for h in header]
     missing = [column for column in required if column not in header]
     if missing:  # all of them at once: one fix, not one round per column
-        from twin.csv_header import resembling, separator_hint  # an error's path only
+        from twin.csv_hints import resembling, separator_hint  # an error's path only
 
         named = ", ".join(c + resembling(c, header, required) for c in missing)
         raise BenchmarkFormatError(

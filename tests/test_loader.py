@@ -139,6 +139,20 @@ def test_missing_column_ragged_row_and_missing_file(tmp_path: Path, sample_csv: 
         load_benchmark(tmp_path / "nope.csv")
 
 
+def test_a_file_in_another_encoding_is_named_at_the_line_of_its_first_such_byte(
+    tmp_path: Path, sample_csv: Path
+) -> None:
+    """A spreadsheet's export in Windows-1252: the line of the first byte that is not UTF-8, far past the
+    decoder's first block (it reported the header, or the line it had read up to)."""
+    lines = sample_csv.read_text().splitlines()[:300]
+    lines[250] = "caf\u00e9-" + lines[250]
+    legacy = tmp_path / "legacy.csv"
+    legacy.write_bytes("\n".join(lines).encode("cp1252") + b"\n")
+    for load in (load_benchmark, load_configs):
+        with pytest.raises(BenchmarkFormatError, match=r"line 251: is not UTF-8 text \(byte 0xe9 in 'caf.-"):
+            load(legacy)
+
+
 def test_configs_need_only_configuration_columns(tmp_path: Path, sample_csv: Path) -> None:
     full = pd.read_csv(sample_csv, dtype=str, keep_default_na=False)
     configs = full[["identifier", "experiment_id", "method", "model_name", "number_nodes", "gpu_model",

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
-from twin.csv_header import resembling, separator_hint
+from twin.csv_hints import not_utf8, resembling, separator_hint
 from twin.domain import JobConfig, UnknownGpuModel, known_gpu_name
 
 NO_CONFIG = -1
@@ -162,7 +162,9 @@ def read_jobs_csv(path: str | Path) -> Workload:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise WorkloadFormatError(path, 1, None, "empty file, expected a header row") from None
-        except (csv.Error, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        except csv.Error as exc:
             raise WorkloadFormatError(path, 1, None, f"not a CSV header: {exc}") from None
         if len(header) > MAX_CSV_COLUMNS:
             raise WorkloadFormatError(path, 1, None, too_many_columns(len(header)))
@@ -192,7 +194,9 @@ def read_jobs_csv(path: str | Path) -> Workload:
                         path, reader.line_num, None, f"has {len(row)} fields, the header has {len(header)}"
                     )
                 builder.add(row, reader.line_num)
-        except (csv.Error, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        except csv.Error as exc:
             raise WorkloadFormatError(path, reader.line_num, None, f"unreadable row: {exc}") from None
     if not builder.job_ids:
         raise WorkloadFormatError(path, None, None, "no jobs in the file")
@@ -202,6 +206,14 @@ def read_jobs_csv(path: str | Path) -> Workload:
 MAX_INTEGER = 10_000_000  # the largest whole number a cell may hold (GPUs, nodes, batch, tokens per sample)
 _TRUE = {"1", "1.0", "true", "yes", "y", "t"}
 _FALSE = {"", "0", "0.0", "false", "no", "n", "f", "none", "nan"}
+
+
+def _not_utf8(path: Path) -> WorkloadFormatError:
+    """The error for a file that is not UTF-8, at the line of its first such byte (read again for it: the
+    decoder reads ahead by blocks, and its line is where it had got to). A file, not a pipe, is read again."""
+    problem = not_utf8(path.read_bytes()) if path.is_file() else None
+    line, message = problem if problem is not None else (None, "is not UTF-8 text")
+    return WorkloadFormatError(path, line, None, message)
 
 
 def _header_hint(column: str, header: list[str]) -> str:

@@ -130,6 +130,22 @@ def test_bad_workload_names_line_and_column(
     assert "finetwin simulate: error:" in err and expected in err
 
 
+def test_a_workload_in_another_encoding_is_named_at_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past the decoder's first block of 8 KB, where it reported the line it had read up to."""
+    rows = [f"job{i},{i},1,10" for i in range(1, 1001)]
+    rows[700] = "caf\u00e9," + rows[700].split(",", 1)[1]
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_bytes(("job_id,arrival_s,gpus,duration_s\n" + "\n".join(rows) + "\n").encode("cp1252"))
+    cluster = write(tmp_path, "c.yaml", CLUSTER)
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
+    err = capsys.readouterr().err
+    assert "line 702: is not UTF-8 text (byte 0xe9 in 'caf\ufffd,701,1,10'): save the file as UTF-8" in err, (
+        err
+    )
+
+
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
     cluster = write(tmp_path, "c.yaml", "nodes:\n  - {gpu_model: L40S, count: -2}\n")
