@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from twin.text_files import TextFileError, utf8_text, yaml_message
+
 MAX_FILE_BYTES = 1_000_000
 
 
@@ -27,10 +29,12 @@ def read_config_file(path: Path) -> Any:
                 raise ConfigFileError(
                     f"{path}: larger than {MAX_FILE_BYTES} bytes; one configuration expected"
                 )
-            text = path.read_text(encoding="utf-8")
+            text = utf8_text(path.read_bytes(), path)
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
+    except TextFileError as exc:
+        raise ConfigFileError(str(exc)) from exc
+    except UnicodeDecodeError as exc:  # stdin
         raise ConfigFileError(f"{path}: not UTF-8 text: {exc}") from exc
     try:
         document = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
@@ -39,7 +43,7 @@ def read_config_file(path: Path) -> Any:
             f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
         ) from exc
     except yaml.YAMLError as exc:
-        raise ConfigFileError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigFileError(f"{path}: {yaml_message(exc)}") from exc
     if not isinstance(document, dict):
         raise ConfigFileError(f"{path}: expected one configuration (a mapping of field: value)")
     return document

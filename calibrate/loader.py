@@ -229,11 +229,11 @@ def _read(
 def _read_with_csv_module(path: Path, data: bytes, required: tuple[str, ...]) -> _Frame:
     """Any CSV, row by row: what every error message (and its line) is defined by. From the bytes read, as
     the file was read before (a pipe cannot be read twice)."""
-    from twin.csv_hints import not_utf8  # what a decoder's error cannot say: the line it is on
+    from twin.text_files import SPREADSHEET_UTF8, not_utf8  # a decoder's error does not say the line
 
     problem = not_utf8(data)
     if problem is not None:
-        raise BenchmarkFormatError(path, problem[0], None, problem[1])
+        raise BenchmarkFormatError(path, problem[0], None, problem[1] + SPREADSHEET_UTF8)
     with io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="") as handle:
         reader = csv.reader(handle)
         header = _header(path, reader, required)

@@ -112,15 +112,13 @@ def cluster_from_spec(spec: object, source: str = "cluster") -> Cluster:
 
 
 def load_cluster(path: str | Path) -> Cluster:
-    import yaml
+    from twin.text_files import TextFileError, read_yaml
 
     path = Path(path)
     try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ClusterFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ClusterFormatError(f"{path}: not valid YAML: {exc}") from exc
+        spec = read_yaml(path)
+    except TextFileError as exc:
+        raise ClusterFormatError(str(exc)) from exc
     return cluster_from_spec(spec, str(path))
 
 

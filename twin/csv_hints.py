@@ -1,6 +1,6 @@
-"""Why a CSV file cannot be read as finetwin reads CSVs, where its text says: it is not UTF-8 (a
-spreadsheet's export in a legacy encoding), it is separated by something other than commas (an export in a
-locale that writes `;`, or tabs), or a name in its header resembles a missing column."""
+"""Why a CSV file lacks a column finetwin reads, where its header says: the file is separated by something
+other than commas (an export in a locale that writes `;`, or tabs), or a name in it resembles the missing
+column."""
 
 from __future__ import annotations
 
@@ -31,21 +31,3 @@ def resembling(column: str, header: Sequence[str], taken: Collection[str] = ()) 
     `taken` (those it has as they should be), resembles the missing column; else ''."""
     close = closest(column, [name for name in header if name not in taken])
     return f" (the header has {close!r}: misspelled?)" if close else ""
-
-
-def not_utf8(data: bytes) -> tuple[int, str] | None:
-    """(line, message) of the first byte that is not UTF-8, None when the text is UTF-8. The line counted
-    in the bytes themselves: a decoder reading ahead by blocks reports the line it had reached."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        start = data.rfind(b"\n", 0, exc.start) + 1
-        near = (
-            data[max(start, exc.start - 20) : exc.start + 20].decode("utf-8", errors="replace").split("\n")[0]
-        )
-        return line, (
-            f"is not UTF-8 text (byte 0x{data[exc.start]:02x} in {near.strip()!r}): save the file as UTF-8 "
-            "(in a spreadsheet: CSV UTF-8)"
-        )
-    return None

@@ -84,15 +84,13 @@ def load_slos(path: str | Path | None) -> SloSet:
     """The SLOs declared in a YAML file, or the defaults when no file is given."""
     if path is None:
         return DEFAULT_SLOS
-    import yaml
+    from twin.text_files import TextFileError, read_yaml
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SloFormatError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise SloFormatError(f"{path}: not valid YAML: {exc}") from exc
+        data = read_yaml(path)
+    except TextFileError as exc:
+        raise SloFormatError(str(exc)) from exc
     if isinstance(data, list):
         data = {"slos": data}
     try:

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
-from twin.csv_hints import not_utf8, resembling, separator_hint
+from twin.csv_hints import resembling, separator_hint
 from twin.domain import JobConfig, UnknownGpuModel, known_gpu_name
+from twin.text_files import SPREADSHEET_UTF8, not_utf8
 
 NO_CONFIG = -1
 
@@ -213,7 +214,7 @@ def _not_utf8(path: Path) -> WorkloadFormatError:
     decoder reads ahead by blocks, and its line is where it had got to). A file, not a pipe, is read again."""
     problem = not_utf8(path.read_bytes()) if path.is_file() else None
     line, message = problem if problem is not None else (None, "is not UTF-8 text")
-    return WorkloadFormatError(path, line, None, message)
+    return WorkloadFormatError(path, line, None, message + SPREADSHEET_UTF8)
 
 
 def _header_hint(column: str, header: list[str]) -> str:

@@ -195,19 +195,17 @@ def whatif(
     models: ModelsDir = None,
     as_json: Json = False,
 ) -> int:
-    import yaml
     from pydantic import ValidationError
 
     from twin.forecast import TwinInputs
+    from twin.text_files import TextFileError, read_yaml
     from twin.whatif import WhatIf, run_whatif
 
     settings: Settings = ctx.obj
     try:
-        spec = yaml.safe_load(scenario.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CommandError(f"{scenario}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise CommandError(f"{scenario}: not valid YAML: {exc}") from None
+        spec = read_yaml(scenario)
+    except TextFileError as exc:
+        raise CommandError(str(exc)) from None
     if not isinstance(spec, dict):
         raise CommandError(f"{scenario}: expected a mapping (name, horizon, runs, changes, ...)")
     cluster_file, workload_file = spec.pop("cluster", None), spec.pop("workload", None)

@@ -146,6 +146,34 @@ def test_a_workload_in_another_encoding_is_named_at_its_line(
     )
 
 
+@pytest.mark.parametrize("kind", ["cluster", "scenario", "slo", "advice"])
+def test_a_yaml_file_in_another_encoding_or_indented_with_tabs_is_named_at_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Both were tracebacks (UnicodeDecodeError) or the parser's four-line message."""
+    jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
+    cluster = write(tmp_path, "cluster.yaml", CLUSTER)
+    legacy, tabbed = tmp_path / "legacy.yaml", tmp_path / "tabbed.yaml"
+    legacy.write_bytes("# owner: Jos\u00e9\nname: x\n".encode("cp1252"))
+    tabbed.write_text("name: x\nchanges:\n\tnodes: []\n")
+    for path, said in (
+        (legacy, "legacy.yaml, line 1: is not UTF-8 text (byte 0xe9 in '# owner: Jos\ufffd'): save the "
+                 "file as UTF-8"),
+        (tabbed, "tabbed.yaml: not valid YAML: line 3, column 1: found character '\\t' that cannot start any "
+                 "token (YAML indents with spaces, not tabs)"),
+    ):  # fmt: skip
+        command = {
+            "cluster": ["simulate", "--cluster", str(path), "--workload", str(jobs)],
+            "scenario": ["whatif", str(path)],
+            "slo": ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--slo", str(path), "--vary",
+                    "A100-SXM=1..2"],
+            "advice": ["advise", str(path)],
+        }[kind]  # fmt: skip
+        assert main(command) == 2
+        error = capsys.readouterr().err
+        assert said in error and "Traceback" not in error, error
+
+
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
     cluster = write(tmp_path, "c.yaml", "nodes:\n  - {gpu_model: L40S, count: -2}\n")

@@ -1,0 +1,66 @@
+"""Reading an operator's text files (cluster and SLO files, scenarios, configurations, CSVs): every way one
+can be unreadable said with the line it is on. A file saved in a legacy encoding names the line of its
+first byte that is not UTF-8 (a decoder reading ahead by blocks reports the line it had got to, or none),
+and a YAML file that does not parse names its line and column in one sentence (the parser's own message
+spans four lines and quotes "<unicode string>")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class TextFileError(ValueError):
+    """A file that cannot be read as text of its kind; the message names the file, the line and the fix."""
+
+
+# What a CSV reader adds to `not_utf8`'s message: where a spreadsheet's export offers UTF-8.
+SPREADSHEET_UTF8 = " (in a spreadsheet: CSV UTF-8)"
+
+
+def not_utf8(data: bytes) -> tuple[int, str] | None:
+    """(line, message) of the first byte that is not UTF-8, None when the text is UTF-8."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        near = data[max(start, exc.start - 20) : exc.start + 20].decode("utf-8", errors="replace")
+        near = near.split("\n")[0].strip()
+        return line, f"is not UTF-8 text (byte 0x{data[exc.start]:02x} in {near!r}): save the file as UTF-8"
+    return None
+
+
+def utf8_text(data: bytes, name: object) -> str:
+    """The bytes as text; raises TextFileError naming `name` and the line of the first byte that is not
+    UTF-8."""
+    problem = not_utf8(data)
+    if problem is not None:
+        raise TextFileError(f"{name}, line {problem[0]}: {problem[1]}")
+    return data.decode("utf-8")
+
+
+def yaml_message(exc: Exception) -> str:
+    """A YAML parser's error in one sentence: `not valid YAML: line L, column C: what`, with the fix for a
+    tab (YAML indents with spaces only)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    tab = " (YAML indents with spaces, not tabs)" if "'\\t'" in problem else ""
+    return f"not valid YAML: {where}{problem}{tab}"
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document of a file; raises TextFileError naming the file for one that cannot be read, is
+    not UTF-8 or does not parse."""
+    import yaml
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TextFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    text = utf8_text(data, path)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TextFileError(f"{path}: {yaml_message(exc)}") from exc
