@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from twin.text_files import TextFileError, utf8_text, yaml_message
+from twin.text_files import TOO_DEEP, TextFileError, utf8_text, yaml_message
 
 MAX_FILE_BYTES = 1_000_000
 
@@ -44,6 +44,8 @@ def read_config_file(path: Path) -> Any:
         ) from exc
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path}: {yaml_message(exc)}") from exc
+    except RecursionError:
+        raise ConfigFileError(f"{path}: {TOO_DEEP}") from None
     if not isinstance(document, dict):
         raise ConfigFileError(f"{path}: expected one configuration (a mapping of field: value)")
     return document

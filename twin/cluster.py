@@ -74,6 +74,10 @@ class Cluster:
 
 
 CLUSTER_KEYS = ("nodes",)
+# Bounds of a cluster file: the plan sweep's largest node count, and the what-if's largest node. A count past
+# them was a file nobody meant, and built nodes until memory ran out.
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 64
 NODE_KEYS = ("gpu_model", "count", "gpus_per_node")
 
 
@@ -100,8 +104,10 @@ def cluster_from_spec(spec: object, source: str = "cluster") -> Cluster:
         model = entry.get("gpu_model")
         if not isinstance(model, str) or not model.strip():
             raise ClusterFormatError(f"{where}.gpu_model: required, a GPU model name")
-        count = _positive_int(entry.get("count", 1), f"{where}.count")
-        per_node = _positive_int(entry.get("gpus_per_node", GPUS_PER_NODE), f"{where}.gpus_per_node")
+        count = _positive_int(entry.get("count", 1), f"{where}.count", MAX_NODES - len(nodes))
+        per_node = _positive_int(
+            entry.get("gpus_per_node", GPUS_PER_NODE), f"{where}.gpus_per_node", MAX_GPUS_PER_NODE
+        )
         try:  # a misspelled type would be a pool no job fits: every job rejected, silently
             canonical = known_gpu_name(model)
         except UnknownGpuModel as exc:
@@ -137,7 +143,27 @@ def gpu_tdp_watts(gpu_model: str) -> float:
     return gpu_or_unknown(gpu_model).tdp_watts
 
 
-def _positive_int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value <= 0:
+def _positive_int(value: object, where: str, maximum: int) -> int:
+    """`maximum`: for a node count, what is left of MAX_NODES after the entries before it."""
+    number = _whole_number(value)
+    if number is None or number <= 0:
         raise ClusterFormatError(f"{where}: must be a positive integer, got {value!r}")
-    return int(value)
+    if number > maximum:
+        limit = (
+            f"takes the cluster past {MAX_NODES:,} nodes, the most a cluster file may hold"
+            if where.endswith(".count")
+            else f"is more GPUs than a node may hold here (at most {MAX_GPUS_PER_NODE})"
+        )
+        raise ClusterFormatError(f"{where}: {number:,} {limit}")
+    return number
+
+
+def _whole_number(value: object) -> int | None:
+    """An int, or a float with no fraction (YAML reads `8.0` so); None for anything else (bool, inf, NaN)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None

@@ -14,6 +14,8 @@ class TextFileError(ValueError):
     """A file that cannot be read as text of its kind; the message names the file, the line and the fix."""
 
 
+# A document nested deeper than the parsers (which recurse per level) can go.
+TOO_DEEP = "nested too deeply to read (a finetwin file nests a few levels)"
 # What a CSV reader adds to `not_utf8`'s message: where a spreadsheet's export offers UTF-8.
 SPREADSHEET_UTF8 = " (in a spreadsheet: CSV UTF-8)"
 
@@ -64,3 +66,5 @@ def read_yaml(path: Path) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise TextFileError(f"{path}: {yaml_message(exc)}") from exc
+    except RecursionError:  # the parser recurses per level; no finetwin file nests more than a few
+        raise TextFileError(f"{path}: {TOO_DEEP}") from None

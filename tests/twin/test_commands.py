@@ -184,7 +184,16 @@ def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFi
     for text, expected in (
         ("nodes:\n  - {gpu_model: L40S, cnt: 2}\n", "nodes[0]: unknown key 'cnt' (did you mean 'count'?)"),
         ("nodez:\n  - {gpu_model: L40S, count: 2}\n", "unknown key 'nodez' (did you mean 'nodes'?)"),
-    ):
+        # Counts past any cluster a file means built nodes until memory ran out; .inf was an OverflowError.
+        ("nodes:\n  - {gpu_model: L40S, count: 99999999999999999999}\n",
+         "nodes[0].count: 99,999,999,999,999,999,999 takes the cluster past 100,000 nodes"),
+        ("nodes:\n  - {gpu_model: L40S, count: 60000}\n  - {gpu_model: H100, count: 40001}\n",
+         "nodes[1].count: 40,001 takes the cluster past 100,000 nodes"),
+        ("nodes:\n  - {gpu_model: L40S, gpus_per_node: 65}\n", "gpus_per_node: 65 is more GPUs than"),
+        ("nodes:\n  - {gpu_model: L40S, count: .inf}\n", "count: must be a positive integer, got inf"),
+        # A document nested past the parser's recursion was a RecursionError.
+        ("nodes: " + "[" * 5000 + "]" * 5000 + "\n", "c.yaml: nested too deeply to read"),
+    ):  # fmt: skip
         cluster = write(tmp_path, "c.yaml", text)
         assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
         error = " ".join(capsys.readouterr().err.split())
