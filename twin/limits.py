@@ -27,6 +27,23 @@ EVENT_TIME_WINDOW = timedelta(days=3653)  # ten years
 # the default of FINETWIN_MAX_CLOCK_SKEW.
 DEFAULT_MAX_CLOCK_SKEW = timedelta(hours=1)
 
+# The longest span the twin simulates, and the most intervals one run's series holds: a horizon of 1e11 hours
+# (or a job arriving at 1e308 s) asked numpy for 745 GiB. Ten years of hourly intervals fit.
+MAX_SIMULATED_SECONDS = EVENT_TIME_WINDOW.total_seconds()
+MAX_SERIES_INTERVALS = 100_000
+
+
+def series_intervals_problem(window_s: float, interval_s: float) -> str | None:
+    """Why a series over `window_s` in steps of `interval_s` cannot be made, None when it can."""
+    count = window_s / interval_s
+    if count <= MAX_SERIES_INTERVALS:
+        return None
+    return (
+        f"{window_s:,.0f} s in intervals of {interval_s:,.0f} s is {count:,.0f} intervals; at most "
+        f"{MAX_SERIES_INTERVALS:,} (a longer --interval, or a shorter --horizon)"
+    )
+
+
 # Text the store can hold: PostgreSQL refuses NUL in `text` and `json`. (A lone UTF-16 surrogate, which
 # JSON's `\ud800` escape stands for, cannot be encoded as UTF-8 for any database either; pydantic and
 # msgspec refuse it already, and this check does too.)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from twin.limits import series_intervals_problem
 from twin.plan import JobPlan
 from twin.simulator import End, SimResult
 from twin.units import JOULES_PER_KWH
@@ -154,6 +155,9 @@ def measure(
 def _edges(window: float, interval_s: float) -> np.ndarray:
     if window <= 0:
         return np.array([0.0, 0.0])
+    problem = series_intervals_problem(window, interval_s)
+    if problem is not None:  # a horizon taken from the jobs' own span: known only now
+        raise ValueError(f"the series cannot be made: {problem}")
     count = max(1, int(np.ceil(window / interval_s - 1e-9)))
     return np.minimum(np.arange(count + 1) * float(interval_s), window)
 

@@ -22,6 +22,7 @@ import numpy as np
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
 from twin.csv_hints import resembling, separator_hint
 from twin.domain import JobConfig, UnknownGpuModel, known_gpu_name
+from twin.limits import MAX_SIMULATED_SECONDS
 from twin.text_files import SPREADSHEET_UTF8, not_utf8
 
 NO_CONFIG = -1
@@ -252,6 +253,15 @@ class _Builder:
             )
         return value
 
+    def seconds(self, row: list[str], name: str, line: int) -> float:
+        """A time in seconds, within the span the twin simulates (either way: an arrival may be past)."""
+        value = self.number(row, name, line)
+        if abs(value) > MAX_SIMULATED_SECONDS:
+            raise WorkloadFormatError(
+                self.path, line, name, f"must be within {MAX_SIMULATED_SECONDS:,.0f} s (ten years): {value!r}"
+            )
+        return value
+
     def integer(
         self, row: list[str], name: str, line: int, *, minimum: int = 1, default: int | None = None
     ) -> int:
@@ -290,14 +300,14 @@ class _Builder:
         if job_id in self.seen:
             raise WorkloadFormatError(self.path, line, "job_id", f"duplicate job id {job_id!r}")
         self.seen.add(job_id)
-        arrival = self.number(row, "arrival_s", line)
+        arrival = self.seconds(row, "arrival_s", line)
         gpus = self.integer(row, "gpus", line)
         gpu_model = self.gpu_model(row, line)
         duration = math.nan
         work = math.nan
         config = NO_CONFIG
         if self.cell(row, "duration_s"):
-            duration = self.number(row, "duration_s", line)
+            duration = self.seconds(row, "duration_s", line)
             if duration < 0:
                 raise WorkloadFormatError(self.path, line, "duration_s", f"must be ≥ 0: {duration!r}")
         else:

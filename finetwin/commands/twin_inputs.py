@@ -48,6 +48,7 @@ def forecast_options(
 ) -> ForecastOptions:
     from twin.config_changes import Admission, Optimization
     from twin.forecast import ForecastOptions
+    from twin.limits import MAX_SIMULATED_SECONDS, series_intervals_problem
     from twin.plan import PlanOptions
     from twin.policies import Policy
     from twin.units import parse_duration
@@ -62,6 +63,12 @@ def forecast_options(
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    if horizon is not None:
+        if horizon > MAX_SIMULATED_SECONDS:
+            raise CommandError(f"--horizon: at most {MAX_SIMULATED_SECONDS / 86400:,.0f} days (ten years)")
+        problem = series_intervals_problem(horizon, interval)
+        if problem is not None:
+            raise CommandError(problem)
     runs = choices.runs if choices.runs is not None else settings.forecast_runs
     if runs < 1:
         raise CommandError("--runs must be at least 1")

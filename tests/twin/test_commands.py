@@ -110,6 +110,12 @@ def test_configured_jobs_without_a_calibrated_model_use_the_labelled_fallback(
             "line 1: has 304 columns; at most 256 are read",
         ),
         ("job_id,arrival_s,gpus,duration_s\nj1,0,1,10\nj1,1,1,10\n", "line 3: column 'job_id': duplicate"),
+        # Past any span the twin simulates: the series asked numpy for more memory than there is.
+        (
+            "job_id,arrival_s,gpus,duration_s\nj1,1e308,1,10\n",
+            "column 'arrival_s': must be within 315,619,200 s",
+        ),
+        ("job_id,arrival_s,gpus,duration_s\nj1,0,1,-1e12\n", "column 'duration_s': must be within"),
         # A spreadsheet's export with ';' (or tabs): the separator named, not every column called missing.
         ("job_id;arrival_s;gpus\nj1;0;1\n", "line 1: the header is one column with ';' in it"),
         ("job_id\tarrival_s\tgpus\nj1\t0\t1\n", "the file looks separated by tabs"),
@@ -172,6 +178,26 @@ def test_a_yaml_file_in_another_encoding_or_indented_with_tabs_is_named_at_its_l
         assert main(command) == 2
         error = capsys.readouterr().err
         assert said in error and "Traceback" not in error, error
+
+
+@pytest.mark.parametrize(
+    ("options", "duration_s", "expected"),
+    [
+        (["--horizon", "99999999999h"], 10, "--horizon: at most 3,653 days (ten years)"),
+        (["--interval", "1s", "--horizon", "3000d"], 10, "259,200,000 intervals; at most 100,000 (a longer"),
+        # No --horizon: the series spans the jobs, known once they ran.
+        (["--interval", "60s"], 3e8, "the series cannot be made: 300,000,000 s in intervals of 60 s is"),
+    ],
+)
+def test_a_series_too_long_to_hold_is_refused_with_its_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], duration_s: float, expected: str
+) -> None:
+    """Each was a traceback (numpy: 'Unable to allocate 745. GiB') or 'Maximum allowed size exceeded'."""
+    jobs = write(tmp_path, "jobs.csv", f"job_id,arrival_s,gpus,duration_s\nj1,0,1,{duration_s}\n")
+    cluster = write(tmp_path, "c.yaml", CLUSTER)
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs), *options]) == 2
+    error = capsys.readouterr().err
+    assert expected in error and "Traceback" not in error, error
 
 
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
