@@ -45,11 +45,28 @@ Verbose = Annotated[
 ]
 
 
+def _settings() -> Settings:
+    """The settings from the environment (and .env); one that is invalid is named by its variable, with
+    what it must be, and every command stops with status 2 (it was a pydantic traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = [
+            f"FINETWIN_{'_'.join(str(p) for p in error['loc']).upper()}: {error['msg']}"
+            + (f" (got {error['input']!r})" if isinstance(error.get("input"), str | int | float) else "")
+            for error in exc.errors()
+        ]
+        typer.echo(f"finetwin: error: invalid setting: {'; '.join(problems)}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _print_version(value: bool) -> None:
     if value:
         from finetwin.info import describe
 
-        describe(Settings(), with_counts=False)
+        describe(_settings(), with_counts=False)
         raise typer.Exit()
 
 
@@ -64,7 +81,7 @@ VersionFlag = Annotated[
 @app.callback()
 def _root(ctx: typer.Context, verbose: Verbose = 0, version: VersionFlag = False) -> None:
     configure_logging(verbose)
-    ctx.obj = Settings()  # the one settings object, passed down to every part
+    ctx.obj = _settings()  # the one settings object, passed down to every part
 
 
 for group in (telemetry, up, calibrate, models, twin, plan, api, keys, advise, report, migrate, info):

@@ -38,6 +38,7 @@ from twin.ensemble import EnsembleSpec, run_one, spread
 from twin.executors import Executor, Progress, TaskFailure
 from twin.forecast import TwinInputs, catalog_of
 from twin.jsonsafe import json_safe
+from twin.limits import MAX_ENSEMBLE_RUNS
 from twin.plan import PlanOptions, PreparedCatalog, Reject, pool_index, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.protocols import JobModels
@@ -47,7 +48,7 @@ from twin.workload import NO_CONFIG, Workload
 
 _Duration = Annotated[str, Field(min_length=1, max_length=32)]  # `24h`, `90m`
 MAX_SCENARIOS = 5000
-MAX_RUNS = 256
+MAX_RUNS = MAX_ENSEMBLE_RUNS
 DEFAULT_CHUNK_RUNS = 8  # runs per task: small enough to spread 24 scenarios over many workers
 _VARY = re.compile(r"^\s*(?P<gpu>.+?)\s*=\s*(?P<low>\d+)\s*(?:\.\.\s*(?P<high>\d+))?\s*$")
 

@@ -31,6 +31,10 @@ DEFAULT_MAX_CLOCK_SKEW = timedelta(hours=1)
 # (or a job arriving at 1e308 s) asked numpy for 745 GiB. Ten years of hourly intervals fit.
 MAX_SIMULATED_SECONDS = EVENT_TIME_WINDOW.total_seconds()
 MAX_SERIES_INTERVALS = 100_000
+# Runs of one ensemble (what-if, plan, forecast, backtest): a billion grew by 100 MB/s until memory ran out.
+MAX_ENSEMBLE_RUNS = 256
+# Seeds numpy's generators take: a non-negative integer (a 64-bit one, as the API's bodies are bounded).
+MAX_SEED = 2**63 - 1
 
 
 def series_intervals_problem(window_s: float, interval_s: float) -> str | None:

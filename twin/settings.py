@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SEED
+
 
 def default_data_dir() -> Path:
     """The user's data directory for finetwin (platformdirs); FINETWIN_DATA_DIR overrides it."""
@@ -40,8 +42,8 @@ class TwinSettings(BaseSettings):
     forecast_clock_tolerance_seconds: float = 300.0
     forecast_horizon_hours: float = 24.0
     forecast_interval_minutes: float = 60.0  # width of one step of the forecast's series
-    forecast_runs: int = 32  # seeded runs per ensemble
-    forecast_seed: int = 0
+    forecast_runs: int = Field(default=32, ge=1, le=MAX_ENSEMBLE_RUNS)  # seeded runs per ensemble
+    forecast_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     forecast_lookback_days: float = 7.0  # arrivals and job mix are learned from this much history
     # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
     # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.

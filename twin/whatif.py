@@ -34,6 +34,7 @@ from twin.config_changes import Admission, Optimization
 from twin.domain import known_gpu_name
 from twin.ensemble import RunOutput, run_ensemble, spread, summarize
 from twin.forecast import ForecastOptions, TwinInputs, describe, json_safe, make_spec
+from twin.limits import MAX_ENSEMBLE_RUNS
 from twin.plan import PlanOptions
 from twin.policies import Policy
 from twin.protocols import JobModels
@@ -41,7 +42,7 @@ from twin.run_metrics import SUMMARY_FIGURES
 from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.units import parse_duration
 
-MAX_RUNS = 256
+MAX_RUNS = MAX_ENSEMBLE_RUNS
 Duration = Annotated[str, Field(min_length=1, max_length=32, examples=["24h", "90m"])]
 
 

@@ -19,6 +19,8 @@ from finetwin.commands.twin_inputs import (
     OptimizationName,
     PolicyName,
     checked,
+    checked_runs,
+    checked_seed,
     declared_slos,
     explicit_inputs,
     forecast_options,
@@ -277,6 +279,7 @@ def backtest(
     from twin.policies import Policy
 
     settings: Settings = ctx.obj
+    runs, seed = checked_runs(runs), checked_seed(seed)
     if from_store:
         return _backtest_from_store(
             settings, at=at, horizon=horizon, runs=runs, seed=seed, policy=policy, arrivals=arrivals,
@@ -288,8 +291,6 @@ def backtest(
         span = parse_window(window)
     except ValueError as exc:
         raise CommandError(f"--window: {exc}") from None
-    if runs < 1:
-        raise CommandError("--runs must be at least 1")
     try:
         table = load_benchmark_table(bench)
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column

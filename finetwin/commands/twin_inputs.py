@@ -69,14 +69,11 @@ def forecast_options(
         problem = series_intervals_problem(horizon, interval)
         if problem is not None:
             raise CommandError(problem)
-    runs = choices.runs if choices.runs is not None else settings.forecast_runs
-    if runs < 1:
-        raise CommandError("--runs must be at least 1")
     return ForecastOptions(
         horizon_s=horizon,
         interval_s=interval,
-        runs=runs,
-        seed=choices.seed if choices.seed is not None else settings.forecast_seed,
+        runs=checked_runs(choices.runs if choices.runs is not None else settings.forecast_runs),
+        seed=checked_seed(choices.seed if choices.seed is not None else settings.forecast_seed),
         policy=Policy(choices.policy or settings.forecast_policy),
         plan=PlanOptions(
             admission=Admission(choices.admission or settings.forecast_admission),
@@ -177,6 +174,24 @@ def job_models(models: Path | None, settings: Settings, needed: bool) -> tuple[J
         log.warning("no calibrated model in use yet: forecasting with the uncalibrated fallback")
         return FallbackModels(), "fallback"
     return loaded, "calibrated"
+
+
+def checked_runs(runs: int) -> int:
+    """--runs of an ensemble, within 1..MAX_ENSEMBLE_RUNS."""
+    from twin.limits import MAX_ENSEMBLE_RUNS
+
+    if not 1 <= runs <= MAX_ENSEMBLE_RUNS:
+        raise CommandError(f"--runs must be from 1 to {MAX_ENSEMBLE_RUNS}, got {runs:,}")
+    return runs
+
+
+def checked_seed(seed: int) -> int:
+    """--seed, as numpy's generators take it (was numpy's 'expected non-negative integer')."""
+    from twin.limits import MAX_SEED
+
+    if not 0 <= seed <= MAX_SEED:
+        raise CommandError(f"--seed must be from 0 to {MAX_SEED:,}, got {seed:,}")
+    return seed
 
 
 def checked(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from finetwin.cli import main
+from tests.conftest import SHARED_REFERENCE
 from twin.workload import Workload, write_jobs_csv
 
 CLUSTER = """nodes:
@@ -198,6 +199,38 @@ def test_a_series_too_long_to_hold_is_refused_with_its_size(
     assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs), *options]) == 2
     error = capsys.readouterr().err
     assert expected in error and "Traceback" not in error, error
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        # A billion runs grew by 100 MB/s until memory ran out (and Ctrl-C did not stop it).
+        (["--runs", "1000000000"], "--runs must be from 1 to 256, got 1,000,000,000"),
+        (["--seed", "-1"], "--seed must be from 0 to 9,223,372,036,854,775,807, got -1"),  # was numpy's words
+    ],
+)
+def test_runs_and_seeds_are_bounded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], expected: str
+) -> None:
+    jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
+    cluster = write(tmp_path, "c.yaml", CLUSTER)
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs), *options]) == 2
+    assert expected in capsys.readouterr().err
+    assert main(["backtest", "--bench", str(SHARED_REFERENCE / "real_sample.csv"), *options]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_an_invalid_setting_is_named_by_its_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command was a pydantic traceback."""
+    monkeypatch.setenv("FINETWIN_FORECAST_RUNS", "100000")
+    monkeypatch.setenv("FINETWIN_MAX_BODY_BYTES", "abc")
+    assert main(["info"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("finetwin: error: invalid setting: "), error
+    assert "FINETWIN_FORECAST_RUNS: Input should be less than or equal to 256 (got '100000')" in error
+    assert "FINETWIN_MAX_BODY_BYTES: Input should be a valid integer" in error and "Traceback" not in error
 
 
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
