@@ -8,11 +8,12 @@ nothing reads the environment on its own.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SEED
+from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SEED, MAX_SIMULATED_SECONDS
 
 
 def default_data_dir() -> Path:
@@ -40,16 +41,16 @@ class TwinSettings(BaseSettings):
     forecast_min_wall_seconds: float = 10.0
     # The twin's clock leaves the wall clock for the telemetry's when the two disagree by more than this.
     forecast_clock_tolerance_seconds: float = 300.0
-    forecast_horizon_hours: float = 24.0
-    forecast_interval_minutes: float = 60.0  # width of one step of the forecast's series
+    forecast_horizon_hours: float = Field(default=24.0, gt=0, le=MAX_SIMULATED_SECONDS / 3600)
+    forecast_interval_minutes: float = Field(default=60.0, gt=0)  # width of one step of the forecast's series
     forecast_runs: int = Field(default=32, ge=1, le=MAX_ENSEMBLE_RUNS)  # seeded runs per ensemble
     forecast_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     forecast_lookback_days: float = 7.0  # arrivals and job mix are learned from this much history
     # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
     # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.
     forecast_band_calibration: bool = True
-    forecast_policy: str = "fifo"  # the cluster's scheduling policy: fifo | backfill | spf
-    forecast_admission: str = "off"  # the cluster's admission control: off | reject | repair
+    forecast_policy: Literal["fifo", "backfill", "spf"] = "fifo"  # the cluster's scheduling policy
+    forecast_admission: Literal["off", "reject", "repair"] = "off"  # the cluster's admission control
     forecast_workers: int | None = None  # processes for an ensemble; unset = decided by its size
     # A Ray cluster (`ray.init` address, e.g. 10.0.0.5:6379) for capacity-plan sweeps and the ensembles of
     # forecast, whatif and backtest; unset = a local process pool. Needs the `finetwin[ray]` extra.

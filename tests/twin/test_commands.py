@@ -231,6 +231,18 @@ def test_an_invalid_setting_is_named_by_its_variable(
     assert error.startswith("finetwin: error: invalid setting: "), error
     assert "FINETWIN_FORECAST_RUNS: Input should be less than or equal to 256 (got '100000')" in error
     assert "FINETWIN_MAX_BODY_BYTES: Input should be a valid integer" in error and "Traceback" not in error
+    # A policy no scheduler has was a ValueError traceback once a forecast ran.
+    monkeypatch.delenv("FINETWIN_FORECAST_RUNS")
+    monkeypatch.delenv("FINETWIN_MAX_BODY_BYTES")
+    monkeypatch.setenv("FINETWIN_FORECAST_POLICY", "bogus")
+    jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
+    assert (
+        main(["simulate", "--cluster", str(write(tmp_path, "c.yaml", CLUSTER)), "--workload", str(jobs)]) == 2
+    )
+    error = capsys.readouterr().err
+    assert "FINETWIN_FORECAST_POLICY: Input should be 'fifo', 'backfill' or 'spf' (got 'bogus')" in error, (
+        error
+    )
 
 
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
