@@ -8,12 +8,13 @@ from pathlib import Path
 from pydantic import Field
 
 from calibrate.settings import CalibrateSettings
+from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SIMULATED_SECONDS
 
 
 class AdvisorSettings(CalibrateSettings):
     # API.
     api_host: str = "127.0.0.1"
-    api_port: int = 8080
+    api_port: int = Field(default=8080, ge=0, le=65_535)
     # Periodic work in the API process (refits, standing forecast, recommendations); off in most tests.
     scheduler_enabled: bool = True
     # A request body larger than this is refused (413) before anything reads it (advisor.guards).
@@ -33,15 +34,29 @@ class AdvisorSettings(CalibrateSettings):
     actions_topic: str = "finetwin.actions"  # approved actions are published here (the outbox)
 
     # Advisor: API keys, recommendations and the actions outbox.
-    auth_cache_seconds: float = 5.0  # a verified key is trusted this long (revocation takes up to this)
-    recommendation_ttl_hours: float = 24.0  # a pending recommendation expires after this long
-    steering_interval_minutes: float = 30.0  # scheduled cluster steering (what-ifs against the SLOs)
+    auth_cache_seconds: float = Field(
+        default=5.0, ge=0
+    )  # a verified key is trusted this long (revocation takes up to this)
+    recommendation_ttl_hours: float = Field(
+        default=24.0, gt=0
+    )  # a pending recommendation expires after this long
+    steering_interval_minutes: float = Field(
+        default=30.0, gt=0
+    )  # scheduled cluster steering (what-ifs against the SLOs)
     # ... of telemetry time (a replay at --speed 600 steers every few wall minutes), at most once per this
     # many wall seconds (a steering run is a dozen paired ensembles)
-    steering_min_wall_seconds: float = 120.0
-    steering_horizon_hours: float = 24.0  # how far each what-if forecast looks ahead
-    steering_replications: int = 8  # seeded runs per what-if (paired between baseline and action)
-    relay_poll_seconds: float = 2.0  # the outbox relay also looks for unsent messages this often
-    advice_cache_size: int = 2048  # advice answers remembered per model version (same config, same answer)
+    steering_min_wall_seconds: float = Field(default=120.0, ge=0)
+    steering_horizon_hours: float = Field(
+        default=24.0, gt=0, le=MAX_SIMULATED_SECONDS / 3600
+    )  # how far each what-if forecast looks ahead
+    steering_replications: int = Field(
+        default=8, ge=1, le=MAX_ENSEMBLE_RUNS
+    )  # seeded runs per what-if (paired between baseline and action)
+    relay_poll_seconds: float = Field(
+        default=2.0, gt=0
+    )  # the outbox relay also looks for unsent messages this often
+    advice_cache_size: int = Field(
+        default=2048, ge=0
+    )  # advice answers remembered per model version (same config, same answer)
     advice_max_batch: int = Field(64, ge=1)  # uncached advice requests answered together in one model call
     advice_fast_path: bool = True  # answer repeated advice before FastAPI parses it (advisor.fastpath)

@@ -15,17 +15,17 @@ class IngestSettings(TwinSettings):
     kafka_bootstrap: str | None = None
     telemetry_topic: str = "finetwin.telemetry"
     dlq_topic: str = "finetwin.telemetry.dlq"
-    telemetry_partitions: int = 6
+    telemetry_partitions: int = Field(default=6, ge=1, le=10_000)
     consumer_group: str = "finetwin-ingest"
     # Most messages per ingest transaction. A poll returns what is there, so this only bites under backlog,
     # where bigger transactions go faster (bench/ingest.py: 1000 -> 6.4k, 5000 -> 8.7k events/s).
-    ingest_batch_size: int = 5000
-    ingest_poll_timeout_ms: int = 500
+    ingest_batch_size: int = Field(default=5000, ge=1, le=1_000_000)
+    ingest_poll_timeout_ms: int = Field(default=500, ge=1)
     # Events dated further ahead of the ingest worker's clock go to the dead-letter topic (`clock_skew`):
     # seconds, or an ISO 8601 duration such as PT1H.
     max_clock_skew: timedelta = Field(DEFAULT_MAX_CLOCK_SKEW, ge=timedelta(0))
-    session_timeout_ms: int = 6000
-    heartbeat_interval_ms: int = 1000
+    session_timeout_ms: int = Field(default=6000, ge=1)
+    heartbeat_interval_ms: int = Field(default=1000, ge=1)
 
     @field_validator("max_clock_skew", mode="before")
     @classmethod

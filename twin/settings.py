@@ -38,14 +38,16 @@ class TwinSettings(BaseSettings):
     # --speed 600 runs it 600 times faster than the wall clock) ...
     forecast_every: float = 300.0
     # ... but at most once per this many wall seconds (an ensemble costs seconds of CPU).
-    forecast_min_wall_seconds: float = 10.0
+    forecast_min_wall_seconds: float = Field(default=10.0, ge=0)
     # The twin's clock leaves the wall clock for the telemetry's when the two disagree by more than this.
-    forecast_clock_tolerance_seconds: float = 300.0
+    forecast_clock_tolerance_seconds: float = Field(default=300.0, ge=0)
     forecast_horizon_hours: float = Field(default=24.0, gt=0, le=MAX_SIMULATED_SECONDS / 3600)
     forecast_interval_minutes: float = Field(default=60.0, gt=0)  # width of one step of the forecast's series
     forecast_runs: int = Field(default=32, ge=1, le=MAX_ENSEMBLE_RUNS)  # seeded runs per ensemble
     forecast_seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    forecast_lookback_days: float = 7.0  # arrivals and job mix are learned from this much history
+    forecast_lookback_days: float = Field(
+        default=7.0, gt=0, le=MAX_SIMULATED_SECONDS / 86400
+    )  # arrivals and job mix are learned from this much history
     # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
     # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.
     forecast_band_calibration: bool = True

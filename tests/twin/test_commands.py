@@ -245,6 +245,26 @@ def test_an_invalid_setting_is_named_by_its_variable(
     )
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FINETWIN_STEERING_REPLICATIONS", "100000"),  # the ensemble of every steering what-if
+        ("FINETWIN_REFIT_INTERVAL_MINUTES", "0"),  # a refit job every 0 minutes
+        ("FINETWIN_INGEST_BATCH_SIZE", "0"),
+        ("FINETWIN_API_PORT", "70000"),
+        ("FINETWIN_FORECAST_LOOKBACK_DAYS", "-1"),
+        ("FINETWIN_RELAY_POLL_SECONDS", "0"),
+    ],
+)
+def test_a_setting_out_of_its_range_stops_every_command_at_start(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["info"]) == 2
+    error = capsys.readouterr().err
+    assert f"invalid setting: {variable}: Input should be" in error and f"(got '{value}')" in error, error
+
+
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
     cluster = write(tmp_path, "c.yaml", "nodes:\n  - {gpu_model: L40S, count: -2}\n")
