@@ -12,14 +12,6 @@ import pytest
 from calibrate import config_frame, fit
 from calibrate.fit import CalibratedModels
 from calibrate.loader import load_benchmark
-from calibrate.registry import ModelRegistry
-
-
-@pytest.fixture(scope="module")
-def models(calibrated_models_dir: Path) -> CalibratedModels:
-    found = ModelRegistry(calibrated_models_dir).load_in_use()
-    assert found is not None
-    return found[1]
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,6 @@ from calibrate.encoding import FeatureEncoding
 from calibrate.features import FEATURE_NAMES, feature_columns
 from calibrate.fit import CalibratedModels
 from calibrate.loader import DISTINCT_FROM_ROWS, distinct_values, load_benchmark
-from calibrate.registry import ModelRegistry
-
-
-@pytest.fixture(scope="module")
-def models(calibrated_models_dir: Path) -> CalibratedModels:
-    found = ModelRegistry(calibrated_models_dir).load_in_use()
-    assert found is not None
-    return found[1]
 
 
 @pytest.fixture(scope="module")
