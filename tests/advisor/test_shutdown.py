@@ -17,8 +17,11 @@ from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.conftest import api_parts
 from tests.twin.test_clock import add_events
 from tests.twin.test_store import NOW, populate
+from twin.limits import MAX_ENSEMBLE_RUNS
 
-RUNS = 2000  # far more than the test lets run: a forecast that is not stopped would take minutes
+# The most runs a forecast takes, far more than the test lets run: a forecast that is not stopped would take
+# a minute, where a stopped one ends after its first run or two.
+RUNS = MAX_ENSEMBLE_RUNS
 
 
 def test_stopping_the_app_abandons_a_running_standing_forecast_and_waits_for_it(
@@ -31,7 +34,7 @@ def test_stopping_the_app_abandons_a_running_standing_forecast_and_waits_for_it(
 
     # A version in use, so the scheduler has no first model to fit (the shutdown would wait for that fit).
     settings = Settings(data_dir=tmp_path / "d", models_dir=calibrated_models_dir, scheduler_enabled=True,
-                        forecast_runs=RUNS, forecast_workers=1, forecast_horizon_hours=2)  # fmt: skip
+                        forecast_runs=RUNS, forecast_workers=1, forecast_horizon_hours=24)  # fmt: skip
     populate(engine, NOW)
     add_events(engine, [NOW])
     running, finished = threading.Event(), threading.Event()
