@@ -53,13 +53,22 @@ def _settings() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        problems = [
-            f"FINETWIN_{'_'.join(str(p) for p in error['loc']).upper()}: {error['msg']}"
-            + (f" (got {error['input']!r})" if isinstance(error.get("input"), str | int | float) else "")
-            for error in exc.errors()
-        ]
+        problems = [_setting_problem(error) for error in exc.errors()]
         typer.echo(f"finetwin: error: invalid setting: {'; '.join(problems)}", err=True)
         raise typer.Exit(2) from None
+
+
+# Settings whose values are not repeated in a message: a database URL may hold a password.
+_UNECHOED = ("url", "password", "secret", "token")
+
+
+def _setting_problem(error: Any) -> str:
+    name = "_".join(str(part) for part in error["loc"]).upper()
+    said = f"FINETWIN_{name}: {str(error['msg']).removeprefix('Value error, ')}"
+    value = error.get("input")
+    if isinstance(value, str | int | float) and not any(word in name.lower() for word in _UNECHOED):
+        said += f" (got {value!r})"
+    return said
 
 
 def _print_version(value: bool) -> None:

@@ -61,6 +61,21 @@ class TwinSettings(BaseSettings):
     # Fail instead of skipping when a test service is missing (CI).
     require_services: bool = Field(default=False)
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        """A URL SQLAlchemy reads (`postgresql+psycopg://user@host/db`, `sqlite:///path`): a bad one was a
+        traceback from the first command that touched the store, `info` included."""
+        if value:
+            from sqlalchemy.engine import make_url
+            from sqlalchemy.exc import ArgumentError
+
+            try:
+                make_url(value)
+            except ArgumentError:
+                raise ValueError("not a database URL (e.g. postgresql+psycopg://user@host/db)") from None
+        return value
+
     @field_validator("forecast_every", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:

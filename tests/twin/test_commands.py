@@ -265,6 +265,18 @@ def test_a_setting_out_of_its_range_stops_every_command_at_start(
     assert f"invalid setting: {variable}: Input should be" in error and f"(got '{value}')" in error, error
 
 
+def test_a_database_url_that_is_not_one_is_named_without_its_text(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was SQLAlchemy's ArgumentError traceback from `info`; the URL is not repeated (it may hold a
+    password)."""
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", "postgres ql://user:hunter2@db/finetwin")
+    assert main(["info"]) == 2
+    error = capsys.readouterr().err
+    assert "invalid setting: FINETWIN_DATABASE_URL: not a database URL" in error, error
+    assert "hunter2" not in error and "Traceback" not in error
+
+
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
     cluster = write(tmp_path, "c.yaml", "nodes:\n  - {gpu_model: L40S, count: -2}\n")
