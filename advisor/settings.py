@@ -34,29 +34,22 @@ class AdvisorSettings(CalibrateSettings):
     actions_topic: str = "finetwin.actions"  # approved actions are published here (the outbox)
 
     # Advisor: API keys, recommendations and the actions outbox.
-    auth_cache_seconds: float = Field(
-        default=5.0, ge=0
-    )  # a verified key is trusted this long (revocation takes up to this)
-    recommendation_ttl_hours: float = Field(
-        default=24.0, gt=0
-    )  # a pending recommendation expires after this long
-    steering_interval_minutes: float = Field(
-        default=30.0, gt=0
-    )  # scheduled cluster steering (what-ifs against the SLOs)
+    # A verified key is trusted this long (revocation takes up to this)
+    auth_cache_seconds: float = Field(default=5.0, ge=0)
+    # A pending recommendation expires after this long
+    recommendation_ttl_hours: float = Field(default=24.0, gt=0)
+    # Scheduled cluster steering (what-ifs against the SLOs)
+    steering_interval_minutes: float = Field(default=30.0, gt=0)
     # ... of telemetry time (a replay at --speed 600 steers every few wall minutes), at most once per this
     # many wall seconds (a steering run is a dozen paired ensembles)
     steering_min_wall_seconds: float = Field(default=120.0, ge=0)
-    steering_horizon_hours: float = Field(
-        default=24.0, gt=0, le=MAX_SIMULATED_SECONDS / 3600
-    )  # how far each what-if forecast looks ahead
-    steering_replications: int = Field(
-        default=8, ge=1, le=MAX_ENSEMBLE_RUNS
-    )  # seeded runs per what-if (paired between baseline and action)
-    relay_poll_seconds: float = Field(
-        default=2.0, gt=0
-    )  # the outbox relay also looks for unsent messages this often
-    advice_cache_size: int = Field(
-        default=2048, ge=0
-    )  # advice answers remembered per model version (same config, same answer)
+    # How far each what-if forecast looks ahead
+    steering_horizon_hours: float = Field(default=24.0, gt=0, le=MAX_SIMULATED_SECONDS / 3600)
+    # Seeded runs per what-if (paired between baseline and action)
+    steering_replications: int = Field(default=8, ge=1, le=MAX_ENSEMBLE_RUNS)
+    # The outbox relay also looks for unsent messages this often
+    relay_poll_seconds: float = Field(default=2.0, gt=0)
+    # Advice answers remembered per model version (same config, same answer)
+    advice_cache_size: int = Field(default=2048, ge=0)
     advice_max_batch: int = Field(64, ge=1)  # uncached advice requests answered together in one model call
     advice_fast_path: bool = True  # answer repeated advice before FastAPI parses it (advisor.fastpath)

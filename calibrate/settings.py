@@ -17,34 +17,25 @@ class CalibrateSettings(TwinSettings):
     refit_interval_minutes: float = Field(default=60.0, gt=0)  # scheduled refit in the API process
     refit_benchmarks: list[Path] = Field(default_factory=list)  # empty = the in-use version's, else bundled
     refit_observed: bool = True  # scheduled and drift refits add the runs observed through telemetry
-    drift_window: int = Field(
-        default=50, ge=1
-    )  # the rolling live error is over the last N finished jobs of the model in use
+    # The rolling live error is over the last N finished jobs of the model in use
+    drift_window: int = Field(default=50, ge=1)
     drift_min_jobs: int = Field(default=20, ge=1)  # fewer finished jobs than this say nothing about drift
-    drift_mdape_threshold: float = Field(
-        default=0.25, gt=0
-    )  # rolling throughput MdAPE (fraction) that triggers a refit
-    drift_failure_error_threshold: float = Field(
-        default=0.15, gt=0, le=1
-    )  # rolling share of wrongly predicted outcomes
-    drift_check_seconds: float = Field(
-        default=60.0, gt=0
-    )  # the API re-reads the live error this often (ingest may be elsewhere)
-    drift_cooldown_minutes: float = Field(
-        default=30.0, ge=0
-    )  # a drift triggers at most one refit per cooldown
-    observed_weight: float = Field(
-        default=5.0, ge=0
-    )  # a fresh observed run counts this many benchmark rows ...
-    observed_half_life_days: float = Field(
-        default=30.0, gt=0
-    )  # ... and its extra weight halves every this many days
-    promote_tolerance: float = Field(
-        default=0.002, ge=0
-    )  # metric differences this small are noise, not "worse"
-    models_keep_versions: int = Field(
-        default=20, ge=1
-    )  # online refits delete older versions (never one rollback can reach)
+    # Rolling throughput MdAPE (fraction) that triggers a refit
+    drift_mdape_threshold: float = Field(default=0.25, gt=0)
+    # Rolling share of wrongly predicted outcomes
+    drift_failure_error_threshold: float = Field(default=0.15, gt=0, le=1)
+    # The API re-reads the live error this often (ingest may be elsewhere)
+    drift_check_seconds: float = Field(default=60.0, gt=0)
+    # A drift triggers at most one refit per cooldown
+    drift_cooldown_minutes: float = Field(default=30.0, ge=0)
+    # A fresh observed run counts this many benchmark rows ...
+    observed_weight: float = Field(default=5.0, ge=0)
+    # ... and its extra weight halves every this many days
+    observed_half_life_days: float = Field(default=30.0, gt=0)
+    # Metric differences this small are noise, not "worse"
+    promote_tolerance: float = Field(default=0.002, ge=0)
+    # Online refits delete older versions (never one rollback can reach)
+    models_keep_versions: int = Field(default=20, ge=1)
 
     def resolved_models_dir(self) -> Path:
         return self.models_dir if self.models_dir is not None else self.data_dir / "models"

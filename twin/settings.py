@@ -45,9 +45,8 @@ class TwinSettings(BaseSettings):
     forecast_interval_minutes: float = Field(default=60.0, gt=0)  # width of one step of the forecast's series
     forecast_runs: int = Field(default=32, ge=1, le=MAX_ENSEMBLE_RUNS)  # seeded runs per ensemble
     forecast_seed: int = Field(default=0, ge=0, le=MAX_SEED)
-    forecast_lookback_days: float = Field(
-        default=7.0, gt=0, le=MAX_SIMULATED_SECONDS / 86400
-    )  # arrivals and job mix are learned from this much history
+    # Arrivals and the job mix are learned from this much history.
+    forecast_lookback_days: float = Field(default=7.0, gt=0, le=MAX_SIMULATED_SECONDS / 86400)
     # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
     # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.
     forecast_band_calibration: bool = True
