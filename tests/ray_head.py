@@ -17,6 +17,9 @@ from pathlib import Path
 
 from ingest.broker import free_port, port_open
 
+# What `ray start` prints once the head node (GCS and raylet) is up.
+RUNTIME_STARTED = b"Ray runtime started"
+
 
 class RayHeadUnavailable(RuntimeError):
     pass
@@ -53,7 +56,10 @@ class RayHead:
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         deadline = time.monotonic() + timeout_s
-        while not port_open(self.port, "127.0.0.1"):
+        # Up when the head says so, not when its GCS port opens (~1.5 s earlier): a driver connecting in
+        # between waits for the node's raylet with a timeout of its own, which a loaded machine outlasted
+        # ("No node info found matching attributes" in a CI run).
+        while not (port_open(self.port, "127.0.0.1") and RUNTIME_STARTED in self.log.read_bytes()):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 tail = self.log.read_text(errors="replace")[-2000:]
                 self.stop()
