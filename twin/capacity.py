@@ -48,7 +48,6 @@ from twin.workload import NO_CONFIG, Workload
 
 _Duration = Annotated[str, Field(min_length=1, max_length=32)]  # `24h`, `90m`
 MAX_SCENARIOS = 5000
-MAX_RUNS = MAX_ENSEMBLE_RUNS
 DEFAULT_CHUNK_RUNS = 8  # runs per task: small enough to spread 24 scenarios over many workers
 _VARY = re.compile(r"^\s*(?P<gpu>.+?)\s*=\s*(?P<low>\d+)\s*(?:\.\.\s*(?P<high>\d+))?\s*$")
 
@@ -97,12 +96,12 @@ class SweepRequest(BaseModel):
     policies: list[Policy] = Field(default_factory=lambda: [Policy.FIFO], min_length=1)
     admissions: list[Admission] = Field(default_factory=lambda: [Admission.OFF], min_length=1)
     # Strict: `true` is not a count, `"4"` not a number (the API's bodies and the CLI's files alike).
-    runs: StrictInt = Field(default=16, ge=1, le=MAX_RUNS)
+    runs: StrictInt = Field(default=16, ge=1, le=MAX_ENSEMBLE_RUNS)
     seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     confidence: StrictFloat = Field(default=0.9, gt=0.0, le=1.0)
     horizon: _Duration | StrictFloat | None = "24h"
     interval: _Duration | StrictFloat = "1h"
-    chunk_runs: StrictInt = Field(default=DEFAULT_CHUNK_RUNS, ge=1, le=MAX_RUNS)
+    chunk_runs: StrictInt = Field(default=DEFAULT_CHUNK_RUNS, ge=1, le=MAX_ENSEMBLE_RUNS)
 
     @field_validator("policies", "admissions")
     @classmethod

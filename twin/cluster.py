@@ -104,10 +104,14 @@ def cluster_from_spec(spec: object, source: str = "cluster") -> Cluster:
         model = entry.get("gpu_model")
         if not isinstance(model, str) or not model.strip():
             raise ClusterFormatError(f"{where}.gpu_model: required, a GPU model name")
-        count = _positive_int(entry.get("count", 1), f"{where}.count", MAX_NODES - len(nodes))
+        count = _positive_int(
+            entry.get("count", 1), f"{where}.count", MAX_NODES - len(nodes),
+            f"takes the cluster past {MAX_NODES:,} nodes, the most a cluster file may hold",
+        )  # fmt: skip
         per_node = _positive_int(
-            entry.get("gpus_per_node", GPUS_PER_NODE), f"{where}.gpus_per_node", MAX_GPUS_PER_NODE
-        )
+            entry.get("gpus_per_node", GPUS_PER_NODE), f"{where}.gpus_per_node", MAX_GPUS_PER_NODE,
+            f"is more GPUs than a node may hold here (at most {MAX_GPUS_PER_NODE})",
+        )  # fmt: skip
         try:  # a misspelled type would be a pool no job fits: every job rejected, silently
             canonical = known_gpu_name(model)
         except UnknownGpuModel as exc:
@@ -143,18 +147,14 @@ def gpu_tdp_watts(gpu_model: str) -> float:
     return gpu_or_unknown(gpu_model).tdp_watts
 
 
-def _positive_int(value: object, where: str, maximum: int) -> int:
-    """`maximum`: for a node count, what is left of MAX_NODES after the entries before it."""
+def _positive_int(value: object, where: str, maximum: int, too_many: str) -> int:
+    """`maximum`: for a node count, what is left of MAX_NODES after the entries before it; `too_many`: what
+    a number past it is said to do."""
     number = _whole_number(value)
     if number is None or number <= 0:
         raise ClusterFormatError(f"{where}: must be a positive integer, got {value!r}")
     if number > maximum:
-        limit = (
-            f"takes the cluster past {MAX_NODES:,} nodes, the most a cluster file may hold"
-            if where.endswith(".count")
-            else f"is more GPUs than a node may hold here (at most {MAX_GPUS_PER_NODE})"
-        )
-        raise ClusterFormatError(f"{where}: {number:,} {limit}")
+        raise ClusterFormatError(f"{where}: {number:,} {too_many}")
     return number
 
 

@@ -42,7 +42,6 @@ from twin.run_metrics import SUMMARY_FIGURES
 from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.units import parse_duration
 
-MAX_RUNS = MAX_ENSEMBLE_RUNS
 Duration = Annotated[str, Field(min_length=1, max_length=32, examples=["24h", "90m"])]
 
 
@@ -86,7 +85,7 @@ class WhatIf(BaseModel):
     # None: until every known job has ended (no future arrivals). Strict: `true` is not a duration.
     horizon: Duration | StrictFloat | None = "24h"
     interval: Duration | StrictFloat = "1h"
-    runs: StrictInt = Field(default=32, ge=1, le=MAX_RUNS)
+    runs: StrictInt = Field(default=32, ge=1, le=MAX_ENSEMBLE_RUNS)
     seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     policy: Policy = Policy.FIFO  # the baseline's
     admission: Admission = Admission.OFF  # the baseline's

@@ -170,8 +170,9 @@ def read_jobs_csv(path: str | Path) -> Workload:
             raise WorkloadFormatError(path, 1, None, f"not a CSV header: {exc}") from None
         if len(header) > MAX_CSV_COLUMNS:
             raise WorkloadFormatError(path, 1, None, too_many_columns(len(header)))
-        if separator_hint(header):
-            raise WorkloadFormatError(path, 1, None, separator_hint(header))
+        other_separator = separator_hint(header)
+        if other_separator:
+            raise WorkloadFormatError(path, 1, None, other_separator)
         for column in REQUIRED_COLUMNS:
             if column not in header:
                 raise WorkloadFormatError(

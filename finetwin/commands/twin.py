@@ -338,8 +338,6 @@ def _backtest_from_store(
         horizon_s = parse_duration(horizon)
     except ValueError as exc:
         raise CommandError(f"--horizon: {exc}") from None
-    if runs < 1:
-        raise CommandError("--runs must be at least 1")
     try:  # before the models: a window the store does not cover is the first thing to fix
         check_window(engine, settings.cluster_id, when, when + timedelta(seconds=horizon_s))
     except ValueError as exc:
