@@ -78,6 +78,27 @@ def test_the_port_is_checked_before_the_replay_is_read_or_the_parts_imported(
         assert heavy not in imported, heavy
 
 
+def test_a_second_up_on_the_same_data_directory_is_refused_before_it_starts_anything(tmp_path: Path) -> None:
+    """Two `up`s on one data directory would both ingest, steer and relay approved actions into one store.
+    The second is refused while the first holds the directory (here: this process, through the same lock),
+    and once the first is gone the directory is free again."""
+    from finetwin.commands.up import data_dir_lock
+
+    data = tmp_path / "data"
+    env = environment(data, PYTHONPROFILEIMPORTTIME="1")
+    with data_dir_lock(data):
+        done = run(["up", "--port", "0"], env)
+    assert done.returncode == 2, done.stderr
+    assert f"another finetwin up (pid {os.getpid()}) is running with the data directory {data}" in done.stderr
+    imported = {
+        line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")
+    }
+    for heavy in ("pandas", "finetwin.wiring", "kafka"):  # refused before the broker, store and replay
+        assert heavy not in imported, heavy
+    with data_dir_lock(data):  # released: a later up takes it
+        pass
+
+
 def test_the_default_port_when_taken_is_replaced_by_a_free_one(
     taken_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:

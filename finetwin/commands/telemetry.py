@@ -7,6 +7,7 @@ import functools
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -263,6 +264,23 @@ def replay_plan(
     load: float = REPLAY_DEFAULT_LOAD,
 ) -> ReplayPlan:
     """The benchmark's rows as timed telemetry events (the bundled sample when no file is given)."""
+    plan_for = replay_planner(
+        settings, bench, speed=speed, seed=seed, mean_interarrival=mean_interarrival, load=load
+    )
+    return plan_for(job_prefix_of(job_prefix, seed), epoch or datetime.now(UTC))
+
+
+def replay_planner(
+    settings: Settings,
+    bench: Path | None,
+    *,
+    speed: float,
+    seed: int,
+    mean_interarrival: float,
+    load: float = REPLAY_DEFAULT_LOAD,
+) -> Callable[[str, datetime], ReplayPlan]:
+    """`plan_for(job prefix, epoch)`: the benchmark's rows (read once, here: a bad file is said now) as
+    timed telemetry events."""
     from finetwin.wiring import bundled_benchmark_path, load_benchmark_table
     from ingest.replay import plan_replay
 
@@ -273,10 +291,16 @@ def replay_plan(
         raise CommandError(f"--mean-interarrival must be positive, not {mean_interarrival:g}")
     try:
         table = load_benchmark_table(path)
-        return plan_replay(
-            table, seed=seed, job_prefix=job_prefix_of(job_prefix, seed),
-            mean_interarrival_s=mean_interarrival, cluster_id=settings.cluster_id,
-            epoch=epoch or datetime.now(UTC), target_utilization=load,
-        )  # fmt: skip
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from exc
+
+    def plan_for(prefix: str, epoch: datetime) -> ReplayPlan:
+        try:
+            return plan_replay(
+                table, seed=seed, job_prefix=prefix, mean_interarrival_s=mean_interarrival,
+                cluster_id=settings.cluster_id, epoch=epoch, target_utilization=load,
+            )  # fmt: skip
+        except ValueError as exc:  # a row that cannot be telemetry, named by its line
+            raise CommandError(str(exc)) from exc
+
+    return plan_for

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import threading
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -25,7 +27,7 @@ from finetwin.commands.telemetry import (
     Quiet,
     Seed,
     job_prefix_of,
-    replay_plan,
+    replay_planner,
 )
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
@@ -36,9 +38,12 @@ if TYPE_CHECKING:
 
     from ingest.bus import Bus
     from ingest.replay import ReplayPlan
+    from ingest.replay_passes import ReplayStart
     from ingest.worker import IngestWorker, WorkerStats
 
 log = logging.getLogger(__name__)
+
+LOCK_FILE = "up.lock"
 
 UP_DEFAULT_SPEED = 600.0  # ten simulated minutes per second, so the dashboard moves
 # The replayed cluster is sized for this utilization: busy enough that the default SLO on the p95 wait
@@ -99,19 +104,20 @@ def up(
         raise CommandError("--json needs --exit-when-done (the counts are printed once the replay is in)")
     if exit_when_done and no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
-    # The port first, before the heavy imports and the replay's benchmark: a taken port is said within a
-    # second, before a broker, topics and a warm-up.
+    # The port and the data directory first, before the heavy imports and the replay's benchmark: a taken
+    # port, or another `up` on the same directory, is said within a second, before a broker and a warm-up.
     asked = port is not None or "api_port" in settings.model_fields_set
     listener = reserve_port(
         host or settings.api_host, settings.api_port if port is None else port, asked=asked
     )
     try:
-        return _up(
-            settings, listener, bootstrap=bootstrap, bench=None if no_replay else bench,
-            replay=not no_replay, speed=speed, seed=seed, job_prefix=job_prefix,
-            mean_interarrival=mean_interarrival, epoch=epoch, load=load, quiet=quiet,
-            exit_when_done=exit_when_done, as_json=as_json,
-        )  # fmt: skip
+        with data_dir_lock(settings.data_dir):
+            return _up(
+                settings, listener, bootstrap=bootstrap, bench=None if no_replay else bench,
+                replay=not no_replay, speed=speed, seed=seed, job_prefix=job_prefix,
+                mean_interarrival=mean_interarrival, epoch=epoch, load=load, quiet=quiet,
+                exit_when_done=exit_when_done, as_json=as_json,
+            )  # fmt: skip
     finally:
         listener.close()
 
@@ -137,30 +143,26 @@ def _up(
     from finetwin.wiring import api_app, api_parts, ensure_topics, ingest_worker, migrated_engine
     from ingest.replay import send_replay
 
-    plan = None
-    if replay:
-        plan = replay_plan(
-            settings, bench, speed=speed, seed=seed, job_prefix=job_prefix,
-            mean_interarrival=mean_interarrival, epoch=epoch, load=load,
-        )  # fmt: skip
-        # The replay's timeline starts now and runs ahead of the wall clock (by up to its whole span at
-        # --speed 0): up's own worker takes the replay's clock as the cluster's. A separate `finetwin
-        # ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
-        ahead = timedelta(seconds=plan.duration_s) + timedelta(minutes=10)
-        settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
-        if "forecast_policy" not in settings.model_fields_set:
-            # The replayed cluster schedules greedily (a job starts wherever its GPUs free up first, small
-            # ones passing big ones): the twin's closest policy is backfill. Measured by bench/fidelity.py's
-            # live scoring: queue-length bias +0.33 under fifo, +0.03 under backfill.
-            settings = settings.model_copy(update={"forecast_policy": "backfill"})
+    # Read before anything starts: a bad file is said before a broker and a store are set up for it.
+    plan_for = (
+        replay_planner(
+            settings, bench, speed=speed, seed=seed, mean_interarrival=mean_interarrival, load=load
+        )
+        if replay
+        else None
+    )
     if exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
     stop = threading.Event()
     with stop_on_signals(stop), contextlib.ExitStack() as parts:
-        bus = _bus(bootstrap, settings, parts)
         engine = migrated_engine(settings)
         parts.callback(engine.dispose)
+        start = None
+        if plan_for is not None:
+            start = _replay_start(plan_for, job_prefix_of(job_prefix, seed), epoch, engine, settings)
+            settings = _settings_for_replay(settings, start.plan)
+        bus = _bus(bootstrap, settings, parts)
         first_key = ensure_first_key(engine)  # for the banner (the API then finds a key and prints none)
         topic = settings.telemetry_topic
         ensure_topics(bus, settings, topic)
@@ -175,7 +177,8 @@ def _up(
         parts.callback(stop.set)  # runs first on the way out: the worker drains, then is joined
         url = _serve_api(api_app(api), listener, parts)
         output.say(banner(url, first_key, settings), stderr=True)
-        if plan is not None:
+        if start is not None:
+            plan = start.plan
             producer = bus.producer()
             parts.callback(producer.close)
             with output.progress(len(plan.events), "replay", "events", quiet=quiet or as_json) as tick:
@@ -184,7 +187,7 @@ def _up(
             if exit_when_done:
                 if not _wait_until_stored(plan, worker, engine, stop):
                     return EXIT_UNDECODABLE if failed else 130  # stopped before the store had everything
-                counts = replayed_job_counts(engine, job_prefix_of(job_prefix, seed))
+                counts = replayed_job_counts(engine, start.job_ids)
                 if as_json:
                     print(json.dumps(counts), flush=True)
                 else:
@@ -192,6 +195,49 @@ def _up(
                 return 0
         stop.wait()
     return EXIT_UNDECODABLE if failed else 0
+
+
+def _replay_start(
+    plan_for: Callable[[str, datetime], ReplayPlan], prefix: str, epoch: datetime | None, engine: Engine,
+    settings: Settings,
+) -> ReplayStart:  # fmt: skip
+    """The replay to send: the pinned --epoch's as asked, else where the store's record of it leaves off
+    (`ingest.replay_passes`), said in the log when that is not a fresh start."""
+    from ingest.replay_passes import NoPassLeft, ReplayStart, choose_start, job_ids_of
+
+    if epoch is not None:
+        plan = plan_for(prefix, epoch)
+        return ReplayStart(plan, prefix, job_ids_of(plan), 0, 0)
+    try:
+        start = choose_start(plan_for, prefix, engine, settings.cluster_id, datetime.now(UTC))
+    except NoPassLeft as exc:
+        raise CommandError(str(exc)) from None
+    if start.resumed:
+        log.info(
+            "resuming the replay where it stopped: %d of its events are in the store, %d to send (jobs %s*)",
+            start.stored_before, len(start.plan.events), start.prefix,
+        )  # fmt: skip
+    elif start.pass_number > 0:
+        log.info(
+            "the store holds this replay already: replaying the file again as new jobs %s*, from %s",
+            start.prefix, start.plan.epoch.isoformat(timespec="seconds"),
+        )  # fmt: skip
+    return start
+
+
+def _settings_for_replay(settings: Settings, plan: ReplayPlan) -> Settings:
+    # The replay's timeline runs ahead of the wall clock (by up to its whole span at --speed 0, and more when
+    # it starts after an earlier replay's end): up's own worker takes the replay's clock as the cluster's. A
+    # separate `finetwin ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
+    end = plan.epoch + timedelta(seconds=plan.duration_s)
+    ahead = max(end - datetime.now(UTC), timedelta(0)) + timedelta(minutes=10)
+    settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
+    if "forecast_policy" not in settings.model_fields_set:
+        # The replayed cluster schedules greedily (a job starts wherever its GPUs free up first, small ones
+        # passing big ones): the twin's closest policy is backfill. Measured by bench/fidelity.py's live
+        # scoring: queue-length bias +0.33 under fifo, +0.03 under backfill.
+        settings = settings.model_copy(update={"forecast_policy": "backfill"})
+    return settings
 
 
 def _ingest(worker: IngestWorker, stop: threading.Event, failed: list[BaseException]) -> None:
@@ -228,6 +274,41 @@ def _bus(bootstrap: str | None, settings: Settings, parts: contextlib.ExitStack)
     parts.callback(broker.stop)
     log.info("embedded Kafka-protocol broker (Tansu, in memory) on %s", broker.bootstrap)
     return KafkaBus(broker.bootstrap, tuning)
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """One `up` per data directory: a second one would replay, ingest, steer and relay approved actions
+    into the same store beside the first. An advisory lock (flock) on `up.lock` there, released by the
+    kernel however the process ends; it holds this process's id, for the message. Without flock (Windows):
+    no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = (data_dir / LOCK_FILE).open("a+")  # not inherited: the broker child never holds it
+    except OSError as exc:  # a directory this user cannot write: the parts that need it say so themselves
+        log.warning("no lock on the data directory %s: %s", data_dir, exc.strerror or exc)
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise CommandError(
+                f"another finetwin up (pid {holder}) is running with the data directory "
+                f"{data_dir.resolve()}; stop it first, or give this one a directory of its own with "
+                "FINETWIN_DATA_DIR"
+            ) from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
 
 
 def reserve_port(host: str, port: int, *, asked: bool) -> socket.socket:
@@ -314,6 +395,8 @@ def _serve_api(app: object, listener: socket.socket, parts: contextlib.ExitStack
 def _wait_until_stored(plan: ReplayPlan, worker: IngestWorker, engine: Engine, stop: threading.Event) -> bool:
     """Block until every event of the replay is in the store (False if `stop` came first). Woken by the
     worker after each batch; the store has the last word, as the worker may also count other messages."""
+    from ingest.replay_passes import stored_event_times
+
     ids = [str(event.event_id) for _, event in plan.events]
 
     def handled(stats: WorkerStats) -> int:
@@ -322,39 +405,25 @@ def _wait_until_stored(plan: ReplayPlan, worker: IngestWorker, engine: Engine, s
     worker.wait_until(lambda s: handled(s) >= len(ids) or stop.is_set())
     while not stop.is_set():
         seen = handled(worker.stats)
-        if stored_event_count(engine, ids) == len(ids):
+        if len(stored_event_times(engine, ids)) == len(ids):
             return True
         worker.wait_until(lambda s, seen=seen: handled(s) > seen or stop.is_set(), timeout_s=5)
     return False
 
 
-def stored_event_count(engine: Engine, event_ids: list[str]) -> int:
-    from sqlalchemy import func, select
-
-    from twin.store import TelemetryEvent
-
-    found = 0
-    with engine.connect() as connection:
-        for start in range(0, len(event_ids), 900):
-            chunk = event_ids[start : start + 900]
-            query = select(func.count()).select_from(TelemetryEvent).where(TelemetryEvent.event_id.in_(chunk))  # type: ignore[attr-defined]
-            found += connection.execute(query).scalar_one()
-    return found
-
-
-def replayed_job_counts(engine: Engine, job_prefix: str) -> dict[str, int]:
-    """Jobs in the store whose id starts with `job_prefix`, in all and by outcome."""
+def replayed_job_counts(engine: Engine, job_ids: list[str]) -> dict[str, int]:
+    """These jobs as the store holds them, in all and by outcome."""
     from sqlalchemy import func, select
 
     from twin.store import Job
 
     counts = {"jobs": 0, "valid": 0, "rejected": 0, "runtime": 0}
-    mine = func.substr(Job.job_id, 1, len(job_prefix)) == job_prefix
     with engine.connect() as connection:
-        for outcome, count in connection.execute(
-            select(Job.outcome, func.count()).where(mine).group_by(Job.outcome)
-        ):
-            counts["jobs"] += count
-            if outcome in counts:
-                counts[outcome] = count
+        for first in range(0, len(job_ids), 900):  # under SQLite's old limit of 999 variables
+            chunk = job_ids[first : first + 900]
+            query = select(Job.outcome, func.count()).where(Job.job_id.in_(chunk)).group_by(Job.outcome)  # type: ignore[attr-defined]
+            for outcome, count in connection.execute(query):
+                counts["jobs"] += count
+                if outcome in counts:
+                    counts[outcome] += count
     return counts

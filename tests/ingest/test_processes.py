@@ -3,6 +3,7 @@ a broker restart on durable storage, and the one-command smoke run."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -188,15 +189,26 @@ def test_finetwin_up_replays_to_the_store_and_prints_the_counts(
     }
     env.pop("FINETWIN_DATABASE_URL", None)
     env.pop("FINETWIN_KAFKA_BOOTSTRAP", None)  # the embedded default: its own broker, SQLite
-    done = subprocess.run(
-        [FINETWIN, "up", "--replay", str(sample_csv), "--speed", "0", "--exit-when-done", "--json",
-         "--port", str(free_port())],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    counts = json.loads(done.stdout)  # one JSON object, nothing else on stdout
-    expected = outcome_counts(sample_table)
-    assert counts == {"jobs": len(sample_table), **expected}
+    expected = {"jobs": len(sample_table), **outcome_counts(sample_table)}
+    # Twice on the same data directory, as `scripts/up` is run again: the second run's replay is new jobs
+    # (the first one finished), not the first run's events again, which ingest would drop as duplicates.
+    for run in (1, 2):
+        done = subprocess.run(
+            [FINETWIN, "up", "--replay", str(sample_csv), "--speed", "0", "--exit-when-done", "--json",
+             "--port", str(free_port())],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout) == expected  # one JSON object, nothing else on stdout
+        assert stored_jobs(tmp_path / "data" / "finetwin.db") == run * len(sample_table)
+    assert "replaying the file again as new jobs replay-0-1-*" in done.stderr
+
+
+def stored_jobs(sqlite_file: Path) -> int:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(sqlite_file)) as connection:
+        return int(connection.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
 
 def test_finetwin_ingest_without_a_broker_says_so(tmp_path: Path) -> None:

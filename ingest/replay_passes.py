@@ -1,0 +1,145 @@
+"""Where `finetwin up` takes up its replay when the store already holds some of it.
+
+A replay's event ids derive from its seed and job prefix, not from its epoch. So a second `up` on the same
+data directory (the per-user default) sent the same events again, dated from its own start, and ingest
+dropped every one as a duplicate: nothing new reached the store, and the twin showed the cluster frozen
+where the last run had stopped (jobs "running" for ever, a forecast that never moved on).
+
+`choose_start` looks the replay up in the store first:
+- **Nothing of it stored:** it starts now, or at the newest telemetry time of the cluster if that is later
+  (a replay at `--speed 600` runs ahead of the wall clock, and the twin's clock must not run backwards).
+- **Part of it stored, on one timeline:** it resumes. The events the store lacks are sent at the times the
+  first run gave them (its epoch recovered from the stored events' times), paced from the first of them.
+- **All of it stored, or part of it on another timeline** (the same ids under another `--load` or file):
+  the file is replayed again as new jobs, pass k with the job prefix `<prefix><k>-`, as above.
+
+A pinned `--epoch` skips all of this: the caller asked for exactly those events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from statistics import median
+
+from sqlalchemy import Engine, select
+
+from ingest.replay import ReplayPlan
+from twin.clock import as_utc, telemetry_span
+from twin.store import TERMINAL_STATES, Job, TelemetryEvent
+
+# Stored times of one timeline agree to the microsecond; a second is room for a store that rounds.
+SAME_TIMELINE_S = 1.0
+# Passes tried before giving up (each one a query of the pass's job ids, ~4,000 for the bundled sample).
+MAX_PASSES = 1_000
+_CHUNK = 900  # ids per IN (...): under SQLite's old 999-variable limit
+
+
+class NoPassLeft(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ReplayStart:
+    plan: ReplayPlan  # what is left to send, `at` counted from its first event (send_replay paces from 0)
+    prefix: str  # the pass's job prefix
+    job_ids: list[str]  # every job of the pass, sent now or before
+    pass_number: int
+    stored_before: int  # events of the pass the store held already (0 unless resumed)
+
+    @property
+    def resumed(self) -> bool:
+        return self.stored_before > 0
+
+
+def pass_prefix(prefix: str, pass_number: int) -> str:
+    """The job prefix of a pass: the prefix itself first, then `<prefix><k>-` (`replay-0-` -> `replay-0-1-`,
+    whose job ids `replay-0-1-17` no first-pass id `replay-0-<line>` can equal)."""
+    return prefix if pass_number == 0 else f"{prefix}{pass_number}-"
+
+
+def choose_start(
+    plan_for: Callable[[str, datetime], ReplayPlan],
+    prefix: str,
+    engine: Engine,
+    cluster_id: str,
+    now: datetime,
+) -> ReplayStart:
+    """The replay to send: `plan_for(job prefix, epoch)` plans the file's telemetry (the same rows and seed
+    every call). Raises NoPassLeft when MAX_PASSES passes are all in the store."""
+    first = plan_for(prefix, now)
+    rows = [job_id[len(prefix) :] for job_id in job_ids_of(first)]  # each job's row: the pass-free part
+    for pass_number in range(MAX_PASSES):
+        current = pass_prefix(prefix, pass_number)
+        job_ids = [current + row for row in rows]
+        states = job_states(engine, job_ids)
+        if not states:
+            _, latest = telemetry_span(engine, cluster_id, now)
+            epoch = max(now, latest) if latest is not None else now
+            plan = first if (pass_number == 0 and epoch == now) else plan_for(current, epoch)
+            return ReplayStart(plan, current, job_ids, pass_number, 0)
+        if len(states) == len(job_ids) and TERMINAL_STATES.issuperset(states.values()):
+            continue  # this pass ran to its end
+        candidate = first if pass_number == 0 else plan_for(current, now)
+        resumed = _resume(candidate, current, plan_for, engine)
+        if resumed is not None:
+            return ReplayStart(resumed[0], current, job_ids, pass_number, resumed[1])
+    raise NoPassLeft(
+        f"the store holds {MAX_PASSES} passes of this replay; use another --job-prefix or --seed"
+    )
+
+
+def _resume(
+    plan: ReplayPlan, prefix: str, plan_for: Callable[[str, datetime], ReplayPlan], engine: Engine
+) -> tuple[ReplayPlan, int] | None:
+    """(the events the store lacks, paced from the first of them; how many it holds) when the stored ones
+    are on the timeline of `plan` (the pass `prefix`, at any epoch); None when they are on another, or none is
+    missing."""
+    stored = stored_event_times(engine, [str(event.event_id) for _, event in plan.events])
+    shifts = [
+        (stored[str(event.event_id)] - as_utc(event.ts)).total_seconds()
+        for _, event in plan.events
+        if str(event.event_id) in stored
+    ]
+    if not shifts or max(shifts) - min(shifts) > SAME_TIMELINE_S:
+        return None
+    plan = plan_for(prefix, plan.epoch + timedelta(seconds=median(shifts)))  # the first run's epoch
+    left = [(at, event) for at, event in plan.events if str(event.event_id) not in stored]
+    if not left:
+        return None
+    origin = left[0][0]
+    paced = [(at - origin, event) for at, event in left]
+    return ReplayPlan(paced, plan.epoch + timedelta(seconds=origin), plan.jobs, plan.nodes), len(stored)
+
+
+def job_states(engine: Engine, job_ids: list[str]) -> dict[str, str]:
+    """The stored state of each of these jobs that the store holds."""
+    found: dict[str, str] = {}
+    with engine.connect() as connection:
+        for chunk in _chunks(job_ids):
+            query = select(Job.job_id, Job.state).where(Job.job_id.in_(chunk))  # type: ignore[attr-defined]
+            found.update((job_id, state) for job_id, state in connection.execute(query))
+    return found
+
+
+def stored_event_times(engine: Engine, event_ids: list[str]) -> dict[str, datetime]:
+    """The event time of each of these events that the store holds."""
+    found: dict[str, datetime] = {}
+    with engine.connect() as connection:
+        for chunk in _chunks(event_ids):
+            query = select(TelemetryEvent.event_id, TelemetryEvent.ts).where(
+                TelemetryEvent.event_id.in_(chunk)  # type: ignore[attr-defined]
+            )
+            found.update((str(event_id), as_utc(ts)) for event_id, ts in connection.execute(query))
+    return found
+
+
+def job_ids_of(plan: ReplayPlan) -> list[str]:
+    """The plan's jobs, in the order of their first event."""
+    return list(dict.fromkeys(event.job_id for _, event in plan.events if event.job_id is not None))
+
+
+def _chunks(values: list[str]) -> Iterable[list[str]]:
+    for start in range(0, len(values), _CHUNK):
+        yield values[start : start + _CHUNK]
