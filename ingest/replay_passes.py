@@ -65,18 +65,23 @@ def choose_start(
     engine: Engine,
     cluster_id: str,
     now: datetime,
+    *,
+    first_pass: int = 0,
+    not_before: datetime | None = None,
 ) -> ReplayStart:
     """The replay to send: `plan_for(job prefix, epoch)` plans the file's telemetry (the same rows and seed
-    every call). Raises NoPassLeft when MAX_PASSES passes are all in the store."""
+    every call). `first_pass`: the first pass to consider (`up` going on after a pass it sent, which the
+    store may not hold all of yet); `not_before`: the earliest a new pass may start (that pass's end).
+    Raises NoPassLeft when MAX_PASSES passes are all in the store."""
     first = plan_for(prefix, now)
     rows = [job_id[len(prefix) :] for job_id in job_ids_of(first)]  # each job's row: the pass-free part
-    for pass_number in range(MAX_PASSES):
+    for pass_number in range(first_pass, MAX_PASSES):
         current = pass_prefix(prefix, pass_number)
         job_ids = [current + row for row in rows]
         states = job_states(engine, job_ids)
         if not states:
             _, latest = telemetry_span(engine, cluster_id, now)
-            epoch = max(now, latest) if latest is not None else now
+            epoch = max(t for t in (now, latest, not_before) if t is not None)
             plan = first if (pass_number == 0 and epoch == now) else plan_for(current, epoch)
             return ReplayStart(plan, current, job_ids, pass_number, 0)
         if len(states) == len(job_ids) and TERMINAL_STATES.issuperset(states.values()):

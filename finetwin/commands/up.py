@@ -83,6 +83,14 @@ def up(
     mean_interarrival: MeanInterarrival = 60.0,
     epoch: Epoch = None,
     load: Load = UP_DEFAULT_LOAD,
+    passes: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="times to replay the file, each pass as new jobs after the last (default: until stopped; "
+            "1 at --speed 0 or with --exit-when-done); 0 = until stopped",
+        ),
+    ] = None,
     quiet: Quiet = False,
     exit_when_done: Annotated[
         bool,
@@ -104,6 +112,8 @@ def up(
         raise CommandError("--json needs --exit-when-done (the counts are printed once the replay is in)")
     if exit_when_done and no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
+    if exit_when_done and passes not in (None, 1):
+        raise CommandError("--exit-when-done replays the file once; drop --passes")
     # The port and the data directory first, before the heavy imports and the replay's benchmark: a taken
     # port, or another `up` on the same directory, is said within a second, before a broker and a warm-up.
     asked = port is not None or "api_port" in settings.model_fields_set
@@ -115,7 +125,7 @@ def up(
             return _up(
                 settings, listener, bootstrap=bootstrap, bench=None if no_replay else bench,
                 replay=not no_replay, speed=speed, seed=seed, job_prefix=job_prefix,
-                mean_interarrival=mean_interarrival, epoch=epoch, load=load, quiet=quiet,
+                mean_interarrival=mean_interarrival, epoch=epoch, load=load, passes=passes, quiet=quiet,
                 exit_when_done=exit_when_done, as_json=as_json,
             )  # fmt: skip
     finally:
@@ -135,6 +145,7 @@ def _up(
     mean_interarrival: float,
     epoch: datetime | None,
     load: float,
+    passes: int | None,
     quiet: bool,
     exit_when_done: bool,
     as_json: bool,
@@ -154,6 +165,8 @@ def _up(
     if exit_when_done:
         # A smoke run: no periodic refits or forecasts that would keep the process alive after the counts.
         settings = settings.model_copy(update={"scheduler_enabled": False})
+    if passes is None:  # as fast as possible, pass after pass would fill the store as fast as it writes
+        passes = 1 if speed == 0 else 0
     stop = threading.Event()
     with stop_on_signals(stop), contextlib.ExitStack() as parts:
         engine = migrated_engine(settings)
@@ -178,14 +191,17 @@ def _up(
         url = _serve_api(api_app(api), listener, parts)
         output.say(banner(url, first_key, settings), stderr=True)
         if start is not None:
-            plan = start.plan
-            producer = bus.producer()
-            parts.callback(producer.close)
-            with output.progress(len(plan.events), "replay", "events", quiet=quiet or as_json) as tick:
-                sent = send_replay(plan, producer, topic, speed=speed, stop=stop, progress=tick)
-            log.info("replayed %d of %d events (%d jobs)", sent, len(plan.events), plan.jobs)
+            producer = parts.enter_context(contextlib.closing(bus.producer()))
+
+            def send(start: ReplayStart) -> None:
+                plan = start.plan
+                with output.progress(len(plan.events), "replay", "events", quiet=quiet or as_json) as tick:
+                    sent = send_replay(plan, producer, topic, speed=speed, stop=stop, progress=tick)
+                log.info("replayed %d of %d events (jobs %s*)", sent, len(plan.events), start.prefix)
+
             if exit_when_done:
-                if not _wait_until_stored(plan, worker, engine, stop):
+                send(start)
+                if not _wait_until_stored(start.plan, worker, engine, stop):
                     return EXIT_UNDECODABLE if failed else 130  # stopped before the store had everything
                 counts = replayed_job_counts(engine, start.job_ids)
                 if as_json:
@@ -193,6 +209,19 @@ def _up(
                 else:
                     output.say(f"replay stored: {counts}", stderr=True)
                 return 0
+            prefix = job_prefix_of(job_prefix, seed)
+            sent_passes = 0
+            while True:  # passes == 0: until stopped
+                send(start)
+                sent_passes += 1
+                if stop.is_set() or sent_passes == passes:
+                    break
+                following = _next_pass(plan_for, prefix, start, engine, settings)
+                if following is None:
+                    break
+                # up's own worker takes each pass's timeline, further ahead of the wall clock each time.
+                worker.max_clock_skew = max(worker.max_clock_skew, _ahead_of_now(following.plan))
+                start = following
         stop.wait()
     return EXIT_UNDECODABLE if failed else 0
 
@@ -225,12 +254,49 @@ def _replay_start(
     return start
 
 
+def _next_pass(
+    plan_for: Callable[[str, datetime], ReplayPlan], prefix: str, previous: ReplayStart, engine: Engine,
+    settings: Settings,
+) -> ReplayStart | None:  # fmt: skip
+    """The pass after `previous`, from its end on (the store may not hold all of it yet); None where the
+    timeline would run past the telemetry contract's bound, or no pass is left."""
+    from ingest.replay_passes import NoPassLeft, choose_start
+    from twin.limits import within_time_window
+
+    end = previous.plan.epoch + timedelta(seconds=previous.plan.duration_s)
+    try:
+        start = choose_start(
+            plan_for, prefix, engine, settings.cluster_id, datetime.now(UTC),
+            first_pass=previous.pass_number + 1, not_before=end,
+        )  # fmt: skip
+    except NoPassLeft as exc:
+        log.warning("the replay stops: %s", exc)
+        return None
+    last = start.plan.epoch + timedelta(seconds=start.plan.duration_s)
+    if not within_time_window(last):
+        log.warning(
+            "the replay stops: a next pass would run to %s, beyond the telemetry contract's bound on event "
+            "times; the API and the twin go on serving", last.isoformat(timespec="seconds"),
+        )  # fmt: skip
+        return None
+    log.info(
+        "replay pass %d: the file again as new jobs %s*, from %s",
+        start.pass_number, start.prefix, start.plan.epoch.isoformat(timespec="seconds"),
+    )  # fmt: skip
+    return start
+
+
+def _ahead_of_now(plan: ReplayPlan) -> timedelta:
+    """How far ahead of the wall clock the plan's last event is dated, and ten minutes' room."""
+    end = plan.epoch + timedelta(seconds=plan.duration_s)
+    return max(end - datetime.now(UTC), timedelta(0)) + timedelta(minutes=10)
+
+
 def _settings_for_replay(settings: Settings, plan: ReplayPlan) -> Settings:
     # The replay's timeline runs ahead of the wall clock (by up to its whole span at --speed 0, and more when
     # it starts after an earlier replay's end): up's own worker takes the replay's clock as the cluster's. A
     # separate `finetwin ingest` keeps FINETWIN_MAX_CLOCK_SKEW for replays it did not start.
-    end = plan.epoch + timedelta(seconds=plan.duration_s)
-    ahead = max(end - datetime.now(UTC), timedelta(0)) + timedelta(minutes=10)
+    ahead = _ahead_of_now(plan)
     settings = settings.model_copy(update={"max_clock_skew": max(settings.max_clock_skew, ahead)})
     if "forecast_policy" not in settings.model_fields_set:
         # The replayed cluster schedules greedily (a job starts wherever its GPUs free up first, small ones

@@ -9,10 +9,12 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -200,15 +202,47 @@ def test_finetwin_up_replays_to_the_store_and_prints_the_counts(
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert json.loads(done.stdout) == expected  # one JSON object, nothing else on stdout
-        assert stored_jobs(tmp_path / "data" / "finetwin.db") == run * len(sample_table)
+        assert stored(tmp_path / "data" / "finetwin.db", "jobs") == run * len(sample_table)
     assert "replaying the file again as new jobs replay-0-1-*" in done.stderr
 
 
-def stored_jobs(sqlite_file: Path) -> int:
-    import sqlite3
+def test_finetwin_up_goes_on_with_the_next_pass_as_new_jobs_after_the_last(
+    sample_plan: ReplayPlan, tmp_path: Path
+) -> None:
+    """A replay that ends would leave the twin standing still: `up` replays the file again as new jobs,
+    pass after pass, each from the last one's end, and up's own worker accepts each pass's timeline (none
+    dead-lettered, though each runs further ahead of the wall clock)."""
+    env = {**os.environ, "FINETWIN_DATA_DIR": str(tmp_path / "data"), "FINETWIN_SCHEDULER_ENABLED": "0"}
+    env.pop("FINETWIN_DATABASE_URL", None)
+    env.pop("FINETWIN_KAFKA_BOOTSTRAP", None)
+    store = tmp_path / "data" / "finetwin.db"
+    job_events = sum(event.job_id is not None for _, event in sample_plan.events)  # the same at any load
+    up = subprocess.Popen(
+        [FINETWIN, "up", "--speed", "100000", "--passes", "2", "--quiet", "--port", str(free_port())],
+        env=env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # Every job event of both passes applied: none dead-lettered as dated too far ahead.
+        wait_for(lambda: stored(store, "telemetry_events WHERE job_id IS NOT NULL") == 2 * job_events, 240)
+    finally:
+        up.send_signal(signal.SIGINT)
+        _, log = up.communicate(timeout=60)
+    assert "replay pass 1: the file again as new jobs replay-0-1-*" in log, log[-3000:]
+    assert "replay pass 2" not in log  # --passes 2: the first and one more
+    first_end = stored(store, "telemetry_events WHERE job_id NOT LIKE 'replay-0-1-%'", "max(ts)")
+    second_start = stored(store, "telemetry_events WHERE job_id LIKE 'replay-0-1-%'", "min(ts)")
+    assert second_start > first_end  # the second pass begins after the first one's last event
 
-    with contextlib.closing(sqlite3.connect(sqlite_file)) as connection:
-        return int(connection.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+def stored(sqlite_file: Path, rows: str, value: str = "count(*)") -> Any:
+    """`SELECT value FROM rows` in `up`'s SQLite store, read-only (0 before the store has its tables)."""
+    if not sqlite_file.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{sqlite_file}?mode=ro", uri=True)) as connection:
+        try:
+            return connection.execute(f"SELECT {value} FROM {rows}").fetchone()[0]
+        except sqlite3.OperationalError:  # not migrated yet
+            return 0
 
 
 def test_finetwin_ingest_without_a_broker_says_so(tmp_path: Path) -> None:

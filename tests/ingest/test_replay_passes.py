@@ -97,3 +97,19 @@ def test_the_same_ids_on_another_timeline_are_not_resumed(engine: Engine, rows: 
 
     assert (start.pass_number, start.stored_before) == (1, 0)
     assert len(start.plan.events) == len(planner(rows)(PREFIX, NOW).events)
+
+
+def test_the_next_pass_of_a_running_up_starts_at_the_last_ones_end(
+    engine: Engine, rows: pd.DataFrame
+) -> None:
+    """`up` going on after a pass it has just sent: the store may hold only part of that pass yet, which is
+    not to be resumed (it is being ingested), and the next pass starts at its end, not at the newest event
+    stored so far."""
+    sent = planner(rows)(PREFIX, NOW)
+    store(engine, sent, len(sent.events) // 3)
+    end = sent.epoch + timedelta(seconds=sent.duration_s)
+
+    start = choose_start(planner(rows), PREFIX, engine, "default", NOW, first_pass=1, not_before=end)
+
+    assert (start.pass_number, start.prefix, start.stored_before) == (1, f"{PREFIX}1-", 0)
+    assert start.plan.epoch == end
