@@ -13,7 +13,8 @@ where the last run had stopped (jobs "running" for ever, a forecast that never m
 - **All of it stored, or part of it on another timeline** (the same ids under another `--load` or file):
   the file is replayed again as new jobs, pass k with the job prefix `<prefix><k>-`, as above.
 
-A pinned `--epoch` skips all of this: the caller asked for exactly those events.
+A running `up` goes on after a pass it sent the same way (`first_pass`, `not_before`): the next pass starts
+at that one's end. A pinned `--epoch` skips all of this: the caller asked for exactly those events.
 """
 
 from __future__ import annotations
