@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "up.lock"
+# The shortest wall time a replay pass takes before the next one starts.
+MIN_PASS_WALL_S = 5.0
 
 UP_DEFAULT_SPEED = 600.0  # ten simulated minutes per second, so the dashboard moves
 # The replayed cluster is sized for this utilization: busy enough that the default SLO on the p95 wait
@@ -210,18 +213,15 @@ def _up(
                     output.say(f"replay stored: {counts}", stderr=True)
                 return 0
             prefix = job_prefix_of(job_prefix, seed)
-            sent_passes = 0
-            while True:  # passes == 0: until stopped
-                send(start)
-                sent_passes += 1
-                if stop.is_set() or sent_passes == passes:
-                    break
-                following = _next_pass(plan_for, prefix, start, engine, settings)
-                if following is None:
-                    break
+
+            def next_pass(previous: ReplayStart) -> ReplayStart | None:
+                following = _next_pass(plan_for, prefix, previous, engine, settings)
                 # up's own worker takes each pass's timeline, further ahead of the wall clock each time.
-                worker.max_clock_skew = max(worker.max_clock_skew, _ahead_of_now(following.plan))
-                start = following
+                if following is not None:
+                    worker.max_clock_skew = max(worker.max_clock_skew, _ahead_of_now(following.plan))
+                return following
+
+            send_passes(start, send, next_pass, passes, stop)
         stop.wait()
     return EXIT_UNDECODABLE if failed else 0
 
@@ -252,6 +252,31 @@ def _replay_start(
             start.prefix, start.plan.epoch.isoformat(timespec="seconds"),
         )  # fmt: skip
     return start
+
+
+def send_passes(
+    start: ReplayStart,
+    send: Callable[[ReplayStart], None],
+    next_pass: Callable[[ReplayStart], ReplayStart | None],
+    passes: int,
+    stop: threading.Event,
+) -> int:
+    """Send `start`, then pass after pass (`passes` in all; 0: until stopped or `next_pass` has none), each
+    taking at least MIN_PASS_WALL_S of wall time. Returns how many passes were sent."""
+    sent = 0
+    while True:
+        began = time.monotonic()
+        send(start)
+        sent += 1
+        if sent == passes or not start.job_ids:  # a file without rows: nothing to go on with
+            return sent
+        # A file of a few short jobs would otherwise start pass after pass as fast as it can plan them.
+        if stop.wait(max(0.0, MIN_PASS_WALL_S - (time.monotonic() - began))):
+            return sent
+        following = next_pass(start)
+        if following is None:
+            return sent
+        start = following
 
 
 def _next_pass(

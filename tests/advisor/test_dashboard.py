@@ -120,6 +120,13 @@ def test_dashboard_approve_end_to_end(
             page.on(
                 "console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None
             )
+            # The page's own files (not the API, whose refusals are part of the test) all load: a missing
+            # one is an error in the console.
+            missing: list[str] = []
+            page.on(
+                "response",
+                lambda r: missing.append(r.url) if r.status >= 400 and "/v1/" not in r.url else None,
+            )
             landing = page.goto(api_server["url"] + "/")
             assert landing is not None and "script-src 'self'" in landing.headers["content-security-policy"]
             page.fill("#key-input", keys["viewer"])
@@ -183,5 +190,6 @@ def test_dashboard_approve_end_to_end(
             page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
             assert (shots / "dashboard.png").stat().st_size > 10_000
             assert refused == []
+            assert missing == []
         finally:
             browser.close()

@@ -1,0 +1,71 @@
+"""`finetwin up`'s replay passes (`send_passes`): one after another until the count or the store says stop,
+never faster than MIN_PASS_WALL_S of wall time each, and none after a file without rows."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+import pytest
+
+from finetwin.commands import up
+from ingest.replay import ReplayPlan
+from ingest.replay_passes import ReplayStart
+
+
+def a_pass(number: int, jobs: int = 2) -> ReplayStart:
+    plan = ReplayPlan([], datetime(2026, 1, 1, tzinfo=UTC), jobs)
+    return ReplayStart(plan, f"p{number}-", [f"p{number}-{k}" for k in range(jobs)], number, 0)
+
+
+class RecordedWaits(threading.Event):
+    """A stop event that records how long each wait would have been, and returns at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout or 0.0)
+        return self.is_set()
+
+
+def run(first: ReplayStart, passes: int, last: int | None = None) -> tuple[int, list[int], RecordedWaits]:
+    sent: list[int] = []
+    stop = RecordedWaits()
+
+    def next_pass(previous: ReplayStart) -> ReplayStart | None:
+        number = previous.pass_number + 1
+        return None if last is not None and number > last else a_pass(number)
+
+    count = up.send_passes(first, lambda start: sent.append(start.pass_number), next_pass, passes, stop)
+    return count, sent, stop
+
+
+def test_passes_are_sent_in_turn_up_to_the_count() -> None:
+    assert run(a_pass(0), passes=3)[:2] == (3, [0, 1, 2])
+
+
+def test_until_stopped_goes_on_until_no_pass_is_left() -> None:
+    assert run(a_pass(4), passes=0, last=7)[:2] == (4, [4, 5, 6, 7])
+
+
+def test_a_file_without_rows_is_sent_once() -> None:
+    assert run(a_pass(0, jobs=0), passes=0, last=3)[:2] == (1, [0])
+
+
+def test_each_pass_takes_at_least_the_minimum_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(up, "MIN_PASS_WALL_S", 30.0)
+    _, _, stop = run(a_pass(0), passes=3)
+    assert len(stop.timeouts) == 2 and all(29.0 < t <= 30.0 for t in stop.timeouts)
+
+
+def test_a_stop_during_the_wait_ends_the_passes() -> None:
+    stop = RecordedWaits()
+    following: list[ReplayStart] = []
+
+    def send(start: ReplayStart) -> None:
+        stop.set()  # Ctrl-C while the pass was being sent
+
+    count = up.send_passes(a_pass(0), send, lambda p: following.append(p) or a_pass(1), 0, stop)
+    assert count == 1 and following == []
