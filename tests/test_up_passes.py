@@ -1,5 +1,6 @@
-"""`finetwin up`'s replay passes (`send_passes`): one after another until the count or the store says stop,
-never faster than MIN_PASS_WALL_S of wall time each, and none after a file without rows."""
+"""`finetwin up`'s replay passes (`finetwin.commands.up_replay.send_passes`): one after another until the
+count or the store says stop, never faster than MIN_PASS_WALL_S of wall time each, and none after a file
+without rows."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from finetwin.commands import up
+from finetwin.commands import up_replay
 from ingest.replay import ReplayPlan
 from ingest.replay_passes import ReplayStart
 
@@ -38,7 +39,9 @@ def run(first: ReplayStart, passes: int, last: int | None = None) -> tuple[int, 
         number = previous.pass_number + 1
         return None if last is not None and number > last else a_pass(number)
 
-    count = up.send_passes(first, lambda start: sent.append(start.pass_number), next_pass, passes, stop)
+    count = up_replay.send_passes(
+        first, lambda start: sent.append(start.pass_number), next_pass, passes, stop
+    )
     return count, sent, stop
 
 
@@ -55,7 +58,7 @@ def test_a_file_without_rows_is_sent_once() -> None:
 
 
 def test_each_pass_takes_at_least_the_minimum_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(up, "MIN_PASS_WALL_S", 30.0)
+    monkeypatch.setattr(up_replay, "MIN_PASS_WALL_S", 30.0)
     _, _, stop = run(a_pass(0), passes=3)
     assert len(stop.timeouts) == 2 and all(29.0 < t <= 30.0 for t in stop.timeouts)
 
@@ -67,5 +70,5 @@ def test_a_stop_during_the_wait_ends_the_passes() -> None:
     def send(start: ReplayStart) -> None:
         stop.set()  # Ctrl-C while the pass was being sent
 
-    count = up.send_passes(a_pass(0), send, lambda p: following.append(p) or a_pass(1), 0, stop)
+    count = up_replay.send_passes(a_pass(0), send, lambda p: following.append(p) or a_pass(1), 0, stop)
     assert count == 1 and following == []
