@@ -154,6 +154,26 @@ def test_a_quoted_line_break_takes_the_csv_module_and_writes_the_same_cells(tmp_
     assert new == old.encode()
 
 
+@pytest.mark.parametrize("block_rows", [1, 2, 5])
+@pytest.mark.parametrize("line_break", [False, True], ids=["fast path", "csv module"])
+def test_rows_written_a_block_at_a_time_are_the_rows_written_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_rows: int, line_break: bool
+) -> None:
+    """The output is written WRITE_BLOCK_ROWS rows at a time (a large file's joined output doubled its
+    memory): every row once, in order, its neutralised cells in its own place, whatever the block size."""
+    from calibrate import predict
+
+    monkeypatch.setattr(predict, "WRITE_BLOCK_ROWS", block_rows)
+    extras = [(cell, TRICKY[(i + 5) % len(TRICKY)]) for i, cell in enumerate(TRICKY)]
+    if line_break:
+        extras.append(("two\nlines", "=1+1"))
+    path = tmp_path / "configs.csv"
+    path.write_bytes(configs_text(extras, "\r\n", blank_after=3).encode())
+    assert (read_configs(path).written.records is None) == line_break
+    new, old = predict_both(path)
+    assert new == old.encode()
+
+
 def test_cells_quoted_without_need_are_kept_as_written_and_read_the_same(tmp_path: Path) -> None:
     """Kept verbatim, "abc" stays quoted where the csv module would drop the quotes: the same cells."""
     header = ",".join(COLUMNS)
