@@ -28,6 +28,7 @@ from sqlalchemy import Engine, select
 
 from ingest.replay import ReplayPlan
 from twin.clock import as_utc, telemetry_span
+from twin.limits import within_time_window
 from twin.store import TERMINAL_STATES, Job, TelemetryEvent
 
 # Stored times of one timeline agree to the microsecond; a second is room for a store that rounds.
@@ -38,7 +39,7 @@ _CHUNK = 900  # ids per IN (...): under SQLite's old 999-variable limit
 
 
 class NoPassLeft(RuntimeError):
-    pass
+    """No pass can start: MAX_PASSES are in the store, or the next would run past the contract's bound."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ def choose_start(
     """The replay to send: `plan_for(job prefix, epoch)` plans the file's telemetry (the same rows and seed
     every call). `first_pass`: the first pass to consider (`up` going on after a pass it sent, which the
     store may not hold all of yet); `not_before`: the earliest a new pass may start (that pass's end).
-    Raises NoPassLeft when MAX_PASSES passes are all in the store."""
+    Raises NoPassLeft when MAX_PASSES passes are all in the store, or a new pass would end beyond the
+    telemetry contract's bound on event times (whose events ingest would refuse)."""
     first = plan_for(prefix, now)
     rows = [job_id[len(prefix) :] for job_id in job_ids_of(first)]  # each job's row: the pass-free part
     for pass_number in range(first_pass, MAX_PASSES):
@@ -83,6 +85,13 @@ def choose_start(
         if not states:
             _, latest = telemetry_span(engine, cluster_id, now)
             epoch = max(t for t in (now, latest, not_before) if t is not None)
+            end = epoch + timedelta(seconds=first.duration_s)  # a plan's span is the same at any epoch
+            if not within_time_window(end, now):
+                raise NoPassLeft(
+                    f"a pass from {epoch.isoformat(timespec='seconds')} (the newest telemetry) would run to "
+                    f"{end.isoformat(timespec='seconds')}, beyond the telemetry contract's bound on event "
+                    "times; use a new data directory (FINETWIN_DATA_DIR) or pin --epoch"
+                )
             plan = first if (pass_number == 0 and epoch == now) else plan_for(current, epoch)
             return ReplayStart(plan, current, job_ids, pass_number, 0)
         if len(states) == len(job_ids) and TERMINAL_STATES.issuperset(states.values()):
@@ -123,7 +132,7 @@ def job_states(engine: Engine, job_ids: list[str]) -> dict[str, str]:
     """The stored state of each of these jobs that the store holds."""
     found: dict[str, str] = {}
     with engine.connect() as connection:
-        for chunk in _chunks(job_ids):
+        for chunk in in_chunks(job_ids):
             query = select(Job.job_id, Job.state).where(Job.job_id.in_(chunk))  # type: ignore[attr-defined]
             found.update((job_id, state) for job_id, state in connection.execute(query))
     return found
@@ -133,7 +142,7 @@ def stored_event_times(engine: Engine, event_ids: list[str]) -> dict[str, dateti
     """The event time of each of these events that the store holds."""
     found: dict[str, datetime] = {}
     with engine.connect() as connection:
-        for chunk in _chunks(event_ids):
+        for chunk in in_chunks(event_ids):
             query = select(TelemetryEvent.event_id, TelemetryEvent.ts).where(
                 TelemetryEvent.event_id.in_(chunk)  # type: ignore[attr-defined]
             )
@@ -146,6 +155,7 @@ def job_ids_of(plan: ReplayPlan) -> list[str]:
     return list(dict.fromkeys(event.job_id for _, event in plan.events if event.job_id is not None))
 
 
-def _chunks(values: list[str]) -> Iterable[list[str]]:
+def in_chunks(values: list[str]) -> Iterable[list[str]]:
+    """The values in lists short enough for one IN (...) on every store."""
     for start in range(0, len(values), _CHUNK):
         yield values[start : start + _CHUNK]

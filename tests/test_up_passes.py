@@ -5,13 +5,21 @@ without rows."""
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
+from calibrate.loader import load_benchmark
 from finetwin.commands import up_replay
-from ingest.replay import ReplayPlan
+from finetwin.errors import CommandError
+from finetwin.settings import Settings
+from ingest.apply import apply_events
+from ingest.events import NodeStatus, new_event
+from ingest.replay import ReplayPlan, plan_replay
 from ingest.replay_passes import ReplayStart
+from twin.limits import EVENT_TIME_WINDOW
 
 
 def a_pass(number: int, jobs: int = 2) -> ReplayStart:
@@ -72,3 +80,24 @@ def test_a_stop_during_the_wait_ends_the_passes() -> None:
 
     count = up_replay.send_passes(a_pass(0), send, lambda p: following.append(p) or a_pass(1), 0, stop)
     assert count == 1 and following == []
+
+
+def test_a_replay_that_would_run_past_the_contracts_bound_is_refused_at_start(
+    engine: Engine, sample_csv: Path
+) -> None:
+    """A store whose telemetry is dated almost ten years ahead (days of passes at --speed 600): the next
+    pass would start there and run past what ingest accepts, so `up` says so instead of replaying into the
+    dead-letter topic."""
+    far = datetime.now(UTC) + EVENT_TIME_WINDOW - timedelta(minutes=1)
+    node = NodeStatus(node_id="n0", gpu_model="L40S", gpu_count=8, status="up")
+    apply_events(engine, [new_event("node.status", node, job_id=None, ts=far)])
+    rows = load_benchmark(sample_csv).iloc[:20].reset_index(drop=True)
+
+    def plan_for(prefix: str, epoch: datetime) -> ReplayPlan:
+        return plan_replay(rows, seed=1, job_prefix=prefix, epoch=epoch)
+
+    with pytest.raises(CommandError, match="beyond the telemetry contract's bound on event times"):
+        up_replay.replay_start(plan_for, "bound-", None, engine, Settings())
+    # Pinned, the replay is what was asked for: no bound is looked up.
+    pinned = up_replay.replay_start(plan_for, "bound-", datetime.now(UTC), engine, Settings())
+    assert pinned.pass_number == 0 and len(pinned.job_ids) == len(rows)

@@ -83,26 +83,19 @@ def next_pass(
     plan_for: Callable[[str, datetime], ReplayPlan], prefix: str, previous: ReplayStart, engine: Engine,
     settings: Settings,
 ) -> ReplayStart | None:  # fmt: skip
-    """The pass after `previous`, from its end on (the store may not hold all of it yet); None where the
-    timeline would run past the telemetry contract's bound, or no pass is left."""
+    """The pass after `previous`, from its end on (the store may not hold all of it yet); None where no pass
+    is left (`ingest.replay_passes.NoPassLeft`: the timeline would run past the telemetry contract's bound,
+    or the store holds MAX_PASSES)."""
     from ingest.replay_passes import NoPassLeft, choose_start
-    from twin.limits import within_time_window
 
-    end = previous.plan.epoch + timedelta(seconds=previous.plan.duration_s)
+    end = end_of(previous.plan)
     try:
         start = choose_start(
             plan_for, prefix, engine, settings.cluster_id, datetime.now(UTC),
             first_pass=previous.pass_number + 1, not_before=end,
         )  # fmt: skip
     except NoPassLeft as exc:
-        log.warning("the replay stops: %s", exc)
-        return None
-    last = start.plan.epoch + timedelta(seconds=start.plan.duration_s)
-    if not within_time_window(last):
-        log.warning(
-            "the replay stops: a next pass would run to %s, beyond the telemetry contract's bound on event "
-            "times; the API and the twin go on serving", last.isoformat(timespec="seconds"),
-        )  # fmt: skip
+        log.warning("the replay stops (the API and the twin go on serving): %s", exc)
         return None
     log.info(
         "replay pass %d: the file again as new jobs %s*, from %s",
@@ -111,10 +104,14 @@ def next_pass(
     return start
 
 
+def end_of(plan: ReplayPlan) -> datetime:
+    """When the plan's last event is dated."""
+    return plan.epoch + timedelta(seconds=plan.duration_s)
+
+
 def ahead_of_now(plan: ReplayPlan) -> timedelta:
     """How far ahead of the wall clock the plan's last event is dated, and ten minutes' room."""
-    end = plan.epoch + timedelta(seconds=plan.duration_s)
-    return max(end - datetime.now(UTC), timedelta(0)) + timedelta(minutes=10)
+    return max(end_of(plan) - datetime.now(UTC), timedelta(0)) + timedelta(minutes=10)
 
 
 def settings_for_replay(settings: Settings, plan: ReplayPlan) -> Settings:
@@ -154,12 +151,12 @@ def replayed_job_counts(engine: Engine, job_ids: list[str]) -> dict[str, int]:
     """These jobs as the store holds them, in all and by outcome."""
     from sqlalchemy import func, select
 
+    from ingest.replay_passes import in_chunks
     from twin.store import Job
 
     counts = {"jobs": 0, "valid": 0, "rejected": 0, "runtime": 0}
     with engine.connect() as connection:
-        for first in range(0, len(job_ids), 900):  # under SQLite's old limit of 999 variables
-            chunk = job_ids[first : first + 900]
+        for chunk in in_chunks(job_ids):
             query = select(Job.outcome, func.count()).where(Job.job_id.in_(chunk)).group_by(Job.outcome)  # type: ignore[attr-defined]
             for outcome, count in connection.execute(query):
                 counts["jobs"] += count
