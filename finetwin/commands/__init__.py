@@ -15,6 +15,12 @@ import typer
 from finetwin import output
 from finetwin.errors import CommandError
 
+OUT_OF_MEMORY = (
+    "out of memory: this machine could not give the command the memory it needed. An input file is held "
+    "whole while it is worked on (`finetwin predict`: about twice its size): split it, or run where more "
+    "memory is free"
+)
+
 
 def add_command(
     app: typer.Typer,
@@ -30,7 +36,8 @@ def add_command(
 
 def _reporting(name: str, function: Callable[..., int | None]) -> Callable[..., None]:
     """The command as typer runs it: a CommandError becomes a message and exit status 2 (no traceback), a
-    second Ctrl-C exit status 130, a non-zero return its exit status."""
+    second Ctrl-C exit status 130, running out of memory a message and exit status 1, a non-zero return its
+    exit status."""
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> None:
@@ -41,6 +48,9 @@ def _reporting(name: str, function: Callable[..., int | None]) -> Callable[..., 
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except MemoryError:  # numpy's "Unable to allocate", a huge input read whole: said, not a traceback
+            output.error(name, OUT_OF_MEMORY)
+            raise typer.Exit(1) from None
         if status:
             raise typer.Exit(status)
 

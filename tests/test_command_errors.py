@@ -1,0 +1,41 @@
+"""How a command ends when something goes wrong (`finetwin.commands.add_command`): a user's mistake, an
+interrupt and running out of memory each end with a message and a status, never a traceback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from finetwin.commands import OUT_OF_MEMORY, add_command
+from finetwin.errors import CommandError
+
+
+def huge_allocation() -> int:
+    np.empty(
+        1 << 62, dtype=np.uint8
+    )  # numpy's "Unable to allocate 4 EiB": a MemoryError, as a huge input gives
+    return 0
+
+
+def mistake() -> int:
+    raise CommandError("--input is not a file")
+
+
+def interrupted() -> int:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("function", "status", "message"),
+    [(huge_allocation, 1, OUT_OF_MEMORY), (mistake, 2, "--input is not a file"), (interrupted, 130, "")],
+)
+def test_a_command_that_fails_says_why_without_a_traceback(function, status: int, message: str) -> None:  # type: ignore[no-untyped-def]
+    app = typer.Typer()
+    add_command(app, function, "demo")
+    add_command(app, lambda: 0, "other")  # two commands: typer keeps the name on the command line
+    result = CliRunner().invoke(app, ["demo"])
+    assert result.exit_code == status
+    assert "Traceback" not in result.output
+    assert " ".join(message.split()) in " ".join(result.output.split())
