@@ -176,11 +176,12 @@ class DistinctConfigs:
 _CONFIG_CELLS: tuple[str, ...] = (*PREDICT_REQUIRED_COLUMNS, *PROTOCOL_DEFAULTS)
 
 
-def load_distinct_configs(path: str | Path) -> DistinctConfigs:
+def load_distinct_configs(path: str | Path, data: bytes | None = None) -> DistinctConfigs:
     """The configurations of a CSV, each distinct one typed once, and the file as read, from one pass over
     it. A CSV of 100,000 configurations resampled from the benchmark holds ~3,900 (typing every row cost
-    ~0.3 s); a bad cell is named at the first row that holds it, as when every row is typed."""
-    frame = _read(path, PREDICT_REQUIRED_COLUMNS, with_records=True, columns=_CONFIG_CELLS)
+    ~0.3 s); a bad cell is named at the first row that holds it, as when every row is typed. `data`: the
+    file's bytes (a part of it: its header and some of its rows), read from `path` when not given."""
+    frame = _read(path, PREDICT_REQUIRED_COLUMNS, with_records=True, columns=_CONFIG_CELLS, data=data)
     present = [c for c in _CONFIG_CELLS if c in frame.raw.columns]
     first, rows = distinct_rows_of([frame.raw[c].to_numpy(dtype=object) for c in present], len(frame.raw))
     distinct = frame.raw[present].iloc[first].reset_index(drop=True)
@@ -211,15 +212,18 @@ def _read(
     *,
     with_records: bool = False,
     columns: Iterable[str] | None = None,
+    data: bytes | None = None,
 ) -> _Frame:
     """The file's cells and lines; with each row's line as written (`Records`) if asked, and if it is
     plain enough to have them. `columns`: the ones the caller reads (None: all); the fast reader holds only
-    those, where they are in the file (the csv module's reader holds every column, to write rows again)."""
+    those, where they are in the file (the csv module's reader holds every column, to write rows again).
+    `data`: the bytes to read as the file's (read from `path` when not given)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BenchmarkFormatError(path, None, None, f"cannot open: {exc.strerror or exc}") from exc
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BenchmarkFormatError(path, None, None, f"cannot open: {exc.strerror or exc}") from exc
     required = tuple(required)
     wanted = None if columns is None else tuple(columns)
     plain = _read_plain(path, data, required, with_records=with_records, columns=wanted)

@@ -12,6 +12,8 @@ import csv
 import math
 import os
 import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -44,9 +46,10 @@ class ConfigsFile:
     written: AsWritten  # each data row as written, in the file's order
 
 
-def read_configs(path: Path) -> ConfigsFile:
-    """Raises `BenchmarkFormatError` (naming the line and column) for input it cannot read."""
-    configs = load_distinct_configs(path)
+def read_configs(path: Path, data: bytes | None = None) -> ConfigsFile:
+    """Raises `BenchmarkFormatError` (naming the line and column) for input it cannot read. `data`: the
+    file's bytes (or its header and some of its rows), read from `path` when not given."""
+    configs = load_distinct_configs(path, data)
     header = configs.written.header
     clashing = [c for c in PREDICTION_COLUMNS if c in header]
     if clashing:
@@ -56,9 +59,105 @@ def read_configs(path: Path) -> ConfigsFile:
     return ConfigsFile(path, configs.table, configs.rows, header, configs.written)
 
 
-def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> PredictSummary:
-    """The input rows as written plus the prediction columns, atomically (all rows or no file). Each
-    distinct configuration is predicted and formatted once."""
+# A file larger than this is read and predicted a part at a time, each about this large (whole rows): the
+# memory a prediction takes is then bounded by the part, not the file (about twice the bytes held, and
+# 0.35 KB a row; a million rows of the benchmark's 38 columns read whole took 1.7 GB).
+CHUNK_BYTES = 64 << 20
+
+
+def configs_in_chunks(path: Path, chunk_bytes: int | None = None) -> Iterator[ConfigsFile]:
+    """The file's configurations: the whole file at once, or, for a file over `chunk_bytes` (CHUNK_BYTES),
+    a part at a time (its header and whole rows), each read as the whole file would be. A bad cell raises
+    `BenchmarkFormatError` with its line in the file, when its part is read."""
+    limit = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    try:
+        large = path.is_file() and path.stat().st_size > limit
+    except OSError:
+        large = False  # read_configs says what is wrong with it
+    header = _plain_header(path) if large else None
+    if header is None:
+        yield read_configs(path)
+        return
+    lines_before = 0  # the file's lines before the part, after the header
+    with path.open("rb") as handle:
+        handle.readline()
+        for rows in _whole_rows(handle, limit):
+            try:
+                yield read_configs(path, header + rows)
+            except BenchmarkFormatError as exc:  # its line in the part, made its line in the file
+                line = exc.line + lines_before if exc.line is not None and exc.line > 1 else exc.line
+                raise BenchmarkFormatError(path, line, exc.column, exc.message) from None
+            # Lines as the csv module counts them, as an error's line is: a lone \r ends one as well.
+            lines_before += rows.count(b"\n") + rows.count(b"\r") - rows.count(b"\r\n")
+
+
+def _plain_header(path: Path) -> bytes | None:
+    """The file's first line, when it is the whole header: ended by \n, no other line break and no quoted
+    cell open at its end. Else None: the file is read whole, as a file always was."""
+    with path.open("rb") as handle:
+        header = handle.readline(1 << 20)
+    body = header.removesuffix(b"\n").removesuffix(b"\r")
+    if not header.endswith(b"\n") or b"\r" in body or header.count(b'"') % 2:
+        return None
+    return header
+
+
+def _whole_rows(handle: BinaryIO, size: int) -> Iterator[bytes]:
+    """The rest of the file in parts of about `size` bytes, each ending after a line break that ends a row
+    (not one inside a quoted cell: before it the quotes are even, as every row's are)."""
+    carry = b""
+    while block := handle.read(size):
+        data = carry + block
+        cut = _row_end(data)
+        carry = data[cut:]
+        if cut:
+            yield data[:cut]
+    if carry:
+        yield carry
+
+
+def _row_end(data: bytes) -> int:
+    """Where the last row that ends in `data` ends (after its \n); 0 for none. `data` starts a row."""
+    cut = data.rfind(b"\n") + 1
+    quotes = data.count(b'"', 0, cut)
+    while cut and quotes % 2:  # this \n is inside a quoted cell: try the one before
+        before = data.rfind(b"\n", 0, cut - 1) + 1
+        quotes -= data.count(b'"', before, cut)
+        cut = before
+    return cut
+
+
+def write_predictions(
+    models: Any,
+    configs: ConfigsFile | Iterable[ConfigsFile],
+    output_path: Path,
+    each: Callable[[ConfigsFile], object] | None = None,
+) -> PredictSummary:
+    """The input rows as written plus the prediction columns, atomically (all rows or no file), from the
+    whole file or its parts in order (`configs_in_chunks`). Each distinct configuration of a part is
+    predicted and formatted once. `each(part)` hears every part before it is predicted."""
+    parts = [configs] if isinstance(configs, ConfigsFile) else configs
+    rows, flagged, outcomes = 0, 0, Counter[str]()
+    temporary = output_path.with_name(f".{output_path.name}.{uuid.uuid4().hex}")
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with temporary.open("wb") as handle:
+            for number, part in enumerate(parts):
+                if each is not None:
+                    each(part)
+                if number == 0:
+                    header = _row_text(neutralise_row([*part.header, *PREDICTION_COLUMNS]))
+                    handle.write(f"{header}{_LINE_END}".encode())
+                summary = _write_part(models, part, handle)
+                rows, flagged = rows + summary.rows, flagged + summary.flagged
+                outcomes.update(summary.outcomes)
+        os.replace(temporary, output_path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return PredictSummary(rows, dict(outcomes), flagged)
+
+
+def _write_part(models: Any, configs: ConfigsFile, handle: BinaryIO) -> PredictSummary:
     table = configs.table
     predicted = (
         models.predict_frame(table, distinct=True) if len(table) else pd.DataFrame(columns=PREDICTION_COLUMNS)
@@ -66,16 +165,7 @@ def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> P
     if len(predicted) != len(table):
         raise RuntimeError(f"the model returned {len(predicted)} predictions for {len(table)} rows")
     texts = _prediction_texts(predicted)
-    temporary = output_path.with_name(f".{output_path.name}.{uuid.uuid4().hex}")
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with temporary.open("wb") as handle:
-            header = _row_text(neutralise_row([*configs.header, *PREDICTION_COLUMNS]))
-            handle.write(f"{header}{_LINE_END}".encode())
-            _write_rows(handle, configs.written, [texts[i] for i in configs.rows.tolist()])
-        os.replace(temporary, output_path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    _write_rows(handle, configs.written, [texts[i] for i in configs.rows.tolist()])
     repeats = np.bincount(configs.rows, minlength=len(table))  # how many rows hold each configuration
     outcomes = pd.Series(repeats).groupby(predicted["outcome"].astype(str).to_numpy()).sum()
     noted = predicted["note"].fillna("").astype(str).str.len().gt(0).to_numpy() if len(predicted) else []
@@ -84,7 +174,7 @@ def write_predictions(models: Any, configs: ConfigsFile, output_path: Path) -> P
 
 
 def predict_csv(models: Any, input_path: Path, output_path: Path) -> PredictSummary:
-    return write_predictions(models, read_configs(input_path), output_path)
+    return write_predictions(models, configs_in_chunks(input_path), output_path)
 
 
 def data_row_number(path: Path, line: int) -> int | None:

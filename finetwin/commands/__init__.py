@@ -16,9 +16,8 @@ from finetwin import output
 from finetwin.errors import CommandError
 
 OUT_OF_MEMORY = (
-    "out of memory: this machine could not give the command the memory it needed. An input file is held "
-    "whole while it is worked on (`finetwin predict`: about twice its size): split it, or run where more "
-    "memory is free"
+    "out of memory: this machine could not give the command the memory it needed (a large input is held in "
+    "memory while it is worked on): split the input, or run where more memory is free"
 )
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,6 +17,9 @@ from finetwin.commands.options import ModelsDir, models_dir
 from finetwin.errors import CommandError
 from finetwin.numbers import num, pct
 from finetwin.settings import Settings
+
+if TYPE_CHECKING:
+    from calibrate.loader import BenchmarkFormatError
 
 # From this many rows on, `predict` waits for the trees' machine code (a few seconds the first time for a
 # version, then loaded from the cache): below, Treelite and scikit-learn finish sooner than a compile.
@@ -108,7 +113,7 @@ def predict(
 ) -> int:
     from calibrate import serving
     from calibrate.loader import BenchmarkFormatError
-    from calibrate.predict import data_row_number, read_configs, write_predictions
+    from calibrate.predict import ConfigsFile, configs_in_chunks, write_predictions
     from calibrate.registry import ModelRegistry, RegistryError
     from twin.output_files import OutputPathError, check_output_file
 
@@ -117,12 +122,13 @@ def predict(
         check_output_file(output_csv, force=force)  # before any work: a mistake costs nothing
     except OutputPathError as exc:
         raise CommandError(f"--output {exc}") from None
+    # A large file is read a part at a time (`configs_in_chunks`); bad input in the first part (all of any
+    # file up to 64 MB) is reported before the models are loaded, in a later part when it is reached.
+    parts = configs_in_chunks(input_csv)
     try:
-        configs = read_configs(input_csv)  # bad input is reported before the models are loaded
+        configs = next(parts)
     except BenchmarkFormatError as exc:
-        row = data_row_number(Path(exc.path), exc.line) if exc.line and exc.line > 1 else None
-        where = f" (data row {row})" if row else ""
-        raise CommandError(f"bad input: {exc}{where}") from None
+        raise CommandError(_bad_input(exc)) from None
     directory = models_dir(models, settings)
     registry = ModelRegistry(directory)
     try:
@@ -135,8 +141,6 @@ def predict(
     if loaded is None:
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
-    # Before the numbers, not as a note after them; counted over the file's rows, not its configurations.
-    _warn_unseen_models(configs.table["model_name"].iloc[configs.rows])
     if len(configs.rows) >= NATIVE_FROM_ROWS and not from_snapshot:
         started = time.perf_counter()
         if job_models.prepare_native(wait=True):
@@ -147,10 +151,18 @@ def predict(
                 "(once: later runs load them from the cache)",
                 stderr=True,
             )
+    names: Counter[str] = Counter()  # each model's rows, over the file's rows, not its configurations
+
+    def count_models(part: ConfigsFile) -> None:
+        names.update(part.table["model_name"].iloc[part.rows].tolist())
+
     try:
-        summary = write_predictions(job_models, configs, output_csv)
+        summary = write_predictions(job_models, itertools.chain([configs], parts), output_csv, count_models)
+    except BenchmarkFormatError as exc:  # in a later part of a large file: no output is written
+        raise CommandError(_bad_input(exc)) from None
     except OSError as exc:  # a place the checks above could not foresee (/proc, a full disk, a race)
         raise CommandError(f"--output {output_csv}: cannot write there: {exc.strerror or exc}") from None
+    _warn_unseen_models(names)  # before the numbers, not as a note after them
     if not summary.rows:
         output.say(
             f"no rows to predict: {input_csv} has a header and no data rows; {output_csv} holds the header"
@@ -181,11 +193,17 @@ def _metrics_table(candidate: dict[str, Any], incumbent: dict[str, Any] | None, 
     return output.table(columns, rows)
 
 
-def _warn_unseen_models(names: Any) -> None:
+def _bad_input(exc: BenchmarkFormatError) -> str:
+    from calibrate.predict import data_row_number
+
+    row = data_row_number(Path(exc.path), exc.line) if exc.line and exc.line > 1 else None
+    return f"bad input: {exc}" + (f" (data row {row})" if row else "")
+
+
+def _warn_unseen_models(counts: Counter[str]) -> None:
     from twin.domain import unseen_model_warning
 
-    counts = names.value_counts()
-    for name, rows in counts.items():
+    for name, rows in sorted(counts.items(), key=lambda item: -item[1]):
         warning = unseen_model_warning(str(name))
         if warning:
             output.say(f"warning ({rows} row{'s' if rows != 1 else ''}): {warning}", stderr=True)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from calibrate import loader
 from calibrate.columns import PREDICT_REQUIRED_COLUMNS
 from calibrate.loader import BENCHMARK_COLUMNS, BenchmarkFormatError
-from calibrate.predict import PREDICTION_COLUMNS, read_configs, write_predictions
+from calibrate.predict import PREDICTION_COLUMNS, configs_in_chunks, read_configs, write_predictions
 from twin.csv_cells import neutralise, neutralise_row, neutralise_texts
 
 ROW = {
@@ -388,3 +388,46 @@ def test_a_bad_configuration_is_named_at_the_first_row_that_holds_it(tmp_path: P
     with pytest.raises(BenchmarkFormatError) as caught:
         read_configs(path)
     assert (caught.value.line, caught.value.column) == (5, "number_gpus")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.tuples(EXTRA_CELLS, OTHER_CELLS), min_size=1, max_size=12),
+    st.sampled_from(["\n", "\r\n"]),
+    st.integers(0, 12),
+    st.integers(1, 400),
+)
+def test_a_large_file_read_a_part_at_a_time_is_predicted_as_read_whole(
+    tmp_path: Path, extras: list[tuple[str, str]], ending: str, blank: int, chunk_bytes: int
+) -> None:
+    """Parts end only where a row ends (never at a line break inside a quoted cell), every row comes out
+    once and in order, as the file read whole gives it: whatever the part size, down to a byte."""
+    path = tmp_path / "configs.csv"
+    path.write_bytes(configs_text(extras, ending, blank_after=blank).encode())
+    whole, parts = tmp_path / "whole.csv", tmp_path / "parts.csv"
+    assert write_predictions(Stub(), read_configs(path), whole) == write_predictions(
+        Stub(), configs_in_chunks(path, chunk_bytes), parts
+    )
+    assert parts.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 150, 700])
+def test_a_bad_cell_in_a_later_part_is_named_at_its_line_in_the_file(
+    tmp_path: Path, chunk_bytes: int
+) -> None:
+    """Lines before the part count as the csv module counts them: quoted line breaks and a lone CR too."""
+    rows = [csv_line(["x", *ROW.values(), "y"]) for _ in range(6)]
+    rows[2] = csv_line(["two\nlines", *ROW.values(), "a\rb"])  # three lines to the csv module
+    bad = csv_line(["x", *{**ROW, "number_gpus": "four"}.values(), "y"])
+    path = tmp_path / "configs.csv"
+    path.write_bytes(("\r\n".join([csv_line(COLUMNS), *rows, bad, *rows]) + "\r\n").encode())
+    with pytest.raises(BenchmarkFormatError) as whole:
+        read_configs(path)
+    with pytest.raises(BenchmarkFormatError) as in_parts:
+        list(configs_in_chunks(path, chunk_bytes))
+    assert (
+        (in_parts.value.line, in_parts.value.column)
+        == (whole.value.line, whole.value.column)
+        == (10, "number_gpus")
+    )
+    assert str(in_parts.value) == str(whole.value)

@@ -144,3 +144,38 @@ def test_yes_no_columns_take_words_as_a_spreadsheet_writes_them(
     assert predict(calibrated_models_dir, bad, tmp_path / "pred-bad.csv") == 2
     err = capsys.readouterr().err
     assert "line 3" in err and "enable_roce" in err and "'maybe' is not a yes/no value" in err
+
+
+def test_a_large_file_is_predicted_a_part_at_a_time_as_it_is_whole(
+    calibrated_models_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over CHUNK_BYTES, a file is read and predicted a part at a time (its memory bounded by the part): the
+    same output, the unseen model counted over every part, and a bad cell in a late part named at its line
+    and data row, with no output left behind."""
+    from calibrate import predict as predict_module
+
+    rows = [
+        ROW | {"batch_size": str(b), "number_gpus": str(g)} for b in (8, 16, 32, 64) for g in (1, 2, 4, 8)
+    ]
+    rows = [*rows, ROW | {"model_name": "lama3-8b"}, *rows, ROW | {"model_name": "lama3-8b"}]
+    configs = write(tmp_path / "configs.csv", list(ROW), rows)
+    whole, parts = tmp_path / "whole.csv", tmp_path / "parts.csv"
+    assert predict(calibrated_models_dir, configs, whole) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(predict_module, "CHUNK_BYTES", 400)  # this file: 7 parts
+    assert predict(calibrated_models_dir, configs, parts) == 0
+    captured = capsys.readouterr()
+    assert parts.read_bytes() == whole.read_bytes()
+    assert "warning (2 rows): 'lama3-8b' is not a model the benchmark measured" in captured.err, captured.err
+    assert f"{len(rows)} rows predicted" in captured.out
+
+    bad = write(tmp_path / "bad.csv", list(ROW), [*rows, ROW | {"batch_size": "-3"}, *rows])
+    output = tmp_path / "bad-pred.csv"
+    assert predict(calibrated_models_dir, bad, output) == 2
+    error = capsys.readouterr().err
+    line = len(rows) + 2  # the header, then the rows before it
+    assert f"line {line}: column 'batch_size'" in error and f"(data row {len(rows) + 1})" in error, error
+    assert not output.exists() and not list(tmp_path.glob(".bad-pred.csv.*"))
