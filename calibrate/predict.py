@@ -68,7 +68,13 @@ CHUNK_BYTES = 64 << 20
 def configs_in_chunks(path: Path, chunk_bytes: int | None = None) -> Iterator[ConfigsFile]:
     """The file's configurations: the whole file at once, or, for a file over `chunk_bytes` (CHUNK_BYTES),
     a part at a time (its header and whole rows), each read as the whole file would be. A bad cell raises
-    `BenchmarkFormatError` with its line in the file, when its part is read."""
+    `BenchmarkFormatError` with its line in the file, when its part is read.
+
+    A part ends after a line break with an even number of quotes before it, which ends a row in any file
+    whose quotes open and close cells. A part the fast reader takes is such a file, its lines whole rows,
+    so the part after it starts a row. A part it does not take (a quoted line break, a stray quote), or that
+    cannot be read, may have been cut inside a cell: it is read again with the rest of the file, as one
+    part (a bad cell is then said as the whole file would say it)."""
     limit = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     try:
         large = path.is_file() and path.stat().st_size > limit
@@ -81,14 +87,34 @@ def configs_in_chunks(path: Path, chunk_bytes: int | None = None) -> Iterator[Co
     lines_before = 0  # the file's lines before the part, after the header
     with path.open("rb") as handle:
         handle.readline()
-        for rows in _whole_rows(handle, limit):
+        carry = b""
+        while block := handle.read(limit):
+            data = carry + block
+            cut = _row_end(data)
+            rows, carry = data[:cut], data[cut:]
+            if not rows:
+                continue
             try:
-                yield read_configs(path, header + rows)
-            except BenchmarkFormatError as exc:  # its line in the part, made its line in the file
-                line = exc.line + lines_before if exc.line is not None and exc.line > 1 else exc.line
-                raise BenchmarkFormatError(path, line, exc.column, exc.message) from None
+                part: ConfigsFile | None = _part(path, header + rows, lines_before)
+            except BenchmarkFormatError:
+                part = None  # said again below, if it is not the cut's doing
+            if part is None or part.written.records is None:  # maybe cut inside a cell: with the rest, as one
+                yield _part(path, header + rows + carry + handle.read(), lines_before)
+                return
+            yield part
             # Lines as the csv module counts them, as an error's line is: a lone \r ends one as well.
             lines_before += rows.count(b"\n") + rows.count(b"\r") - rows.count(b"\r\n")
+        if carry:
+            yield _part(path, header + carry, lines_before)
+
+
+def _part(path: Path, data: bytes, lines_before: int) -> ConfigsFile:
+    """`read_configs` of a part (its header and some rows): a bad cell's line is made its line in the file."""
+    try:
+        return read_configs(path, data)
+    except BenchmarkFormatError as exc:
+        line = exc.line + lines_before if exc.line is not None and exc.line > 1 else exc.line
+        raise BenchmarkFormatError(path, line, exc.column, exc.message) from None
 
 
 def _plain_header(path: Path) -> bytes | None:
@@ -100,20 +126,6 @@ def _plain_header(path: Path) -> bytes | None:
     if not header.endswith(b"\n") or b"\r" in body or header.count(b'"') % 2:
         return None
     return header
-
-
-def _whole_rows(handle: BinaryIO, size: int) -> Iterator[bytes]:
-    """The rest of the file in parts of about `size` bytes, each ending after a line break that ends a row
-    (not one inside a quoted cell: before it the quotes are even, as every row's are)."""
-    carry = b""
-    while block := handle.read(size):
-        data = carry + block
-        cut = _row_end(data)
-        carry = data[cut:]
-        if cut:
-            yield data[:cut]
-    if carry:
-        yield carry
 
 
 def _row_end(data: bytes) -> int:

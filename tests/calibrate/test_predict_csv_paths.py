@@ -431,3 +431,21 @@ def test_a_bad_cell_in_a_later_part_is_named_at_its_line_in_the_file(
         == (10, "number_gpus")
     )
     assert str(in_parts.value) == str(whole.value)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 60, 200, 5000])
+def test_a_stray_quote_cannot_make_a_part_end_inside_a_quoted_cell(tmp_path: Path, chunk_bytes: int) -> None:
+    """A quote inside an unquoted cell (the csv module reads it as text) makes the quotes before a line break
+    inside a later quoted cell even: a part may end there. Such a part is not plain, and it is read again
+    with the rest of the file, so the rows come out as read whole."""
+    plain = ",".join(["x", *ROW.values(), "y"])
+    lines = [",".join(COLUMNS), plain, plain, ",".join(['ab"c', *ROW.values(), "y"])]
+    lines += [",".join(['"two\nlines"', *ROW.values(), "y"]), plain]
+    lines += [plain] * 5
+    path = tmp_path / "configs.csv"
+    path.write_bytes(("\n".join(lines) + "\n").encode())
+    whole, parts = tmp_path / "whole.csv", tmp_path / "parts.csv"
+    assert write_predictions(Stub(), read_configs(path), whole) == write_predictions(
+        Stub(), configs_in_chunks(path, chunk_bytes), parts
+    )
+    assert parts.read_bytes() == whole.read_bytes()
