@@ -13,9 +13,8 @@ from finetwin.errors import CommandError
 
 
 def huge_allocation() -> int:
-    np.empty(
-        1 << 62, dtype=np.uint8
-    )  # numpy's "Unable to allocate 4 EiB": a MemoryError, as a huge input gives
+    # numpy's "Unable to allocate 4.00 EiB": the MemoryError a huge input gives, raised for real.
+    np.empty(1 << 62, dtype=np.uint8)
     return 0
 
 
