@@ -88,9 +88,9 @@ def choose_start(
             end = epoch + timedelta(seconds=first.duration_s)  # a plan's span is the same at any epoch
             if not within_time_window(end, now):
                 raise NoPassLeft(
-                    f"a pass from {epoch.isoformat(timespec='seconds')} (the newest telemetry) would run to "
-                    f"{end.isoformat(timespec='seconds')}, beyond the telemetry contract's bound on event "
-                    "times; use a new data directory (FINETWIN_DATA_DIR) or pin --epoch"
+                    f"a pass from {epoch.isoformat(timespec='seconds')}, after the telemetry stored, would "
+                    f"run to {end.isoformat(timespec='seconds')}, beyond the telemetry contract's bound on "
+                    "event times; use a new data directory (FINETWIN_DATA_DIR) or pin --epoch"
                 )
             plan = first if (pass_number == 0 and epoch == now) else plan_for(current, epoch)
             return ReplayStart(plan, current, job_ids, pass_number, 0)
