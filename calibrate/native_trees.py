@@ -266,11 +266,15 @@ def _run_all(commands: list[list[str]], build: Path) -> str | None:
     wrong (the others are stopped). Each one's errors go to a file: a pipe that fills would stall it."""
     deadline = time.monotonic() + COMPILE_TIMEOUT_S
     running: list[tuple[subprocess.Popen[bytes], Path]] = []
+    # The compiler's own temporary files in the build directory, which goes with the build: a compile
+    # stopped here (another unit failed) left its assembly in the system's temporary directory.
+    environment = {**os.environ, "TMPDIR": str(build)}
     try:
         for number, command in enumerate(commands):
             errors = build / f"errors{number}.txt"
             with errors.open("wb") as sink:
-                running.append((subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink), errors))
+                process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink, env=environment)
+                running.append((process, errors))
         for process, errors in running:
             if process.wait(timeout=max(0.0, deadline - time.monotonic())) != 0:
                 return f"compiling failed: {errors.read_text(errors='replace')[-400:]}"

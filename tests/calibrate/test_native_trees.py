@@ -166,3 +166,20 @@ def test_one_unit_that_does_not_compile_fails_the_whole_library(
     assert native_trees.load(native_trees.UNIT_MARK.join([good, "this is not C;", good])) is None
     assert "compiling failed" in caplog.text and "this is not C" in caplog.text
     assert not list((tmp_path / "cache" / "trees").rglob("*.so"))
+
+
+def test_a_compile_stopped_by_another_units_failure_leaves_nothing_in_the_temporary_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A unit that fails stops the others mid-compile; a compiler stopped so does not remove its own
+    temporary files, which went to the system's temporary directory (a `cc*.s` per stopped unit)."""
+    monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
+    system_tmp = tmp_path / "tmp"
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))
+    # Long enough to be compiling still when the bad unit has failed.
+    slow = "".join(
+        f"double tree_{k}(const double *x) {{ return x[0] * {k} + {k}; }}\n" for k in range(20_000)
+    )
+    assert native_trees.load(native_trees.UNIT_MARK.join(["this is not C;", slow])) is None
+    assert list(system_tmp.iterdir()) == []
