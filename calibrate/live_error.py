@@ -27,6 +27,7 @@ from calibrate.drift import DriftPolicy, DriftReport, drift, summarize
 from calibrate.records import JobPrediction, LiveError, ModelVersionRecord
 from calibrate.registry import InUseModels, RegistryError
 from calibrate.settings import CalibrateSettings
+from twin.db import in_chunks
 from twin.domain import Outcome
 from twin.jsonsafe import finite_or_none
 from twin.store import Job, ObservedRun, utcnow
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 SUBMITTED = "job.submitted"
 ENDED = ("job.completed", "job.failed", "job.rejected")
 _MEMORY_FAILURE = "oom"
-_IN_CHUNK = 900  # bound parameters per IN (...): well under SQLite's limit
 
 DriftCallback = Callable[[DriftReport], None]
 
@@ -243,8 +243,8 @@ def _outcomes_of(ended: dict[str, Any]) -> dict[str, Ended]:
 def _rows_for(connection: Connection, query: Any, key: Any, ids: list[str]) -> Iterator[Any]:
     """`query` (a select or a column) restricted to `key IN ids`, in chunks a SQLite statement can take."""
     statement = query if isinstance(query, Select) else select(query)
-    for start in range(0, len(ids), _IN_CHUNK):
-        result = connection.execute(statement.where(key.in_(ids[start : start + _IN_CHUNK])))
+    for chunk in in_chunks(ids):
+        result = connection.execute(statement.where(key.in_(chunk)))
         yield from (result.scalars() if not isinstance(query, Select) else result)
 
 

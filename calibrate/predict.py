@@ -80,13 +80,15 @@ def configs_in_chunks(path: Path, chunk_bytes: int | None = None) -> Iterator[Co
         large = path.is_file() and path.stat().st_size > limit
     except OSError:
         large = False  # read_configs says what is wrong with it
-    header = _plain_header(path) if large else None
-    if header is None:
+    if not large:
         yield read_configs(path)
         return
     lines_before = 0  # the file's lines before the part, after the header
     with path.open("rb") as handle:
-        handle.readline()
+        header = handle.readline(1 << 20)
+        if not _plain_header(header):
+            yield read_configs(path)
+            return
         carry = b""
         while block := handle.read(limit):
             data = carry + block
@@ -117,15 +119,11 @@ def _part(path: Path, data: bytes, lines_before: int) -> ConfigsFile:
         raise BenchmarkFormatError(path, line, exc.column, exc.message) from None
 
 
-def _plain_header(path: Path) -> bytes | None:
-    """The file's first line, when it is the whole header: ended by \n, no other line break and no quoted
-    cell open at its end. Else None: the file is read whole, as a file always was."""
-    with path.open("rb") as handle:
-        header = handle.readline(1 << 20)
+def _plain_header(header: bytes) -> bool:
+    """Whether the file's first line (up to 1 MB of it) is the whole header: ended by \n, no other line
+    break and no quoted cell open at its end. Else the file is read whole, as a file always was."""
     body = header.removesuffix(b"\n").removesuffix(b"\r")
-    if not header.endswith(b"\n") or b"\r" in body or header.count(b'"') % 2:
-        return None
-    return header
+    return header.endswith(b"\n") and b"\r" not in body and header.count(b'"') % 2 == 0
 
 
 def _row_end(data: bytes) -> int:

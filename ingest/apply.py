@@ -41,6 +41,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from ingest.bulk import insert_new_rows, insert_rows, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
+from twin.db import in_chunks
 from twin.store import JOB_STATE_RANK, TERMINAL_STATES, Job, Node, ObservedRun, TelemetryEvent
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ NODES: Table = Node.__table__  # type: ignore[attr-defined]
 
 EVENT_COLUMNS: tuple[str, ...] = tuple(c.name for c in EVENTS.columns)
 JOB_COLUMNS: tuple[str, ...] = tuple(c.name for c in JOBS.columns)
-# Bound parameters per IN (...) list: well under SQLite's limit, small enough for PostgreSQL's planner.
-_IN_CHUNK = 900
 _ZERO = timedelta(0)
 
 
@@ -286,7 +285,7 @@ def _lock_jobs(connection: Connection, job_ids: list[str]) -> dict[str, dict[str
         ids = bindparam("job_ids", job_ids, type_=postgresql.ARRAY(Text()))
         chunks = [JOBS.c.job_id == any_(ids)]
     else:
-        chunks = [JOBS.c.job_id.in_(job_ids[i : i + _IN_CHUNK]) for i in range(0, len(job_ids), _IN_CHUNK)]
+        chunks = [JOBS.c.job_id.in_(chunk) for chunk in in_chunks(job_ids)]
     for condition in chunks:
         query = select(JOBS).where(condition).order_by(JOBS.c.job_id).with_for_update()
         for row in connection.execute(query).mappings():

@@ -19,7 +19,7 @@ at that one's end. A pinned `--epoch` skips all of this: the caller asked for ex
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from statistics import median
@@ -28,6 +28,7 @@ from sqlalchemy import Engine, select
 
 from ingest.replay import ReplayPlan
 from twin.clock import as_utc, telemetry_span
+from twin.db import in_chunks
 from twin.limits import within_time_window
 from twin.store import TERMINAL_STATES, Job, TelemetryEvent
 
@@ -35,7 +36,6 @@ from twin.store import TERMINAL_STATES, Job, TelemetryEvent
 SAME_TIMELINE_S = 1.0
 # Passes tried before giving up (each one a query of the pass's job ids, ~4,000 for the bundled sample).
 MAX_PASSES = 1_000
-_CHUNK = 900  # ids per IN (...): under SQLite's old 999-variable limit
 
 
 class NoPassLeft(RuntimeError):
@@ -153,9 +153,3 @@ def stored_event_times(engine: Engine, event_ids: list[str]) -> dict[str, dateti
 def job_ids_of(plan: ReplayPlan) -> list[str]:
     """The plan's jobs, in the order of their first event."""
     return list(dict.fromkeys(event.job_id for _, event in plan.events if event.job_id is not None))
-
-
-def in_chunks(values: list[str]) -> Iterable[list[str]]:
-    """The values in lists short enough for one IN (...) on every store."""
-    for start in range(0, len(values), _CHUNK):
-        yield values[start : start + _CHUNK]

@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
 from twin.cluster import gpu_tdp_watts
+from twin.db import in_chunks
 from twin.domain import canonical_gpu_name
 from twin.plan import DEFAULT_POWER_FRACTION
 from twin.run_metrics import integrate_on_bins
@@ -76,8 +77,7 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
         ).all()
         ids = [j.job_id for j in jobs]
         measured: dict[str, float] = {}
-        for start in range(0, len(ids), 900):
-            chunk = ids[start : start + 900]
+        for chunk in in_chunks(ids):
             for job_id, watts in session.exec(
                 select(ObservedRun.job_id, ObservedRun.gpu_power_watts_avg).where(
                     col(ObservedRun.job_id).in_(chunk), col(ObservedRun.gpu_power_watts_avg).is_not(None)

@@ -7,14 +7,25 @@ which knows every package's tables.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlmodel import Session
 
 from twin.settings import TwinSettings
+
+# Bound parameters per IN (...) list: under SQLite's old limit of 999 variables, small enough for
+# PostgreSQL's planner.
+IN_CHUNK = 900
+T = TypeVar("T")
+
+
+def in_chunks(values: Sequence[T]) -> Iterator[Sequence[T]]:
+    """The values in slices short enough for one IN (...) on every store."""
+    for start in range(0, len(values), IN_CHUNK):
+        yield values[start : start + IN_CHUNK]
 
 
 def normalize_url(url: str) -> str:

@@ -151,7 +151,7 @@ def replayed_job_counts(engine: Engine, job_ids: list[str]) -> dict[str, int]:
     """These jobs as the store holds them, in all and by outcome."""
     from sqlalchemy import func, select
 
-    from ingest.replay_passes import in_chunks
+    from twin.db import in_chunks
     from twin.store import Job
 
     counts = {"jobs": 0, "valid": 0, "rejected": 0, "runtime": 0}
