@@ -273,12 +273,13 @@ def warm_up(port: int, key: str) -> None:
     if check.status_code != 200:
         raise SystemExit(f"advise failed: {check.status_code} {check.text[:300]}")
     # The server compiles the version's trees in the background (calibrate/native_trees.py) and answers
-    # from Treelite meanwhile: the clock starts once they run natively (checkouts without it say nothing).
+    # from the tree walker (or, in checkouts before it, Treelite) meanwhile: the clock starts once they run
+    # natively (checkouts without it say nothing).
     deadline = time.monotonic() + 180
     while True:
         listed = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"X-API-Key": key}).json()
         trees = listed.get("trees")
-        if trees in (None, "native", "treelite") or time.monotonic() > deadline:
+        if trees in (None, "native", "walker", "treelite") or time.monotonic() > deadline:
             print(f"trees: {trees}", file=sys.stderr)
             return
         time.sleep(0.2)  # another process's compile: nothing here to await

@@ -142,18 +142,26 @@ def measure(rows: int, predict_rows: int, repeat: int) -> list[tuple[str, float,
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         big = resampled_csv(rows, work / "resampled.csv")
+        many = resampled_csv(predict_rows, work / "many.csv", seed=1)
+        distinct, distinct_rows = distinct_configs_csv(predict_rows, work / "distinct.csv")
+        # A cache of this run's own: what a calibration leaves there, and compiles, are timed.
+        os.environ["FINETWIN_CACHE_DIR"] = str(work / "cache")
         started, cpu_started, worker_started = time.perf_counter(), time.process_time(), _children_cpu()
         result = calibrate_version(work / "models", benchmarks=[big], reason="bench")
         calibrate_s, calibrate_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         worker_cpu_s = _children_cpu() - worker_started
+        # The first `finetwin predict` after the calibration, as a user meets it: the version's trees not
+        # compiled for this machine yet (this checkout walks them from the snapshot the calibration left;
+        # checkouts before it compiled them first, or loaded the version through skops).
+        first_cli_s = run_predict_command(work / "models", many, work / "first_pred.csv")
+        first_distinct_s = run_predict_command(work / "models", distinct, work / "first_distinct.csv")
 
         registry = ModelRegistry(work / "models")
         load_s = best_of(repeat, lambda: registry.load_in_use())
         _, models = registry.load_in_use()  # type: ignore[misc]
         # As the API does once it loads a version: the trees as machine code, compiled once per version and
-        # machine (calibrate/native_trees.py), in a cache of this run's own (so the compile is timed), and the
-        # version's serving snapshot left beside them (calibrate/serving.py).
-        os.environ["FINETWIN_CACHE_DIR"] = str(work / "cache")
+        # machine (calibrate/native_trees.py), and the version's serving snapshot naming them
+        # (calibrate/serving.py).
         started = time.perf_counter()
         native = compile_as_the_api_does(work / "models", models)
         compile_s = time.perf_counter() - started
@@ -164,22 +172,20 @@ def measure(rows: int, predict_rows: int, repeat: int) -> list[tuple[str, float,
         table = load_benchmark(sample)
         predict_s = best_of(repeat, lambda: models.predict_frame(table))
         cli_s = best_of(repeat, lambda: predict_csv(models, sample, work / "pred.csv"))
-        many = resampled_csv(predict_rows, work / "many.csv", seed=1)
         started, cpu_started = time.perf_counter(), time.process_time()
         predict_csv(models, many, work / "many_pred.csv")
         many_s, many_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         # The command as a user runs it, in a fresh process: imports, loading the version, the CSV both ways,
-        # from the serving snapshot the API left. Without one (no process has compiled this version's trees
-        # and left it, or a checkout before it did), it loads the version from the registry through
-        # scikit-learn and skops, and leaves the snapshot for later runs.
-        for snapshot in (work / "cache").glob("**/serving-*.json"):
-            snapshot.unlink()
-        registry_cli_s = run_predict_command(work / "models", many, work / "cli_pred.csv")
+        # from the serving snapshot the API left (naming the compiled trees).
         cli_many_s = min(
             run_predict_command(work / "models", many, work / "cli_pred.csv") for _ in range(repeat)
         )
-        distinct, distinct_rows = distinct_configs_csv(predict_rows, work / "distinct.csv")
         cli_distinct_s = run_predict_command(work / "models", distinct, work / "cli_distinct_pred.csv")
+        # Without a snapshot (a registry calibrated on another machine), it loads the version from the
+        # registry through scikit-learn and skops, and leaves one for later runs.
+        for snapshot in (work / "cache").glob("**/serving-*"):
+            snapshot.unlink()
+        registry_cli_s = run_predict_command(work / "models", many, work / "cli_pred.csv")
         baseline_fit_s, baseline_predict_s = plain_baseline(table)
         # New rows against the version in use: the comparison fits the candidate's side and scores the version
         # in use's kept comparison fit ("same split, its kept fit"), or, where it kept none (code before it
@@ -198,9 +204,14 @@ def measure(rows: int, predict_rows: int, repeat: int) -> list[tuple[str, float,
         ("  of which the final fit (wall)", result.final_fit_seconds, CALIBRATE_BUDGET_S, "budget"),
         (f"  again, {rows:,} other rows, against the version in use", recalibrate_s,
          CALIBRATE_BUDGET_S, "budget"),
+        (f"first `finetwin predict` after it, {predict_rows:,} rows", first_cli_s, PREDICT_BUDGET_S,
+         "budget"),
+        (f"  {distinct_rows:,} rows, no configuration repeated", first_distinct_s, PREDICT_BUDGET_S,
+         "budget"),
         (f"`finetwin predict` command, {predict_rows:,} rows", cli_many_s, PREDICT_BUDGET_S, "budget"),
         ("  loading the version through skops (no snapshot)", registry_cli_s, PREDICT_BUDGET_S, "budget"),
-        (f"  {distinct_rows:,} rows, no configuration repeated", cli_distinct_s, PREDICT_BUDGET_S, "budget"),
+        (f"  {distinct_rows:,} rows, no configuration repeated", cli_distinct_s, PREDICT_BUDGET_S,
+         "budget"),
         (f"predict_csv in process, {predict_rows:,} rows", many_s, PREDICT_BUDGET_S, "budget"),
         ("  CPU s of it", many_cpu_s, PREDICT_BUDGET_S, "budget"),
         (f"predict_frame, {len(table):,} rows", predict_s, baseline_predict_s, "plain GBM predict"),

@@ -17,8 +17,10 @@ got that remapping wrong for these estimators (measured: 82 of the sample's 3,98
 off by up to 4.5 %), so it is not used.
 
 Fastest of all, `prepare_native` compiles the same trees to machine code (`calibrate.native_trees`): about
-20x Treelite's interpreter on an answer's ~70 rows. Long-lived processes compile in the background and use
-Treelite until the library is ready; `finetwin predict` waits for it (once per version and machine).
+20x Treelite's interpreter on an answer's ~70 rows, but ~8 s to compile once per version and machine. Until
+then (and in `finetwin predict`, which never waits for a compile), the tree walker (`calibrate.tree_walker`)
+walks the same trees from arrays at about half the compiled code's speed. Treelite and scikit-learn remain
+for a machine without a C compiler, or with native trees off.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from calibrate import native_trees
+from calibrate import native_trees, tree_walker
+from calibrate.tree_walker import TreeArrays
 
 if TYPE_CHECKING:  # Treelite and scikit-learn are imported where used: compiled trees run without them
     import treelite
@@ -42,9 +45,9 @@ if TYPE_CHECKING:  # Treelite and scikit-learn are imported where used: compiled
 # One thread: the machines that serve finetwin run many processes on few cores, and one ~100-row call is
 # over long before more threads would pay for waking up.
 THREADS = 1
-# From this many rows on, scikit-learn's own loop over the trees is the faster one (measured: Treelite's
-# interpreter costs about twice scikit-learn's per row, scikit-learn ~8 ms more per call; they cross near
-# 200 rows). An advice answer (~100 rows) takes Treelite, a CSV of configurations scikit-learn.
+# Without native trees or the walker: from this many rows on, scikit-learn's own loop over the trees is the
+# faster one (measured: Treelite's interpreter costs about twice scikit-learn's per row, scikit-learn ~8 ms
+# more per call; they cross near 200 rows). An answer (~100 rows) takes Treelite, a CSV scikit-learn.
 COMPILED_BELOW_ROWS = 256
 # From this many rows on, native trees use every core (up to 4): a CSV of configurations, not an answer, nor
 # the batches of a twin's ensemble, whose runs already share the cores out between processes.
@@ -54,16 +57,19 @@ MAX_THREADS = 4
 
 @dataclass(frozen=True)
 class TreesSnapshot:
-    """What compiled trees need of their estimator once its library is compiled on this machine: the
-    library's file name in the cache, the input space (`_input_space`) and whether it classifies. A version
-    runs from these alone, without scikit-learn or skops (`calibrate.serving`)."""
+    """What compiled trees need of their estimator to run without it: the trees as arrays for the walker
+    (`calibrate.tree_walker`), the file name of their native library in the cache once one is compiled
+    (else None), the input space (`_input_space`) and whether it classifies. A version runs from these
+    alone, without scikit-learn or skops (`calibrate.serving`)."""
 
-    library: str
+    library: str | None
     order: tuple[int, ...] | None
     lookups: dict[int, tuple[float, ...]]
     classifier: bool
+    arrays: TreeArrays
 
     def to_json(self) -> dict[str, Any]:
+        """All but the arrays, which go to an array file (`TreeArrays.to_arrays`)."""
         return {
             "library": self.library,
             "order": None if self.order is None else list(self.order),
@@ -75,10 +81,10 @@ class TreesSnapshot:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TreesSnapshot:
+    def from_json(cls, data: dict[str, Any], arrays: TreeArrays) -> TreesSnapshot:
         """Raises ValueError, KeyError or TypeError for anything but what `to_json` writes."""
         library, order, classifier = data["library"], data["order"], data["classifier"]
-        if not isinstance(library, str) or not isinstance(classifier, bool):
+        if not isinstance(library, str | None) or not isinstance(classifier, bool):
             raise ValueError("malformed trees snapshot")
         return cls(
             library,
@@ -88,6 +94,7 @@ class TreesSnapshot:
                 for k, table in data["lookups"].items()
             },
             classifier,
+            arrays,
         )
 
 
@@ -102,16 +109,20 @@ class CompiledTrees:
         self._native: native_trees.NativeTrees | None = None
         self._native_started = False
         self._native_done = threading.Event()
+        self._arrays: TreeArrays | None = None  # the walker's, built at its first call
         if isinstance(estimator, TreesSnapshot):
             self.estimator: Estimator | None = None
             self.classifier = estimator.classifier
             self._order = None if estimator.order is None else np.array(estimator.order, dtype=np.intp)
             self._lookups = {j: np.array(table, dtype=np.float64) for j, table in estimator.lookups.items()}
-            self._native = native_trees.open_cached(estimator.library)
-            if self._native is None:
-                raise ValueError(f"the compiled trees {estimator.library} are not in this machine's cache")
-            self._native_started = True
-            self._native_done.set()
+            self._arrays = estimator.arrays
+            if estimator.library is not None:
+                self._native = native_trees.open_cached(estimator.library)
+            if self._native is None and tree_walker.walker() is None:
+                raise ValueError("these trees cannot run here: no compiled library and no tree walker")
+            if self._native is not None:  # else the library is compiled (by `prepare_native`) as usual
+                self._native_started = True
+                self._native_done.set()
             return
         self.estimator = estimator
         # Duck-typed, so that this module does not import scikit-learn.
@@ -120,16 +131,22 @@ class CompiledTrees:
             raise ValueError("only binary classifiers are compiled")
         self._order, self._lookups = _input_space(estimator)
 
-    def snapshot(self) -> TreesSnapshot | None:
-        """These trees as a `TreesSnapshot`, once their native library is ready (else None)."""
-        if self._native is None:
-            return None
+    def snapshot(self) -> TreesSnapshot:
+        """These trees as a `TreesSnapshot`: with their native library once it is ready."""
         return TreesSnapshot(
-            self._native.path.name,
+            None if self._native is None else self._native.path.name,
             None if self._order is None else tuple(int(j) for j in self._order),
             {int(j): tuple(float(v) for v in table) for j, table in self._lookups.items()},
             self.classifier,
+            self.arrays,
         )
+
+    @property
+    def arrays(self) -> TreeArrays:
+        with self._lock:
+            if self._arrays is None:
+                self._arrays = TreeArrays.from_estimator(self._fitted())
+            return self._arrays
 
     def prepare_native(self, *, wait: bool = True) -> bool:
         """Compile (or load from the cache) the trees' native library; calls use it once it is ready.
@@ -145,14 +162,17 @@ class CompiledTrees:
         return self._native is not None
 
     def engine(self) -> str:
-        """How these trees run: "native", "compiling" (started, not ready) or "treelite"."""
+        """How these trees run: "native", "compiling" (started, not ready: the walker meanwhile), "walker"
+        or "treelite" (no compiler, or native trees off)."""
         if self._native is not None:
             return "native"
-        return "compiling" if self._native_started and not self._native_done.is_set() else "treelite"
+        if self._native_started and not self._native_done.is_set():
+            return "compiling"
+        return "walker" if tree_walker.walker() is not None else "treelite"
 
     def _load_native(self) -> None:
         try:
-            self._native = native_trees.load(native_trees.tree_source(self._fitted()))
+            self._native = native_trees.load(native_trees.tree_source(self.arrays))
         finally:
             self._native_done.set()
 
@@ -166,8 +186,8 @@ class CompiledTrees:
     def _fitted(self) -> Estimator:
         if self.estimator is None:
             raise RuntimeError(
-                "these trees run from their compiled library alone; load the version from the registry for "
-                "scikit-learn's estimator"
+                "these trees run from their serving snapshot alone (no scikit-learn estimator); load the "
+                "version from the registry for scikit-learn's estimator"
             )
         return self.estimator
 
@@ -175,10 +195,13 @@ class CompiledTrees:
         if len(X) == 0:
             return np.zeros(0)
         X = self._in_tree_space(X)
+        threads = min(MAX_THREADS, os.cpu_count() or 1) if len(X) >= PARALLEL_FROM_ROWS else THREADS
         native = self._native
         if native is not None:
-            threads = min(MAX_THREADS, os.cpu_count() or 1) if len(X) >= PARALLEL_FROM_ROWS else THREADS
             return native.raw(X, threads)
+        walker = tree_walker.walker()
+        if walker is not None:
+            return walker.raw(self.arrays, X, threads)
         import treelite.gtil
 
         out = treelite.gtil.predict(self.model, X, nthread=THREADS, pred_margin=True)
@@ -186,7 +209,7 @@ class CompiledTrees:
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Regressor: the prediction; binary classifier: P(class 1)."""
-        if len(X) >= COMPILED_BELOW_ROWS and self._native is None:
+        if len(X) >= COMPILED_BELOW_ROWS and self._native is None and tree_walker.walker() is None:
             with threadpool_limits(limits=THREADS, user_api="openmp"):
                 return self.reference_predict(X)
         raw = self.raw(X)

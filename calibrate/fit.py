@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from calibrate.features import FEATURE_NAMES, feature_columns
 from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
+from calibrate.tree_walker import TreeArrays
 from twin.domain import JobConfig, Outcome, broken_rule
 from twin.families import ERROR_QUANTILE_LEVELS, error_family
 
@@ -110,12 +111,14 @@ class CalibratedModels:
         return all([compiled.prepare_native(wait=wait) for compiled in trees]) if wait else False
 
     def tree_engine(self) -> str:
-        """How the trees run: "native" once every ensemble runs as machine code, "compiling" while a library
-        is being built, else "treelite" (its interpreter, and scikit-learn for large batches)."""
+        """How the trees run: "native" once every ensemble runs as its own machine code, "compiling" while a
+        library is being built (the walker meanwhile), "walker" (`calibrate.tree_walker`), else "treelite"
+        (its interpreter, and scikit-learn for large batches: no compiler, or native trees off)."""
         engines = {compiled.engine() for compiled in self._compiled_trees()}
-        if engines == {"native"}:
-            return "native"
-        return "compiling" if "compiling" in engines else "treelite"
+        for engine in ("compiling", "treelite", "walker"):
+            if engine in engines:
+                return engine
+        return "native"
 
     def _compiled_trees(self) -> list[CompiledTrees]:
         models = (self.throughput, self.failure, self.power)
@@ -131,24 +134,30 @@ class CalibratedModels:
             parts["power"] = trees
         return parts
 
-    def serving_snapshot(self) -> dict[str, Any] | None:
-        """What `from_serving` needs besides the version's params: every ensemble's `TreesSnapshot` and the
-        failure members' calibration; None until every ensemble runs as machine code."""
+    def serving_snapshot(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """What `from_serving` needs besides the version's params: every ensemble's `TreesSnapshot` (its
+        native library where it has one) and the failure members' calibration, and the trees' arrays."""
         trees = {name: compiled.snapshot() for name, compiled in self._compiled_parts().items()}
-        if any(snapshot is None for snapshot in trees.values()):
-            return None
-        return {
-            "trees": {name: snapshot.to_json() for name, snapshot in trees.items() if snapshot is not None},
+        arrays: dict[str, np.ndarray] = {}
+        for name, snapshot in trees.items():
+            arrays.update(snapshot.arrays.to_arrays(name))
+        described = {
+            "trees": {name: snapshot.to_json() for name, snapshot in trees.items()},
             "platt": [list(pair) for pair in self.failure.platt()],
         }
+        return described, arrays
 
     @classmethod
-    def from_serving(cls, snapshot: dict[str, Any], params: dict[str, Any]) -> CalibratedModels:
+    def from_serving(
+        cls, snapshot: dict[str, Any], arrays: Mapping[str, np.ndarray], params: dict[str, Any]
+    ) -> CalibratedModels:
         """The models of a version from its params and its `serving_snapshot`: the same predictions, from the
-        compiled libraries in this machine's cache, without scikit-learn (no reference numbers, no
-        `to_parts`). Raises ValueError (or KeyError, TypeError) where the snapshot does not fit."""
+        compiled libraries in this machine's cache or the tree walker, without scikit-learn (no reference
+        numbers, no `to_parts`). Raises ValueError (or KeyError, TypeError) where the snapshot does not fit
+        or cannot run here."""
         estimators: dict[str, Any] = {
-            name: TreesSnapshot.from_json(data) for name, data in snapshot["trees"].items()
+            name: TreesSnapshot.from_json(data, TreeArrays.from_arrays(arrays, name))
+            for name, data in snapshot["trees"].items()
         }
         for k, (slope, intercept) in enumerate(snapshot["platt"]):
             estimators[f"failure_calibration_{k}"] = (float(slope), float(intercept))

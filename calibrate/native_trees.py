@@ -1,15 +1,18 @@
-"""Native trees: a fitted HistGradientBoosting estimator written out as C (one nested if/else per tree),
-compiled by the machine's C compiler into a shared library, and called through ctypes once per batch.
+"""Native trees: a fitted HistGradientBoosting estimator's trees (`calibrate.tree_walker.TreeArrays`)
+written out as C (one nested if/else per tree), compiled by the machine's C compiler into a shared library,
+and called through ctypes once per batch.
 
 Why: Treelite's interpreter costs about 0.13 µs per tree and row, so the ~70 rows x 1,000 trees of one
 advice answer took ~10 ms; compiled branches cost ~15 ns, and one ctypes call a few microseconds.
 
-Safety: nothing here comes from the registry. The C source is generated on this machine from the estimator
-the registry loaded with skops (trusted types, checksums), and the library is compiled from it into this
-user's cache directory (`FINETWIN_CACHE_DIR`, else the platform's user cache dir), named by the SHA-256 of
-the source and the compiler command. A library is only loaded from a directory and file that this user
-owns and nobody else may write, as ssh treats its keys; otherwise it is compiled again in a private
-temporary directory. No compiler (or a failed compile): `load` returns None and the caller keeps Treelite.
+Safety: nothing here comes from the registry. The C source is generated on this machine from the
+estimator the registry loaded with skops (trusted types, checksums), or from the arrays of its serving
+snapshot in the private cache below (numbers only, checked by `TreeArrays.check`), and the library is
+compiled from it into this user's cache directory (`FINETWIN_CACHE_DIR`, else the platform's user cache
+dir), named by the SHA-256 of the source and the compiler command. A library is only loaded from a
+directory and file that this user owns and nobody else may write, as ssh treats its keys; otherwise it is
+compiled again in a private temporary directory. No compiler (or a failed compile): `load` returns None and
+the caller keeps the tree walker, or Treelite where the walker could not be compiled either.
 
 Inputs are rows already in the trees' own space (`calibrate.compiled`): categorical columns hold the trees'
 category or NaN, which goes where missing values go, exactly as Treelite's builder is given the trees.
@@ -28,12 +31,20 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from calibrate.tree_walker import TreeArrays
+
 log = logging.getLogger(__name__)
+Library = TypeVar("Library")
+# A node's kind in `calibrate.tree_walker.NODE`: a leaf (its value in `threshold`), a numeric split, a
+# categorical one (its left categories in the bitset row `bitset`).
+LEAF, NUMERIC, CATEGORICAL = 0, 1, 2
 
 # -O1: the branches are the work and -O2 compiles ~3x longer for no measurable gain on these trees. A
 # compiler without OpenMP (Apple's clang) gets the same source without -fopenmp: one thread per call.
@@ -44,7 +55,7 @@ SYMBOL = "finetwin_predict"
 # Rows per block of the tree-by-tree loop (measured on 100,000 rows x 1,000 trees: 16 rows 2.6 s, 64 2.0 s,
 # 256 1.9 s; row by row 5.7 s).
 BLOCK_ROWS = 256
-ABI = 4  # bumped when the generated function's signature or loop changes (in the source: the cache key)
+ABI = 5  # bumped when the generated function's signature or loop changes (in the source: the cache key)
 # The trees are compiled in units of this many, in parallel, and linked into one library: the 1,000-tree
 # throughput model took 15.6 s to compile as one file, most of a version's first compile on a machine. The
 # units are fixed by the source, not by the machine's cores, so that a library is the same everywhere.
@@ -55,41 +66,41 @@ _HEADER = "#include <math.h>\n#include <stdint.h>\n"
 _TREE_ATTRIBUTES = '__attribute__((visibility("hidden"), noinline))'
 
 
-def tree_source(estimator: Any) -> str:
-    """C source of the estimator's raw score: baseline + every tree's leaf value. In compilation units
-    joined by UNIT_MARK: the batch function first, then the trees, TREES_PER_UNIT to a unit."""
-    trees = [tree for iteration in estimator._predictors for tree in iteration]
-    baseline = float(np.asarray(estimator._baseline_prediction).ravel()[0])
+def tree_source(trees: TreeArrays) -> str:
+    """C source of the trees' raw score: baseline + every tree's leaf value. In compilation units joined by
+    UNIT_MARK: the batch function first, then the trees, TREES_PER_UNIT to a unit, each unit with its own
+    copy of the categorical splits' bitsets."""
+    count = len(trees.roots)
+    ends = np.append(trees.roots[1:], len(trees.nodes))
+    bitsets = ""
+    if len(trees.bitsets):
+        rows = ",".join("{" + ",".join(f"{int(w)}u" for w in row) + "}" for row in trees.bitsets)
+        bitsets = f"static const uint32_t bits[][8] = {{{rows}}};\n"
     units = []
-    for first in range(0, len(trees), TREES_PER_UNIT):
-        parts = [_HEADER]
-        for k in range(first, min(first + TREES_PER_UNIT, len(trees))):
-            tree = trees[k]
-            bitsets = np.asarray(tree.raw_left_cat_bitsets, dtype=np.uint32).reshape(-1, 8)
-            if len(bitsets):
-                rows = ",".join("{" + ",".join(f"{int(w)}u" for w in row) + "}" for row in bitsets)
-                parts.append(f"static const uint32_t bits_{k}[][8] = {{{rows}}};\n")
+    for first in range(0, count, TREES_PER_UNIT):
+        parts = [_HEADER, bitsets]
+        for k in range(first, min(first + TREES_PER_UNIT, count)):
             # noinline: each tree is compiled on its own; inlined into one huge function they compiled slower
             # and ran slower (measured on 1,000 trees of 31 leaves: 100k rows 2.9 -> 2.2 s).
             parts.append(f"{_TREE_ATTRIBUTES} double tree_{k}(const double *x) {{\n")
-            parts.append(_node(tree.nodes, 0, k, 1))
+            parts.append(_node(trees.nodes[trees.roots[k] : ends[k]], 0, 1))
             parts.append("}\n")
         units.append("".join(parts))
-    declared = "".join(f"{_TREE_ATTRIBUTES} double tree_{k}(const double *x);\n" for k in range(len(trees)))
-    table = ",".join(f"tree_{k}" for k in range(len(trees))) or "0"
+    declared = "".join(f"{_TREE_ATTRIBUTES} double tree_{k}(const double *x);\n" for k in range(count))
+    table = ",".join(f"tree_{k}" for k in range(count)) or "0"
     # Tree by tree over a block of rows, not row by row over the trees: one tree's code and branch history
     # stay hot for the whole block (the 1,000 trees' code outgrows the instruction cache). Each row still
     # adds baseline, tree 0, tree 1, ... in that order: the same sums to the last bit.
     batch = (
-        f"{_HEADER}/* finetwin native trees, abi {ABI}: {len(trees)} trees, "
-        f"{int(estimator.n_features_in_)} features */\n{declared}"
+        f"{_HEADER}/* finetwin native trees, abi {ABI}: {count} trees, {trees.features} features */\n"
+        f"{declared}"
         f"static double (*const trees[])(const double *) = {{{table}}};\n"
         f"void {SYMBOL}(const double *X, long n, long stride, double *out, int nthread) {{\n"
         "    #pragma omp parallel for num_threads(nthread) schedule(static)\n"
         f"    for (long b = 0; b < n; b += {BLOCK_ROWS}) {{\n"
         f"        long end = b + {BLOCK_ROWS} < n ? b + {BLOCK_ROWS} : n;\n"
-        f"        for (long i = b; i < end; i++) out[i] = {_literal(baseline)};\n"
-        f"        for (long k = 0; k < {len(trees)}; k++)\n"
+        f"        for (long i = b; i < end; i++) out[i] = {_literal(trees.baseline)};\n"
+        f"        for (long k = 0; k < {count}; k++)\n"
         "            for (long i = b; i < end; i++) out[i] += trees[k](X + i * stride);\n"
         "    }\n"
         "}\n"
@@ -97,27 +108,27 @@ def tree_source(estimator: Any) -> str:
     return UNIT_MARK.join([batch, *units])
 
 
-def _node(nodes: np.ndarray, key: int, tree: int, depth: int) -> str:
+def _node(nodes: np.ndarray, key: int, depth: int) -> str:
+    """One node of a tree (`tree_walker.NODE`, children counted from the tree's first node) as C."""
     node = nodes[key]
     pad = "    " * depth
-    if node["is_leaf"]:
-        return f"{pad}return {_literal(node['value'])};\n"
-    value = f"x[{int(node['feature_idx'])}]"
-    missing = "1" if node["missing_go_to_left"] else "0"
-    if node["is_categorical"]:
-        b = int(node["bitset_idx"])
+    if node["kind"] == LEAF:
+        return f"{pad}return {_literal(node['threshold'])};\n"
+    value = f"x[{int(node['feature'])}]"
+    missing = "1" if node["missing_left"] else "0"
+    if node["kind"] == CATEGORICAL:
         # A category in the left bitset goes left; one outside 0..255 (never seen by these trees) right.
         known = f"({value} >= 0 && {value} < 256)"
-        word = f"bits_{tree}[{b}][(int){value} >> 5]"
+        word = f"bits[{int(node['bitset'])}][(int){value} >> 5]"
         test = f"{known} && (({word} >> ((int){value} & 31)) & 1u)"
     else:
-        test = f"{value} <= {_literal(node['num_threshold'])}"
+        test = f"{value} <= {_literal(node['threshold'])}"
     condition = f"isnan({value}) ? {missing} : ({test})"
     return (
         f"{pad}if ({condition}) {{\n"
-        + _node(nodes, int(node["left"]), tree, depth + 1)
+        + _node(nodes, int(node["left"]), depth + 1)
         + f"{pad}}} else {{\n"
-        + _node(nodes, int(node["right"]), tree, depth + 1)
+        + _node(nodes, int(node["right"]), depth + 1)
         + f"{pad}}}\n"
     )
 
@@ -188,11 +199,16 @@ def _lock_for(digest: str) -> threading.Lock:
 def load(source: str) -> NativeTrees | None:
     """The library of `source` from the cache, compiled there first if it is not; None without a working
     compiler. Thread-safe; processes racing on one source each write their own file and rename it."""
+    return load_library(source, _open)
+
+
+def load_library(source: str, opener: Callable[[Path], Library | None]) -> Library | None:
+    """`load` for any C source, the library opened by `opener` (`calibrate.tree_walker`'s walker)."""
     cc = compiler()
     if cc is None:
         return None
     for command in ((cc, *COMPILE_FLAGS, OPENMP_FLAG), (cc, *COMPILE_FLAGS)):
-        native = _load_with(command, source)
+        native = _load_with(command, source, opener)
         if native is not None:
             return native
     return None
@@ -215,7 +231,9 @@ def open_cached(name: str) -> NativeTrees | None:
     return _open(path)
 
 
-def _load_with(command: tuple[str, ...], source: str) -> NativeTrees | None:
+def _load_with(
+    command: tuple[str, ...], source: str, opener: Callable[[Path], Library | None]
+) -> Library | None:
     digest = hashlib.sha256("\0".join((*command, source)).encode()).hexdigest()
     directory = cache_dir()
     with _lock_for(digest):
@@ -227,14 +245,14 @@ def _load_with(command: tuple[str, ...], source: str) -> NativeTrees | None:
         if not is_private:  # a cache others could write to is no place to load code from
             with tempfile.TemporaryDirectory(prefix="finetwin-trees-") as scratch:
                 path = _compile(command, source, Path(scratch), digest)
-                return _open(path) if path is not None else None
+                return opener(path) if path is not None else None
         path = directory / f"{digest}.so"
         if path.exists() and private(path):
-            native = _open(path)
+            native = opener(path)
             if native is not None:
                 return native
         built = _compile(command, source, directory, digest)
-        return _open(built) if built is not None else None
+        return opener(built) if built is not None else None
 
 
 def _compile(command: tuple[str, ...], source: str, directory: Path, digest: str) -> Path | None:

@@ -1,8 +1,11 @@
 """A model version as this machine runs it, loaded without scikit-learn or skops.
 
-Once a version's trees are compiled here (`calibrate.native_trees`), a small JSON snapshot beside the
-libraries records what its predictions need besides the version's own params: each ensemble's library and
-input space, and the failure members' calibration (`CalibratedModels.serving_snapshot`). A later
+A snapshot records what a version's predictions need besides its own params
+(`CalibratedModels.serving_snapshot`): a small JSON file (each ensemble's input space, its native library
+once one is compiled here, the failure members' calibration) and the trees as arrays (`.npz`, read with
+`allow_pickle=False`) for the tree walker (`calibrate.tree_walker`). `finetwin calibrate` leaves one for
+the version it writes, a process that compiles a version's trees (`calibrate.native_trees`) leaves one
+naming the libraries, and `finetwin predict` one for a version it had to load from the registry. A later
 `finetwin predict` then loads the version from the params and the snapshot: the same numbers, without the
 ~1.2 s of importing scikit-learn, the ~1.3 s of importing skops and the ~1 s of skops loading that a
 2-second budget for 100,000 rows cannot hold.
@@ -10,8 +13,8 @@ input space, and the failure members' calibration (`CalibratedModels.serving_sna
 Trust is the native trees': a snapshot is only read from the private cache that holds the libraries it
 names (where a file can already run code), under the sha256 of the version's manifest, which the registry
 verifies with every artifact of the version before the snapshot is looked up. Anything amiss (no snapshot,
-a library gone or damaged, a format this finetwin does not write) means no snapshot: the caller loads the
-version from the registry as before.
+a library gone or damaged, arrays a walk could leave, a format this finetwin does not write) means no
+snapshot: the caller loads the version from the registry as before.
 """
 
 from __future__ import annotations
@@ -19,38 +22,59 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
 
 from calibrate import native_trees
 from calibrate.fit import CalibratedModels
 from calibrate.registry import MANIFEST, ModelRegistry, sha256_file
 
 # Bumped when the snapshot's contents change; the library ABI is part of the name as well.
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 
 def snapshot_path(manifest_sha256: str) -> Path:
+    """The snapshot's JSON file; its arrays are `arrays_path` of it."""
     name = f"serving-{manifest_sha256}-{SNAPSHOT_FORMAT}.{native_trees.ABI}.json"
     return native_trees.cache_dir() / name
 
 
+def arrays_path(path: Path) -> Path:
+    return path.with_suffix(".npz")
+
+
 def save(registry: ModelRegistry, version: str, models: CalibratedModels) -> Path | None:
-    """Write the snapshot of `version` (loaded from `registry`, its trees compiled); None when there is
-    nothing to write (trees not all native) or nowhere private to write it."""
-    snapshot = models.serving_snapshot()
-    if snapshot is None or not native_trees.enabled():
+    """Write the snapshot of `version` (the models of it: loaded from `registry`, or just fitted and
+    written there); None where native trees are off or there is nowhere private to write it."""
+    if not native_trees.enabled():
         return None
+    described, arrays = models.serving_snapshot()
     path = snapshot_path(registry.verified_manifest_sha256(version))
     try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not native_trees.private(path.parent):
             return None
-        handle, temporary = tempfile.mkstemp(prefix=".serving-", dir=path.parent)  # mode 0600
-        with os.fdopen(handle, "w") as out:
-            json.dump(snapshot, out)
-        os.replace(temporary, path)
+        # The arrays first: a JSON file is only there once its arrays are.
+        _write_atomically(path.parent, arrays_path(path), lambda out: np.savez(out, **arrays))
+        _write_atomically(path.parent, path, lambda out: out.write(json.dumps(described).encode()))
     except OSError:
         return None
     return path
+
+
+def _write_atomically(directory: Path, target: Path, write: Callable[[BinaryIO], object]) -> None:
+    handle, temporary = tempfile.mkstemp(prefix=".serving-", dir=directory)  # mode 0600
+    try:
+        with os.fdopen(handle, "wb") as out:
+            write(out)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def load_in_use(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:
@@ -72,9 +96,11 @@ def load_in_use(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:
     if registry.verified_manifest_sha256(version, pointer.get("manifest_sha256")) != digest:
         return None  # the manifest changed under us: let the registry's load decide
     try:
-        if not native_trees.private(path):
+        arrays_file = arrays_path(path)
+        if not (native_trees.private(path) and native_trees.private(arrays_file)):
             return None
         snapshot = json.loads(path.read_text())
-        return version, CalibratedModels.from_serving(snapshot, registry.params(version))
-    except (OSError, KeyError, TypeError, ValueError, AttributeError):
+        with np.load(arrays_file, allow_pickle=False) as arrays:
+            return version, CalibratedModels.from_serving(snapshot, arrays, registry.params(version))
+    except (OSError, KeyError, TypeError, ValueError, AttributeError, EOFError, zipfile.BadZipFile):
         return None

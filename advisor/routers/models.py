@@ -93,8 +93,8 @@ class ModelVersionOut(BaseModel):
 class ModelsOut(BaseModel):
     in_use: str | None
     # How this process runs the loaded version's trees: "native" (compiled for this machine), "compiling"
-    # (in the background; answers meanwhile come from Treelite's interpreter, slower), "treelite"; null
-    # before a version is loaded.
+    # (in the background; answers meanwhile come from the tree walker, about half as fast), "walker" (a
+    # compile failed), "treelite" (no C compiler, or native trees off); null before a version is loaded.
     trees: str | None = None
     versions: list[ModelVersionOut]
     history: list[dict[str, Any]]

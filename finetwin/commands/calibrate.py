@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,10 +20,6 @@ from finetwin.settings import Settings
 
 if TYPE_CHECKING:
     from calibrate.loader import BenchmarkFormatError
-
-# From this many rows on, `predict` waits for the trees' machine code (a few seconds the first time for a
-# version, then loaded from the cache): below, Treelite and scikit-learn finish sooner than a compile.
-NATIVE_FROM_ROWS = 5_000
 
 
 def register(app: typer.Typer) -> None:
@@ -141,16 +137,12 @@ def predict(
     if loaded is None:
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded
-    if len(configs.rows) >= NATIVE_FROM_ROWS and not from_snapshot:
-        started = time.perf_counter()
-        if job_models.prepare_native(wait=True):
+    if not from_snapshot:
+        # Loaded through skops: leave the version's snapshot, so that the next run loads it in a fraction of
+        # the time. The trees run through the tree walker (`calibrate.tree_walker`); their own machine code
+        # (twice as fast, ~8 s to compile once per version) is compiled by the API's long-lived process.
+        with contextlib.suppress(RegistryError):  # changed since it was loaded: the next run loads it again
             serving.save(registry, version, job_models)
-        if time.perf_counter() - started > 2.0:
-            output.say(
-                f"compiled the trees of {version} for this machine in {time.perf_counter() - started:.1f} s "
-                "(once: later runs load them from the cache)",
-                stderr=True,
-            )
     names: Counter[str] = Counter()  # each model's rows, over the file's rows, not its configurations
 
     def count_models(part: ConfigsFile) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from calibrate import serving, tree_walker
 from calibrate.loader import CONFIG_COLUMNS, load_benchmark
 from calibrate.predict import PREDICTION_COLUMNS
 from calibrate.registry import ModelRegistry
@@ -286,33 +287,41 @@ def test_report_out_never_replaces_files_unless_forced(
     assert (earlier / "report.md").read_text() == "an earlier report"
 
 
-def test_predict_of_a_large_csv_runs_the_native_trees_with_the_same_numbers(
+def test_predict_walks_the_trees_at_once_and_never_waits_for_a_compile(
     calibrated_models_dir: Path, sample_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """From NATIVE_FROM_ROWS rows on, predict compiles the version's trees (into the user's cache) and
-    predicts with them: the file it writes holds scikit-learn's numbers."""
-    from finetwin.commands.calibrate import NATIVE_FROM_ROWS
-
-    sample = read(sample_csv)
+    """A cache without the version's snapshot (a registry calibrated elsewhere): predict loads the version
+    from the registry, walks its trees (calibrate/tree_walker.py) without compiling them, and leaves the
+    snapshot, which the next run loads; once a long-lived process has compiled the trees and named them in
+    the snapshot, the file is the same to the byte; and it holds scikit-learn's numbers."""
     large = tmp_path / "large.csv"
-    repeats = NATIVE_FROM_ROWS // len(sample) + 1
-    pd.concat([sample] * repeats, ignore_index=True).to_csv(large, index=False)
+    pd.concat([read(sample_csv)] * 2, ignore_index=True).to_csv(large, index=False)
     cache = tmp_path / "cache"
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(cache))
-    assert main(predict_argv(calibrated_models_dir, large, tmp_path / "native.csv")) == 0
-    assert len(list((cache / "trees").glob("*.so"))) == 7  # two throughput, four failure, one power
-    # ... and the version's serving snapshot beside them, which the next run loads (calibrate/serving.py).
+    assert main(predict_argv(calibrated_models_dir, large, tmp_path / "walked.csv")) == 0
+    # At most the walker's library: none of the version's own trees was compiled.
+    walker = tree_walker.walker()
+    assert walker is not None
+    assert {p.name for p in (cache / "trees").glob("*.so")} <= {walker.path.name}
     assert len(list((cache / "trees").glob("serving-*.json"))) == 1
     assert main(predict_argv(calibrated_models_dir, large, tmp_path / "snapshot.csv")) == 0
-    assert (tmp_path / "snapshot.csv").read_bytes() == (tmp_path / "native.csv").read_bytes()
+    assert (tmp_path / "snapshot.csv").read_bytes() == (tmp_path / "walked.csv").read_bytes()
+    registry = ModelRegistry(calibrated_models_dir)
+    version, models = registry.load_in_use()  # type: ignore[misc]
+    assert models.prepare_native(wait=True)  # as the API's reader does in the background
+    serving.save(registry, version, models)
+    loaded = serving.load_in_use(registry)
+    assert loaded is not None and loaded[1].tree_engine() == "native"
+    assert main(predict_argv(calibrated_models_dir, large, tmp_path / "native.csv")) == 0
+    assert (tmp_path / "native.csv").read_bytes() == (tmp_path / "walked.csv").read_bytes()
     monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
     assert main(predict_argv(calibrated_models_dir, large, tmp_path / "reference.csv")) == 0
-    native, reference = read(tmp_path / "native.csv"), read(tmp_path / "reference.csv")
-    assert len(native) == repeats * len(sample)
-    assert list(native["outcome"]) == list(reference["outcome"])
+    walked, reference = read(tmp_path / "walked.csv"), read(tmp_path / "reference.csv")
+    assert len(walked) == 2 * len(read(sample_csv))
+    assert list(walked["outcome"]) == list(reference["outcome"])
     for column in ("p_valid", "tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90"):
         got, want = (
-            native[column].replace("", "nan").astype(float),
+            walked[column].replace("", "nan").astype(float),
             reference[column].replace("", "nan").astype(float),
         )
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=column)

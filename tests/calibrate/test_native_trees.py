@@ -1,6 +1,6 @@
-"""Native trees (calibrate/native_trees.py): the estimators compiled to machine code give scikit-learn's
-numbers, are compiled once per machine and loaded from a private cache, and never stop a prediction when
-there is no compiler."""
+"""Native trees (calibrate/native_trees.py) and the tree walker (calibrate/tree_walker.py): the estimators
+compiled to machine code, and walked from their arrays, give scikit-learn's numbers; libraries are compiled
+once per machine and loaded from a private cache, and never stop a prediction when there is no compiler."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate import boosting, native_trees, performance
+from calibrate import boosting, native_trees, performance, tree_walker
 from calibrate.compiled import CompiledTrees
 from calibrate.fit import CalibratedModels
 from calibrate.loader import load_benchmark
 from calibrate.registry import ModelRegistry
+from calibrate.tree_walker import TreeArrays
 
 BAND = ("tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90")
 
@@ -37,20 +38,30 @@ def test_native_trees_equal_the_scikit_learn_estimators_on_the_real_sample(
     calibrated_models_dir: Path, sample: pd.DataFrame
 ) -> None:
     """Issue 14, point 4: within 1e-6 relative of scikit-learn for every number a prediction carries, in
-    small batches (an answer: one thread) and large ones (a CSV: every core), unseen categories included."""
+    small batches (an answer: one thread) and large ones (a CSV: every core), unseen categories included;
+    through the walker first, then through the trees' own libraries, which give the walker's numbers to
+    the last bit."""
     models = loaded(calibrated_models_dir)
-    assert models.tree_engine() == "treelite"
-    assert models.prepare_native(wait=True) and models.tree_engine() == "native"
     unseen = sample.head(40).assign(
         gpu_model="H200-SXM", model_name="qwen2-7b", experiment_id="SFTTrainer.never-seen-protocol"
     )
     large = pd.concat([sample] * 6, ignore_index=True)  # over PARALLEL_FROM_ROWS: the threaded loop
-    for table in (sample.head(70), unseen, large):
-        native = models.predict_frame(table, power=True)
-        reference = models.predict_frame(table, power=True, reference=True)
-        for column in ("p_valid", "p_valid_low", *BAND, "power_watts"):
-            got, want = native[column].to_numpy(float), reference[column].to_numpy(float)
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12, err_msg=column)
+    tables = (sample.head(70), unseen, large)
+    walked = []
+    for engine in ("walker", "native"):
+        if engine == "native":
+            assert models.prepare_native(wait=True)
+        assert models.tree_engine() == engine
+        for k, table in enumerate(tables):
+            got = models.predict_frame(table, power=True)
+            reference = models.predict_frame(table, power=True, reference=True)
+            for column in ("p_valid", "p_valid_low", *BAND, "power_watts"):
+                want = reference[column].to_numpy(float)
+                np.testing.assert_allclose(got[column].to_numpy(float), want, rtol=1e-6, atol=1e-12)
+            if engine == "walker":
+                walked.append(got)
+            else:
+                pd.testing.assert_frame_equal(got, walked[k], check_exact=True)
 
 
 def test_a_large_ensemble_compiles_in_units_and_sums_as_scikit_learn_does(
@@ -62,7 +73,7 @@ def test_a_large_ensemble_compiles_in_units_and_sums_as_scikit_learn_does(
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
     models = loaded(calibrated_models_dir)
     regressor = models.throughput.regressor
-    source = native_trees.tree_source(regressor)
+    source = native_trees.tree_source(TreeArrays.from_estimator(regressor))
     assert source.count(native_trees.UNIT_MARK) == -(-regressor.n_iter_ // native_trees.TREES_PER_UNIT) > 1
     library = native_trees.load(source)
     assert library is not None
@@ -76,7 +87,7 @@ def test_a_second_process_loads_the_library_from_the_cache_without_compiling(
 ) -> None:
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
     estimator = loaded(calibrated_models_dir).throughput.difficulty
-    source = native_trees.tree_source(estimator)
+    source = native_trees.tree_source(TreeArrays.from_estimator(estimator))
     first = native_trees.load(source)
     assert first is not None and first.path.parent == tmp_path / "cache" / "trees"
     assert oct(first.path.stat().st_mode & 0o777) == oct(0o700)
@@ -91,7 +102,9 @@ def test_a_cache_others_can_write_to_is_not_loaded_from(
     calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
-    source = native_trees.tree_source(loaded(calibrated_models_dir).throughput.difficulty)
+    source = native_trees.tree_source(
+        TreeArrays.from_estimator(loaded(calibrated_models_dir).throughput.difficulty)
+    )
     cached = native_trees.load(source)
     assert cached is not None
     os.chmod(cached.path.parent, 0o777)  # anyone could have swapped the library
@@ -108,8 +121,11 @@ def test_a_cache_others_can_write_to_is_not_loaded_from(
 def test_without_a_compiler_predictions_stay_on_treelite(
     calibrated_models_dir: Path, sample: pd.DataFrame, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """No library of the trees' own and no walker (both need a compiler): Treelite, same numbers."""
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(tree_walker, "_walker", None)  # as in a process that never loaded one
+    monkeypatch.setattr(tree_walker, "_walker_tried", False)
     models = loaded(calibrated_models_dir)
     assert not models.prepare_native(wait=True)
     assert models.tree_engine() == "treelite"
@@ -143,7 +159,7 @@ def test_a_damaged_library_in_the_cache_is_compiled_again(
     monkeypatch.setenv("FINETWIN_CACHE_DIR", str(tmp_path / "cache"))
     estimator = loaded(calibrated_models_dir).throughput.difficulty
     source_file = tmp_path / "trees.c"
-    source_file.write_text(native_trees.tree_source(estimator))
+    source_file.write_text(native_trees.tree_source(TreeArrays.from_estimator(estimator)))
     code = "import sys; from calibrate import native_trees as n; print(n.load(open(sys.argv[1]).read()).path)"
     done = subprocess.run(
         [sys.executable, "-c", code, str(source_file)], capture_output=True, text=True, check=True

@@ -1,7 +1,8 @@
-"""A version loaded from its serving snapshot (calibrate/serving.py): once its trees are compiled on this
-machine, `finetwin predict` loads it without scikit-learn or skops, with the same numbers; and any doubt
-about the snapshot (a library gone, a cache others can write to, an unreadable file, a tampered version)
-means the registry's own loading, never a wrong model."""
+"""A version loaded from its serving snapshot (calibrate/serving.py): `finetwin calibrate` leaves one, and
+`finetwin predict` loads the version from it without scikit-learn or skops, with the same numbers, through
+the tree walker or, once they are compiled on this machine, the trees' own libraries; and any doubt about
+the snapshot (a cache others can write to, an unreadable file, damaged arrays, a tampered version) means the
+registry's own loading, never a wrong model."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate import serving
+from calibrate import serving, tree_walker
 from calibrate.fit import CalibratedModels
 from calibrate.loader import load_benchmark
 from calibrate.registry import InUseModels, ModelRegistry, RegistryError
@@ -88,7 +89,7 @@ def test_the_snapshot_gives_the_numbers_of_the_registry_version_without_scikit_l
         assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=0, abs=0, nan_ok=True), column
 
 
-def test_a_version_from_its_snapshot_runs_native_trees_only(
+def test_a_version_from_its_snapshot_runs_without_scikit_learn(
     calibrated_models_dir: Path, cache_copy: Path
 ) -> None:
     """Its trees have no estimator behind them: asked for scikit-learn's numbers, they say so."""
@@ -96,12 +97,40 @@ def test_a_version_from_its_snapshot_runs_native_trees_only(
     loaded = serving.load_in_use(registry)
     assert loaded is not None and loaded[0] == "v0001"
     assert isinstance(loaded[1], CalibratedModels) and loaded[1].tree_engine() == "native"
-    with pytest.raises(RuntimeError, match="compiled library alone"):
+    with pytest.raises(RuntimeError, match="serving snapshot alone"):
         loaded[1].throughput.compiled_trees()[0].reference_predict(np.zeros((1, 44)))
 
 
-def test_no_snapshot_without_its_libraries(calibrated_models_dir: Path, cache_copy: Path) -> None:
-    next((cache_copy / "trees").glob("*.so")).unlink()
+def test_a_library_gone_leaves_the_walker_with_the_same_numbers(
+    calibrated_models_dir: Path, cache_copy: Path, sample_csv: Path
+) -> None:
+    """The snapshot names libraries the cache no longer holds: the trees run through the walker, and every
+    number is what the libraries gave."""
+    registry = ModelRegistry(calibrated_models_dir)
+    table = load_benchmark(sample_csv)
+    native = serving.load_in_use(registry)
+    assert native is not None and native[1].tree_engine() == "native"
+    want = native[1].predict_frame(table, power=True)
+    for library in (cache_copy / "trees").glob("*.so"):
+        if library.name != tree_walker.walker().path.name:  # type: ignore[union-attr]
+            library.unlink()
+    walked = serving.load_in_use(registry)
+    assert walked is not None and walked[1].tree_engine() == "walker"
+    got = walked[1].predict_frame(table, power=True)
+    assert list(got["outcome"]) == list(want["outcome"])
+    for column in (*NUMBERS, "power_watts"):
+        assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=0, abs=0, nan_ok=True), column
+
+
+def test_no_snapshot_without_libraries_or_a_walker(
+    calibrated_models_dir: Path, cache_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No library and no compiler for the walker: nothing runs the snapshot, so the registry loads it."""
+    for library in (cache_copy / "trees").glob("*.so"):
+        library.unlink()
+    monkeypatch.setattr(tree_walker, "_walker", None)
+    monkeypatch.setattr(tree_walker, "_walker_tried", False)
+    monkeypatch.setenv("CC", "no-such-compiler")
     assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
 
 
@@ -116,6 +145,27 @@ def test_an_unusable_snapshot_is_no_snapshot(
 ) -> None:
     (snapshot,) = (cache_copy / "trees").glob("serving-*.json")
     snapshot.write_text(damage)
+    assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a child before its parent", "a feature past the row"])
+def test_damaged_arrays_are_no_snapshot(calibrated_models_dir: Path, cache_copy: Path, damage: str) -> None:
+    """A walk must end inside the arrays whatever the file holds: arrays it could leave (or loop in) are
+    refused before any row is walked, and the registry loads the version."""
+    (arrays_file,) = (cache_copy / "trees").glob("serving-*.npz")
+    if damage == "truncated":
+        arrays_file.write_bytes(arrays_file.read_bytes()[:1000])
+    else:
+        with np.load(arrays_file, allow_pickle=False) as stored:
+            arrays = dict(stored)
+        nodes = arrays["throughput.nodes"]
+        split = int(np.flatnonzero(nodes["kind"] != 0)[5])
+        if damage == "a child before its parent":
+            nodes["right"][split] = 0  # back to the root: a walk that never ends
+        else:
+            nodes["feature"][split] = 44
+        with arrays_file.open("wb") as out:
+            np.savez(out, **arrays)
     assert serving.load_in_use(ModelRegistry(calibrated_models_dir)) is None
 
 
@@ -150,6 +200,32 @@ def test_a_long_lived_reader_leaves_the_snapshot_for_the_next_predict(
     assert reader.wait_native(timeout=120)
     loaded = serving.load_in_use(ModelRegistry(calibrated_models_dir))
     assert loaded is not None and loaded[0] == "v0001" and loaded[1].tree_engine() == "native"
+
+
+def test_calibrate_leaves_a_snapshot_the_next_predict_walks(sample_csv: Path, tmp_path: Path) -> None:
+    """`calibrate_version` in a fresh cache: the version it writes loads from its snapshot at once (no
+    library compiled yet: the walker), with the numbers of the version loaded from the registry."""
+    from calibrate.refit import calibrate_version
+
+    fresh = tmp_path / "fresh-cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FINETWIN_CACHE_DIR", str(fresh))
+        result = calibrate_version(tmp_path / "models", benchmarks=[sample_csv], reason="test")
+        registry = ModelRegistry(tmp_path / "models")
+        assert result.promoted and result.version is not None
+        loaded = serving.load_in_use(registry)
+        assert loaded is not None and loaded[0] == result.version
+        assert loaded[1].tree_engine() == "walker"
+        walker = tree_walker.walker()
+        assert walker is not None
+        assert {p.name for p in (fresh / "trees").glob("*.so")} <= {walker.path.name}  # no trees compiled
+        table = load_benchmark(sample_csv)
+        got = loaded[1].predict_frame(table, power=True)
+        reference = registry.load(result.version)
+        want = reference.predict_frame(table, power=True, reference=True)
+    assert list(got["outcome"]) == list(want["outcome"])
+    for column in (*NUMBERS, "power_watts"):
+        assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=1e-6, nan_ok=True), column
 
 
 def test_a_reader_without_native_trees_leaves_no_snapshot(
