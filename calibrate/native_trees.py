@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -146,15 +146,10 @@ def _literal(number: float) -> str:
 class NativeTrees:
     """A compiled library's batch function: `raw(X, nthread)` for C-contiguous float64 rows."""
 
-    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
-        self._library = library  # kept: the function lives as long as the library stays loaded
+    def __init__(self, path: Path) -> None:
         self.path = path
-        function = getattr(library, SYMBOL)
-        function.restype = None
-        function.argtypes = [
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int,
-        ]  # fmt: skip
-        self._function = function
+        argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+        self._library, self._function = bind(path, SYMBOL, argtypes)
 
     def raw(self, X: np.ndarray, nthread: int = 1) -> np.ndarray:
         X = np.ascontiguousarray(X, dtype=np.float64)
@@ -196,19 +191,29 @@ def _lock_for(digest: str) -> threading.Lock:
         return _locks.setdefault(digest, threading.Lock())
 
 
+def bind(path: Path, symbol: str, argtypes: list[Any]) -> tuple[ctypes.CDLL, Any]:
+    """The library at `path` and its function `symbol` (returning nothing, taking `argtypes`); the caller
+    keeps both: the function lives as long as its library stays loaded. Raises OSError or AttributeError."""
+    library = ctypes.CDLL(str(path))
+    function = getattr(library, symbol)
+    function.restype = None
+    function.argtypes = argtypes
+    return library, function
+
+
 def load(source: str) -> NativeTrees | None:
     """The library of `source` from the cache, compiled there first if it is not; None without a working
     compiler. Thread-safe; processes racing on one source each write their own file and rename it."""
-    return load_library(source, _open)
+    return load_library(source, NativeTrees)
 
 
-def load_library(source: str, opener: Callable[[Path], Library | None]) -> Library | None:
-    """`load` for any C source, the library opened by `opener` (`calibrate.tree_walker`'s walker)."""
+def load_library(source: str, kind: Callable[[Path], Library]) -> Library | None:
+    """`load` for any C source, the library opened as `kind` (`calibrate.tree_walker.Walker`)."""
     cc = compiler()
     if cc is None:
         return None
     for command in ((cc, *COMPILE_FLAGS, OPENMP_FLAG), (cc, *COMPILE_FLAGS)):
-        native = _load_with(command, source, opener)
+        native = _load_with(command, source, kind)
         if native is not None:
             return native
     return None
@@ -228,12 +233,10 @@ def open_cached(name: str) -> NativeTrees | None:
             return None
     except OSError:
         return None
-    return _open(path)
+    return _open(path, NativeTrees)
 
 
-def _load_with(
-    command: tuple[str, ...], source: str, opener: Callable[[Path], Library | None]
-) -> Library | None:
+def _load_with(command: tuple[str, ...], source: str, kind: Callable[[Path], Library]) -> Library | None:
     digest = hashlib.sha256("\0".join((*command, source)).encode()).hexdigest()
     directory = cache_dir()
     with _lock_for(digest):
@@ -245,14 +248,14 @@ def _load_with(
         if not is_private:  # a cache others could write to is no place to load code from
             with tempfile.TemporaryDirectory(prefix="finetwin-trees-") as scratch:
                 path = _compile(command, source, Path(scratch), digest)
-                return opener(path) if path is not None else None
+                return _open(path, kind) if path is not None else None
         path = directory / f"{digest}.so"
         if path.exists() and private(path):
-            native = opener(path)
+            native = _open(path, kind)
             if native is not None:
                 return native
         built = _compile(command, source, directory, digest)
-        return opener(built) if built is not None else None
+        return _open(built, kind) if built is not None else None
 
 
 def _compile(command: tuple[str, ...], source: str, directory: Path, digest: str) -> Path | None:
@@ -271,7 +274,7 @@ def _compile(command: tuple[str, ...], source: str, directory: Path, digest: str
             [[*command, "-c", "-o", o, str(unit)] for unit, o in zip(units, objects, strict=True)], build
         ) or _run_all([[*command, "-o", str(library), *objects, "-lm"]], build)
         if failed is not None:
-            log.warning("native trees: %s; Treelite is used instead", failed)
+            log.warning("native trees: %s; predictions go on more slowly without this library", failed)
             return None
         target = directory / f"{digest}.so"
         library.chmod(0o700)
@@ -306,11 +309,11 @@ def _run_all(commands: list[list[str]], build: Path) -> str | None:
     return None
 
 
-def _open(path: Path) -> NativeTrees | None:
+def _open(path: Path, kind: Callable[[Path], Library]) -> Library | None:
     try:
-        return NativeTrees(ctypes.CDLL(str(path)), path)
+        return kind(path)
     except (OSError, AttributeError) as exc:
-        log.warning("native trees: %s could not be loaded (%s); Treelite is used instead", path, exc)
+        log.warning("native trees: %s could not be loaded (%s); predictions go on without it", path, exc)
         return None
 
 

@@ -6,7 +6,8 @@ once one is compiled here, the failure members' calibration) and the trees as ar
 `allow_pickle=False`) for the tree walker (`calibrate.tree_walker`). `finetwin calibrate` leaves one for
 the version it writes, a process that compiles a version's trees (`calibrate.native_trees`) leaves one
 naming the libraries, and `finetwin predict` one for a version it had to load from the registry. A later
-`finetwin predict` then loads the version from the params and the snapshot: the same numbers, without the
+`finetwin predict`, or the API's reader of the version in use, then loads the version from the params and
+the snapshot: the same numbers, without the
 ~1.2 s of importing scikit-learn, the ~1.3 s of importing skops and the ~1 s of skops loading that a
 2-second budget for 100,000 rows cannot hold.
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from calibrate import native_trees
 from calibrate.fit import CalibratedModels
-from calibrate.registry import MANIFEST, ModelRegistry, sha256_file
+from calibrate.registry import MANIFEST, ModelRegistry, RegistryError, sha256_file
 
 # Bumped when the snapshot's contents change; the library ABI is part of the name as well.
 SNAPSHOT_FORMAT = 2
@@ -86,14 +87,25 @@ def load_in_use(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:
     if pointer is None:
         return None
     version = pointer["version"]
+    models = load(registry, version, pointer.get("manifest_sha256"))
+    return None if models is None else (version, models)
+
+
+def load(
+    registry: ModelRegistry, version: str, expected_manifest_sha256: str | None = None
+) -> CalibratedModels | None:
+    """`version` from its snapshot, or None (no usable snapshot). Raises `RegistryError` as
+    `ModelRegistry.load` does for a version that fails verification."""
+    if not native_trees.enabled():
+        return None
     try:
         digest = sha256_file(registry.path(version) / MANIFEST)
-    except OSError:
+    except (OSError, RegistryError):
         return None  # the registry's own load says what is wrong
     path = snapshot_path(digest)
     if not path.is_file():  # checked before verifying: a version without one is verified once, by its load
         return None
-    if registry.verified_manifest_sha256(version, pointer.get("manifest_sha256")) != digest:
+    if registry.verified_manifest_sha256(version, expected_manifest_sha256) != digest:
         return None  # the manifest changed under us: let the registry's load decide
     try:
         arrays_file = arrays_path(path)
@@ -101,6 +113,6 @@ def load_in_use(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:
             return None
         snapshot = json.loads(path.read_text())
         with np.load(arrays_file, allow_pickle=False) as arrays:
-            return version, CalibratedModels.from_serving(snapshot, arrays, registry.params(version))
+            return CalibratedModels.from_serving(snapshot, arrays, registry.params(version))
     except (OSError, KeyError, TypeError, ValueError, AttributeError, EOFError, zipfile.BadZipFile):
         return None

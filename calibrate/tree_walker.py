@@ -184,16 +184,13 @@ class TreeArrays:
 class Walker:
     """The compiled walker: `raw(arrays, X, nthread)` for C-contiguous float64 rows."""
 
-    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
-        self._library = library  # kept: the function lives as long as the library stays loaded
+    def __init__(self, path: Path) -> None:
         self.path = path
-        function = getattr(library, SYMBOL)
-        function.restype = None
-        function.argtypes = [
+        argtypes = [
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_double,
             ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int,
         ]  # fmt: skip
-        self._function = function
+        self._library, self._function = native_trees.bind(path, SYMBOL, argtypes)
 
     def raw(self, trees: TreeArrays, X: np.ndarray, nthread: int = 1) -> np.ndarray:
         X = np.ascontiguousarray(X, dtype=np.float64)
@@ -221,14 +218,6 @@ def walker() -> Walker | None:
         return None
     with _walker_lock:
         if not _walker_tried:
-            _walker = native_trees.load_library(SOURCE, _open)
+            _walker = native_trees.load_library(SOURCE, Walker)
             _walker_tried = True
         return _walker
-
-
-def _open(path: Path) -> Walker | None:
-    try:
-        return Walker(ctypes.CDLL(str(path)), path)
-    except (OSError, AttributeError) as exc:
-        native_trees.log.warning("tree walker: %s could not be loaded (%s)", path, exc)
-        return None

@@ -228,6 +228,42 @@ def test_calibrate_leaves_a_snapshot_the_next_predict_walks(sample_csv: Path, tm
         assert got[column].tolist() == pytest.approx(want[column].tolist(), rel=1e-6, nan_ok=True), column
 
 
+def test_the_api_reader_starts_from_the_snapshot_and_compiles_in_the_background(
+    calibrated_models_dir: Path, tmp_path: Path
+) -> None:
+    """The API's reader of the version in use, in a fresh process, with the snapshot a calibration leaves
+    (no library compiled): it loads without importing scikit-learn or skops and answers through the walker;
+    in the background it compiles the trees from the snapshot's arrays and names them in the snapshot, which
+    the next process loads as native trees."""
+    cache = tmp_path / "cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FINETWIN_CACHE_DIR", str(cache))
+        registry = ModelRegistry(calibrated_models_dir)
+        version, models = registry.load_in_use()  # type: ignore[misc]
+        assert serving.save(registry, version, models) is not None  # as `calibrate_version` leaves it
+    code = (
+        "import json, sys\n"
+        "from calibrate.registry import InUseModels\n"
+        "reader = InUseModels(sys.argv[1])\n"
+        "version, models = reader.get()\n"
+        "first = models.tree_engine()\n"
+        "imported = sorted(m for m in ('sklearn', 'skops', 'treelite') if m in sys.modules)\n"
+        "done = reader.wait_native(timeout=300)\n"
+        "print(json.dumps({'version': version, 'first': first, 'imported': imported, 'done': done,\n"
+        "                  'after': models.tree_engine()}))\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code, str(calibrated_models_dir)],
+        capture_output=True, text=True, env={**os.environ, "FINETWIN_CACHE_DIR": str(cache)},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(ran.stdout)
+    assert report["version"] == "v0001" and report["imported"] == []
+    assert report["first"] in ("compiling", "walker") and report["done"] and report["after"] == "native"
+    described = json.loads(next((cache / "trees").glob("serving-*.json")).read_text())
+    assert all(tree["library"] for tree in described["trees"].values())
+
+
 def test_a_reader_without_native_trees_leaves_no_snapshot(
     calibrated_models_dir: Path, cache_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
