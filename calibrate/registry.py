@@ -534,6 +534,15 @@ def load_models_in_use(models_dir: str | Path) -> CalibratedModels | None:
     return loaded[1] if loaded else None
 
 
+def load_in_use_quickly(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:
+    """`registry.load_in_use()`, from the version's serving snapshot where there is one: the same numbers
+    without importing scikit-learn and skops and loading through skops (~2.5 s of a command's start), but
+    without the estimators (no reference predictions, nothing to save as a new version)."""
+    from calibrate import serving  # it imports this module
+
+    return serving.load_in_use(registry) or registry.load_in_use()
+
+
 def _untrusted_names(exc: Exception) -> str:
     """The type names in skops' message ("Untrusted types found in the file: ['a', 'b'].")."""
     text = str(exc)

@@ -57,21 +57,26 @@ def migrated_engine(settings: Settings) -> Engine:
 
 
 def load_job_models(settings: Settings, models_dir: Path | None = None) -> JobModels | None:
-    """The calibrated models in use (from the registry), or None when none has been fitted yet."""
-    from calibrate.registry import load_models_in_use
+    """The calibrated models in use (from their serving snapshot, else the registry), or None when none has
+    been fitted yet."""
+    from calibrate.registry import ModelRegistry, load_in_use_quickly
 
-    return load_models_in_use(models_dir or settings.resolved_models_dir())
+    loaded = load_in_use_quickly(ModelRegistry(models_dir or settings.resolved_models_dir()))
+    return loaded[1] if loaded else None
 
 
 def load_job_models_at(
     settings: Settings, at: datetime, models_dir: Path | None = None
 ) -> tuple[str, JobModels] | None:
     """The version that was in use at telemetry time `at` and was fitted on nothing after it, or None."""
+    from calibrate import serving
     from calibrate.registry import ModelRegistry
 
     registry = ModelRegistry(models_dir or settings.resolved_models_dir())
     version = registry.version_in_use_at(at)
-    return None if version is None else (version, registry.load(version))
+    if version is None:
+        return None
+    return version, serving.load(registry, version) or registry.load(version)
 
 
 def load_benchmark_table(path: Path) -> pd.DataFrame:

@@ -32,7 +32,7 @@ def advise(
     from advisor.advice_schemas import AdviceRequest
     from advisor.advice_text import render_text
     from advisor.config_file import ConfigFileError, read_config_file
-    from calibrate.registry import ModelRegistry, RegistryError
+    from calibrate.registry import ModelRegistry, RegistryError, load_in_use_quickly
 
     settings: Settings = ctx.obj
     try:
@@ -45,7 +45,7 @@ def advise(
         raise CommandError(f"{config}: {validation_message(exc, AdviceRequest)}") from exc
     directory = settings.resolved_models_dir()
     try:
-        loaded = ModelRegistry(directory).load_in_use()
+        loaded = load_in_use_quickly(ModelRegistry(directory))
     except RegistryError as exc:
         raise CommandError(f"the model in use cannot be loaded: {exc}") from exc
     if loaded is None:

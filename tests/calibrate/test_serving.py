@@ -264,6 +264,47 @@ def test_the_api_reader_starts_from_the_snapshot_and_compiles_in_the_background(
     assert all(tree["library"] for tree in described["trees"].values())
 
 
+def test_commands_load_the_version_in_use_from_its_snapshot(
+    calibrated_models_dir: Path, compiled_cache: Path, sample_csv: Path, tmp_path: Path
+) -> None:
+    """`finetwin advise` and the twin's commands (`finetwin.wiring.load_job_models`) load the version in
+    use from its snapshot: no scikit-learn or skops at their start, and an advice printed as from the
+    registry's version."""
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "model_name: llama3-8b\nmethod: lora\ngpu_model: A100-SXM\nnumber_gpus: 2\nnumber_nodes: 1\n"
+        "batch_size: 8\ntokens_per_sample: 1024\n"
+    )
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from finetwin.settings import Settings\n"
+        "from finetwin.wiring import load_job_models\n"
+        "models = load_job_models(Settings(), Path(sys.argv[1]))\n"
+        "heavy = ('sklearn', 'skops', 'treelite')\n"
+        "print(json.dumps({'engine': models.tree_engine(),\n"
+        "                  'imported': sorted(m for m in heavy if m in sys.modules)}))\n"
+    )
+    environment = {**os.environ, "FINETWIN_CACHE_DIR": str(compiled_cache)}
+    ran = subprocess.run(
+        [sys.executable, "-c", code, str(calibrated_models_dir)], capture_output=True, text=True,
+        env=environment,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == {"engine": "native", "imported": []}
+    advise = [sys.executable, "-m", "finetwin.cli", "advise", str(config)]
+    answers = []
+    for native in ("on", "off"):  # off: no snapshot, the registry's version through scikit-learn
+        answer = subprocess.run(
+            advise, capture_output=True, text=True,
+            env={**environment, "FINETWIN_MODELS_DIR": str(calibrated_models_dir),
+                 "FINETWIN_NATIVE_TREES": native},
+        )  # fmt: skip
+        assert answer.returncode == 0, answer.stderr
+        answers.append(answer.stdout)
+    assert "models: v0001" in answers[0] and answers[0] == answers[1]
+
+
 def test_a_reader_without_native_trees_leaves_no_snapshot(
     calibrated_models_dir: Path, cache_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
