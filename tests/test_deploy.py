@@ -99,3 +99,11 @@ def test_services_connect_as_the_role_that_owns_nothing() -> None:
     assert {command: roles[secret] for command, secret in secret_of.items()} == {
         "migrate": "finetwin_owner", "ingest": "finetwin_app", "api": "finetwin_app",
     }  # fmt: skip
+
+
+def test_the_serving_image_has_a_c_compiler() -> None:
+    """The image's last stage (the one that runs) installs a C compiler: the trees run as machine code
+    compiled where they run, and without one fall back to Treelite's interpreter (docs/advisor.md)."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    serving_stage = dockerfile.rsplit("\nFROM ", 1)[1]
+    assert re.search(r"apt-get install[^\n]*(\\\n[^\n]*)*\bgcc\b", serving_stage), serving_stage
