@@ -140,6 +140,8 @@ class TreeArrays:
         leave (`check`)."""
         nodes, roots, bitsets = (arrays[f"{prefix}.{name}"] for name in ("nodes", "roots", "bitsets"))
         baseline, features = (float(v) for v in arrays[f"{prefix}.scalars"])
+        if not (np.isfinite(baseline) and features.is_integer() and 0 <= features <= np.iinfo(np.int16).max):
+            raise ValueError("tree arrays with a baseline or a feature count out of range")
         if nodes.dtype != NODE or roots.dtype != np.int64 or bitsets.dtype != np.uint32:
             raise ValueError("tree arrays of another format")
         if nodes.ndim != 1 or roots.ndim != 1 or bitsets.ndim != 2 or bitsets.shape[1] != 8:

@@ -100,6 +100,8 @@ DAMAGE: dict[str, tuple[Callable[[dict[str, np.ndarray]], None], str]] = {
     ),
     "a node of no kind": (lambda a: a["m.nodes"]["kind"].__setitem__(0, 7), "no known kind"),
     "trees out of order": (lambda a: a["m.roots"].__setitem__(1, 0), "trees out of order"),
+    "an infinite feature count": (lambda a: a["m.scalars"].__setitem__(1, np.inf), "out of range"),
+    "a baseline that is no number": (lambda a: a["m.scalars"].__setitem__(0, np.nan), "out of range"),
 }
 
 
