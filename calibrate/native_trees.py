@@ -225,15 +225,19 @@ _LIBRARY_NAME = re.compile(r"[0-9a-f]{64}\.so")
 def open_cached(name: str) -> NativeTrees | None:
     """A library `load` compiled earlier, by its file name in the cache (`NativeTrees.path.name`); None when
     it is not there, is not private to this user, or does not load."""
+    path = cached_path(name)
+    return None if path is None else _open(path, NativeTrees)
+
+
+def cached_path(name: str) -> Path | None:
+    """Where the cache holds the library of that file name, if it does and it is private to this user."""
     if not _LIBRARY_NAME.fullmatch(name):
         return None
     path = cache_dir() / name
     try:
-        if not (path.is_file() and private(path)):
-            return None
+        return path if path.is_file() and private(path) else None
     except OSError:
         return None
-    return _open(path, NativeTrees)
 
 
 def _load_with(command: tuple[str, ...], source: str, kind: Callable[[Path], Library]) -> Library | None:

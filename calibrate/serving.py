@@ -116,3 +116,24 @@ def load(
             return CalibratedModels.from_serving(snapshot, arrays, registry.params(version))
     except (OSError, KeyError, TypeError, ValueError, AttributeError, EOFError, zipfile.BadZipFile):
         return None
+
+
+def engine_of_in_use(registry: ModelRegistry) -> str | None:
+    """How a command would run the trees of the version in use on this machine, without loading it (for
+    `finetwin info`); None when no version is in use."""
+    pointer = registry.pointer()
+    if pointer is None:
+        return None
+    if not native_trees.enabled():
+        return "treelite (FINETWIN_NATIVE_TREES is off)"
+    if native_trees.compiler() is None:
+        return "treelite (no C compiler: install gcc, or name one in CC)"
+    try:
+        path = snapshot_path(sha256_file(registry.path(pointer["version"]) / MANIFEST))
+        described = json.loads(path.read_text())
+        libraries = [tree["library"] for tree in described["trees"].values()]
+    except (OSError, RegistryError, ValueError, KeyError, TypeError, AttributeError):
+        return "walker, after loading through skops: no serving snapshot yet (the next predict leaves one)"
+    if all(isinstance(name, str) and native_trees.cached_path(name) is not None for name in libraries):
+        return "native: compiled for this machine"
+    return "walker: `finetwin api` or `finetwin up` compiles the version's own code here, in the background"

@@ -50,4 +50,9 @@ def _counts(settings: Settings) -> dict[str, str]:
     registry = ModelRegistry(settings.resolved_models_dir())
     versions = registry.list_versions() if registry.root.exists() else []
     in_use = next((info.version for info in versions if info.in_use), None)
-    return {"model versions": f"{len(versions)}" + (f", {in_use} in use" if in_use else "")}
+    counts = {"model versions": f"{len(versions)}" + (f", {in_use} in use" if in_use else "")}
+    if in_use is not None:
+        from calibrate import serving
+
+        counts["trees"] = serving.engine_of_in_use(registry) or "none"
+    return counts

@@ -305,6 +305,35 @@ def test_commands_load_the_version_in_use_from_its_snapshot(
     assert "models: v0001" in answers[0] and answers[0] == answers[1]
 
 
+def test_info_says_how_the_trees_of_the_version_in_use_run(
+    calibrated_models_dir: Path,
+    cache_copy: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`finetwin info`'s `trees` line, read off the cache without loading the version: compiled, walked
+    from the snapshot, no snapshot yet, no compiler, turned off."""
+    from finetwin.cli import main
+
+    registry = ModelRegistry(calibrated_models_dir)
+    assert serving.engine_of_in_use(registry) == "native: compiled for this machine"
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
+    assert main(["info"]) == 0
+    assert "  trees           native: compiled for this machine\n" in capsys.readouterr().out
+    walker = tree_walker.walker()
+    assert walker is not None
+    [p for p in (cache_copy / "trees").glob("*.so") if p.name != walker.path.name][0].unlink()
+    assert (serving.engine_of_in_use(registry) or "").startswith("walker: `finetwin api`")
+    for snapshot in (cache_copy / "trees").glob("serving-*"):
+        snapshot.unlink()
+    assert (serving.engine_of_in_use(registry) or "").startswith("walker, after loading through skops")
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert serving.engine_of_in_use(registry) == "treelite (no C compiler: install gcc, or name one in CC)"
+    monkeypatch.setenv("FINETWIN_NATIVE_TREES", "off")
+    assert serving.engine_of_in_use(registry) == "treelite (FINETWIN_NATIVE_TREES is off)"
+    assert serving.engine_of_in_use(ModelRegistry(cache_copy / "no-registry")) is None
+
+
 def test_a_reader_without_native_trees_leaves_no_snapshot(
     calibrated_models_dir: Path, cache_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
