@@ -101,7 +101,7 @@ class TreesSnapshot:
 class CompiledTrees:
     """`raw(X)`: the estimator's raw score (log-odds for a binary classifier) for rows of the matrix
     columns it was fitted on. Built from a fitted estimator, or from a `TreesSnapshot` of one (native trees
-    only: no Treelite, no reference numbers)."""
+    or the walker only: no Treelite, no reference numbers)."""
 
     def __init__(self, estimator: Estimator | TreesSnapshot) -> None:
         self._model: treelite.Model | None = None  # built at the first small call: a CSV never needs it

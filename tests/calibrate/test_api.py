@@ -135,7 +135,7 @@ def test_models_lists_the_versions_with_their_metrics(client: TestClient) -> Non
 
 def test_models_says_how_the_trees_run_and_they_turn_native_in_the_background(client: TestClient) -> None:
     """Nothing loaded: null; the first prediction loads the version and starts compiling its trees
-    (calibrate/native_trees.py) while it answers from Treelite; then they run as machine code."""
+    (calibrate/native_trees.py) while it answers through the tree walker; then they run as machine code."""
     assert client.get("/v1/models").json()["trees"] is None
     assert client.post("/v1/predict", json=CONFIG).status_code == 200
     assert client.get("/v1/models").json()["trees"] in ("compiling", "native")

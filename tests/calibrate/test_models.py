@@ -17,6 +17,7 @@ import pytest
 import skops.io as sio
 
 from calibrate import compiled as compiled_trees
+from calibrate import tree_walker
 from calibrate.fit import (
     SKOPS_TRUSTED_TYPES,
     CalibratedModels,
@@ -280,6 +281,9 @@ def test_compiled_trees_equal_the_scikit_learn_estimators_on_the_real_sample(
     number a prediction carries; also for configurations with categories no model saw (unknown GPU and
     model family, a protocol never run), which both must send where missing values go."""
     monkeypatch.setattr(compiled_trees, "COMPILED_BELOW_ROWS", len(sample) + 1)  # Treelite for every row here
+    monkeypatch.setattr(tree_walker, "_walker", None)  # as on a machine without a C compiler: no walker
+    monkeypatch.setattr(tree_walker, "_walker_tried", True)
+    assert models.tree_engine() == "treelite"
     unseen = sample.head(40).assign(
         gpu_model="H200-SXM", model_name="qwen2-7b", experiment_id="SFTTrainer.never-seen-protocol"
     )
