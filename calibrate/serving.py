@@ -44,6 +44,11 @@ def snapshot_path(manifest_sha256: str) -> Path:
     return native_trees.cache_dir() / name
 
 
+def _snapshot_of(registry: ModelRegistry, version: str) -> Path:
+    """The snapshot the version's manifest, as it is on disk now (unverified), names."""
+    return snapshot_path(sha256_file(registry.path(version) / MANIFEST))
+
+
 def arrays_path(path: Path) -> Path:
     return path.with_suffix(".npz")
 
@@ -81,8 +86,6 @@ def _write_atomically(directory: Path, target: Path, write: Callable[[BinaryIO],
 def load_in_use(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:
     """The version in use from its snapshot, or None (no version in use, or no usable snapshot). Raises
     `RegistryError` as `ModelRegistry.load_in_use` does for a version that fails verification."""
-    if not native_trees.enabled():
-        return None
     pointer = registry.pointer()
     if pointer is None:
         return None
@@ -99,13 +102,12 @@ def load(
     if not native_trees.enabled():
         return None
     try:
-        digest = sha256_file(registry.path(version) / MANIFEST)
+        path = _snapshot_of(registry, version)
     except (OSError, RegistryError):
         return None  # the registry's own load says what is wrong
-    path = snapshot_path(digest)
     if not path.is_file():  # checked before verifying: a version without one is verified once, by its load
         return None
-    if registry.verified_manifest_sha256(version, expected_manifest_sha256) != digest:
+    if snapshot_path(registry.verified_manifest_sha256(version, expected_manifest_sha256)) != path:
         return None  # the manifest changed under us: let the registry's load decide
     try:
         arrays_file = arrays_path(path)
@@ -129,8 +131,7 @@ def engine_of_in_use(registry: ModelRegistry) -> str | None:
     if native_trees.compiler() is None:
         return "treelite (no C compiler: install gcc, or name one in CC)"
     try:
-        path = snapshot_path(sha256_file(registry.path(pointer["version"]) / MANIFEST))
-        described = json.loads(path.read_text())
+        described = json.loads(_snapshot_of(registry, pointer["version"]).read_text())
         libraries = [tree["library"] for tree in described["trees"].values()]
     except (OSError, RegistryError, ValueError, KeyError, TypeError, AttributeError):
         return "walker, after loading through skops: no serving snapshot yet (the next predict leaves one)"

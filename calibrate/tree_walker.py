@@ -122,7 +122,7 @@ class TreeArrays:
             float(np.asarray(estimator._baseline_prediction).ravel()[0]),
             int(estimator.n_features_in_),
         )
-        arrays.check()
+        arrays.check()  # scikit-learn's depth-first node order, which a walk relies on to end, still holds
         return arrays
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
@@ -218,8 +218,9 @@ def walker() -> Walker | None:
     global _walker, _walker_tried
     if not native_trees.enabled():
         return None
-    with _walker_lock:
-        if not _walker_tried:
-            _walker = native_trees.load_library(SOURCE, Walker)
-            _walker_tried = True
-        return _walker
+    if not _walker_tried:  # the lock only until the first try: later calls are on every prediction's path
+        with _walker_lock:
+            if not _walker_tried:
+                _walker = native_trees.load_library(SOURCE, Walker)
+                _walker_tried = True
+    return _walker

@@ -168,9 +168,10 @@ def _up(
     with stop_on_signals(stop), contextlib.ExitStack() as parts:
         engine = migrated_engine(settings)
         parts.callback(engine.dispose)
+        prefix = job_prefix_of(job_prefix, seed)
         start = None
         if plan_for is not None:
-            start = up_replay.replay_start(plan_for, job_prefix_of(job_prefix, seed), epoch, engine, settings)
+            start = up_replay.replay_start(plan_for, prefix, epoch, engine, settings)
             settings = up_replay.settings_for_replay(settings, start.plan)
         bus = _bus(bootstrap, settings, parts)
         first_key = ensure_first_key(engine)  # for the banner (the API then finds a key and prints none)
@@ -206,7 +207,6 @@ def _up(
                 else:
                     output.say(f"replay stored: {counts}", stderr=True)
                 return 0
-            prefix = job_prefix_of(job_prefix, seed)
 
             def next_pass(previous: ReplayStart) -> ReplayStart | None:
                 following = up_replay.next_pass(plan_for, prefix, previous, engine, settings)
