@@ -107,3 +107,15 @@ def test_the_serving_image_has_a_c_compiler() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     serving_stage = dockerfile.rsplit("\nFROM ", 1)[1]
     assert re.search(r"apt-get install[^\n]*(\\\n[^\n]*)*\bgcc\b", serving_stage), serving_stage
+
+
+def test_the_image_installs_the_locked_versions() -> None:
+    """The image installs finetwin with the lock the suite runs on (constraints.txt), not the newest releases
+    of its dependencies on the day it is built."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    installs = [line for line in dockerfile.splitlines() if re.search(r"\bpip install\b", line)]
+    assert installs, "the Dockerfile installs finetwin with pip"
+    assert all("-c constraints.txt" in line for line in installs), installs
+    assert re.search(r"^COPY [^\n]*\bconstraints\.txt\b", dockerfile, re.M), (
+        "the lock is copied into the build"
+    )
