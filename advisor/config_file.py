@@ -23,7 +23,7 @@ def read_config_file(path: Path) -> Any:
 
     try:
         if str(path) == "-":
-            text = sys.stdin.read(MAX_FILE_BYTES + 1)
+            text = sys.stdin.read(MAX_FILE_BYTES + 1).removeprefix("\ufeff")  # as utf8_text does
         else:
             if path.stat().st_size > MAX_FILE_BYTES:
                 raise ConfigFileError(

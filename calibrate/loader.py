@@ -34,6 +34,7 @@ from twin.domain import (
     unknown_gpu_message,
 )  # fmt: skip
 from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS, FIELD_MAXIMUMS
+from twin.text_files import without_byte_order_mark
 
 # Every column of the published file, in its order.
 BENCHMARK_COLUMNS: tuple[str, ...] = (
@@ -235,6 +236,7 @@ def _read_with_csv_module(path: Path, data: bytes, required: tuple[str, ...]) ->
     the file was read before (a pipe cannot be read twice)."""
     from twin.text_files import SPREADSHEET_UTF8, not_utf8  # a decoder's error does not say the line
 
+    data = without_byte_order_mark(data)
     problem = not_utf8(data)
     if problem is not None:
         raise BenchmarkFormatError(path, problem[0], None, problem[1] + SPREADSHEET_UTF8)
@@ -319,6 +321,7 @@ def _read_plain(
     pandas parses a large file in a thread while this one finds its lines: its tokenizer and numpy's scans
     release the GIL, so on 100,000 rows the two took ~0.3 s together, not ~0.45 s one after the other. It
     starts from the header line alone, before the lines show whether the file is plain enough."""
+    data = without_byte_order_mark(data)
     if not (data.isascii() or _is_utf8(data)) or b"\x00" in data:
         return None
     first_line = data[: data.find(b"\n") + 1] if b"\n" in data else data

@@ -20,6 +20,16 @@ TOO_DEEP = "nested too deeply to read (a finetwin file nests a few levels)"
 SPREADSHEET_UTF8 = " (in a spreadsheet: CSV UTF-8)"
 
 
+# What a spreadsheet's "CSV UTF-8" export (Excel's) starts the file with: not text of the file, so a reader
+# that kept it would read the first column's name as "\ufeffmodel_name" and say the column is missing.
+UTF8_BYTE_ORDER_MARK = b"\xef\xbb\xbf"
+
+
+def without_byte_order_mark(data: bytes) -> bytes:
+    """The bytes without the UTF-8 byte-order mark they start with, if they do (one; a second is text)."""
+    return data[len(UTF8_BYTE_ORDER_MARK) :] if data.startswith(UTF8_BYTE_ORDER_MARK) else data
+
+
 def not_utf8(data: bytes) -> tuple[int, str] | None:
     """(line, message) of the first byte that is not UTF-8, None when the text is UTF-8."""
     try:
@@ -34,8 +44,9 @@ def not_utf8(data: bytes) -> tuple[int, str] | None:
 
 
 def utf8_text(data: bytes, name: object) -> str:
-    """The bytes as text; raises TextFileError naming `name` and the line of the first byte that is not
-    UTF-8."""
+    """The bytes as text, without a byte-order mark; raises TextFileError naming `name` and the line of the
+    first byte that is not UTF-8."""
+    data = without_byte_order_mark(data)
     problem = not_utf8(data)
     if problem is not None:
         raise TextFileError(f"{name}, line {problem[0]}: {problem[1]}")

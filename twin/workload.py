@@ -155,7 +155,7 @@ def read_jobs_csv(path: str | Path) -> Workload:
     `number_gpus`. Raises WorkloadFormatError naming the line and column of the first problem."""
     path = Path(path)
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        handle = path.open(newline="", encoding="utf-8-sig")  # -sig: without a spreadsheet's byte-order mark
     except OSError as exc:
         raise WorkloadFormatError(path, None, None, f"cannot open: {exc.strerror or exc}") from exc
     with handle:

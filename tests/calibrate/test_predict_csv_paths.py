@@ -231,7 +231,8 @@ def test_the_benchmark_names_the_same_lines_on_the_fast_path(
         ("a,b,c\n\n\n", True),
         ('"a","b",c\n"1,2","""",3\n', True),
         ("a,b,c\n\ufeff1,2,3\n", True),  # a byte-order mark is a cell's text after the first line
-        ("\ufeffa,b,c\n1,2,3\n", True),  # and the first column's name in the first
+        ("\ufeffa,b,c\n1,2,3\n", True),  # but the file's first: a spreadsheet's mark, not the name's text
+        ("\ufeff\ufeffa,b,c\n1,2,3\n", True),  # one mark; a second is the name's text
         ("a,b,c\n1,2,3,4\n", False),  # has 4 fields
         ("a,b,c\n1,2\n", False),
         ("a,b,c\n   \n1,2,3\n", False),  # a line of spaces: skipped by the csv path's own rule
@@ -449,3 +450,34 @@ def test_a_stray_quote_cannot_make_a_part_end_inside_a_quoted_cell(tmp_path: Pat
         Stub(), configs_in_chunks(path, chunk_bytes), parts
     )
     assert parts.read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize("quote", [False, True])
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 150])
+def test_a_spreadsheets_utf8_export_reads_as_the_file_without_its_mark(
+    tmp_path: Path, quote: bool, chunk_bytes: int | None
+) -> None:
+    """Excel's "CSV UTF-8" starts the file with a byte-order mark: the first column's name read as
+    '\ufeffextra' (and as '\ufeffmethod', missing, where the configuration came first). Read whole or a
+    part at a time, by the fast path or (a quoted line break) the csv module: the same rows, the same output
+    as the file without it."""
+    extras = [("a", "x"), ("two\nlines" if quote else "b", "y"), ("=1+1", "z")]
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_bytes(configs_text(extras, "\r\n").encode())
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    outputs = []
+    for path in (plain, marked):
+        output = tmp_path / f"{path.stem}-predicted.csv"
+        parts = read_configs(path) if chunk_bytes is None else configs_in_chunks(path, chunk_bytes)
+        write_predictions(Stub(), parts, output)
+        outputs.append(output.read_bytes())
+    assert outputs[1] == outputs[0]
+    assert cells(outputs[1].decode())[0][0] == "extra"
+
+
+def test_configurations_first_in_a_marked_file_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "marked.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (",".join(ROW) + "\n" + ",".join(ROW.values()) + "\n").encode())
+    configs = read_configs(path)
+    assert configs.header == list(ROW)
+    assert configs.table["model_name"].tolist() == ["llama3-8b"]

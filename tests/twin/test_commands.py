@@ -153,6 +153,37 @@ def test_a_workload_in_another_encoding_is_named_at_its_line(
     )
 
 
+def test_files_saved_with_a_byte_order_mark_read_as_without(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Excel's "CSV UTF-8" and Notepad's UTF-8 start a file with a byte-order mark: the workload's first
+    column read as '\ufeffjob_id' ("missing from the header") and a JSON configuration did not parse."""
+    from advisor.config_file import read_config_file
+
+    files = {
+        "jobs.csv": "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\nj2,5,2,20\n",
+        "c.yaml": CLUSTER,
+        "job.json": '{"model_name": "llama3-8b", "method": "lora", "number_gpus": 2}',
+    }
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    for directory, mark in ((plain, b""), (marked, b"\xef\xbb\xbf")):
+        directory.mkdir()
+        for name, text in files.items():
+            (directory / name).write_bytes(mark + text.encode())
+    runs = [
+        run_json(capsys, ["simulate", "--cluster", str(d / "c.yaml"), "--workload", str(d / "jobs.csv"),
+                          "--runs", "2", "--seed", "3", "--json"])
+        for d in (plain, marked)
+    ]  # fmt: skip
+    for run in runs:
+        run.pop("generated_at")
+    assert runs[1] == runs[0], runs
+    assert runs[0]["summary"]["jobs_completed"]["mean"] == 2, runs[0]["summary"]
+    assert read_config_file(marked / "job.json") == read_config_file(plain / "job.json") == json.loads(
+        files["job.json"]
+    )
+
+
 @pytest.mark.parametrize("kind", ["cluster", "scenario", "slo", "advice"])
 def test_a_yaml_file_in_another_encoding_or_indented_with_tabs_is_named_at_its_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
