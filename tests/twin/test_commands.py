@@ -179,8 +179,10 @@ def test_files_saved_with_a_byte_order_mark_read_as_without(
         run.pop("generated_at")
     assert runs[1] == runs[0], runs
     assert runs[0]["summary"]["jobs_completed"]["mean"] == 2, runs[0]["summary"]
-    assert read_config_file(marked / "job.json") == read_config_file(plain / "job.json") == json.loads(
-        files["job.json"]
+    assert (
+        read_config_file(marked / "job.json")
+        == read_config_file(plain / "job.json")
+        == json.loads(files["job.json"])
     )
 
 
