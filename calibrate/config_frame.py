@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.loader import distinct_rows_of, distinct_values, time_limit_seconds
-from twin.domain import METHODS, JobConfig
+from twin.domain import METHODS, JobConfig, name_key
 from twin.job_config import (
     CONFIG_DEFAULTS,
     CONFIG_FIELDS,
@@ -158,8 +158,8 @@ def _text(values: np.ndarray, *, lower: bool = False) -> np.ndarray:
     """Each value as trimmed (and, if asked, lower-cased) text, computed once per distinct value (a CSV
     repeats a few hundred)."""
     codes, distinct = distinct_values(values)
-    texts = [str(value).strip() for value in distinct]
-    return np.array([text.lower() for text in texts] if lower else texts, dtype=object)[codes]
+    texts = [name_key(value) if lower else str(value).strip() for value in distinct]
+    return np.array(texts, dtype=object)[codes]
 
 
 def _numbers(values: np.ndarray) -> np.ndarray:

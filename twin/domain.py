@@ -259,14 +259,21 @@ def config_rule(config: JobConfig) -> Rule | None:
     return broken_rule(config.number_gpus, config.batch_size, config.fast_moe, config.number_nodes)
 
 
+def name_key(name: str) -> str:
+    """A model's or a method's name as the models read it: trimmed and lower-cased, as the benchmark writes
+    every one ('Llama3-8B ' is llama3-8b, and gets its numbers)."""
+    return str(name).strip().lower()
+
+
 def unseen_model_warning(name: str) -> str | None:
-    """None for a model the benchmark measured; otherwise what to tell the person up front: the numbers
-    are extrapolated from the name, and (for a likely typo) the closest measured names."""
+    """None for a model the benchmark measured (whatever its case); otherwise what to tell the person up
+    front: the numbers are extrapolated from the name, and (for a likely typo) the closest measured names."""
     import difflib
 
-    if name in MODEL_PARAMS_B:
+    key = name_key(name)
+    if key in MODEL_PARAMS_B:
         return None
-    close = difflib.get_close_matches(name, list(MODEL_PARAMS_B), n=2, cutoff=0.75)
+    close = difflib.get_close_matches(key, list(MODEL_PARAMS_B), n=2, cutoff=0.75)
     hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
     return (
         f"{name!r} is not a model the benchmark measured{hint}: what follows is extrapolated from the "
@@ -280,7 +287,7 @@ def model_params_b(model_name: str) -> float | None:
     A name never seen before ("acme-13b-chat") still says its size; that is what lets the models
     generalize to new LLMs.
     """
-    known = MODEL_PARAMS_B.get(model_name)
+    known = MODEL_PARAMS_B.get(name_key(model_name))
     if known is not None:
         return known
     return params_from_name(model_name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from twin.domain import JobConfig, canonical_gpu_name
+from twin.domain import JobConfig, canonical_gpu_name, name_key
 
 # The levels at which a model describes the distribution of its standardized throughput error (z = the
 # error in units of its band, 1.2816 at the band's p90): the tails are where a forecast of GPU-hours is
@@ -23,7 +23,8 @@ ERROR_QUANTILE_LEVELS = np.array(
 
 
 def error_family(model_name: str, method: str, gpu_model: str) -> str:
-    return f"{model_name}|{str(method).lower()}|{canonical_gpu_name(gpu_model)}"
+    """Names as the models read them: 'Llama3-8B' and llama3-8b jobs share the error the models make on it."""
+    return f"{name_key(model_name)}|{name_key(method)}|{canonical_gpu_name(gpu_model)}"
 
 
 def family_of(config: JobConfig) -> str:

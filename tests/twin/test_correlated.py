@@ -293,3 +293,14 @@ def test_an_error_range_that_excludes_the_prediction_is_refused() -> None:
 
     with pytest.raises(ValueError, match="error range"):
         prepare_catalog(one_family_workload(4).catalog, Broken(None))
+
+
+def test_a_model_or_method_in_capitals_is_the_model_or_method() -> None:
+    """As the models read them (trimmed, lower-cased): one error family, one size, no 'never measured'."""
+    from twin.domain import model_params_b, unseen_model_warning
+    from twin.families import error_family
+
+    assert error_family(" Llama3-8B", "LoRA", "A100-SXM") == error_family("llama3-8b", "lora", "A100-SXM")
+    assert model_params_b("Granite-4.0-H-Small") == model_params_b("granite-4.0-h-small") == 32
+    assert unseen_model_warning("Llama3-8B ") is None
+    assert "did you mean 'llama3-8b'" in (unseen_model_warning("Lama3-8B") or "")
