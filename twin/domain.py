@@ -275,9 +275,12 @@ def unseen_model_warning(name: str) -> str | None:
         return None
     close = difflib.get_close_matches(key, list(MODEL_PARAMS_B), n=2, cutoff=0.75)
     hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    # A name that says no size ('x', 'my-model') is modelled at a typical size, not from its name.
+    sized = params_from_name(key) is not None
+    basis = "the size in its name" if sized else "a typical size (its name says none)"
     return (
-        f"{name!r} is not a model the benchmark measured{hint}: what follows is extrapolated from the "
-        "size in its name, not learned from runs of it"
+        f"{name!r} is not a model the benchmark measured{hint}: what follows is extrapolated from {basis}, "
+        "not learned from runs of it"
     )
 
 

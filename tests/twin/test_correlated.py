@@ -304,3 +304,5 @@ def test_a_model_or_method_in_capitals_is_the_model_or_method() -> None:
     assert model_params_b("Granite-4.0-H-Small") == model_params_b("granite-4.0-h-small") == 32
     assert unseen_model_warning("Llama3-8B ") is None
     assert "did you mean 'llama3-8b'" in (unseen_model_warning("Lama3-8B") or "")
+    assert "from the size in its name" in (unseen_model_warning("acme-13b") or "")
+    assert "from a typical size (its name says none)" in (unseen_model_warning("my-model") or "")
