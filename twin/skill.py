@@ -26,6 +26,7 @@ from twin.clock import as_utc
 from twin.db import session_scope
 from twin.forecast_store import STANDING, ForecastScore, StoredForecast, stored_forecasts
 from twin.store import utcnow
+from twin.units import parse_duration
 
 # Within this, an actual on the band's edge counts as inside (a forecast of 0 jobs and 0 that happened), and
 # an actual this close to 0 has no percentage error (floating-point crumbs of an idle GPU type).
@@ -207,6 +208,26 @@ def _score_one(
     edges = interval_edges(document)[: max(intervals) + 2]
     actual = actual_series(times, edges + offset)
     return score_intervals(document, actual, intervals)
+
+
+def since_time(text: str, now: datetime) -> datetime | None:
+    """Where a window of scored intervals starts (`--since`, `?since=`): a duration back from `now` (24h,
+    7d) or an RFC 3339 time (UTC where it names no zone). None for a duration reaching back further than the
+    calendar does: every interval (it raised OverflowError, a traceback or a 500). Raises ValueError saying
+    what it takes."""
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
+        seconds = None
+    if seconds is not None:
+        try:
+            return now - timedelta(seconds=seconds)
+        except OverflowError:
+            return None
+    try:
+        return as_utc(datetime.fromisoformat(text.strip().replace("Z", "+00:00")))
+    except ValueError:
+        raise ValueError(f"not a time or a duration: {text!r} (e.g. 24h or 2025-01-01T00:00:00Z)") from None
 
 
 def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dict[str, Any]:

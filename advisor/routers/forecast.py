@@ -46,10 +46,9 @@ from twin.live_state import NoClusterError, load_live_inputs
 from twin.plan import PlanOptions
 from twin.policies import Policy
 from twin.protocols import JobModels
-from twin.skill import forecast_vs_actual, score_due, skill
+from twin.skill import forecast_vs_actual, score_due, since_time, skill
 from twin.slo_attainment import SloFormatError
 from twin.uncalibrated import FallbackModels
-from twin.units import parse_duration
 from twin.whatif import ScenarioSize, WhatIf, run_whatif, scenario_size
 
 log = logging.getLogger("finetwin.forecast")
@@ -297,15 +296,9 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
     if text is None or not text.strip():
         return None
     try:
-        return now - timedelta(seconds=parse_duration(text))
-    except ValueError:
-        pass
-    try:
-        return as_utc(datetime.fromisoformat(text.strip().replace("Z", "+00:00")))
-    except ValueError:
-        raise HTTPException(
-            422, f"since: not a time or a duration: {text!r} (e.g. 24h or 2025-01-01T00:00:00Z)"
-        ) from None
+        return since_time(text, now)
+    except ValueError as exc:
+        raise HTTPException(422, f"since: {exc}") from None
 
 
 @router.get(

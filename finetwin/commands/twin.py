@@ -137,18 +137,14 @@ def forecast(
 
 def _skill(engine: object, settings: Settings, now: datetime, since_text: str | None, as_json: bool) -> int:
     """How the stored forecasts did against what the store then recorded (twin.skill)."""
-    from twin.skill import skill
-    from twin.units import parse_duration
+    from twin.skill import since_time, skill
 
     since = None
     if since_text:
         try:
-            since = now - timedelta(seconds=parse_duration(since_text))
-        except ValueError:
-            try:
-                since = datetime.fromisoformat(since_text.replace("Z", "+00:00"))
-            except ValueError:
-                raise CommandError(f"--since: not a time or a duration: {since_text!r}") from None
+            since = since_time(since_text, now)
+        except ValueError as exc:
+            raise CommandError(f"--since: {exc}") from None
     document = skill(engine, settings.cluster_id, since)
     if as_json:
         print(json.dumps(document, indent=2))

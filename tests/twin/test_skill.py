@@ -160,6 +160,9 @@ def test_skill_over_http_prometheus_and_the_cli(
         assert since.json()["figures"]["utilization"]["n"] == 1
         bad = client.get("/v1/forecast/skill", params={"since": "last tuesday"}, headers=headers)
         assert bad.status_code == 422 and "since" in bad.json()["detail"]
+        # Further back than the calendar goes (an OverflowError: 500): every interval.
+        ever = client.get("/v1/forecast/skill", params={"since": "99999999d"}, headers=headers)
+        assert ever.status_code == 200 and ever.json()["figures"] == expected["figures"], ever.text
         metrics = client.get("/metrics").text
         assert 'finetwin_forecast_coverage{figure="utilization"} 0.5' in metrics
         wape = expected["figures"]["utilization"]["wape"]
@@ -171,6 +174,13 @@ def test_skill_over_http_prometheus_and_the_cli(
     monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
     assert main(["forecast", "--skill", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["figures"] == expected["figures"]
+    assert main(["forecast", "--skill", "--json", "--since", "99999999d"]) == 0  # was a traceback
+    assert json.loads(capsys.readouterr().out)["figures"] == expected["figures"]
+    # A time that names no zone is UTC.
+    assert main(["forecast", "--skill", "--since", "2025-03-01T00:30:00", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["figures"]["utilization"]["n"] == 1
+    assert main(["forecast", "--skill", "--since", "last tuesday"]) == 2
+    assert "--since: not a time or a duration: 'last tuesday'" in capsys.readouterr().err
     assert main(["forecast", "--skill"]) == 0
     table = capsys.readouterr().out
     assert "utilization" in table and "50.0%" in table
