@@ -318,6 +318,7 @@ def _backtest_from_store(
     """Parse, pick the model version that was in use at T, hand over to twin.store_backtest."""
     from finetwin.wiring import load_job_models_at, migrated_engine
     from twin.clock import as_utc, telemetry_span
+    from twin.limits import MAX_SIMULATED_SECONDS
     from twin.policies import Policy
     from twin.store_backtest import backtest_from_store, check_window, telemetry_held
     from twin.units import parse_duration
@@ -334,8 +335,13 @@ def _backtest_from_store(
         horizon_s = parse_duration(horizon)
     except ValueError as exc:
         raise CommandError(f"--horizon: {exc}") from None
+    if horizon_s > MAX_SIMULATED_SECONDS:  # as a forecast's: past that, T + H was an OverflowError traceback
+        raise CommandError(f"--horizon: at most {MAX_SIMULATED_SECONDS / 86400:,.0f} days (ten years)")
     try:  # before the models: a window the store does not cover is the first thing to fix
         check_window(engine, settings.cluster_id, when, when + timedelta(seconds=horizon_s))
+    except OverflowError:  # --at near the calendar's end (year 9999)
+        held = telemetry_held(settings.cluster_id, *telemetry_span(engine, settings.cluster_id))
+        raise CommandError(f"--at {at} + --horizon {horizon} ends past the year 9999; {held}") from None
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     try:

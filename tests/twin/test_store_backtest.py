@@ -150,6 +150,13 @@ def test_finetwin_backtest_from_store(
     assert main(late) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "is after the newest telemetry" in err and "not in the store yet" in err
+    # A window past the calendar's end was an OverflowError traceback.
+    endless = ["backtest", "--from-store", "--at", at.isoformat(), "--horizon", "99999999d"]
+    assert main(endless) == 2
+    assert "--horizon: at most 3,653 days (ten years)" in capsys.readouterr().err
+    assert main(["backtest", "--from-store", "--at", "9999-12-31T23:00:00Z", "--horizon", "2h"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "ends past the year 9999" in err and "the store's telemetry of cluster 'default' runs from" in err
 
 
 def test_a_window_the_telemetry_does_not_cover_is_refused_with_its_span(tmp_path: Path) -> None:
