@@ -209,12 +209,13 @@ def replay(
     from ingest.replay import send_replay
 
     settings: Settings = ctx.obj
-    address = kafka_bootstrap(bootstrap, settings)
-    topic = topic or settings.telemetry_topic
+    # The file and the options first: what is wrong with them is said before what is missing to send it.
     plan = replay_plan(
         settings, bench, speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival,
         epoch=epoch, load=load,
     )  # fmt: skip
+    address = kafka_bootstrap(bootstrap, settings)
+    topic = topic or settings.telemetry_topic
     ahead = _ahead_of_wall_s(plan, speed)
     if ahead > settings.max_clock_skew.total_seconds():
         log.warning(

@@ -178,6 +178,21 @@ def test_finetwin_replay_names_a_bad_file(tmp_path: Path, capsys: pytest.Capture
     assert "bad.csv" in capsys.readouterr().err
 
 
+def test_finetwin_replay_says_what_is_wrong_with_its_input_before_asking_for_kafka(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a broker named, a missing file or a negative speed was answered "no Kafka to talk to": the
+    user set one up, only to learn the file was not there."""
+    monkeypatch.delenv("FINETWIN_KAFKA_BOOTSTRAP", raising=False)
+    assert main(["replay", "--bench", str(tmp_path / "nowhere.csv")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nowhere.csv" in err and "Kafka" not in err, err
+    assert main(["replay", "--speed", "-1"]) == 2
+    assert "--speed must be 0 or more" in capsys.readouterr().err
+    assert main(["replay"]) == 2  # the bundled sample is fine: now the broker is what is missing
+    assert "no Kafka to talk to" in capsys.readouterr().err
+
+
 def test_an_epoch_moves_the_timeline_and_nothing_else(sample_table: pd.DataFrame) -> None:
     from datetime import timedelta
 
