@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster, NodeSpec
 from twin.config_changes import Admission
-from twin.domain import GPUS_PER_NODE, canonical_gpu_name
+from twin.domain import GPUS_PER_NODE, known_gpu_name
 from twin.ensemble import EnsembleSpec, run_one, spread
 from twin.executors import Executor, Progress, TaskFailure
 from twin.forecast import TwinInputs, catalog_of
@@ -80,7 +80,9 @@ class VaryRange(BaseModel):
     def _ordered(self) -> VaryRange:
         if self.min > self.max:
             raise ValueError(f"{self.gpu_model}: the range {self.min}..{self.max} is empty")
-        self.gpu_model = canonical_gpu_name(self.gpu_model)
+        # As a cluster file's and a what-if's: a misspelled type was planned as a phantom pool no job asks
+        # for, and the plan read "no scenario meets the SLOs".
+        self.gpu_model = known_gpu_name(self.gpu_model)
         return self
 
     def counts(self) -> range:

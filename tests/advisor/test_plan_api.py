@@ -92,6 +92,8 @@ def test_bad_plans_are_refused_with_a_reason(app_client: TestClient, store: Engi
     operator = api_headers(store, "operator")
     bad = app_client.post("/v1/plan", json={"vary": [f"{A100}=4..1"]}, headers=operator)
     assert bad.status_code == 422 and "empty" in bad.json()["detail"]
+    typo = app_client.post("/v1/plan", json={"vary": ["A100-SMX=1..3"]}, headers=operator)
+    assert typo.status_code == 422 and "unknown GPU model 'A100-SMX'" in typo.json()["detail"], typo.text
     many = app_client.post("/v1/plan", json={"vary": [f"{A100}=0..99", "L40S=0..99"]}, headers=operator)
     assert many.status_code == 422 and "narrow the ranges" in many.json()["detail"]
     runs = app_client.post("/v1/plan", json={"vary": [f"{A100}=1..2"], "runs": 1000}, headers=operator)
