@@ -10,6 +10,7 @@ from sqlmodel import Session, col, func, select
 
 from advisor.deps import get_session
 from advisor.timestamps import UtcDatetime
+from twin.domain import canonical_gpu_name
 from twin.job_config import PartialJobConfig
 from twin.store import Job
 
@@ -50,7 +51,9 @@ class JobPage(BaseModel):
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 def list_jobs(
     state: JobState | None = Query(default=None, description="only jobs in this state"),
-    gpu_model: str | None = Query(default=None, max_length=100),
+    gpu_model: str | None = Query(
+        default=None, max_length=100, description="only jobs on this GPU type, in any spelling (A100-SXM)"
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
     offset: int = Query(default=0, ge=0, le=1_000_000_000),
     session: Session = Depends(get_session),
@@ -61,6 +64,9 @@ def list_jobs(
         query = query.where(Job.state == state)
         count = count.where(Job.state == state)
     if gpu_model is not None:
+        # The store holds the benchmark's spelling; every other input takes any known one (A100-SXM): a
+        # filter by one found no job.
+        gpu_model = canonical_gpu_name(gpu_model)
         query = query.where(Job.gpu_model == gpu_model)
         count = count.where(Job.gpu_model == gpu_model)
     query = query.order_by(col(Job.submitted_at).desc(), col(Job.job_id)).offset(offset).limit(limit)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
 
 from finetwin.cli import main
 
@@ -100,3 +101,17 @@ def without_model_names(document: object) -> object:
     if isinstance(document, list):
         return [without_model_names(v) for v in document]
     return document
+
+
+def test_jobs_are_filtered_by_gpu_type_in_any_spelling(
+    client: TestClient, engine: Engine, keys: dict
+) -> None:
+    """Every other input takes A100-SXM for the benchmark's NVIDIA-A100-SXM4-80GB; the jobs filter found no
+    job by it."""
+    from tests.advisor.seed import seed_overloaded_cluster
+
+    seed_overloaded_cluster(engine, jobs=3)
+    for spelling in ("A100-SXM", "nvidia-a100-sxm4-80gb", "NVIDIA-A100-SXM4-80GB"):
+        page = client.get("/v1/jobs", params={"gpu_model": spelling}, headers=keys["viewer"]).json()
+        assert page["total"] == 3 and {j["gpu_model"] for j in page["jobs"]} == {"NVIDIA-A100-SXM4-80GB"}
+    assert client.get("/v1/jobs", params={"gpu_model": "L40S"}, headers=keys["viewer"]).json()["total"] == 0
