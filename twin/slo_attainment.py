@@ -22,6 +22,8 @@ from twin.run_metrics import RunMetrics
 
 SloMetric = Literal["wait_p95_s", "wait_p50_s", "runtime_failure_ratio", "utilization", "queue_length"]
 
+# Figures that are shares of 1 (0.7 is 70 %).
+SHARE_METRICS = frozenset({"runtime_failure_ratio", "utilization"})
 # The whole-window figure that matches each per-interval series.
 _SUMMARY_FIGURE = {
     "wait_p95_s": "wait_p95_s",
@@ -54,6 +56,9 @@ class Slo(BaseModel):
         bound = self.max if self.max is not None else self.min
         if bound is None or not math.isfinite(bound) or bound < 0:
             raise ValueError("the bound must be a finite number ≥ 0")
+        if self.metric in SHARE_METRICS and bound > 1:
+            # 70 for 70 %: a utilization floor no cluster reaches, a failure ceiling no forecast breaks.
+            raise ValueError(f"{self.metric} is a share from 0 to 1: write {bound / 100:g} for {bound:g} %")
         if self.gpu_model is not None and self.metric != "utilization":
             raise ValueError("gpu_model applies to the utilization metric only")
         return self

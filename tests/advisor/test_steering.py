@@ -89,6 +89,20 @@ def test_slos_are_validated_and_audited(app_client: TestClient, store: Engine) -
     assert app_client.get("/v1/slos", headers=operator).json()["source"] == "default"
     bad = app_client.put("/v1/slos", json={"slos": [{"name": "x", "metric": "wait_p95_s"}]}, headers=operator)
     assert bad.status_code == 422 and "max or min" in bad.json()["detail"]
+    # A percentage written as one: a floor no cluster reaches, a ceiling no forecast breaks.
+    for metric, bound, said in (
+        ("utilization", {"min": 70.0}, "utilization is a share from 0 to 1: write 0.7 for 70 %"),
+        (
+            "runtime_failure_ratio",
+            {"max": 10.0},
+            "runtime_failure_ratio is a share from 0 to 1: write 0.1 for",
+        ),
+    ):
+        share = {"slos": [{"name": "x", "metric": metric, **bound}]}
+        bad = app_client.put("/v1/slos", json=share, headers=operator)
+        assert bad.status_code == 422 and said in bad.json()["detail"], bad.text
+    one = {"slos": [{"name": "x", "metric": "utilization", "min": 1.0}]}  # all of it: strict, but a share
+    assert app_client.put("/v1/slos", json=one, headers=operator).status_code == 200
     assert app_client.put("/v1/slos", json=WAIT_SLO, headers=api_headers(store, "viewer")).status_code == 403
     put = app_client.put("/v1/slos", json=WAIT_SLO, headers=operator).json()
     assert put["source"] == "api" and put["slos"][0]["max"] == 1800
