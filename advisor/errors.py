@@ -35,14 +35,23 @@ class ErrorOut(BaseModel):
     errors: list[FieldError] | None = Field(default=None, description="validation errors, field by field")
 
 
+# pydantic's word that a default was not computed because another field failed: that other field's error
+# says what to fix ("The default factory uses validated data, but at least one validation error occurred").
+_CONSEQUENCES = frozenset({"default_factory_not_called"})
+
+
 def validation_error_response(exc: RequestValidationError) -> JSONResponse:
-    """A bad request says what is wrong, field by field, with a 422."""
+    """A bad request says what is wrong, field by field, with a 422. The detail names the first five, an
+    unknown key first: it usually explains the fields missing beside it (`{"rows": [...]}` for `configs`
+    read as one configuration with seven fields missing, and its `rows` was the eighth error, cut off)."""
     errors = [
         {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())], "msg": e.get("msg", ""),
          "type": e.get("type", "")}
         for e in exc.errors()
+        if e.get("type") not in _CONSEQUENCES
     ]  # fmt: skip
-    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
+    first = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")  # stable: otherwise in order
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in first[:5])
     return JSONResponse(status_code=422, content={"detail": detail or "invalid request", "errors": errors})
 
 

@@ -167,6 +167,20 @@ def test_a_blank_model_name_is_422(api: TestClient, engine: Engine) -> None:
         )
 
 
+def test_a_misnamed_key_is_said_first_and_no_consequence_is_said_at_all(
+    api: TestClient, engine: Engine
+) -> None:
+    """`{"rows": [...]}` for `configs` is read as one configuration: seven fields missing, and the unknown
+    `rows` was the eighth error, past the five the detail names; pydantic's "The default factory uses
+    validated data, but at least one validation error occurred" (number_nodes) took a place among them."""
+    response = api.post("/v1/predict", json={"rows": [CONFIG]}, headers=api_headers(engine, "viewer"))
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("body.configs.0.rows: Extra inputs are not permitted"), detail
+    assert "default factory" not in json.dumps(response.json()), response.json()
+    assert {e["type"] for e in response.json()["errors"]} == {"extra_forbidden", "missing"}
+
+
 def test_an_empty_slo_set_must_be_explicit(api: TestClient, engine: Engine) -> None:
     operator = api_headers(engine, "operator")
     before = api.get("/v1/slos", headers=operator).json()
