@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN_STAMP = ".venv/.finetwin-installed"
@@ -131,6 +132,6 @@ def test_the_suite_runs_on_the_locked_versions() -> None:
         except metadata.PackageNotFoundError:
             different[name] = "not installed"
             continue
-        if canonicalize_name(installed) != canonicalize_name(pinned) and installed != pinned:
+        if Version(installed) != Version(pinned):
             different[name] = installed
     assert not different, f"installed versions that differ from constraints.txt: {different}"
