@@ -103,7 +103,7 @@ def test_admission_reject_trades_failures_for_rejections(models: RuleModels) -> 
 
 def test_slo_attainment_follows_its_bound(models: RuleModels) -> None:
     generous = SloSet(
-        slos=[Slo(name="wait", metric="wait_p95_s", max=1e9), Slo(name="util", metric="utilization", min=2.0)]
+        slos=[Slo(name="wait", metric="wait_p95_s", max=1e9), Slo(name="util", metric="utilization", min=1.0)]
     )
     doc = forecast(live_like_inputs(), models, options(), generous)
     assert doc["slos"][0]["probability_met"] == 1.0 and doc["slos"][0]["attainment"]["mean"] == 1.0
