@@ -458,7 +458,7 @@ def test_a_spreadsheets_utf8_export_reads_as_the_file_without_its_mark(
     tmp_path: Path, quote: bool, chunk_bytes: int | None
 ) -> None:
     """Excel's "CSV UTF-8" starts the file with a byte-order mark: the first column's name read as
-    '\ufeffextra' (and as '\ufeffmethod', missing, where the configuration came first). Read whole or a
+    '\\ufeffextra' (and as '\\ufeffmethod', missing, where the configuration came first). Read whole or a
     part at a time, by the fast path or (a quoted line break) the csv module: the same rows, the same output
     as the file without it."""
     extras = [("a", "x"), ("two\nlines" if quote else "b", "y"), ("=1+1", "z")]
