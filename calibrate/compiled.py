@@ -143,6 +143,9 @@ class CompiledTrees:
 
     @property
     def arrays(self) -> TreeArrays:
+        arrays = self._arrays  # without the lock once built: every walk of these trees asks for them
+        if arrays is not None:
+            return arrays
         with self._lock:
             if self._arrays is None:
                 self._arrays = TreeArrays.from_estimator(self._fitted())

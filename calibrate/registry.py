@@ -479,12 +479,10 @@ class InUseModels:
         key = (pointer["version"], pointer.get("manifest_sha256"))
         with self._lock:
             if key != self._key or self._models is None:
-                from calibrate import serving  # it imports this module
-
                 # From the version's serving snapshot where there is one (as `finetwin calibrate` leaves):
                 # the first answer after a start or a promotion without importing scikit-learn and skops
                 # and loading through skops (~2.5 s); else from the registry.
-                self._models = serving.load(self.registry, *key) or self.registry.load(*key)
+                self._models = load_quickly(self.registry, *key)
                 self._key = key
                 # A long-lived reader: its trees become machine code in the background (the tree walker until
                 # then), and the version's serving snapshot names them, so that the next `finetwin
@@ -532,6 +530,18 @@ def load_models_in_use(models_dir: str | Path) -> CalibratedModels | None:
     when the version in use fails verification)."""
     loaded = ModelRegistry(models_dir).load_in_use()
     return loaded[1] if loaded else None
+
+
+def load_quickly(
+    registry: ModelRegistry, version: str, expected_manifest_sha256: str | None = None
+) -> CalibratedModels:
+    """`registry.load(version)`, from the version's serving snapshot where there is one (`load_in_use_quickly`
+    says what that spares and costs)."""
+    from calibrate import serving  # it imports this module
+
+    return serving.load(registry, version, expected_manifest_sha256) or registry.load(
+        version, expected_manifest_sha256
+    )
 
 
 def load_in_use_quickly(registry: ModelRegistry) -> tuple[str, CalibratedModels] | None:

@@ -69,14 +69,11 @@ def load_job_models_at(
     settings: Settings, at: datetime, models_dir: Path | None = None
 ) -> tuple[str, JobModels] | None:
     """The version that was in use at telemetry time `at` and was fitted on nothing after it, or None."""
-    from calibrate import serving
-    from calibrate.registry import ModelRegistry
+    from calibrate.registry import ModelRegistry, load_quickly
 
     registry = ModelRegistry(models_dir or settings.resolved_models_dir())
     version = registry.version_in_use_at(at)
-    if version is None:
-        return None
-    return version, serving.load(registry, version) or registry.load(version)
+    return None if version is None else (version, load_quickly(registry, version))
 
 
 def load_benchmark_table(path: Path) -> pd.DataFrame:
