@@ -8,6 +8,7 @@ without pulling in the rest.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
@@ -45,8 +46,19 @@ GPU_TYPES: dict[str, GpuType] = {
 # A GPU model the catalogue does not know computes like an A100-PCIe (the features flag it in their note) and
 # draws the largest board power of the catalogue, so that energy is not underestimated.
 UNKNOWN_GPU = GpuType("unknown", "unknown", 80.0, 400.0, 312.0, 1.0, 16.0)
-_GPU_ALIASES = {g.short.lower(): g.name for g in GPU_TYPES.values()} | {
-    g.name.lower(): g.name for g in GPU_TYPES.values()
+
+
+def gpu_key(name: str) -> str:
+    """A GPU name as compared with the catalogue's: lower case, spaces and underscores as hyphens, without
+    the vendor. A cluster names its GPUs the way its tools print them: nvidia-smi and DCGM's exporter say
+    `NVIDIA A100-SXM4-80GB`, GPU feature discovery `NVIDIA-A100-SXM4-80GB`, people `a100-sxm4-80gb`; each is
+    the benchmark's `NVIDIA-A100-SXM4-80GB`, where the name as written made an unknown GPU of it."""
+    key = re.sub(r"[\s_-]+", "-", name.strip().lower())
+    return key.removeprefix("nvidia-")
+
+
+_GPU_ALIASES = {gpu_key(g.short): g.name for g in GPU_TYPES.values()} | {
+    gpu_key(g.name): g.name for g in GPU_TYPES.values()
 }
 
 GPUS_PER_NODE = 8
@@ -60,7 +72,7 @@ def unknown_gpu_message(name: str) -> str:
     """`unknown GPU model 'X'; did you mean 'Y'? (known: ...)`: the one wording for every input."""
     import difflib
 
-    close = difflib.get_close_matches(name.strip().lower(), list(_GPU_ALIASES), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(gpu_key(name), list(_GPU_ALIASES), n=3, cutoff=0.5)
     suggestions = list(dict.fromkeys(_GPU_ALIASES[c] for c in close))
     hint = f"; did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     return f"unknown GPU model {name!r}{hint} (known: {', '.join(GPU_TYPES)})"
@@ -68,7 +80,7 @@ def unknown_gpu_message(name: str) -> str:
 
 def known_gpu_name(name: str) -> str:
     """The benchmark's spelling of a known GPU name in any spelling; an unknown one raises UnknownGpuModel."""
-    canonical = _GPU_ALIASES.get(name.strip().lower())
+    canonical = _GPU_ALIASES.get(gpu_key(name))
     if canonical is None:
         raise UnknownGpuModel(unknown_gpu_message(name))
     return canonical
@@ -76,7 +88,7 @@ def known_gpu_name(name: str) -> str:
 
 def gpu_type(name: str) -> GpuType:
     """The GPU type for a benchmark name or the paper's short name; unknown names raise KeyError."""
-    canonical = _GPU_ALIASES.get(name.strip().lower())
+    canonical = _GPU_ALIASES.get(gpu_key(name))
     if canonical is None:
         raise KeyError(unknown_gpu_message(name))
     return GPU_TYPES[canonical]
@@ -84,7 +96,7 @@ def gpu_type(name: str) -> GpuType:
 
 def canonical_gpu_name(name: str) -> str:
     """The benchmark's spelling of a GPU name when it is known, otherwise the name unchanged."""
-    return _GPU_ALIASES.get(name.strip().lower(), name)
+    return _GPU_ALIASES.get(gpu_key(name), name)
 
 
 def gpu_or_unknown(name: str) -> GpuType:

@@ -8,6 +8,7 @@ from sqlmodel import Session, func, select
 
 from advisor.deps import get_session
 from advisor.timestamps import UtcDatetime
+from twin.domain import canonical_gpu_name
 from twin.store import Job, Node
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
@@ -47,19 +48,22 @@ def cluster(session: Session = Depends(get_session)) -> ClusterOut:
             .group_by(Job.gpu_model)
         ).all()
     )
+    # A pool is a GPU type, whatever each node and job called it (`NVIDIA A100-SXM4-80GB`, `A100-SXM`), as
+    # the twin pools them.
     pools: dict[str, GpuPool] = {}
+
+    def pool_of(gpu_model: str) -> GpuPool:
+        name = canonical_gpu_name(gpu_model)
+        return pools.setdefault(name, GpuPool(gpu_model=name, nodes_up=0, gpus_up=0, gpus_busy=0))
+
     for node in nodes:
-        pool = pools.setdefault(
-            node.gpu_model, GpuPool(gpu_model=node.gpu_model, nodes_up=0, gpus_up=0, gpus_busy=0)
-        )
+        pool = pool_of(node.gpu_model)
         if node.status == "up":
             pool.nodes_up += 1
             pool.gpus_up += node.gpu_count
     for gpu, count in busy.items():
         if gpu is not None:
-            pools.setdefault(gpu, GpuPool(gpu_model=gpu, nodes_up=0, gpus_up=0, gpus_busy=0)).gpus_busy = int(
-                count
-            )
+            pool_of(gpu).gpus_busy += int(count)
     return ClusterOut(
         nodes=[NodeOut.model_validate(n, from_attributes=True) for n in nodes],
         pools=sorted(pools.values(), key=lambda p: p.gpu_model),

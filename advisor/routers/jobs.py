@@ -48,6 +48,14 @@ class JobPage(BaseModel):
     jobs: list[JobOut]
 
 
+def gpu_spellings(session: Session, gpu_model: str) -> list[str]:
+    """The names the store's jobs give the GPU type `gpu_model` names, in any spelling: the name itself
+    when it is not a known type."""
+    wanted = canonical_gpu_name(gpu_model)
+    stored = session.exec(select(Job.gpu_model).distinct()).all()
+    return [name for name in stored if name is not None and canonical_gpu_name(name) == wanted]
+
+
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
 def list_jobs(
     state: JobState | None = Query(default=None, description="only jobs in this state"),
@@ -64,11 +72,11 @@ def list_jobs(
         query = query.where(Job.state == state)
         count = count.where(Job.state == state)
     if gpu_model is not None:
-        # The store holds the benchmark's spelling; every other input takes any known one (A100-SXM): a
-        # filter by one found no job.
-        gpu_model = canonical_gpu_name(gpu_model)
-        query = query.where(Job.gpu_model == gpu_model)
-        count = count.where(Job.gpu_model == gpu_model)
+        # The store holds each GPU name as its cluster reported it (`NVIDIA A100-SXM4-80GB`, `A100-SXM`):
+        # the filter takes every spelling of the one GPU type, as every other input takes any of them.
+        spellings = gpu_spellings(session, gpu_model)
+        query = query.where(col(Job.gpu_model).in_(spellings))
+        count = count.where(col(Job.gpu_model).in_(spellings))
     query = query.order_by(col(Job.submitted_at).desc(), col(Job.job_id)).offset(offset).limit(limit)
     jobs = [JobOut.model_validate(j) for j in session.exec(query)]
     return JobPage(total=session.exec(count).one(), limit=limit, offset=offset, jobs=jobs)

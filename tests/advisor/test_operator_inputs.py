@@ -115,3 +115,40 @@ def test_jobs_are_filtered_by_gpu_type_in_any_spelling(
         page = client.get("/v1/jobs", params={"gpu_model": spelling}, headers=keys["viewer"]).json()
         assert page["total"] == 3 and {j["gpu_model"] for j in page["jobs"]} == {"NVIDIA-A100-SXM4-80GB"}
     assert client.get("/v1/jobs", params={"gpu_model": "L40S"}, headers=keys["viewer"]).json()["total"] == 0
+
+
+def test_gpu_names_as_a_cluster_reports_them_are_one_type(
+    client: TestClient, engine: Engine, keys: dict
+) -> None:
+    """nvidia-smi and DCGM name the GPU `NVIDIA A100-SXM4-80GB`, feature discovery with hyphens, people
+    `A100-SXM`: the store keeps each as reported, and the jobs filter and the cluster's pools take them for
+    the one GPU type they are (the filter found only its own spelling, and each spelling made a pool)."""
+    from tests.advisor.seed import seed_overloaded_cluster
+    from twin.db import session_scope
+    from twin.store import Job, Node, utcnow
+
+    seed_overloaded_cluster(engine, jobs=3)  # one node and one running job as NVIDIA-A100-SXM4-80GB
+    with session_scope(engine) as session:
+        session.add(
+            Node(
+                node_id="smi-0",
+                gpu_model="NVIDIA A100-SXM4-80GB",
+                gpu_count=8,
+                status="up",
+                updated_at=utcnow(),
+            )
+        )
+        for job_id, spelling in (("smi-job", "NVIDIA A100-SXM4-80GB"), ("short-job", "A100-SXM")):
+            job = session.get(Job, "job-001")
+            assert job is not None
+            copy = Job.model_validate(job.model_dump() | {"job_id": job_id, "gpu_model": spelling})
+            copy.state, copy.node_ids = "running", ["smi-0"]
+            session.add(copy)
+    for spelling in ("A100-SXM", "NVIDIA A100-SXM4-80GB", "nvidia_a100_sxm4_80gb"):
+        page = client.get("/v1/jobs", params={"gpu_model": spelling}, headers=keys["viewer"]).json()
+        assert page["total"] == 5, (spelling, page)
+    cluster = client.get("/v1/cluster", headers=keys["viewer"]).json()
+    assert cluster["pools"] == [
+        {"gpu_model": "NVIDIA-A100-SXM4-80GB", "nodes_up": 2, "gpus_up": 16, "gpus_busy": 24}
+    ]
+    assert {n["gpu_model"] for n in cluster["nodes"]} == {"NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"}

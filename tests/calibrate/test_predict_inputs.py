@@ -114,6 +114,32 @@ def test_a_misspelled_gpu_stops_predict_with_a_suggestion(
     assert not output.exists()
 
 
+def test_gpu_names_as_nvidia_tools_print_them_predict_as_the_benchmarks(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nvidia-smi and DCGM print `NVIDIA A100-SXM4-80GB` (a space), people drop the vendor; both were
+    refused as unknown GPUs (and a cluster reporting them was modelled as an unknown GPU)."""
+    spellings = {
+        "NVIDIA-A100-SXM4-80GB": ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB", "nvidia_a100_sxm4_80gb"),
+        "NVIDIA-A100-80GB-PCIe": ("NVIDIA A100 80GB PCIe",),
+        "L40S": ("NVIDIA L40S",),
+        "NVIDIA-H100-PCIe": ("NVIDIA H100 PCIe",),
+    }
+    rows = [ROW | {"gpu_model": name} for name in spellings]
+    reported = [ROW | {"gpu_model": name} for names in spellings.values() for name in names]
+    benchmark, printed = tmp_path / "benchmark.csv", tmp_path / "printed.csv"
+    assert predict(calibrated_models_dir, write(tmp_path / "a.csv", list(ROW), rows), benchmark) == 0
+    assert predict(calibrated_models_dir, write(tmp_path / "b.csv", list(ROW), reported), printed) == 0
+    assert "warning" not in capsys.readouterr().err
+    expected = pd.read_csv(benchmark, dtype=str, keep_default_na=False).drop(columns="gpu_model")
+    repeats = [len(names) for names in spellings.values()]
+    got = pd.read_csv(printed, dtype=str, keep_default_na=False)
+    assert list(got["gpu_model"]) == [name for names in spellings.values() for name in names]  # as written
+    pd.testing.assert_frame_equal(
+        got.drop(columns="gpu_model"), expected.loc[expected.index.repeat(repeats)].reset_index(drop=True)
+    )
+
+
 def test_a_model_the_benchmark_never_measured_is_said_before_the_numbers(
     calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -40,6 +40,25 @@ def test_a_misspelled_gpu_in_a_cluster_file_is_refused_with_a_suggestion(
     assert "did you mean 'NVIDIA-A100-SXM4-80GB'" in error
 
 
+def test_a_cluster_file_takes_gpu_names_as_nvidia_smi_prints_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`NVIDIA A100-SXM4-80GB` is what nvidia-smi prints; `A100` alone stays ambiguous and refused."""
+    jobs = write(tmp_path, "jobs.csv", JOBS)
+    results = []
+    for name in ("NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "a100_sxm4_80gb"):
+        cluster = write(tmp_path, "c.yaml", f"nodes:\n  - {{gpu_model: {name}, count: 1}}\n")
+        assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs), "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        results.append({k: v for k, v in result.items() if k not in ("generated_at", "wall_s")})
+    assert results[1] == results[0] and results[2] == results[0]
+    cluster = write(tmp_path, "c.yaml", "nodes:\n  - {gpu_model: A100, count: 1}\n")
+    assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
+    assert "unknown GPU model 'A100'; did you mean 'NVIDIA-A100-SXM4-80GB' or 'NVIDIA-A100-80GB-PCIe'?" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_misspelled_gpu_in_a_whatif_is_refused_with_a_suggestion(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
