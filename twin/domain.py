@@ -7,6 +7,7 @@ without pulling in the rest.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -271,10 +272,29 @@ def config_rule(config: JobConfig) -> Rule | None:
     return broken_rule(config.number_gpus, config.batch_size, config.fast_moe, config.number_nodes)
 
 
+@functools.lru_cache(maxsize=4096)  # on the twin's path once per job of every run
 def name_key(name: str) -> str:
     """A model's or a method's name as the models read it: trimmed and lower-cased, as the benchmark writes
-    every one ('Llama3-8B ' is llama3-8b, and gets its numbers)."""
-    return str(name).strip().lower()
+    every one ('Llama3-8B ' is llama3-8b, and gets its numbers); a model the benchmark measured, named as
+    Hugging Face names it, is that model ('meta-llama/Meta-Llama-3-8B' is llama3-8b)."""
+    key = str(name).strip().lower()
+    return _MEASURED_BY_SPELLING.get(_spelling_key(key), key)
+
+
+def _spelling_key(name: str) -> str:
+    """What is left of a lower-case model name when its spelling is left out: the organisation of a Hugging
+    Face id, Meta's own prefix, the `-hf` of a converted checkpoint, and every separator. The benchmark's
+    llama3.1-8b and Meta's meta-llama/Llama-3.1-8B are both `llama318b`."""
+    name = name.rsplit("/", 1)[-1]
+    name = re.sub(r"^meta-(?=llama)", "", name).removesuffix("-hf")
+    return re.sub(r"[\s_.-]+", "", name)
+
+
+# Each measured model by its spelling key: a name that differs from the benchmark's only in spelling gets
+# that model's numbers, and advice ranked on what its runs showed (read as written, it was a model never
+# measured, and its advice fell back on the failure model's bound for new models: no recommendation).
+_MEASURED_BY_SPELLING: dict[str, str] = {_spelling_key(name): name for name in MODEL_PARAMS_B}
+assert len(_MEASURED_BY_SPELLING) == len(MODEL_PARAMS_B), "two measured models spelled alike"
 
 
 def unseen_model_warning(name: str) -> str | None:

@@ -306,3 +306,36 @@ def test_a_model_or_method_in_capitals_is_the_model_or_method() -> None:
     assert "did you mean 'llama3-8b'" in (unseen_model_warning("Lama3-8B") or "")
     assert "from the size in its name" in (unseen_model_warning("acme-13b") or "")
     assert "from a typical size (its name says none)" in (unseen_model_warning("my-model") or "")
+
+
+@pytest.mark.parametrize(
+    ("written", "measured"),
+    [
+        ("meta-llama/Meta-Llama-3-8B", "llama3-8b"),
+        ("meta-llama/Llama-3.1-8B", "llama3.1-8b"),
+        ("Llama-2-70b-hf", "llama2-70b"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b-instruct-v0.1"),
+        ("ibm-granite/granite-4.0-h-small", "granite-4.0-h-small"),
+        ("Llama_3.2_1B", "llama3.2-1b"),
+    ],
+)
+def test_a_measured_model_named_as_hugging_face_names_it_is_that_model(written: str, measured: str) -> None:
+    """Read as written, each was a model never measured: extrapolated, and advised on the failure model's
+    bound for new models."""
+    from twin.domain import model_params_b, name_key, unseen_model_warning
+    from twin.families import error_family
+
+    assert name_key(written) == measured
+    assert unseen_model_warning(written) is None
+    assert model_params_b(written) == model_params_b(measured)
+    assert error_family(written, "lora", "L40S") == error_family(measured, "lora", "L40S")
+
+
+def test_a_different_model_is_not_taken_for_a_measured_one() -> None:
+    """An instruct tune, a base model of another generation, a method: their own names."""
+    from twin.domain import name_key, unseen_model_warning
+
+    for name in ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-2-7b-hf", "acme/llama3-8b-chat"):
+        assert name_key(name) == name.strip().lower()
+        assert unseen_model_warning(name) is not None
+    assert [name_key(m) for m in ("LoRA", "full", "gptq-lora")] == ["lora", "full", "gptq-lora"]
