@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 
 from twin.domain import JobConfig, known_gpu_name
-from twin.job_config import JobConfigIn, JobConfigOut, not_blank
+from twin.job_config import JobConfigIn, JobConfigOut, method_in_any_case, not_blank
 
 
 class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
@@ -26,6 +26,7 @@ class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
         return known_gpu_name(value)  # the one check (and "did you mean") of every GPU name
 
     strip_model_name = field_validator("model_name")(not_blank)
+    lower_method = field_validator("method", mode="before")(method_in_any_case)
 
     def to_job(self) -> tuple[JobConfig, float | None]:
         return self.to_config(), self.dataset_tokens

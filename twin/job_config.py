@@ -57,6 +57,13 @@ def not_blank(value: str) -> str:
     return value
 
 
+def method_in_any_case(value: Any) -> Any:
+    """A field validator (before) for the API's models: a method in any case and spacing (`LoRA`, the way
+    people write it), as a configurations CSV takes it; the method is then one of the three. Telemetry
+    keeps the contract's spelling."""
+    return value.strip().lower() if isinstance(value, str) else value
+
+
 def _bare(hint: Any) -> Any:
     """The type without its bounds: `Annotated[int, Field(ge=1)]` -> `int`, and inside `X | None`."""
     if get_origin(hint) is Annotated:

@@ -21,7 +21,7 @@ import numpy as np
 
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
 from twin.csv_hints import resembling, separator_hint
-from twin.domain import JobConfig, UnknownGpuModel, known_gpu_name
+from twin.domain import METHODS, JobConfig, UnknownGpuModel, known_gpu_name
 from twin.limits import MAX_SIMULATED_SECONDS
 from twin.text_files import SPREADSHEET_UTF8, not_utf8
 
@@ -294,6 +294,16 @@ class _Builder:
         except UnknownGpuModel as exc:
             raise WorkloadFormatError(self.path, line, "gpu_model", str(exc)) from None
 
+    def method(self, row: list[str], line: int) -> str:
+        """The row's fine-tuning method in any case (`LoRA`), as a configurations CSV takes it; another is an
+        error on its line (the models refused it later as "row 0" of the distinct configurations)."""
+        text = self.cell(row, "method").lower()
+        if text not in METHODS:
+            raise WorkloadFormatError(
+                self.path, line, "method", f"{text!r} is not a method; one of {', '.join(METHODS)}"
+            )
+        return text
+
     def add(self, row: list[str], line: int) -> None:
         job_id = self.cell(row, "job_id")
         if not job_id:
@@ -321,7 +331,7 @@ class _Builder:
             time_limit = self.cell(row, "time_limit_s")
             cfg = JobConfig(
                 model_name=self.cell(row, "model_name"),
-                method=self.cell(row, "method"),
+                method=self.method(row, line),
                 gpu_model=gpu_model,
                 number_gpus=gpus,
                 number_nodes=self.integer(row, "number_nodes", line, default=max(1, math.ceil(gpus / 8))),

@@ -26,7 +26,7 @@ from advisor.timestamps import UtcDatetime
 from calibrate.config_frame import configs_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
 from calibrate.registry import ModelRegistry, RegistryError
-from twin.job_config import DescribedJobConfig, not_blank
+from twin.job_config import DescribedJobConfig, method_in_any_case, not_blank
 from twin.jsonsafe import finite_or_none
 
 router = APIRouter(tags=["models"])
@@ -39,6 +39,7 @@ class ConfigIn(DescribedJobConfig):
     """One fine-tuning configuration in the benchmark's terms (the configuration columns of a row)."""
 
     strip_model_name = field_validator("model_name")(not_blank)
+    lower_method = field_validator("method", mode="before")(method_in_any_case)
 
 
 class PredictRequest(BaseModel):

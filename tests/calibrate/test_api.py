@@ -72,6 +72,24 @@ def test_predict_one_config_a_list_or_a_batch(client: TestClient) -> None:
     assert unseen["note"] and unseen["tokens_per_second_p50"] > 0
 
 
+def test_predict_and_advise_take_a_method_and_names_as_people_write_them(client: TestClient) -> None:
+    """`LoRA` (as people write it) was a 422 from the API and `finetwin advise`, where a configurations CSV
+    took it; a GPU as nvidia-smi prints it and a model as Hugging Face names it were unknown."""
+    written = {**CONFIG, "method": " LoRA", "gpu_model": "NVIDIA A100-SXM4-80GB",
+               "model_name": "meta-llama/Meta-Llama-3-8B"}  # fmt: skip
+    response = client.post("/v1/predict", json=[CONFIG, written])
+    assert response.status_code == 200, response.text
+    first, second = response.json()["predictions"]
+    assert second == first and first["note"] is None
+    advice = [client.post("/v1/advise", json=body) for body in (CONFIG, written)]
+    assert [a.status_code for a in advice] == [200, 200], advice[1].text
+    answers = [a.json() for a in advice]
+    assert answers[1]["notes"] == answers[0]["notes"]
+    for part in ("verdict", "placement", "optimizations"):  # p_valid_low too: a pair the version saw
+        assert answers[1][part] == answers[0][part], part
+    assert client.post("/v1/predict", json={**CONFIG, "method": "LoRAA"}).status_code == 422
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

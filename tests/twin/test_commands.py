@@ -89,6 +89,11 @@ def test_configured_jobs_without_a_calibrated_model_use_the_labelled_fallback(
                             str(jobs), "--runs", "2", "--json"])  # fmt: skip
     assert doc["models"] == "fallback"
     assert [j["outcome"] for j in doc["jobs"]] == ["completed", "rejected"]  # batch 7 on 2 GPUs breaks a rule
+    # A method as people write it, as a configurations CSV takes it: the same jobs.
+    written = write(tmp_path, "written.csv", jobs.read_text().replace(",lora,", ",LoRA,"))
+    again = run_json(capsys, ["simulate", "--cluster", str(tmp_path / "c.yaml"), "--workload", str(written),
+                              "--runs", "2", "--json"])  # fmt: skip
+    assert again["jobs"] == doc["jobs"]
 
 
 @pytest.mark.parametrize(
@@ -124,6 +129,12 @@ def test_configured_jobs_without_a_calibrated_model_use_the_labelled_fallback(
             "job_id,arrival_s,gpus,duration_s,model_name,method,gpu_model,batch_size,tokens_per_sample,dataset_tokens\n"
             "j1,0,1,,llama3-8b,lora,L40S,8,,1e6\n",
             "line 2: column 'tokens_per_sample': empty",
+        ),
+        # Said as "row 0: column 'method' ..." by the models, of the distinct configurations, not the file.
+        (
+            "job_id,arrival_s,gpus,duration_s,model_name,method,gpu_model,batch_size,tokens_per_sample,dataset_tokens\n"
+            "j1,0,1,,llama3-8b,lora,L40S,8,512,1e6\nj2,0,1,,llama3-8b,qlora,L40S,8,512,1e6\n",
+            "line 3: column 'method': 'qlora' is not a method; one of full, lora, gptq-lora",
         ),
     ],
 )
