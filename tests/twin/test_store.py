@@ -80,6 +80,20 @@ def test_live_inputs_from_the_store(engine: Engine) -> None:
     assert doc["summary"]["utilization_by_type"][A100]["mean"] > 0
 
 
+def test_nodes_and_jobs_that_spell_their_gpu_differently_share_its_pool(engine: Engine) -> None:
+    """Nodes reported by a DCGM-fed agent (`NVIDIA A100-SXM4-80GB`) and jobs by people (`A100-SXM`): the
+    nodes were a GPU type of their own, no job was ever placed on them, and the queue grew in every run."""
+    with session_scope(engine) as session:
+        session.add(
+            Node(node_id="n0", gpu_model="NVIDIA A100-SXM4-80GB", gpu_count=8, status="up", updated_at=NOW)
+        )
+        session.add(job("queued-1", "submitted", NOW - timedelta(minutes=20), gpu_model="A100-SXM"))
+    inputs = load_live_inputs(engine, now=NOW, lookback=timedelta(days=1))
+    assert inputs.cluster.gpus_by_model() == {A100: 8}
+    doc = forecast(inputs, FallbackModels(), ForecastOptions(horizon_s=4 * 3600.0, runs=2, workers=1))
+    assert doc["summary"]["utilization_by_type"][A100]["mean"] > 0
+
+
 def test_forecasts_are_stored_and_the_latest_comes_back(engine: Engine) -> None:
     assert latest_forecast(engine, cluster_id="default") is None
     ids = [
