@@ -178,7 +178,10 @@ def cache_dir() -> Path:
 
 def enabled() -> bool:
     """`FINETWIN_NATIVE_TREES` (default on): off keeps every prediction on Treelite and scikit-learn."""
-    return os.environ.get("FINETWIN_NATIVE_TREES", "on").strip().lower() not in ("0", "off", "false", "no")
+    # pydantic's words for false, which the settings check the variable against (`CalibrateSettings`).
+    return os.environ.get("FINETWIN_NATIVE_TREES", "on").strip().lower() not in (
+        "0", "off", "f", "false", "n", "no",
+    )  # fmt: skip
 
 
 _locks: dict[str, threading.Lock] = {}

@@ -12,6 +12,10 @@ from twin.settings import TwinSettings
 class CalibrateSettings(TwinSettings):
     # Calibrated models.
     models_dir: Path | None = None
+    # Trees as machine code (or walked from arrays); off keeps them on Treelite and scikit-learn. Read where
+    # the trees run (`calibrate.native_trees.enabled`), declared here so that a value that is no yes/no is
+    # refused at the start (a typo such as `of` left them on).
+    native_trees: bool = True
 
     # Calibration online: refits, drift of the live error, and how much observed runs count.
     refit_interval_minutes: float = Field(default=60.0, gt=0)  # scheduled refit in the API process

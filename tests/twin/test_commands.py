@@ -298,6 +298,7 @@ def test_an_invalid_setting_is_named_by_its_variable(
         ("FINETWIN_API_PORT", "70000"),
         ("FINETWIN_FORECAST_LOOKBACK_DAYS", "-1"),
         ("FINETWIN_RELAY_POLL_SECONDS", "0"),
+        ("FINETWIN_NATIVE_TREES", "of"),  # read where trees run, as "not off": a typo left them on
     ],
 )
 def test_a_setting_out_of_its_range_stops_every_command_at_start(
@@ -387,3 +388,16 @@ def test_a_whatif_adding_nodes_no_job_asks_for_says_they_would_stand_idle(
     same = write(tmp_path, "a100.yaml", common + "changes:\n  nodes: [{gpu_model: A100-SXM, add: 1}]\n")
     doc = run_json(capsys, ["whatif", str(same), "--json"])
     assert doc["notes"] == [] and doc["difference"]["wait_mean_s"]["mean"] < 0
+
+
+@pytest.mark.parametrize(
+    "word", ["0", "off", "OFF", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"]
+)
+def test_native_trees_read_a_word_as_the_settings_check_does(
+    monkeypatch: pytest.MonkeyPatch, word: str
+) -> None:
+    from calibrate import native_trees
+    from calibrate.settings import CalibrateSettings
+
+    monkeypatch.setenv("FINETWIN_NATIVE_TREES", word)
+    assert native_trees.enabled() is CalibrateSettings().native_trees
