@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -14,6 +16,7 @@ from advisor.settings import AdvisorSettings
 from calibrate.drift import summarize
 from calibrate.registry import ModelRegistry, RegistryError
 from twin.clock import twin_clock
+from twin.domain import canonical_gpu_name
 from twin.forecast_store import STANDING, latest_forecast
 from twin.skill import skill
 from twin.store import Job, Node, TelemetryEvent
@@ -48,7 +51,11 @@ class _StoreCollector:
             for state, count in session.exec(select(Job.state, func.count()).group_by(Job.state)):
                 jobs.add_metric([state], count)
             query = select(Node.gpu_model, Node.status, func.count()).group_by(Node.gpu_model, Node.status)
+            # By GPU type, as the forecast's per-type figures are labelled, whatever each node called it.
+            by_type: Counter[tuple[str, str]] = Counter()
             for gpu, status, count in session.exec(query):
+                by_type[canonical_gpu_name(gpu), status] += count
+            for (gpu, status), count in sorted(by_type.items()):
                 nodes.add_metric([gpu, status], count)
             events.add_metric([], session.exec(select(func.count()).select_from(TelemetryEvent)).one())
         yield jobs

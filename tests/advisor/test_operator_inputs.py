@@ -123,8 +123,9 @@ def test_gpu_names_as_a_cluster_reports_them_are_one_type(
     client: TestClient, engine: Engine, keys: dict
 ) -> None:
     """nvidia-smi and DCGM name the GPU `NVIDIA A100-SXM4-80GB`, feature discovery with hyphens, people
-    `A100-SXM`: the store keeps each as reported, and the jobs filter and the cluster's pools take them for
-    the one GPU type they are (the filter found only its own spelling, and each spelling made a pool)."""
+    `A100-SXM`: the store keeps each as reported, and the jobs filter, the cluster's pools and the nodes'
+    gauge take them for the one GPU type they are (the filter found only its own spelling, and each
+    spelling made a pool and a series of its own)."""
     from tests.advisor.seed import seed_overloaded_cluster
     from twin.db import session_scope
     from twin.store import Job, Node, utcnow
@@ -154,3 +155,5 @@ def test_gpu_names_as_a_cluster_reports_them_are_one_type(
         {"gpu_model": "NVIDIA-A100-SXM4-80GB", "nodes_up": 2, "gpus_up": 16, "gpus_busy": 24}
     ]
     assert {n["gpu_model"] for n in cluster["nodes"]} == {"NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"}
+    nodes = [line for line in client.get("/metrics").text.splitlines() if line.startswith("finetwin_nodes{")]
+    assert nodes == ['finetwin_nodes{gpu_model="NVIDIA-A100-SXM4-80GB",status="up"} 2.0'], nodes
