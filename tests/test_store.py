@@ -29,3 +29,23 @@ def test_concurrent_migrations_on_postgres_do_not_race(postgres_url: str) -> Non
     assert "jobs" in inspect(engines[0]).get_table_names()
     for engine in engines:
         engine.dispose()
+
+
+def test_the_migrations_build_the_tables_the_code_declares(database_url: str) -> None:
+    """Every table, column, index and constraint of the SQLModel classes, as the migrations left them: a
+    change to one without the other is found here, not in a deployment."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    import advisor.records  # noqa: F401  (every package's tables, as finetwin/migrations/env.py imports them)
+    import calibrate.records  # noqa: F401
+    import twin.forecast_store  # noqa: F401
+    import twin.store  # noqa: F401
+
+    engine = make_engine(database_url)
+    migrate(engine)
+    with engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
+    assert differences == []
+    engine.dispose()

@@ -4,15 +4,16 @@ and their scores against what then happened (`twin.skill`).
 The forecast itself is one JSON document (what `twin.forecast.forecast` returns); a few columns beside it
 say which cluster, when (on the wall clock and on the telemetry's: `start`), and how it was made, so the
 latest one is one indexed query away. A score is one figure of one interval of one forecast; scores outlive
-the forecasts they score (only the newest forecasts are kept, the record of how good they were stays).
+the forecasts they score (only the newest forecasts are kept, the record of how good they were stays), and
+are summed per figure and day as they are written, for the skill over long windows.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Engine, Index, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Column, Date, DateTime, Engine, Index, UniqueConstraint
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from twin.db import session_scope
@@ -125,3 +126,41 @@ def stored_forecasts(
         if started_after is not None:
             query = query.where(col(StoredForecast.start) > started_after)
         return list(session.exec(query.order_by(col(StoredForecast.start), col(StoredForecast.id))).all())
+
+
+class SkillDay(SQLModel, table=True):
+    """The scores of one figure whose intervals start on one UTC day, as running sums (`twin.skill_totals`):
+    the skill over any window is a few of these and at most one day of scores, however long the record (over
+    every score, a month of the standing forecast took 7-10 s a request, and as long a Prometheus scrape)."""
+
+    __tablename__ = "forecast_skill_days"
+    __table_args__ = (UniqueConstraint("cluster_id", "figure", "day", name="uq_forecast_skill_days"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster_id: str = Field(max_length=200)
+    figure: str = Field(max_length=200)
+    day: date = Field(sa_column=Column(Date, nullable=False))  # of the intervals' start, UTC
+    n: int = Field(sa_column=Column(BigInteger, nullable=False))
+    inside: int = Field(sa_column=Column(BigInteger, nullable=False))
+    raw_inside: int = Field(sa_column=Column(BigInteger, nullable=False))
+    nonzero: int = Field(sa_column=Column(BigInteger, nullable=False))  # intervals whose actual is not 0
+    sum_error: float
+    sum_abs_error: float
+    sum_abs_actual: float
+    sum_relative_error: float  # over the intervals whose actual is not 0
+
+
+class ScoredForecast(SQLModel, table=True):
+    """Each scored forecast and the start of its latest scored interval: how many forecasts a window's skill
+    is over, without reading their scores."""
+
+    __tablename__ = "forecast_skill_forecasts"
+    __table_args__ = (
+        UniqueConstraint("cluster_id", "forecast_id", name="uq_forecast_skill_forecasts"),
+        Index("ix_forecast_skill_forecasts_cluster_latest", "cluster_id", "latest_interval_start"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    cluster_id: str = Field(max_length=200)
+    forecast_id: int
+    latest_interval_start: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))

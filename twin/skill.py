@@ -21,6 +21,7 @@ import numpy as np
 from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
+from twin import skill_totals
 from twin.actuals import BY_TYPE, OVERALL_FIGURES, JobTimes, actual_series, load_job_times
 from twin.clock import as_utc
 from twin.db import session_scope
@@ -178,6 +179,22 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
         for stored, intervals in pending:
             start = as_utc(stored.start)  # type: ignore[arg-type]
             scores = _score_one(stored.document, times, start, intervals)
+            skill_totals.record(
+                session,
+                cluster_id,
+                stored.id,  # type: ignore[arg-type]
+                (
+                    skill_totals.Scored(
+                        s.figure,
+                        start + timedelta(seconds=s.start_s),
+                        s.mean,
+                        s.actual,
+                        s.inside,
+                        s.raw_inside,
+                    )
+                    for s in scores
+                ),
+            )
             for s in scores:
                 session.add(
                     ForecastScore(
@@ -232,34 +249,16 @@ def since_time(text: str, now: datetime) -> datetime | None:
 
 def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dict[str, Any]:
     """The twin's skill over the scored intervals that start at or after `since` (telemetry time): how many
-    forecasts and interval figures were scored, and per figure {mape, mae, bias, coverage, n}, with
-    `raw_coverage`: how often the ensemble's own band (before `twin.band_calibration`) held the actual."""
-    with Session(engine) as session:
-        query = select(
-            ForecastScore.forecast_id,
-            ForecastScore.figure,
-            ForecastScore.forecast_mean,
-            ForecastScore.actual,
-            ForecastScore.inside,
-            func.coalesce(ForecastScore.raw_p10, ForecastScore.forecast_p10),
-            func.coalesce(ForecastScore.raw_p90, ForecastScore.forecast_p90),
-        ).where(ForecastScore.cluster_id == cluster_id)
-        if since is not None:
-            query = query.where(col(ForecastScore.interval_start) >= as_utc(since))
-        rows = session.exec(query).all()
-    figures = summarize_scores(
-        (figure, mean, actual, inside) for _, figure, mean, actual, inside, _, _ in rows
-    )
-    raw_inside: dict[str, list[bool]] = {}
-    for _, figure, _, actual, _, low, high in rows:
-        raw_inside.setdefault(figure, []).append(low - _EDGE <= actual <= high + _EDGE)
-    for figure, stats in figures.items():
-        stats["raw_coverage"] = float(np.mean(raw_inside[figure]))
+    forecasts and interval figures were scored, and per figure {mape, wape, mae, bias, coverage, n}, with
+    `raw_coverage`: how often the ensemble's own band (before `twin.band_calibration`) held the actual.
+    From the scores' running sums (`twin.skill_totals`): as `summarize_scores` of every score, in a time
+    that does not grow with the record."""
+    by_figure, scored = skill_totals.window(engine, cluster_id, since)
     return {
         "since": as_utc(since).isoformat() if since is not None else None,
-        "scored": len({r[0] for r in rows}),
-        "intervals": len(rows),
-        "figures": figures,
+        "scored": scored,
+        "intervals": sum(totals.n for totals in by_figure.values()),
+        "figures": {figure: totals.summary() for figure, totals in by_figure.items()},
     }
 
 

@@ -200,3 +200,105 @@ def test_forecast_skill_on_an_empty_store_says_where_it_looked(
     assert main(["forecast", "--skill"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert "no forecast of cluster 'default' scored yet in" in out and str(store) in out.replace(" ", "")
+
+
+def reference_skill(engine: Engine, since: datetime | None) -> dict[str, dict[str, float | int | None]]:
+    """The skill as it was computed before the running sums: every score read, summarized in Python."""
+    from sqlmodel import Session, col, select
+
+    from twin.forecast_store import ForecastScore
+
+    with Session(engine) as session:
+        query = select(ForecastScore)
+        if since is not None:
+            query = query.where(col(ForecastScore.interval_start) >= since)
+        rows = list(session.exec(query))
+    figures = summarize_scores((r.figure, r.forecast_mean, r.actual, r.inside) for r in rows)
+    for figure, stats in figures.items():
+        mine = [r for r in rows if r.figure == figure]
+        stats["raw_coverage"] = float(np.mean([
+            (r.forecast_p10 if r.raw_p10 is None else r.raw_p10) - 1e-9 <= r.actual
+            <= (r.forecast_p90 if r.raw_p90 is None else r.raw_p90) + 1e-9 for r in mine
+        ]))  # fmt: skip
+    return figures
+
+
+def random_scores(engine: Engine, forecasts: int, *, with_sums: bool = True) -> None:
+    """Forecasts every 5 hours over about four days, each scored over 12 hourly intervals in two rounds (as
+    telemetry time passes), actuals of 0 among them and recalibrated bands on half the intervals; with
+    their running sums, as `score_due` writes them (or without: a store from before the sums)."""
+    from twin import skill_totals
+    from twin.forecast_store import ForecastScore
+
+    rng = np.random.default_rng(0)
+    for round_ in range(2):
+        with session_scope(engine) as session:
+            for f in range(forecasts):
+                start = T0 + timedelta(hours=5 * f, minutes=7)
+                scored = []
+                for i in range(6 * round_, 6 * round_ + 6):
+                    for figure in ("utilization", "queue_length"):
+                        mean, actual = float(rng.random()), float(rng.choice([0.0, rng.random()]))
+                        p10, p90 = mean - 0.3, mean + 0.3
+                        raw = (mean - 0.2, mean + 0.2) if i % 2 else (None, None)
+                        row = ForecastScore(
+                            forecast_id=f + 1, cluster_id="default", figure=figure, interval_index=i,
+                            interval_start=start + timedelta(hours=i),
+                            interval_end=start + timedelta(hours=i + 1),
+                            forecast_mean=mean, forecast_p10=p10, forecast_p90=p90, actual=actual,
+                            inside=p10 <= actual <= p90, raw_p10=raw[0], raw_p90=raw[1], scored_at=start,
+                        )  # fmt: skip
+                        session.add(row)
+                        low, high = (p10, p90) if raw[0] is None else raw
+                        scored.append(skill_totals.Scored(
+                            figure, row.interval_start, mean, actual, row.inside, low <= actual <= high
+                        ))  # fmt: skip
+                if with_sums:
+                    skill_totals.record(session, "default", f + 1, scored)
+
+
+@pytest.mark.parametrize(
+    "since",
+    [
+        None,
+        T0 - timedelta(days=3),  # before every score
+        T0 + timedelta(days=1),  # a midnight: whole days only
+        T0 + timedelta(days=1, hours=13, minutes=7),  # inside a day, on an interval's start
+        T0 + timedelta(days=2, hours=5, minutes=30),  # inside a day, between intervals
+        T0 + timedelta(days=30),  # after every score
+    ],
+)
+def test_the_skill_from_running_sums_is_the_skill_of_every_score(
+    engine: Engine, since: datetime | None
+) -> None:
+    """Summed per figure and day as they are written (`twin.skill_totals`), the scores give the skill that
+    reading every one of them gave, for a window that starts anywhere."""
+    random_scores(engine, forecasts=18)
+    result = skill(engine, "default", since=since)
+    expected = reference_skill(engine, since)
+    assert set(result["figures"]) == set(expected)
+    for figure, stats in expected.items():
+        assert result["figures"][figure] == pytest.approx(stats, rel=1e-12, abs=1e-15), figure
+    assert result["intervals"] == sum(stats["n"] for stats in expected.values())  # type: ignore[misc]
+    windows = {(f, i) for f in range(18) for i in range(12) if since is None
+               or T0 + timedelta(hours=5 * f + i, minutes=7) >= since}  # fmt: skip
+    assert result["scored"] == len({f for f, _ in windows})
+    if since is None:
+        assert result["scored"] == 18 and result["intervals"] == 18 * 12 * 2
+
+
+def test_the_migration_sums_the_scores_already_stored(database_url: str) -> None:
+    """A store scored before the running sums existed: migrating it gives every window the same skill."""
+    from finetwin.schema import migrate
+    from twin.db import make_engine
+
+    engine = make_engine(database_url)
+    migrate(engine, "0007")
+    random_scores(engine, forecasts=9, with_sums=False)
+    migrate(engine)
+    for since in (None, T0 + timedelta(days=1, hours=2)):
+        result = skill(engine, "default", since=since)
+        for figure, stats in reference_skill(engine, since).items():
+            assert result["figures"][figure] == pytest.approx(stats, rel=1e-12, abs=1e-15), figure
+    assert skill(engine, "default")["scored"] == 9
+    engine.dispose()

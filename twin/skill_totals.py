@@ -1,0 +1,192 @@
+"""The forecasts' skill over a window from running sums, not from every score.
+
+Each figure's scores are summed per UTC day of their intervals' start (`SkillDay`) in the transaction that
+writes them, and each scored forecast keeps the start of its latest scored interval (`ScoredForecast`). The
+skill over a window is then the whole days' sums, plus the scores of the one day the window starts inside
+of, summed by the database: bounded by a day of scores, not by the length of the record. Every figure of
+the skill (MAPE, WAPE, MAE, bias, both coverages) is a ratio of such sums.
+
+The sums are added to with `UPDATE ... SET n = n + :n` (never read and written back), so two writers cannot
+lose each other's scores; a day's first row is inserted, and two writers inserting it at once fail one
+transaction on the unique key, scores included, which the next scoring writes again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, case, func, update
+from sqlmodel import Session, col, select
+
+from twin.clock import as_utc
+from twin.forecast_store import ForecastScore, ScoredForecast, SkillDay
+
+# Within this, an actual on the band's edge counts as inside, and an actual this close to 0 has no
+# percentage error (`twin.skill`, which the sums follow).
+EDGE = 1e-9
+
+
+@dataclass(slots=True)
+class Totals:
+    """A figure's scores as sums: the columns of `SkillDay`."""
+
+    n: int = 0
+    inside: int = 0
+    raw_inside: int = 0
+    nonzero: int = 0
+    sum_error: float = 0.0
+    sum_abs_error: float = 0.0
+    sum_abs_actual: float = 0.0
+    sum_relative_error: float = 0.0
+
+    def add(self, other: Totals) -> None:
+        for name in _SUMS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def add_score(self, mean: float, actual: float, inside: bool, raw_inside: bool) -> None:
+        error = mean - actual
+        self.n += 1
+        self.inside += int(inside)
+        self.raw_inside += int(raw_inside)
+        self.sum_error += error
+        self.sum_abs_error += abs(error)
+        self.sum_abs_actual += abs(actual)
+        if abs(actual) > EDGE:
+            self.nonzero += 1
+            self.sum_relative_error += abs(error) / abs(actual)
+
+    def summary(self) -> dict[str, float | int | None]:
+        """The figure's skill, as `twin.skill.skill` reports it."""
+        n = self.n
+        return {
+            "mape": self.sum_relative_error / self.nonzero if self.nonzero else None,
+            "wape": self.sum_abs_error / self.sum_abs_actual if self.sum_abs_actual > EDGE else None,
+            "mae": self.sum_abs_error / n,
+            "bias": self.sum_error / n,
+            "coverage": self.inside / n,
+            "n": n,
+            "raw_coverage": self.raw_inside / n,
+        }
+
+
+_SUMS = tuple(f.name for f in fields(Totals))
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One interval score as the sums take it."""
+
+    figure: str
+    interval_start: datetime
+    mean: float
+    actual: float
+    inside: bool
+    raw_inside: bool
+
+
+def record(session: Session, cluster_id: str, forecast_id: int, scores: Iterable[Scored]) -> None:
+    """Adds a forecast's newly written scores to the sums, in the session that writes them."""
+    by_day: dict[tuple[str, date], Totals] = {}
+    latest: datetime | None = None
+    for score in scores:
+        start = as_utc(score.interval_start)
+        by_day.setdefault((score.figure, start.date()), Totals()).add_score(
+            score.mean, score.actual, score.inside, score.raw_inside
+        )
+        latest = start if latest is None else max(latest, start)
+    if latest is None:
+        return
+    for (figure, day), totals in sorted(by_day.items()):
+        added = session.exec(  # type: ignore[call-overload]
+            update(SkillDay)
+            .where(
+                col(SkillDay.cluster_id) == cluster_id,
+                col(SkillDay.figure) == figure,
+                col(SkillDay.day) == day,
+            )
+            .values({name: getattr(SkillDay, name) + getattr(totals, name) for name in _SUMS})
+        )
+        if added.rowcount == 0:
+            session.add(SkillDay(cluster_id=cluster_id, figure=figure, day=day, **_values(totals)))
+    stored_latest = col(ScoredForecast.latest_interval_start)
+    known = session.exec(  # type: ignore[call-overload]
+        update(ScoredForecast)
+        .where(col(ScoredForecast.cluster_id) == cluster_id, col(ScoredForecast.forecast_id) == forecast_id)
+        .values(latest_interval_start=case((stored_latest < latest, latest), else_=stored_latest))
+    )
+    if known.rowcount == 0:
+        session.add(
+            ScoredForecast(cluster_id=cluster_id, forecast_id=forecast_id, latest_interval_start=latest)
+        )
+    session.flush()
+
+
+def _values(totals: Totals) -> dict[str, Any]:
+    return {name: getattr(totals, name) for name in _SUMS}
+
+
+def window(engine: Engine, cluster_id: str, since: datetime | None) -> tuple[dict[str, Totals], int]:
+    """Per figure, the sums of the scores whose interval starts at or after `since` (all: None), and how many
+    forecasts they are of."""
+    whole_days_from: date | None = None
+    partial: tuple[datetime, datetime] | None = None
+    if since is not None:
+        since = as_utc(since)
+        midnight = datetime.combine(since.date(), time(), tzinfo=UTC)
+        if since == midnight:
+            whole_days_from = since.date()
+        else:  # the rest of the day the window starts in, from the scores themselves
+            whole_days_from = since.date() + timedelta(days=1)
+            partial = (since, midnight + timedelta(days=1))
+    by_figure: dict[str, Totals] = {}
+    with Session(engine) as session:
+        days = select(SkillDay).where(SkillDay.cluster_id == cluster_id)
+        if whole_days_from is not None:
+            days = days.where(col(SkillDay.day) >= whole_days_from)
+        for row in session.exec(days):
+            by_figure.setdefault(row.figure, Totals()).add(Totals(**{n: getattr(row, n) for n in _SUMS}))
+        if partial is not None:
+            for figure, totals in _summed_scores(session, cluster_id, *partial):
+                by_figure.setdefault(figure, Totals()).add(totals)
+        forecasts = (
+            select(func.count()).select_from(ScoredForecast).where(ScoredForecast.cluster_id == cluster_id)
+        )
+        if since is not None:
+            forecasts = forecasts.where(col(ScoredForecast.latest_interval_start) >= since)
+        scored = int(session.exec(forecasts).one())
+    return {figure: totals for figure, totals in sorted(by_figure.items()) if totals.n}, scored
+
+
+def _summed_scores(
+    session: Session, cluster_id: str, start: datetime, end: datetime
+) -> Iterable[tuple[str, Totals]]:
+    """The sums of the scores whose interval starts in [start, end), per figure, summed by the database."""
+    score = ForecastScore
+    error = score.forecast_mean - score.actual
+    nonzero = func.abs(score.actual) > EDGE
+    low = func.coalesce(score.raw_p10, score.forecast_p10) - EDGE
+    high = func.coalesce(score.raw_p90, score.forecast_p90) + EDGE
+    query = (
+        select(
+            score.figure,
+            func.count(),
+            func.sum(case((col(score.inside), 1), else_=0)),
+            func.sum(case(((score.actual >= low) & (score.actual <= high), 1), else_=0)),
+            func.sum(case((nonzero, 1), else_=0)),
+            func.sum(error),
+            func.sum(func.abs(error)),
+            func.sum(func.abs(score.actual)),
+            func.sum(case((nonzero, func.abs(error) / func.abs(score.actual)), else_=0.0)),
+        )
+        .where(
+            score.cluster_id == cluster_id,
+            col(score.interval_start) >= start,
+            col(score.interval_start) < end,
+        )
+        .group_by(score.figure)
+    )
+    for figure, *sums in session.exec(query):  # type: ignore[call-overload]
+        yield figure, Totals(*(int(v) for v in sums[:4]), *(float(v) for v in sums[4:]))
