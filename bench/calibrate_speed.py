@@ -36,6 +36,7 @@ sys.path.insert(0, _TREE)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
+from timing import best_of  # noqa: E402
 
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
 from calibrate.predict import predict_csv  # noqa: E402
@@ -125,15 +126,6 @@ def compile_as_the_api_does(models_dir: Path, models: Any) -> bool:
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def best_of(repeat: int, run) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def measure(rows: int, predict_rows: int, repeat: int) -> list[tuple[str, float, float | None, str]]:

@@ -19,7 +19,6 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from sqlalchemy import Engine, insert  # noqa: E402
 from sqlmodel import Session, col, select  # noqa: E402
+from timing import best_of  # noqa: E402
 
 from finetwin.schema import migrate  # noqa: E402
 from twin.db import make_engine  # noqa: E402
@@ -80,15 +80,6 @@ def every_score(engine: Engine, since: datetime | None) -> dict[str, object]:
         rows = session.exec(query).all()
     figures = summarize_scores((figure, mean, actual, inside) for figure, mean, actual, inside, _ in rows)
     return {"scored": len({r[4] for r in rows}), "intervals": len(rows), "figures": figures}
-
-
-def best_of(repeat: int, run: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def main() -> None:
