@@ -62,14 +62,22 @@ def telemetry_span(
     the window ingest accepts around `wall` (twin.limits) count: a row stored before ingest bounded event
     times (dated year 9999, say) would otherwise set the twin's clock."""
     lowest, highest = time_window(as_utc(wall or datetime.now(UTC)))
+    # One query per end: each is then one step down the (cluster, time) index. Together in one SELECT,
+    # SQLite read every index entry of the window (3 million events: 0.3 s, on every request that reads
+    # the twin's clock, and every scheduler tick).
+    ends = []
     with Session(engine) as session:
-        earliest, latest = session.exec(
-            select(func.min(TelemetryEvent.ts), func.max(TelemetryEvent.ts)).where(
-                TelemetryEvent.cluster_id == cluster_id,
-                TelemetryEvent.ts >= lowest,  # type: ignore[operator]
-                TelemetryEvent.ts <= highest,  # type: ignore[operator]
+        for end in (func.min, func.max):
+            ends.append(
+                session.exec(
+                    select(end(TelemetryEvent.ts)).where(
+                        TelemetryEvent.cluster_id == cluster_id,
+                        TelemetryEvent.ts >= lowest,  # type: ignore[operator]
+                        TelemetryEvent.ts <= highest,  # type: ignore[operator]
+                    )
+                ).one()
             )
-        ).one()
+    earliest, latest = ends
     return (as_utc(earliest) if earliest else None, as_utc(latest) if latest else None)
 
 

@@ -53,7 +53,11 @@ TERMINAL_STATES = frozenset({"rejected", "completed", "failed"})
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_state", "state"),)
+    # The list's order, newest first, with a state filter or without (GET /v1/jobs); counts by state.
+    __table_args__ = (
+        Index("ix_jobs_submitted_at", "submitted_at"),
+        Index("ix_jobs_state_submitted_at", "state", "submitted_at"),
+    )
 
     job_id: str = Field(primary_key=True, max_length=200)
     cluster_id: str = Field(default="default", max_length=200)
