@@ -130,8 +130,9 @@ def stored_forecasts(
 
 class SkillDay(SQLModel, table=True):
     """The scores of one figure whose intervals start on one UTC day, as running sums (`twin.skill_totals`):
-    the skill over any window is a few of these and at most one day of scores, however long the record (over
-    every score, a month of the standing forecast took 5.5-10 s a request, and as long a Prometheus scrape)."""
+    the skill over any window is a few of these and at most one day of scores, however long the record
+    (over every score, a month of the standing forecast took 5.5-10 s a request, and as long a Prometheus
+    scrape)."""
 
     __tablename__ = "forecast_skill_days"
     __table_args__ = (UniqueConstraint("cluster_id", "figure", "day", name="uq_forecast_skill_days"),)

@@ -29,9 +29,7 @@ from twin.forecast_store import STANDING, ForecastScore, StoredForecast, stored_
 from twin.store import utcnow
 from twin.units import parse_duration
 
-# Within this, an actual on the band's edge counts as inside (a forecast of 0 jobs and 0 that happened), and
-# an actual this close to 0 has no percentage error (floating-point crumbs of an idle GPU type).
-_EDGE = 1e-9
+_EDGE = skill_totals.EDGE
 
 
 @dataclass(frozen=True, slots=True)

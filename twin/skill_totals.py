@@ -24,8 +24,9 @@ from sqlmodel import Session, col, select
 from twin.clock import as_utc
 from twin.forecast_store import ForecastScore, ScoredForecast, SkillDay
 
-# Within this, an actual on the band's edge counts as inside, and an actual this close to 0 has no
-# percentage error (`twin.skill`, which the sums follow).
+# Within this, an actual on the band's edge counts as inside (a forecast of 0 jobs and 0 that happened), and
+# an actual this close to 0 has no percentage error (floating-point crumbs of an idle GPU type). `twin.skill`
+# scores by the same.
 EDGE = 1e-9
 
 

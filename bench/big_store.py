@@ -1,0 +1,128 @@
+"""The API's reads on a store that has run for months: the requests the dashboard repeats (and a page of
+GET /v1/jobs, and a Prometheus scrape) on a large store, against the same requests on a store a hundred
+times smaller. A read that does not grow with the record keeps a ratio near 1.
+
+    .venv/bin/python bench/big_store.py [--jobs 500000] [--database-url URL] [--repeat 3]
+
+Each store holds `--jobs` jobs submitted 30 s apart (all but the last 200 completed), six telemetry events
+a job and a live error for each completed one, written directly (the small store: a hundredth of them).
+Served in process (FastAPI's test client, one viewer key), best of `--repeat`, same machine, one run. The
+standing forecast's scores, which grow the fastest, have their own benchmark (`bench/skill.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sqlalchemy import Engine, insert  # noqa: E402
+from timing import best_of  # noqa: E402
+
+from calibrate.records import LiveError  # noqa: E402
+from finetwin.schema import migrate  # noqa: E402
+from twin.db import make_engine  # noqa: E402
+from twin.store import Job, Node, TelemetryEvent  # noqa: E402
+
+REQUESTS = (
+    "/v1/cluster", "/v1/jobs?state=running&limit=50", "/v1/jobs?state=submitted&limit=50",
+    "/v1/jobs?limit=50", "/v1/jobs?state=completed&limit=50&offset=1000", "/v1/models/live-error?limit=200",
+    "/v1/audit?limit=50", "/v1/recommendations?limit=50", "/v1/forecast/skill", "/v1/forecast/vs-actual",
+    "/metrics",
+)  # fmt: skip
+GPUS = ("NVIDIA-A100-SXM4-80GB", "L40S", "NVIDIA-H100-PCIe", "NVIDIA-A100-80GB-PCIe")
+EVENTS = ("job.submitted", "job.started", "job.progress", "job.progress", "job.progress", "job.completed")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def fill(engine: Engine, jobs: int) -> None:
+    with engine.begin() as connection:
+        connection.execute(insert(Node), [
+            {"node_id": f"n{i}", "gpu_model": GPUS[i % 4], "gpu_count": 8, "status": "up", "updated_at": T0}
+            for i in range(64)
+        ])  # fmt: skip
+        for first in range(0, jobs, 20_000):
+            job_rows, event_rows, error_rows = [], [], []
+            for i in range(first, min(jobs, first + 20_000)):
+                submitted = T0 + timedelta(seconds=30 * i)
+                state = "completed" if i < jobs - 200 else "running" if i < jobs - 100 else "submitted"
+                job_rows.append({
+                    "job_id": f"j{i}", "state": state, "model_name": "llama3-8b", "method": "lora",
+                    "gpu_model": GPUS[i % 4], "number_gpus": 2, "number_nodes": 1, "batch_size": 8,
+                    "tokens_per_sample": 1024, "dataset_tokens": 1e7, "submitted_at": submitted,
+                    "started_at": None if state == "submitted" else submitted + timedelta(minutes=1),
+                    "ended_at": submitted + timedelta(hours=1) if state == "completed" else None,
+                    "updated_at": submitted,
+                })  # fmt: skip
+                event_rows.extend({
+                    "event_id": str(uuid.UUID(int=8 * i + k)), "type": kind, "cluster_id": "default",
+                    "ts": submitted + timedelta(minutes=10 * k), "job_id": f"j{i}", "payload": {},
+                    "received_at": submitted,
+                } for k, kind in enumerate(EVENTS))  # fmt: skip
+                if state == "completed":
+                    error_rows.append({
+                        "job_id": f"j{i}", "model_version": "v0001",
+                        "ended_at": submitted + timedelta(hours=1), "predicted_outcome": "valid",
+                        "actual_outcome": "valid", "outcome_error": 0,
+                        "p_valid": 0.9, "failure_brier": 0.01, "measured_tokens_per_second": 1000.0,
+                        "predicted_tokens_per_second": 1100.0, "ape": 0.1,
+                    })  # fmt: skip
+            connection.execute(insert(Job), job_rows)
+            connection.execute(insert(TelemetryEvent), event_rows)
+            connection.execute(insert(LiveError), error_rows)
+
+
+def timings(url: str, jobs: int, work: Path, repeat: int) -> dict[str, float]:
+    from fastapi.testclient import TestClient
+
+    from advisor.app import create_app
+    from advisor.auth import Role
+    from advisor.keys import create_api_key
+    from advisor.parts import ApiParts
+    from finetwin.settings import Settings
+
+    engine = make_engine(url)
+    migrate(engine)
+    fill(engine, jobs)
+    settings = Settings(data_dir=work / "data", models_dir=work / "models", scheduler_enabled=False)
+    key = create_api_key(engine, Role.VIEWER, name="bench", actor="bench")
+    out = {}
+    with TestClient(create_app(ApiParts.assemble(settings, engine)), headers={"X-API-Key": key}) as client:
+        for path in REQUESTS:
+            status = client.get(path).status_code
+            assert status in (200, 404), (path, status)  # 404: no forecast stored, as on a store without one
+            out[path] = best_of(repeat, lambda path=path: client.get(path))
+    engine.dispose()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=500_000)
+    parser.add_argument("--database-url", help="an empty database for the large store (default: SQLite)")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    small_jobs = max(1_000, args.jobs // 100)
+    with tempfile.TemporaryDirectory() as directory:
+        work = Path(directory)
+        small = timings(f"sqlite:///{work / 'small.db'}", small_jobs, work, args.repeat)
+        big = timings(args.database_url or f"sqlite:///{work / 'big.db'}", args.jobs, work, args.repeat)
+    print(f"the API's reads: {args.jobs:,} jobs ({6 * args.jobs:,} events) against {small_jobs:,} jobs "
+          f"({6 * small_jobs:,} events), best of {args.repeat}")  # fmt: skip
+    width = max(len(p) for p in REQUESTS) + 6
+    print(f"{'figure':{width}}  {'large':>9}  {'small':>9}  {'ratio':>7}  baseline is")
+    for path in REQUESTS:
+        label = f"GET {path}, ms"
+        print(f"{label:{width}}  {big[path] * 1e3:9.1f}  {small[path] * 1e3:9.1f}  "
+              f"{big[path] / small[path]:7.1f}  the store 100x smaller")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
