@@ -4,8 +4,10 @@ times smaller. A read that does not grow with the record keeps a ratio near 1.
 
     .venv/bin/python bench/big_store.py [--jobs 500000] [--database-url URL] [--repeat 3]
 
-Each store holds `--jobs` jobs submitted 30 s apart (all but the last 200 completed), six telemetry events
-a job and a live error for each completed one, written directly (the small store: a hundredth of them).
+Each store holds `--jobs` jobs submitted 30 s apart (all but the last 200 ended: a third each completed,
+failed at runtime and rejected, as in the benchmark), six telemetry events a job, a live error for each
+ended one and an observed run for each completed one, written directly (the small store: a hundredth of
+them). Besides the GETs: what each standing forecast reads of the store (`load_live_inputs`).
 Served in process (FastAPI's test client, one viewer key), best of `--repeat`, same machine, one run. The
 standing forecast's scores, which grow the fastest, have their own benchmark (`bench/skill.py`).
 """
@@ -27,7 +29,8 @@ from timing import best_of  # noqa: E402
 from calibrate.records import LiveError  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
 from twin.db import make_engine  # noqa: E402
-from twin.store import Job, Node, TelemetryEvent  # noqa: E402
+from twin.live_state import load_live_inputs  # noqa: E402
+from twin.store import Job, Node, ObservedRun, TelemetryEvent  # noqa: E402
 
 REQUESTS = (
     "/v1/cluster", "/v1/jobs?state=running&limit=50", "/v1/jobs?state=submitted&limit=50",
@@ -35,7 +38,9 @@ REQUESTS = (
     "/v1/audit?limit=50", "/v1/recommendations?limit=50", "/v1/forecast/skill", "/v1/forecast/vs-actual",
     "/metrics",
 )  # fmt: skip
+FORECAST_READ = "the store's state for a forecast (load_live_inputs)"
 GPUS = ("NVIDIA-A100-SXM4-80GB", "L40S", "NVIDIA-H100-PCIe", "NVIDIA-A100-80GB-PCIe")
+ENDED = ("completed", "failed", "rejected")  # a third each, as in the benchmark
 EVENTS = ("job.submitted", "job.started", "job.progress", "job.progress", "job.progress", "job.completed")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -47,17 +52,17 @@ def fill(engine: Engine, jobs: int) -> None:
             for i in range(64)
         ])  # fmt: skip
         for first in range(0, jobs, 20_000):
-            job_rows, event_rows, error_rows = [], [], []
+            job_rows, event_rows, error_rows, run_rows = [], [], [], []
             for i in range(first, min(jobs, first + 20_000)):
                 submitted = T0 + timedelta(seconds=30 * i)
-                state = "completed" if i < jobs - 200 else "running" if i < jobs - 100 else "submitted"
+                state = ENDED[i % 3] if i < jobs - 200 else "running" if i < jobs - 100 else "submitted"
                 job_rows.append({
                     "job_id": f"j{i}", "state": state, "model_name": "llama3-8b", "method": "lora",
                     "gpu_model": GPUS[i % 4], "number_gpus": 2, "number_nodes": 1, "batch_size": 8,
                     "tokens_per_sample": 1024, "dataset_tokens": 1e7, "submitted_at": submitted,
                     "started_at": None if state == "submitted" else submitted + timedelta(minutes=1),
-                    "ended_at": submitted + timedelta(hours=1) if state == "completed" else None,
-                    "updated_at": submitted,
+                    "ended_at": submitted + timedelta(hours=1) if state in ENDED else None,
+                    "failed_after_s": 600.0 + i % 100 if state == "failed" else None, "updated_at": submitted,
                 })  # fmt: skip
                 event_rows.extend({
                     "event_id": str(uuid.UUID(int=8 * i + k)), "type": kind, "cluster_id": "default",
@@ -65,6 +70,11 @@ def fill(engine: Engine, jobs: int) -> None:
                     "received_at": submitted,
                 } for k, kind in enumerate(EVENTS))  # fmt: skip
                 if state == "completed":
+                    run_rows.append({
+                        "job_id": f"j{i}", "is_valid": 1, "observed_at": submitted + timedelta(hours=1),
+                        "train_runtime": 3540.0, "dataset_tokens_per_second": 2800.0,
+                    })  # fmt: skip
+                if state in ENDED:
                     error_rows.append({
                         "job_id": f"j{i}", "model_version": "v0001",
                         "ended_at": submitted + timedelta(hours=1), "predicted_outcome": "valid",
@@ -75,6 +85,8 @@ def fill(engine: Engine, jobs: int) -> None:
             connection.execute(insert(Job), job_rows)
             connection.execute(insert(TelemetryEvent), event_rows)
             connection.execute(insert(LiveError), error_rows)
+            if run_rows:
+                connection.execute(insert(ObservedRun), run_rows)
 
 
 def timings(url: str, jobs: int, work: Path, repeat: int) -> dict[str, float]:
@@ -97,6 +109,9 @@ def timings(url: str, jobs: int, work: Path, repeat: int) -> dict[str, float]:
             status = client.get(path).status_code
             assert status in (200, 404), (path, status)  # 404: no forecast stored, as on a store without one
             out[path] = best_of(repeat, lambda path=path: client.get(path))
+    # What each standing forecast reads of the store (a week of history at the telemetry's newest time).
+    newest = T0 + timedelta(seconds=30 * jobs)
+    out[FORECAST_READ] = best_of(repeat, lambda: load_live_inputs(engine, now=newest))
     engine.dispose()
     return out
 
@@ -116,12 +131,12 @@ def main() -> None:
         big = timings(args.database_url or f"sqlite:///{work / 'big.db'}", args.jobs, work, args.repeat)
     print(f"the API's reads: {args.jobs:,} jobs ({6 * args.jobs:,} events) against {small_jobs:,} jobs "
           f"({6 * small_jobs:,} events), best of {args.repeat}")  # fmt: skip
-    width = max(len(p) for p in REQUESTS) + 6
+    labels = {path: f"GET {path}, ms" for path in REQUESTS} | {FORECAST_READ: FORECAST_READ + ", ms"}
+    width = max(len(label) for label in labels.values())
     print(f"{'figure':{width}}  {'large':>9}  {'small':>9}  {'ratio':>7}  baseline is")
-    for path in REQUESTS:
-        label = f"GET {path}, ms"
-        print(f"{label:{width}}  {big[path] * 1e3:9.1f}  {small[path] * 1e3:9.1f}  "
-              f"{big[path] / small[path]:7.1f}  the store 100x smaller")  # fmt: skip
+    for key, label in labels.items():
+        print(f"{label:{width}}  {big[key] * 1e3:9.1f}  {small[key] * 1e3:9.1f}  "
+              f"{big[key] / small[key]:7.1f}  the store 100x smaller")  # fmt: skip
 
 
 if __name__ == "__main__":

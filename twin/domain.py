@@ -49,6 +49,7 @@ GPU_TYPES: dict[str, GpuType] = {
 UNKNOWN_GPU = GpuType("unknown", "unknown", 80.0, 400.0, 312.0, 1.0, 16.0)
 
 
+@functools.lru_cache(maxsize=1024)  # once per job of a forecast's week of history
 def gpu_key(name: str) -> str:
     """A GPU name as compared with the catalogue's: lower case, spaces and underscores as hyphens, without
     the vendor. A cluster names its GPUs the way its tools print them: nvidia-smi and DCGM's exporter say

@@ -136,11 +136,15 @@ def load_live_inputs(
                 Job.cluster_id == cluster_id, col(Job.submitted_at) >= since, col(Job.submitted_at) < now
             )
         ).all())  # fmt: skip
+        # The work of the jobs read above only: every observed run of the record was read for each forecast.
         observed_work = dict(
             session.exec(
-                select(
-                    ObservedRun.job_id, ObservedRun.dataset_tokens_per_second * ObservedRun.train_runtime
-                ).where(
+                select(ObservedRun.job_id, ObservedRun.dataset_tokens_per_second * ObservedRun.train_runtime)
+                .join(Job, col(Job.job_id) == col(ObservedRun.job_id))
+                .where(
+                    Job.cluster_id == cluster_id,
+                    (col(Job.state).in_(("submitted", "running")))
+                    | ((col(Job.submitted_at) >= since) & (col(Job.submitted_at) < now)),
                     col(ObservedRun.dataset_tokens_per_second).is_not(None),
                     col(ObservedRun.train_runtime).is_not(None),
                 )

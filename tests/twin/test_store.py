@@ -80,6 +80,22 @@ def test_live_inputs_from_the_store(engine: Engine) -> None:
     assert doc["summary"]["utilization_by_type"][A100]["mean"] > 0
 
 
+def test_a_job_without_its_work_takes_the_work_the_window_observed(engine: Engine) -> None:
+    """A queued job that does not say its work takes the median of what the window's ended jobs did, read
+    from their observed runs (only those: every observed run of the record was read for each forecast)."""
+    with session_scope(engine) as session:
+        session.add(Node(node_id="n0", gpu_model=A100, gpu_count=8, status="up", updated_at=NOW))
+        for k, work in enumerate((1e5, 2e5, 3e5)):
+            ended = NOW - timedelta(hours=k + 1)
+            session.add(job(f"done-{k}", "completed", ended - timedelta(hours=1), dataset_tokens=None))
+            session.flush()
+            session.add(ObservedRun(job_id=f"done-{k}", is_valid=1, observed_at=ended, train_runtime=100.0,
+                                    dataset_tokens_per_second=work / 100.0))  # fmt: skip
+        session.add(job("queued", "submitted", NOW - timedelta(minutes=5), dataset_tokens=None))
+    inputs = load_live_inputs(engine, now=NOW, lookback=timedelta(days=1))
+    assert any("assumed 200,000 tokens" in note for note in inputs.notes), inputs.notes
+
+
 def test_nodes_and_jobs_that_spell_their_gpu_differently_share_its_pool(engine: Engine) -> None:
     """Nodes reported by a DCGM-fed agent (`NVIDIA A100-SXM4-80GB`) and jobs by people (`A100-SXM`): the
     nodes were a GPU type of their own, no job was ever placed on them, and the queue grew in every run."""
