@@ -131,10 +131,12 @@ def load_live_inputs(
         active = list(session.exec(
             select(Job).where(Job.cluster_id == cluster_id, col(Job.state).in_(("submitted", "running")))
         ).all())  # fmt: skip
+        # In submission order, as the arrivals' mix is built: in the order the database keeps them, the same
+        # store gave another forecast on SQLite than on PostgreSQL, or after an index changed the plan.
         history = list(session.exec(
-            select(Job).where(
-                Job.cluster_id == cluster_id, col(Job.submitted_at) >= since, col(Job.submitted_at) < now
-            )
+            select(Job)
+            .where(Job.cluster_id == cluster_id, col(Job.submitted_at) >= since, col(Job.submitted_at) < now)
+            .order_by(col(Job.submitted_at), col(Job.job_id))
         ).all())  # fmt: skip
         # The work of the jobs read above only: every observed run of the record was read for each forecast.
         observed_work = dict(
@@ -153,7 +155,7 @@ def load_live_inputs(
         failures = list(session.exec(
             select(Job.failed_after_s)
             .where(Job.cluster_id == cluster_id, Job.state == "failed", col(Job.failed_after_s).is_not(None))
-            .order_by(col(Job.ended_at).desc())
+            .order_by(col(Job.ended_at).desc(), col(Job.job_id))
             .limit(MAX_FAILURE_TIMES)
         ).all())  # fmt: skip
     return inputs_from_rows(

@@ -80,6 +80,37 @@ def test_live_inputs_from_the_store(engine: Engine) -> None:
     assert doc["summary"]["utilization_by_type"][A100]["mean"] > 0
 
 
+def test_the_order_a_store_keeps_its_jobs_in_does_not_change_the_forecast(tmp_path: Path) -> None:
+    """The same jobs written in two orders: the arrivals' mix (and so every seeded forecast) was built in
+    the order the database returned them, which differs between stores and query plans (and, for jobs
+    submitted in the same second, with the order they were written in)."""
+    from finetwin.schema import migrate
+    from twin.db import make_engine
+
+    models = ("llama3-8b", "granite-3-8b", "mistral-7b-v0.1", "llama3.1-70b")
+
+    def history() -> list[Job]:
+        # Two jobs an hour, submitted in the same second: the index keeps those two in the order written.
+        return [job(f"old-{h}-{k}", "completed", NOW - timedelta(hours=30 - h),
+                    model_name=models[(h + k) % 4], ended_at=NOW - timedelta(hours=29 - h))
+                for h in range(24) for k in range(2)]  # fmt: skip
+
+    documents = []
+    for name, jobs in (("forward", history()), ("backward", history()[::-1])):
+        engine = make_engine(f"sqlite:///{tmp_path / name}.db")
+        migrate(engine)
+        with session_scope(engine) as session:
+            session.add(Node(node_id="n0", gpu_model=A100, gpu_count=8, status="up", updated_at=NOW))
+            session.add_all(jobs)
+        inputs = load_live_inputs(engine, now=NOW, lookback=timedelta(days=2))
+        assert inputs.arrivals is not None
+        options = ForecastOptions(horizon_s=12 * 3600.0, runs=2, workers=1, seed=5)
+        doc = forecast(inputs, FallbackModels(), options)
+        documents.append({k: v for k, v in doc.items() if k not in ("generated_at", "wall_s")})
+        engine.dispose()
+    assert documents[0] == documents[1]
+
+
 def test_a_job_without_its_work_takes_the_work_the_window_observed(engine: Engine) -> None:
     """A queued job that does not say its work takes the median of what the window's ended jobs did, read
     from their observed runs (only those: every observed run of the record was read for each forecast)."""
