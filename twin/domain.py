@@ -53,8 +53,8 @@ UNKNOWN_GPU = GpuType("unknown", "unknown", 80.0, 400.0, 312.0, 1.0, 16.0)
 def gpu_key(name: str) -> str:
     """A GPU name as compared with the catalogue's: lower case, spaces and underscores as hyphens, without
     the vendor. A cluster names its GPUs the way its tools print them: nvidia-smi and DCGM's exporter say
-    `NVIDIA A100-SXM4-80GB`, GPU feature discovery `NVIDIA-A100-SXM4-80GB`, people `a100-sxm4-80gb`; each is
-    the benchmark's `NVIDIA-A100-SXM4-80GB`, where the name as written made an unknown GPU of it."""
+    `NVIDIA A100-SXM4-80GB`, GPU feature discovery `NVIDIA-A100-SXM4-80GB`, people `a100-sxm4-80gb`. Each
+    is the benchmark's `NVIDIA-A100-SXM4-80GB`; compared as written, all but the last were unknown GPUs."""
     key = re.sub(r"[\s_-]+", "-", name.strip().lower())
     return key.removeprefix("nvidia-")
 
