@@ -7,7 +7,8 @@ times smaller. A read that does not grow with the record keeps a ratio near 1.
 Each store holds `--jobs` jobs submitted 30 s apart (all but the last 200 ended: a third each completed,
 failed at runtime and rejected, as in the benchmark), six telemetry events a job, a live error for each
 ended one and an observed run for each completed one, written directly (the small store: a hundredth of
-them). Besides the GETs: what each standing forecast reads of the store (`load_live_inputs`).
+them), and the 100 standing forecasts a store keeps. Besides the GETs: what each standing forecast reads
+of the store (`load_live_inputs`).
 Served in process (FastAPI's test client, one viewer key), best of `--repeat`, same machine, one run. The
 standing forecast's scores, which grow the fastest, have their own benchmark (`bench/skill.py`).
 """
@@ -29,6 +30,7 @@ from timing import best_of  # noqa: E402
 from calibrate.records import LiveError  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
 from twin.db import make_engine  # noqa: E402
+from twin.forecast_store import save_forecast  # noqa: E402
 from twin.live_state import load_live_inputs  # noqa: E402
 from twin.store import Job, Node, ObservedRun, TelemetryEvent  # noqa: E402
 
@@ -89,6 +91,24 @@ def fill(engine: Engine, jobs: int) -> None:
                 connection.execute(insert(ObservedRun), run_rows)
 
 
+def store_forecasts(engine: Engine, newest: datetime) -> None:
+    """The 100 standing forecasts a store keeps, one every 5 minutes up to `newest`: 24 hourly intervals of
+    the six overall figures and four GPU types' utilization (about 30 KB each, as `finetwin up` stores)."""
+    edges = [3600.0 * i for i in range(25)]
+    band = {
+        name: [0.5 + 0.01 * i for i in range(24)] for name in ("mean", "p10", "p90", "raw_p10", "raw_p90")
+    }
+    figures = ("utilization", "queue_length", "running_jobs", "jobs_completed", "jobs_failed", "energy_kwh")
+    for k in range(100):
+        start = newest - timedelta(minutes=5 * (99 - k))
+        save_forecast(engine, {
+            "start": start.isoformat(), "horizon_s": 86400.0, "runs": 16, "seed": k,
+            "series": {"t_s": edges[:-1], "interval_end_s": edges[1:], **{f: band for f in figures},
+                       "utilization_by_type": {g: band for g in GPUS}},
+            "summary": {f: {"mean": 1.0, "p10": 0.5, "p90": 1.5} for f in figures},
+        }, cluster_id="default")  # fmt: skip
+
+
 def timings(url: str, jobs: int, work: Path, repeat: int) -> dict[str, float]:
     from fastapi.testclient import TestClient
 
@@ -101,16 +121,17 @@ def timings(url: str, jobs: int, work: Path, repeat: int) -> dict[str, float]:
     engine = make_engine(url)
     migrate(engine)
     fill(engine, jobs)
+    newest = T0 + timedelta(seconds=30 * jobs)
+    store_forecasts(engine, newest - timedelta(hours=10))
     settings = Settings(data_dir=work / "data", models_dir=work / "models", scheduler_enabled=False)
     key = create_api_key(engine, Role.VIEWER, name="bench", actor="bench")
     out = {}
     with TestClient(create_app(ApiParts.assemble(settings, engine)), headers={"X-API-Key": key}) as client:
         for path in REQUESTS:
             status = client.get(path).status_code
-            assert status in (200, 404), (path, status)  # 404: no forecast stored, as on a store without one
+            assert status == 200, (path, status)
             out[path] = best_of(repeat, lambda path=path: client.get(path))
     # What each standing forecast reads of the store (a week of history at the telemetry's newest time).
-    newest = T0 + timedelta(seconds=30 * jobs)
     out[FORECAST_READ] = best_of(repeat, lambda: load_live_inputs(engine, now=newest))
     engine.dispose()
     return out

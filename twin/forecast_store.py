@@ -10,6 +10,7 @@ are summed per figure and day as they are written, for the skill over long windo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
@@ -126,6 +127,34 @@ def stored_forecasts(
         if started_after is not None:
             query = query.where(col(StoredForecast.start) > started_after)
         return list(session.exec(query.order_by(col(StoredForecast.start), col(StoredForecast.id))).all())
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastTimes:
+    id: int
+    start: datetime
+    horizon_s: float | None
+
+
+def forecast_times(engine: Engine, *, cluster_id: str, kind: str = STANDING) -> list[ForecastTimes]:
+    """When each of a cluster's stored forecasts of a kind starts and how far it looks, oldest first: which
+    one to read, without reading every document (100 of them took 40-80 ms a dashboard poll)."""
+    with Session(engine) as session:
+        rows = session.exec(
+            select(StoredForecast.id, StoredForecast.start, StoredForecast.horizon_s)
+            .where(
+                StoredForecast.cluster_id == cluster_id,
+                StoredForecast.kind == kind,
+                col(StoredForecast.start).is_not(None),
+            )
+            .order_by(col(StoredForecast.start), col(StoredForecast.id))
+        ).all()
+    return [ForecastTimes(int(i), start, horizon) for i, start, horizon in rows]  # type: ignore[arg-type]
+
+
+def read_forecast(engine: Engine, forecast_id: int) -> StoredForecast | None:
+    with Session(engine, expire_on_commit=False) as session:
+        return session.get(StoredForecast, forecast_id)
 
 
 class SkillDay(SQLModel, table=True):

@@ -25,7 +25,14 @@ from twin import skill_totals
 from twin.actuals import BY_TYPE, OVERALL_FIGURES, JobTimes, actual_series, load_job_times
 from twin.clock import as_utc
 from twin.db import session_scope
-from twin.forecast_store import STANDING, ForecastScore, StoredForecast, stored_forecasts
+from twin.forecast_store import (
+    STANDING,
+    ForecastScore,
+    StoredForecast,
+    forecast_times,
+    read_forecast,
+    stored_forecasts,
+)
 from twin.store import utcnow
 from twin.units import parse_duration
 
@@ -267,15 +274,17 @@ def forecast_vs_actual(
     horizon ago (so half its band has actuals), else the oldest kept. Per figure: the band per interval
     and the actual for the intervals that have passed; the forecast's age on the telemetry's clock."""
     now = as_utc(now)
-    forecasts = stored_forecasts(engine, cluster_id=cluster_id, kind=kind)
+    forecasts = forecast_times(engine, cluster_id=cluster_id, kind=kind)
     if not forecasts:
         return None
-    chosen = forecasts[0]
-    for stored in forecasts:
-        horizon = float(stored.horizon_s or 0.0)
-        if (now - as_utc(stored.start)).total_seconds() >= horizon / 2:  # type: ignore[arg-type]
-            chosen = stored
-    start = as_utc(chosen.start)  # type: ignore[arg-type]
+    pick = forecasts[0]
+    for times in forecasts:
+        if (now - as_utc(times.start)).total_seconds() >= float(times.horizon_s or 0.0) / 2:
+            pick = times
+    chosen = read_forecast(engine, pick.id)
+    if chosen is None:  # pruned since: the next poll picks another
+        return None
+    start = as_utc(pick.start)
     edges = interval_edges(chosen.document)
     elapsed = (now - start).total_seconds()
     ready = int(np.searchsorted(edges[1:], elapsed, side="right")) if len(edges) > 1 else 0
