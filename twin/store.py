@@ -53,10 +53,12 @@ TERMINAL_STATES = frozenset({"rejected", "completed", "failed"})
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
-    # The list's order, newest first, with a state filter or without (GET /v1/jobs); counts by state.
+    # The list's order, newest first, with a state filter or without (GET /v1/jobs); counts by state; the
+    # jobs not ended, or ended in a window (`twin.actuals`).
     __table_args__ = (
         Index("ix_jobs_submitted_at", "submitted_at"),
         Index("ix_jobs_state_submitted_at", "state", "submitted_at"),
+        Index("ix_jobs_ended_at", "ended_at"),
     )
 
     job_id: str = Field(primary_key=True, max_length=200)
