@@ -153,6 +153,7 @@ def forecast_times(engine: Engine, *, cluster_id: str, kind: str = STANDING) -> 
 
 
 def read_forecast(engine: Engine, forecast_id: int) -> StoredForecast | None:
+    """One stored forecast with its document; None once it has been pruned."""
     with Session(engine, expire_on_commit=False) as session:
         return session.get(StoredForecast, forecast_id)
 
