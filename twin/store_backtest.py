@@ -32,7 +32,7 @@ from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_co
 from twin.plan import DEFAULT_POWER_FRACTION, JobPlan, Reject, pool_index
 from twin.policies import Policy
 from twin.protocols import JobModels
-from twin.rebuild import RebuiltState, rebuild_at
+from twin.rebuild import RebuiltState, fold_events, stored_events
 from twin.run_metrics import measure
 from twin.simulator import End, SimResult
 from twin.slo_attainment import SloSet
@@ -94,8 +94,10 @@ def backtest_from_store(
     at = as_utc(at)
     end = at + timedelta(seconds=horizon_s)
     check_window(engine, cluster_id, at, end)
-    before = rebuild_at(engine, cluster_id, at)
-    after = rebuild_at(engine, cluster_id, end)
+    # The events read once, folded twice: each read is of every event up to its time.
+    events = stored_events(engine, cluster_id, end)
+    before = fold_events(events, cluster_id, at)
+    after = fold_events(events, cluster_id, end)
     if not any(n.status == "up" for n in before.nodes):
         raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to backtest")
     earliest = min((j.submitted_at for j in after.jobs.values() if j.submitted_at is not None), default=at)
