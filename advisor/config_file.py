@@ -22,20 +22,19 @@ def read_config_file(path: Path) -> Any:
     import yaml
 
     try:
-        if str(path) == "-":
-            text = sys.stdin.read(MAX_FILE_BYTES + 1).removeprefix("\ufeff")  # as utf8_text does
+        if str(path) == "-":  # its bytes, read as a file's are (a byte-order mark, a line not UTF-8)
+            data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
         else:
             if path.stat().st_size > MAX_FILE_BYTES:
                 raise ConfigFileError(
                     f"{path}: larger than {MAX_FILE_BYTES} bytes; one configuration expected"
                 )
-            text = utf8_text(path.read_bytes(), path)
+            data = path.read_bytes()
+        text = utf8_text(data, path)
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except TextFileError as exc:
         raise ConfigFileError(str(exc)) from exc
-    except UnicodeDecodeError as exc:  # stdin
-        raise ConfigFileError(f"{path}: not UTF-8 text: {exc}") from exc
     try:
         document = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:

@@ -35,6 +35,29 @@ def test_advise_with_a_misspelled_gpu_suggests_the_known_one(
     assert "did you mean 'NVIDIA-H100-PCIe'" in error, error
 
 
+def test_advise_reads_stdin_as_it_reads_a_file(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`finetwin advise -`: a byte-order mark is not text (else the first key is '\\ufeffmodel_name'), and a
+    line that is not UTF-8 is named as a file's is."""
+    import io
+    import sys
+
+    def advise_stdin(data: bytes) -> str:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+        assert main(["advise", "-"]) == 2
+        return " ".join(capsys.readouterr().err.split())
+
+    job = (
+        b"model_name: llama3-8b\nmethod: lora\ngpu_model: H100-PCI\nnumber_gpus: 2\nbatch_size: 8\n"
+        b"tokens_per_sample: 2048\n"
+    )
+    error = advise_stdin(b"\xef\xbb\xbf" + job)
+    assert "did you mean 'NVIDIA-H100-PCIe'" in error and "unknown key" not in error, error
+    error = advise_stdin(job.replace(b"lora", b"l\xe9ra"))
+    assert "-, line 2: is not UTF-8 text" in error, error
+
+
 def test_advise_names_an_unknown_key_and_the_one_it_resembles(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
