@@ -126,16 +126,17 @@ def load_live_inputs(
         notes.append(
             f"starts at the telemetry's newest time, {abs(clock.lag_s):,.0f} s {ahead} the wall clock"
         )
+    # The jobs a forecast reads: queued or running now, and submitted in the window (the arrivals' history).
+    is_active = col(Job.state).in_(("submitted", "running"))
+    in_window = (col(Job.submitted_at) >= since) & (col(Job.submitted_at) < now)
     with Session(engine) as session:
         nodes = list(session.exec(select(Node).where(Node.cluster_id == cluster_id)).all())
-        active = list(session.exec(
-            select(Job).where(Job.cluster_id == cluster_id, col(Job.state).in_(("submitted", "running")))
-        ).all())  # fmt: skip
+        active = list(session.exec(select(Job).where(Job.cluster_id == cluster_id, is_active)).all())
         # In submission order, as the arrivals' mix is built: in the order the database keeps them, the same
         # store gave another forecast on SQLite than on PostgreSQL, or after an index changed the plan.
         history = list(session.exec(
             select(Job)
-            .where(Job.cluster_id == cluster_id, col(Job.submitted_at) >= since, col(Job.submitted_at) < now)
+            .where(Job.cluster_id == cluster_id, in_window)
             .order_by(col(Job.submitted_at), col(Job.job_id))
         ).all())  # fmt: skip
         # The work of the jobs read above only: every observed run of the record was read for each forecast.
@@ -145,8 +146,7 @@ def load_live_inputs(
                 .join(Job, col(Job.job_id) == col(ObservedRun.job_id))
                 .where(
                     Job.cluster_id == cluster_id,
-                    (col(Job.state).in_(("submitted", "running")))
-                    | ((col(Job.submitted_at) >= since) & (col(Job.submitted_at) < now)),
+                    is_active | in_window,
                     col(ObservedRun.dataset_tokens_per_second).is_not(None),
                     col(ObservedRun.train_runtime).is_not(None),
                 )
