@@ -9,7 +9,7 @@ types): 2,073,600 scores for 30 days. Measured, best of `--repeat`, on the same 
 
 - the skill of every interval and of the last day, from the running sums (`twin.skill_totals`);
 - the baseline: the same skill as it was computed before them, every score of the window read and
-  summarized in Python (`twin.skill.summarize_scores`), as GET /v1/forecast/skill did;
+  summarized in Python, as GET /v1/forecast/skill did;
 - the one-time cost of the migration that sums a store's scores (0008), on the same scores.
 """
 
@@ -26,13 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from sqlalchemy import Engine, insert  # noqa: E402
-from sqlmodel import Session, col, select  # noqa: E402
+from sqlmodel import Session, col, func, select  # noqa: E402
 from timing import best_of  # noqa: E402
 
 from finetwin.schema import migrate  # noqa: E402
 from twin.db import make_engine  # noqa: E402
 from twin.forecast_store import ForecastScore  # noqa: E402
-from twin.skill import skill, summarize_scores  # noqa: E402
+from twin.skill import skill  # noqa: E402
+from twin.skill_totals import EDGE, Totals  # noqa: E402
 
 FIGURES = ("utilization", "queue_length", "running_jobs", "jobs_completed", "jobs_failed", "energy_kwh",
            "utilization/L40S", "utilization/NVIDIA-A100-SXM4-80GB", "utilization/NVIDIA-A100-80GB-PCIe",
@@ -71,15 +72,22 @@ def store_scores(engine: Engine, days: int) -> int:
 
 
 def every_score(engine: Engine, since: datetime | None) -> dict[str, object]:
-    """The baseline: the skill as GET /v1/forecast/skill computed it before the running sums."""
+    """The baseline: the skill as GET /v1/forecast/skill computed it before the running sums, every score of
+    the window read (the columns it read) and summarized in Python."""
+    score = ForecastScore
     with Session(engine) as session:
-        query = select(ForecastScore.figure, ForecastScore.forecast_mean, ForecastScore.actual,
-                       ForecastScore.inside, ForecastScore.forecast_id)  # fmt: skip
+        query = select(score.forecast_id, score.figure, score.forecast_mean, score.actual, score.inside,
+                       func.coalesce(score.raw_p10, score.forecast_p10),
+                       func.coalesce(score.raw_p90, score.forecast_p90))  # fmt: skip
         if since is not None:
-            query = query.where(col(ForecastScore.interval_start) >= since)
+            query = query.where(col(score.interval_start) >= since)
         rows = session.exec(query).all()
-    figures = summarize_scores((figure, mean, actual, inside) for figure, mean, actual, inside, _ in rows)
-    return {"scored": len({r[4] for r in rows}), "intervals": len(rows), "figures": figures}
+    totals: dict[str, Totals] = {}
+    for _, figure, mean, actual, inside, low, high in rows:
+        raw_inside = low - EDGE <= actual <= high + EDGE
+        totals.setdefault(figure, Totals()).add_score(mean, actual, inside, raw_inside)
+    figures = {figure: t.summary() for figure, t in totals.items()}
+    return {"scored": len({r[0] for r in rows}), "intervals": len(rows), "figures": figures}
 
 
 def main() -> None:

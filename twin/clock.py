@@ -65,19 +65,15 @@ def telemetry_span(
     # One query per end: each is then one step down the (cluster, time) index. Together in one SELECT,
     # SQLite read every index entry of the window (3 million events: 0.3 s, on every request that reads
     # the twin's clock, and every scheduler tick).
-    ends = []
+    window = (
+        TelemetryEvent.cluster_id == cluster_id,
+        TelemetryEvent.ts >= lowest,  # type: ignore[operator]
+        TelemetryEvent.ts <= highest,  # type: ignore[operator]
+    )
     with Session(engine) as session:
-        for end in (func.min, func.max):
-            ends.append(
-                session.exec(
-                    select(end(TelemetryEvent.ts)).where(
-                        TelemetryEvent.cluster_id == cluster_id,
-                        TelemetryEvent.ts >= lowest,  # type: ignore[operator]
-                        TelemetryEvent.ts <= highest,  # type: ignore[operator]
-                    )
-                ).one()
-            )
-    earliest, latest = ends
+        earliest, latest = (
+            session.exec(select(end(TelemetryEvent.ts)).where(*window)).one() for end in (func.min, func.max)
+        )
     return (as_utc(earliest) if earliest else None, as_utc(latest) if latest else None)
 
 

@@ -114,33 +114,6 @@ def score_intervals(
     return scores
 
 
-def summarize_scores(
-    rows: Iterable[tuple[str, float, float, bool]],
-) -> dict[str, dict[str, float | int | None]]:
-    """Per figure, from (figure, forecast mean, actual, inside) rows: mape, mae, bias, coverage, n."""
-    by_figure: dict[str, list[tuple[float, float, bool]]] = {}
-    for figure, mean, actual, inside in rows:
-        by_figure.setdefault(figure, []).append((mean, actual, inside))
-    out: dict[str, dict[str, float | int | None]] = {}
-    for figure, values in sorted(by_figure.items()):
-        mean = np.array([v[0] for v in values], dtype=float)
-        actual = np.array([v[1] for v in values], dtype=float)
-        inside = np.array([v[2] for v in values], dtype=bool)
-        nonzero = np.abs(actual) > _EDGE
-        total = float(np.abs(actual).sum())
-        out[figure] = {
-            "mape": float(np.mean(np.abs(mean[nonzero] - actual[nonzero]) / np.abs(actual[nonzero])))
-            if nonzero.any()
-            else None,
-            "wape": float(np.abs(mean - actual).sum() / total) if total > _EDGE else None,
-            "mae": float(np.mean(np.abs(mean - actual))),
-            "bias": float(np.mean(mean - actual)),
-            "coverage": float(inside.mean()),
-            "n": int(len(values)),
-        }
-    return out
-
-
 # --- scoring the stored forecasts ---------------------------------------------------------------------------
 
 
@@ -256,7 +229,7 @@ def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dic
     """The twin's skill over the scored intervals that start at or after `since` (telemetry time): how many
     forecasts and interval figures were scored, and per figure {mape, wape, mae, bias, coverage, n}, with
     `raw_coverage`: how often the ensemble's own band (before `twin.band_calibration`) held the actual.
-    From the scores' running sums (`twin.skill_totals`): as `summarize_scores` of every score, in a time
+    From the scores' running sums (`twin.skill_totals`): the numbers of every score summarized, in a time
     that does not grow with the record."""
     by_figure, scored = skill_totals.window(engine, cluster_id, since)
     return {

@@ -13,7 +13,8 @@ from sqlalchemy import Engine
 from twin.actuals import actual_series, load_job_times
 from twin.db import session_scope
 from twin.forecast_store import save_forecast
-from twin.skill import forecast_vs_actual, score_due, score_intervals, skill, summarize_scores
+from twin.skill import forecast_vs_actual, score_due, score_intervals, skill
+from twin.skill_totals import Totals
 from twin.store import Job, Node, ObservedRun
 
 T0 = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)
@@ -53,12 +54,15 @@ def test_a_forecast_against_actuals_gives_hand_computed_errors_and_coverage() ->
     assert by["utilization", 0].error == pytest.approx(0.25) and not by["utilization", 0].inside
     assert by["utilization", 1].error == 0.0 and by["utilization", 1].inside
     assert by["queue_length", 0].error == -2.0 and not by["queue_length", 0].inside
-    summary = summarize_scores((s.figure, s.mean, s.actual, s.inside) for s in scores)
+    totals: dict[str, Totals] = {}
+    for s in scores:
+        totals.setdefault(s.figure, Totals()).add_score(s.mean, s.actual, s.inside, s.raw_inside)
     # |0.5 - 0.25| / 0.25 = 1.0 and 0: MAPE 0.5; |2 - 4| / 4 = 0.5 and 0: MAPE 0.25.
-    # WAPE: total |error| over total actual, 0.25 / 0.75 and 2 / 6.
-    assert summary["utilization"] == UTILIZATION_SKILL
-    assert summary["queue_length"] == {
-        "mape": 0.25, "wape": 2.0 / 6.0, "mae": 1.0, "bias": -1.0, "coverage": 0.5, "n": 2
+    # WAPE: total |error| over total actual, 0.25 / 0.75 and 2 / 6. No recalibrated band: raw = coverage.
+    assert totals["utilization"].summary() == UTILIZATION_SKILL | {"raw_coverage": 0.5}
+    assert totals["queue_length"].summary() == {
+        "mape": 0.25, "wape": 2.0 / 6.0, "mae": 1.0, "bias": -1.0, "coverage": 0.5, "n": 2,
+        "raw_coverage": 0.5,
     }  # fmt: skip
 
 
@@ -203,7 +207,8 @@ def test_forecast_skill_on_an_empty_store_says_where_it_looked(
 
 
 def reference_skill(engine: Engine, since: datetime | None) -> dict[str, dict[str, float | int | None]]:
-    """The skill as it was computed before the running sums: every score read, summarized in Python."""
+    """The skill computed as it was before the running sums: every score of the window read, and each
+    figure's statistics taken over its scores with numpy."""
     from sqlmodel import Session, col, select
 
     from twin.forecast_store import ForecastScore
@@ -213,13 +218,27 @@ def reference_skill(engine: Engine, since: datetime | None) -> dict[str, dict[st
         if since is not None:
             query = query.where(col(ForecastScore.interval_start) >= since)
         rows = list(session.exec(query))
-    figures = summarize_scores((r.figure, r.forecast_mean, r.actual, r.inside) for r in rows)
-    for figure, stats in figures.items():
+    figures: dict[str, dict[str, float | int | None]] = {}
+    for figure in sorted({r.figure for r in rows}):
         mine = [r for r in rows if r.figure == figure]
-        stats["raw_coverage"] = float(np.mean([
-            (r.forecast_p10 if r.raw_p10 is None else r.raw_p10) - 1e-9 <= r.actual
-            <= (r.forecast_p90 if r.raw_p90 is None else r.raw_p90) + 1e-9 for r in mine
-        ]))  # fmt: skip
+        mean = np.array([r.forecast_mean for r in mine])
+        actual = np.array([r.actual for r in mine])
+        error, nonzero = mean - actual, np.abs(actual) > 1e-9
+        low = np.array([r.forecast_p10 if r.raw_p10 is None else r.raw_p10 for r in mine])
+        high = np.array([r.forecast_p90 if r.raw_p90 is None else r.raw_p90 for r in mine])
+        figures[figure] = {
+            "mape": float(np.mean(np.abs(error[nonzero]) / np.abs(actual[nonzero])))
+            if nonzero.any()
+            else None,
+            "wape": float(np.abs(error).sum() / np.abs(actual).sum())
+            if np.abs(actual).sum() > 1e-9
+            else None,
+            "mae": float(np.mean(np.abs(error))),
+            "bias": float(np.mean(error)),
+            "coverage": float(np.mean([r.inside for r in mine])),
+            "n": len(mine),
+            "raw_coverage": float(np.mean((low - 1e-9 <= actual) & (actual <= high + 1e-9))),
+        }
     return figures
 
 
