@@ -152,16 +152,25 @@ def load_live_inputs(
                 )
             ).all()
         )
-        failures = list(session.exec(
-            select(Job.failed_after_s)
-            .where(Job.cluster_id == cluster_id, Job.state == "failed", col(Job.failed_after_s).is_not(None))
-            .order_by(col(Job.ended_at).desc(), col(Job.job_id))
-            .limit(MAX_FAILURE_TIMES)
-        ).all())  # fmt: skip
+        failures = newest_failure_times(session, cluster_id)
     return inputs_from_rows(
         StoreRows(nodes, active, history, observed_work, failures),
         cluster_id=cluster_id, now=now, since=since, notes=notes, clock=clock,
     )  # fmt: skip
+
+
+def newest_failure_times(
+    session: Session, cluster_id: str, until: datetime | None = None
+) -> list[float | None]:
+    """Seconds into the run of the cluster's newest runtime failures (ended by `until`, if given), newest
+    first, at most MAX_FAILURE_TIMES: one step back along the jobs' end-time index per failure."""
+    query = select(Job.failed_after_s).where(
+        Job.cluster_id == cluster_id, Job.state == "failed", col(Job.failed_after_s).is_not(None)
+    )
+    if until is not None:
+        query = query.where(col(Job.ended_at) <= utc(until))
+    ordered = query.order_by(col(Job.ended_at).desc(), col(Job.job_id)).limit(MAX_FAILURE_TIMES)
+    return list(session.exec(ordered).all())
 
 
 @dataclass
@@ -173,6 +182,21 @@ class StoreRows:
     history: list[Job]  # submitted in [since, now)
     observed_work: dict[str, float]  # job id -> dataset tokens a finished run processed
     failures: list[float | None]  # seconds into the run of observed runtime failures, newest first
+
+
+def job_work(job: Job, observed_work: dict[str, float]) -> float | None:
+    """A job's work in dataset tokens: as declared at submission, else what its finished run processed."""
+    if job.dataset_tokens and job.dataset_tokens > 0:
+        return float(job.dataset_tokens)
+    seen = observed_work.get(job.job_id)
+    return float(seen) if seen and seen > 0 else None
+
+
+def typical_work(history: list[Job], observed_work: dict[str, float]) -> float | None:
+    """The work a forecast assumes for a job that does not declare it: the median of the window's jobs'
+    known work (None when no job of the window has one)."""
+    known = [w for w in (job_work(j, observed_work) for j in history) if w is not None]
+    return float(np.median(known)) if known else None
 
 
 def inputs_from_rows(
@@ -194,13 +218,10 @@ def inputs_from_rows(
         )
 
     def work_of(job: Job) -> float | None:
-        if job.dataset_tokens and job.dataset_tokens > 0:
-            return float(job.dataset_tokens)
-        seen = observed_work.get(job.job_id)
-        return float(seen) if seen and seen > 0 else None
+        return job_work(job, observed_work)
 
-    known_work = [w for w in (work_of(j) for j in history) if w is not None]
-    typical_work = float(np.median(known_work)) if known_work else DEFAULT_WORK_TOKENS
+    known_typical = typical_work(history, observed_work)
+    typical = known_typical or DEFAULT_WORK_TOKENS
     imputed = 0
 
     current = _Rows()
@@ -212,7 +233,7 @@ def inputs_from_rows(
             continue
         work = work_of(job)
         if work is None:
-            work, imputed = typical_work, imputed + 1
+            work, imputed = typical, imputed + 1
         submitted = utc(job.submitted_at) if job.submitted_at else now
         running = None
         if job.state == "running":
@@ -235,9 +256,9 @@ def inputs_from_rows(
         submitted_at.append(utc(job.submitted_at))
         config = job_config(job)
         if config is not None:
-            mix.add(job.job_id, 0.0, config, work_of(job) or typical_work, None)
-    if imputed or (not known_work and len(mix.ids)):
-        notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical_work:,.0f} tokens")
+            mix.add(job.job_id, 0.0, config, work_of(job) or typical, None)
+    if imputed or (known_typical is None and len(mix.ids)):
+        notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical:,.0f} tokens")
     arrivals = fit_arrivals(submitted_at, mix.build(), now, now - since) if submitted_at else None
     failure_times = np.asarray([f for f in failures if f is not None and f >= 0], dtype=float)
     if not len(failure_times):

@@ -1,10 +1,10 @@
 """Backtest from the store: the twin started at a past telemetry time T against what the store then recorded.
 
-The state at T is rebuilt from the stored events (`twin.rebuild`): nodes, queued jobs, running jobs with
-their progress, and the failure times observed by then. The jobs submitted in (T, T + H] join as arrivals
-with their configuration and their declared work, never their outcome or run time (like the benchmark
-backtest; `arrivals="model"` draws them from the arrival process learned up to T instead, as a live
-forecast does). The caller passes the models that were in use at T.
+The state at T is rebuilt from the stored events of the window (`twin.rebuild.backtest_states`): nodes,
+queued jobs, running jobs with their progress, and the failure times observed by then. The jobs submitted
+in (T, T + H] join as arrivals with their configuration and their declared work, never their outcome or
+run time (like the benchmark backtest; `arrivals="model"` draws them from the arrival process learned up to
+T instead, as a live forecast does). The caller passes the models that were in use at T.
 
 Truth and twin are measured by the same code (`twin.run_metrics.measure`) over [T, T + H] on the same jobs:
 the truth is those jobs' recorded submissions, starts and ends, at their measured power where they
@@ -28,11 +28,11 @@ from twin.cluster import gpu_tdp_watts
 from twin.ensemble import run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.jsonsafe import json_safe
-from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_config
+from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_config, typical_work
 from twin.plan import DEFAULT_POWER_FRACTION, JobPlan, Reject, pool_index
 from twin.policies import Policy
 from twin.protocols import JobModels
-from twin.rebuild import RebuiltState, fold_events, stored_events
+from twin.rebuild import RebuiltState, backtest_states
 from twin.run_metrics import measure
 from twin.simulator import End, SimResult
 from twin.slo_attainment import SloSet
@@ -94,17 +94,16 @@ def backtest_from_store(
     at = as_utc(at)
     end = at + timedelta(seconds=horizon_s)
     check_window(engine, cluster_id, at, end)
-    # The events read once, folded twice: each read is of every event up to its time.
-    events = stored_events(engine, cluster_id, end)
-    before = fold_events(events, cluster_id, at)
-    after = fold_events(events, cluster_id, end)
+    states = backtest_states(engine, cluster_id, at, end, lookback)
+    before, after, since = states.before, states.after, states.since
     if not any(n.status == "up" for n in before.nodes):
         raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to backtest")
-    earliest = min((j.submitted_at for j in after.jobs.values() if j.submitted_at is not None), default=at)
-    since = max(at - lookback, min(earliest, at))
-    inputs = inputs_from_rows(before.rows(since), cluster_id=cluster_id, now=at, since=since, notes=[])
+    rows = before.rows(since)
+    inputs = inputs_from_rows(rows, cluster_id=cluster_id, now=at, since=since, notes=[])
     if arrivals == OBSERVED:
-        inputs = replace(inputs, workload=concat([inputs.workload, _arrivals(before, after, at, end)]))
+        typical = typical_work(rows.history, rows.observed_work) or DEFAULT_WORK_TOKENS
+        observed = _arrivals(before, after, at, end, typical)
+        inputs = replace(inputs, workload=concat([inputs.workload, observed]))
     options = ForecastOptions(
         horizon_s=horizon_s, interval_s=interval_s, runs=runs, seed=seed, policy=policy, workers=workers
     )
@@ -144,11 +143,11 @@ def backtest_from_store(
     )
 
 
-def _arrivals(before: RebuiltState, after: RebuiltState, at: datetime, end: datetime) -> Workload:
+def _arrivals(
+    before: RebuiltState, after: RebuiltState, at: datetime, end: datetime, typical: float
+) -> Workload:
     """The jobs submitted in (at, end], as the twin would have learned of them: configuration and declared
-    work (dataset tokens; else the typical work of what finished by `at`), never how they went."""
-    known = [w for w in before.observed_work.values() if w > 0]
-    typical = float(np.median(known)) if known else DEFAULT_WORK_TOKENS
+    work (dataset tokens; else `typical`, what a forecast at `at` assumes), never how they went."""
     rows = _Rows()
     for job in sorted(after.jobs.values(), key=lambda j: (j.submitted_at or end, j.job_id)):
         if job.submitted_at is None or not (at < job.submitted_at <= end) or job.job_id in before.jobs:

@@ -7,22 +7,25 @@ from __future__ import annotations
 import json
 import random
 import re
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from sqlalchemy import Engine
-from sqlmodel import Session, select
+from sqlalchemy import Engine, delete, event
+from sqlmodel import Session, col, select
 
 from calibrate.loader import load_benchmark
 from calibrate.registry import ModelRegistry
 from finetwin.schema import migrate
 from ingest.apply import apply_events
+from ingest.events import JobRejected, JobStarted, NodeStatus, new_event
 from ingest.replay import plan_replay
 from twin.db import make_engine
-from twin.rebuild import rebuild_at
-from twin.store import Job, Node
+from twin.domain import Rule
+from twin.rebuild import BacktestStates, backtest_states, fold_events, rebuild_at, stored_events
+from twin.store import Job, Node, TelemetryEvent
 
 COMPARED = (
     "state", "outcome", "submitted_at", "started_at", "ended_at", "node_ids", "tokens_processed",
@@ -177,3 +180,124 @@ def test_a_window_the_telemetry_does_not_cover_is_refused_with_its_span(tmp_path
     with pytest.raises(ValueError, match=f"is after the newest telemetry.*{span}"):
         check_window(engine, "default", t0 + timedelta(hours=2), t0 + timedelta(hours=3, seconds=1))
     check_window(engine, "default", t0, t0 + timedelta(hours=3))  # the whole span: covered
+
+
+def full_fold_states(engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta):
+    """The reference: every event up to `end` folded, as a backtest read the store before its read was
+    bounded to its window."""
+    events = stored_events(engine, cluster_id, end)
+    before, after = fold_events(events, cluster_id, at), fold_events(events, cluster_id, end)
+    earliest = min((j.submitted_at for j in after.jobs.values() if j.submitted_at is not None), default=at)
+    return BacktestStates(max(at - lookback, min(earliest, at)), before, after)
+
+
+def fields(job: Job) -> dict[str, object]:
+    return {c: utc(getattr(job, c)) if c.endswith("_at") else getattr(job, c) for c in COMPARED}
+
+
+def assert_same_backtest_start(
+    got: BacktestStates, want: BacktestStates, at: datetime, end: datetime
+) -> None:
+    """Everything a backtest reads of the two states: the window, the jobs open at T and the window's
+    history with their work, the nodes, the failure times, and the jobs it scores at `end`."""
+    assert got.since == want.since
+    got_rows, want_rows = got.before.rows(got.since), want.before.rows(want.since)
+    for part in ("active", "history"):
+        got_jobs = {j.job_id: fields(j) for j in getattr(got_rows, part)}
+        assert got_jobs == {j.job_id: fields(j) for j in getattr(want_rows, part)}, part
+    read = {j.job_id for j in got_rows.active + got_rows.history}
+    assert {k: v for k, v in got_rows.observed_work.items() if k in read} == {
+        k: v for k, v in want_rows.observed_work.items() if k in read
+    }
+    assert [(n.node_id, n.status) for n in got.before.nodes] == [
+        (n.node_id, n.status) for n in want.before.nodes
+    ]
+    assert got_rows.failures == want_rows.failures
+    scored = read | {
+        j.job_id for j in want.after.jobs.values() if j.submitted_at and at < j.submitted_at <= end
+    }
+    assert {j: fields(got.after.jobs[j]) for j in scored} == {j: fields(want.after.jobs[j]) for j in scored}
+    assert {j: got.after.observed_power_w.get(j) for j in scored} == {
+        j: want.after.observed_power_w.get(j) for j in scored
+    }
+
+
+def test_a_backtest_reads_only_its_window_and_starts_where_the_whole_record_folded_starts(
+    engine: Engine, sample_rows: pd.DataFrame
+) -> None:
+    epoch = datetime(2025, 5, 1, tzinfo=UTC)
+    plan = plan_replay(sample_rows, seed=3, epoch=epoch)
+    events = [e for _, e in plan.events]
+    # Older than every window below: a node that went down at the start (its last report is long before
+    # T), and a job queued at the start and rejected late (open at the first T, submitted long before).
+    node_id, gpu = next(iter(plan.nodes.items()))
+    down = NodeStatus(node_id=node_id, gpu_model=gpu, gpu_count=8, status="down")
+    events.append(new_event("node.status", down, job_id=None, ts=epoch + timedelta(seconds=30)))
+    config = next(e for e in events if e.type == "job.submitted").payload
+    events.append(new_event("job.submitted", config, job_id="long-queued", ts=epoch + timedelta(seconds=2)))
+    rejected_at = epoch + timedelta(seconds=plan.duration_s * 0.6)
+    events.append(
+        new_event(
+            "job.rejected",
+            JobRejected(rule=Rule.GPUS_NOT_MULTIPLE_OF_NODES),
+            job_id="long-queued",
+            ts=rejected_at,
+        )
+    )
+    # A clock-skewed job: completed a minute after the start, its start reported as late in the record.
+    events.append(new_event("job.submitted", config, job_id="skewed", ts=epoch + timedelta(seconds=3)))
+    events.append(next(e for e in events if e.type == "job.completed").model_copy(
+        update={"job_id": "skewed", "ts": epoch + timedelta(seconds=60), "event_id": uuid.uuid4()}
+    ))  # fmt: skip
+    late = epoch + timedelta(seconds=plan.duration_s * 0.75)
+    events.append(new_event("job.started", JobStarted(node_ids=[node_id]), job_id="skewed", ts=late))
+    apply_shuffled(engine, events, seed=5)
+    lookback, horizon = timedelta(minutes=30), timedelta(hours=1)
+
+    first_at = epoch + timedelta(seconds=plan.duration_s * 0.4)
+    got = backtest_states(engine, "default", first_at, first_at + horizon, lookback)
+    want = full_fold_states(engine, "default", first_at, first_at + horizon, lookback)
+    assert "long-queued" in {j.job_id for j in got.before.rows(got.since).active}
+    assert node_id not in {n.node_id for n in got.before.nodes if n.status == "up"}
+    assert_same_backtest_start(got, want, first_at, first_at + horizon)
+
+    # Later, with the long-queued job ended: no job event dated before the window (or before the start of a
+    # job still open at T) is needed. Deleted from the store, the backtest starts from the same state as the
+    # whole record gave.
+    at = epoch + timedelta(seconds=plan.duration_s * 0.8)
+    want = full_fold_states(engine, "default", at, at + horizon, lookback)
+    open_at_t = want.before.rows(want.since).active
+    assert open_at_t and not any(j.job_id == "long-queued" for j in open_at_t)
+    cut = min([want.since, *(t for j in open_at_t for t in (j.submitted_at, j.started_at) if t)])
+    older = [j for j in want.before.jobs.values() if j.submitted_at and j.submitted_at < cut]
+    assert len(older) > len(want.before.rows(want.since).history)  # the window is a small part
+    with engine.begin() as connection:
+        pruned = connection.execute(
+            delete(TelemetryEvent).where(
+                col(TelemetryEvent.ts) < cut, col(TelemetryEvent.type) != "node.status"
+            )
+        ).rowcount
+    assert pruned > 0
+    assert_same_backtest_start(
+        backtest_states(engine, "default", at, at + horizon, lookback), want, at, at + horizon
+    )
+
+
+def test_sqlite_finds_the_nodes_older_reports_in_their_own_index(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    statements: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def remember(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        statements.append(statement)
+
+    at = datetime(2025, 5, 1, tzinfo=UTC)
+    backtest_states(engine, "default", at, at + timedelta(hours=1), timedelta(days=7))
+    (node_query,) = [s for s in statements if "node.status" in s]
+    with engine.connect() as connection:
+        plan = connection.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {node_query}", ("default", "2025-05-01 00:00:00.000000")
+        ).all()
+    assert any("ix_telemetry_events_node_status" in str(row) for row in plan), plan
+    engine.dispose()
