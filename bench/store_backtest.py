@@ -5,8 +5,8 @@ the store before), and against the same read on a store a tenth as old.
     .venv/bin/python bench/store_backtest.py [--replays 40] [--database-url URL] [--repeat 3]
 
 The store holds `--replays` replays of the bundled benchmark sample back to back (a job a minute, about
-2.8 days and 20,000 events each), applied by ingest as telemetry; the small store holds a tenth of them.
-T is 6 hours before the newest event, H is 6 hours, the lookback is the default week. Best of `--repeat`,
+2.8 days and 16,000 events each), applied by ingest as telemetry; the small store holds a tenth of them.
+T is 12 hours before the newest event, H is 6 hours, the lookback is the default week. Best of `--repeat`,
 same machine, one run.
 """
 
