@@ -24,7 +24,7 @@ from twin.db import in_chunks
 from twin.domain import canonical_gpu_name
 from twin.plan import DEFAULT_POWER_FRACTION
 from twin.run_metrics import integrate_on_bins
-from twin.store import Job, Node, ObservedRun
+from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
 from twin.units import JOULES_PER_KWH
 
 OVERALL_FIGURES = (
@@ -67,14 +67,12 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
     """Every job of the cluster that was queued or running at some time in [since, until)."""
     since, until = as_utc(since), as_utc(until)
     with Session(engine) as session:
-        jobs = session.exec(
-            select(Job).where(
-                Job.cluster_id == cluster_id,
-                col(Job.submitted_at).is_not(None) | col(Job.started_at).is_not(None),
-                or_(col(Job.submitted_at) < until, col(Job.started_at) < until),
-                or_(col(Job.ended_at).is_(None), col(Job.ended_at) >= since),
-            )
-        ).all()
+        jobs = job_records(session, JOB_ROWS.where(
+            Job.cluster_id == cluster_id,
+            col(Job.submitted_at).is_not(None) | col(Job.started_at).is_not(None),
+            or_(col(Job.submitted_at) < until, col(Job.started_at) < until),
+            or_(col(Job.ended_at).is_(None), col(Job.ended_at) >= since),
+        ))  # fmt: skip
         ids = [j.job_id for j in jobs]
         measured: dict[str, float] = {}
         for chunk in in_chunks(ids):
@@ -91,7 +89,7 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
         by_type[name] = by_type.get(name, 0) + int(node.gpu_count)
     gpu_models = [canonical_gpu_name(j.gpu_model) if j.gpu_model else "" for j in jobs]
 
-    def power(job: Job, gpu_model: str) -> float:
+    def power(job: JobRecord, gpu_model: str) -> float:
         watts = measured.get(job.job_id) or job.last_power_watts
         return float(watts) if watts and watts > 0 else gpu_tdp_watts(gpu_model) * DEFAULT_POWER_FRACTION
 

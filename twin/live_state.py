@@ -19,7 +19,7 @@ from twin.clock import TwinClock, as_utc, telemetry_span, twin_clock
 from twin.cluster import cluster_from_inventory
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
-from twin.store import Job, Node, ObservedRun
+from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
 from twin.workload import RunningState, Workload, catalog_key
 
 # The bundled benchmark sample's median work per job, for when nothing observed says better.
@@ -35,7 +35,7 @@ class NoClusterError(ValueError):
 utc = as_utc
 
 
-def job_config(job: Job) -> JobConfig | None:
+def job_config(job: JobRecord) -> JobConfig | None:
     if not (job.model_name and job.method and job.gpu_model and job.number_gpus and job.batch_size):
         return None
     if not job.tokens_per_sample:
@@ -131,14 +131,12 @@ def load_live_inputs(
     in_window = (col(Job.submitted_at) >= since) & (col(Job.submitted_at) < now)
     with Session(engine) as session:
         nodes = list(session.exec(select(Node).where(Node.cluster_id == cluster_id)).all())
-        active = list(session.exec(select(Job).where(Job.cluster_id == cluster_id, is_active)).all())
+        active = job_records(session, JOB_ROWS.where(Job.cluster_id == cluster_id, is_active))
         # In submission order, as the arrivals' mix is built: in the order the database keeps them, the same
         # store gave another forecast on SQLite than on PostgreSQL, or after an index changed the plan.
-        history = list(session.exec(
-            select(Job)
-            .where(Job.cluster_id == cluster_id, in_window)
-            .order_by(col(Job.submitted_at), col(Job.job_id))
-        ).all())  # fmt: skip
+        history = job_records(session, JOB_ROWS.where(Job.cluster_id == cluster_id, in_window).order_by(
+            col(Job.submitted_at), col(Job.job_id)
+        ))  # fmt: skip
         # The work of the jobs read above only: every observed run of the record was read for each forecast.
         observed_work = dict(
             session.exec(
@@ -178,13 +176,13 @@ class StoreRows:
     """What a forecast starts from, as the store's rows (read from it, or rebuilt for a past time)."""
 
     nodes: list[Node]
-    active: list[Job]  # queued or running at `now`
-    history: list[Job]  # submitted in [since, now)
+    active: list[JobRecord]  # queued or running at `now`
+    history: list[JobRecord]  # submitted in [since, now)
     observed_work: dict[str, float]  # job id -> dataset tokens a finished run processed
     failures: list[float | None]  # seconds into the run of observed runtime failures, newest first
 
 
-def job_work(job: Job, observed_work: dict[str, float]) -> float | None:
+def job_work(job: JobRecord, observed_work: dict[str, float]) -> float | None:
     """A job's work in dataset tokens: as declared at submission, else what its finished run processed."""
     if job.dataset_tokens and job.dataset_tokens > 0:
         return float(job.dataset_tokens)
@@ -192,7 +190,7 @@ def job_work(job: Job, observed_work: dict[str, float]) -> float | None:
     return float(seen) if seen and seen > 0 else None
 
 
-def typical_work(history: list[Job], observed_work: dict[str, float]) -> float | None:
+def typical_work(history: list[JobRecord], observed_work: dict[str, float]) -> float | None:
     """The work a forecast assumes for a job that does not declare it: the median of the window's jobs'
     known work (None when no job of the window has one)."""
     known = [w for w in (job_work(j, observed_work) for j in history) if w is not None]
@@ -217,7 +215,7 @@ def inputs_from_rows(
             f"no node of cluster {cluster_id!r} is up in the store (node.status telemetry): nothing to model"
         )
 
-    def work_of(job: Job) -> float | None:
+    def work_of(job: JobRecord) -> float | None:
         return job_work(job, observed_work)
 
     known_typical = typical_work(history, observed_work)

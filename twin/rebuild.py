@@ -11,7 +11,7 @@ order, so how late each was delivered does not matter.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, make_dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,21 +20,9 @@ from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
 from twin.live_state import StoreRows, newest_failure_times
-from twin.store import JOB_STATE_RANK, Job, Node, TelemetryEvent
+from twin.store import JOB_STATE_RANK, Job, JobRecord, Node, TelemetryEvent
 
 _JOB_FIELDS = frozenset(Job.model_fields) - {"job_id", "cluster_id", "state", "outcome", "updated_at"}
-# A job as the fold builds it: the `jobs` table's columns and defaults, as plain attributes. SQLModel's `Job`
-# routes every attribute it sets through SQLAlchemy's instrumentation and pydantic (about 280 us to build
-# one), which took 95 % of folding a week of events.
-JobRecord = make_dataclass(
-    "JobRecord",
-    [
-        (name, info.annotation, field(default=None if info.is_required() else info.default))
-        for name, info in Job.model_fields.items()
-    ],
-    kw_only=True,
-    slots=True,
-)
 NODE_STATUS = "node.status"
 _TERMINAL = {"job.rejected": "rejected", "job.completed": "completed", "job.failed": "failed"}
 
@@ -44,7 +32,7 @@ class RebuiltState:
     """The store's rows at time `at`, and what telemetry said by then."""
 
     at: datetime
-    jobs: dict[str, Any]  # job id -> JobRecord
+    jobs: dict[str, JobRecord]
     nodes: list[Node]
     observed_work: dict[str, float]  # job id -> dataset tokens of its completed run
     observed_power_w: dict[str, float]  # job id -> average power per GPU its run measured
@@ -146,7 +134,7 @@ def rebuild_at(engine: Engine, cluster_id: str, at: datetime) -> RebuiltState:
 def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) -> RebuiltState:
     """The state after the events dated at or before `at`, folded in event-time order."""
     ordered = sorted((e for e in events if e[1] <= at), key=lambda e: e[1])
-    jobs: dict[str, Any] = {}
+    jobs: dict[str, JobRecord] = {}
     nodes: dict[str, Node] = {}
     work: dict[str, float] = {}
     power: dict[str, float] = {}
@@ -203,7 +191,7 @@ def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) ->
     return RebuiltState(at, jobs, [nodes[k] for k in sorted(nodes)], work, power, failures)
 
 
-def _advance(job: Any, state: str) -> bool:
+def _advance(job: JobRecord, state: str) -> bool:
     if JOB_STATE_RANK[state] > JOB_STATE_RANK.get(job.state, 0):
         job.state = state
         return True
