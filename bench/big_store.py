@@ -43,6 +43,7 @@ REQUESTS = (
 FORECAST_READ = "the store's state for a forecast (load_live_inputs)"
 GPUS = ("NVIDIA-A100-SXM4-80GB", "L40S", "NVIDIA-H100-PCIe", "NVIDIA-A100-80GB-PCIe")
 ENDED = ("completed", "failed", "rejected")  # a third each, as in the benchmark
+OUTCOMES = {"completed": "valid", "failed": "runtime", "rejected": "rejected"}  # as ingest sets them
 EVENTS = ("job.submitted", "job.started", "job.progress", "job.progress", "job.progress", "job.completed")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -59,7 +60,8 @@ def fill(engine: Engine, jobs: int) -> None:
                 submitted = T0 + timedelta(seconds=30 * i)
                 state = ENDED[i % 3] if i < jobs - 200 else "running" if i < jobs - 100 else "submitted"
                 job_rows.append({
-                    "job_id": f"j{i}", "state": state, "model_name": "llama3-8b", "method": "lora",
+                    "job_id": f"j{i}", "state": state, "outcome": OUTCOMES.get(state),
+                    "model_name": "llama3-8b", "method": "lora",
                     "gpu_model": GPUS[i % 4], "number_gpus": 2, "number_nodes": 1, "batch_size": 8,
                     "tokens_per_sample": 1024, "dataset_tokens": 1e7, "submitted_at": submitted,
                     "started_at": None if state == "submitted" else submitted + timedelta(minutes=1),

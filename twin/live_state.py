@@ -162,8 +162,11 @@ def newest_failure_times(
 ) -> list[float | None]:
     """Seconds into the run of the cluster's newest runtime failures (ended by `until`, if given), newest
     first, at most MAX_FAILURE_TIMES: one step back along the jobs' end-time index per failure."""
+    # A runtime failure by its outcome (set with the state, by the same event): no index leads with it, so
+    # SQLite walks the end-time index back and stops at the limit. By its state, it took the state index,
+    # read every failed job of the record and sorted them (0.30 s against 0.009 s at 166,000 failures).
     query = select(Job.failed_after_s).where(
-        Job.cluster_id == cluster_id, Job.state == "failed", col(Job.failed_after_s).is_not(None)
+        Job.cluster_id == cluster_id, Job.outcome == "runtime", col(Job.failed_after_s).is_not(None)
     )
     if until is not None:
         query = query.where(col(Job.ended_at) <= utc(until))

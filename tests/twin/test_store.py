@@ -11,9 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from finetwin.schema import migrate
 from finetwin.settings import Settings
 from tests.conftest import api_headers, api_parts
-from twin.db import session_scope
+from tests.twin.query_plans import sqlite_plans
+from twin.db import make_engine, session_scope
 from twin.forecast import ForecastOptions, forecast
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
 from twin.live_state import NoClusterError, load_live_inputs
@@ -258,3 +260,14 @@ def test_forecast_command_reads_the_store(
     assert doc["horizon_s"] == 7200 and len(doc["series"]["t_s"]) == 4 and doc["models"] == "fallback"
     assert doc["known_jobs"] == {"total": 2, "running": 1, "queued": 1}
     assert latest_forecast(engine, cluster_id="default", kind="on_demand") is not None
+
+
+def test_sqlite_reads_the_newest_failure_times_back_along_the_end_time_index(tmp_path: Path) -> None:
+    """Through the state index, SQLite read and sorted every failed job of the record for each forecast."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
+    migrate(engine)
+    populate(engine)
+    plans = sqlite_plans(engine, lambda: load_live_inputs(engine, now=NOW))
+    (failures_plan,) = [plan for sql, plan in plans.items() if sql.startswith("SELECT jobs.failed_after_s")]
+    assert "ix_jobs_ended_at" in failures_plan and "ix_jobs_state" not in failures_plan
+    engine.dispose()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from sqlalchemy import Engine, delete, event
+from sqlalchemy import Engine, delete
 from sqlmodel import Session, col, select
 
 from calibrate.loader import load_benchmark
@@ -22,6 +22,7 @@ from finetwin.schema import migrate
 from ingest.apply import apply_events
 from ingest.events import JobRejected, JobStarted, NodeStatus, new_event
 from ingest.replay import plan_replay
+from tests.twin.query_plans import sqlite_plans
 from twin.db import make_engine
 from twin.domain import Rule
 from twin.rebuild import BacktestStates, backtest_states, fold_events, rebuild_at, stored_events
@@ -182,6 +183,9 @@ def test_a_window_the_telemetry_does_not_cover_is_refused_with_its_span(tmp_path
     check_window(engine, "default", t0, t0 + timedelta(hours=3))  # the whole span: covered
 
 
+WEEK = timedelta(days=7)
+
+
 def full_fold_states(engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta):
     """The reference: every event up to `end` folded, as a backtest read the store before its read was
     bounded to its window."""
@@ -286,18 +290,9 @@ def test_a_backtest_reads_only_its_window_and_starts_where_the_whole_record_fold
 def test_sqlite_finds_the_nodes_older_reports_in_their_own_index(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
     migrate(engine)
-    statements: list[str] = []
-
-    @event.listens_for(engine, "before_cursor_execute")
-    def remember(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
-        statements.append(statement)
-
     at = datetime(2025, 5, 1, tzinfo=UTC)
-    backtest_states(engine, "default", at, at + timedelta(hours=1), timedelta(days=7))
-    (node_query,) = [s for s in statements if "node.status" in s]
-    with engine.connect() as connection:
-        plan = connection.exec_driver_sql(
-            f"EXPLAIN QUERY PLAN {node_query}", ("default", "2025-05-01 00:00:00.000000")
-        ).all()
-    assert any("ix_telemetry_events_node_status" in str(row) for row in plan), plan
+    end = at + timedelta(hours=1)
+    plans = sqlite_plans(engine, lambda: backtest_states(engine, "default", at, end, WEEK))
+    (node_plan,) = [plan for statement, plan in plans.items() if "node.status" in statement]
+    assert "ix_telemetry_events_node_status" in node_plan
     engine.dispose()
