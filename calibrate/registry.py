@@ -163,6 +163,14 @@ class ModelRegistry:
                     chosen = version
         return chosen
 
+    def first_put_in_use(self) -> datetime | None:
+        """When a version was first put in use (promoted): before then no version was in use."""
+        for entry in self.history():
+            if entry.get("action") in ("promote", "rollback"):
+                when = datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00"))
+                return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        return None
+
     def training_rows(self, version: str) -> frozenset[str]:
         path = self.path(version) / TRAINING_ROWS
         self._verify_file(version, path)

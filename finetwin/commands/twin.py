@@ -311,6 +311,26 @@ def backtest(
     return 0
 
 
+def _no_version_at(settings: Settings, when: datetime, models: Path | None) -> str:
+    """Why no model version can forecast from `when`, and what the user can do about it."""
+    from calibrate.registry import ModelRegistry
+
+    first = ModelRegistry(models or settings.resolved_models_dir()).first_put_in_use()
+    if first is None:
+        return "no model version has been put in use yet: run `finetwin calibrate` first"
+    if when < first:
+        return (
+            f"no model version was in use at {when.isoformat()}: the first was put in use at "
+            f"{first.isoformat()}. A backtest forecasts with the models of its time, so telemetry dated "
+            "before that cannot be backtested with these models (`finetwin replay` without --epoch dates "
+            "its telemetry from when it starts)"
+        )
+    return (
+        f"no model version in use at {when.isoformat()} can forecast from it: each was fitted on telemetry "
+        "dated after it, or is no longer stored"
+    )
+
+
 def _backtest_from_store(
     settings: Settings, *, at: str | None, horizon: str | None, runs: int, seed: int, policy: str,
     arrivals: str, workers: int | None, models: Path | None, as_json: bool,
@@ -351,9 +371,7 @@ def _backtest_from_store(
             f"the model version in use at {when.isoformat()} cannot be loaded: {exc}"
         ) from None
     if loaded is None:
-        raise CommandError(
-            f"no model version was in use at {when.isoformat()} (or every one then was fitted on later data)"
-        )
+        raise CommandError(_no_version_at(settings, when, models))
     version, job_models_ = loaded
     with output.progress(runs, "backtest", "runs", quiet=as_json) as tick:
         document = checked(

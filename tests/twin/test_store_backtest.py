@@ -138,10 +138,8 @@ def test_finetwin_backtest_from_store(
     assert doc["figures"]["gpu_hours"]["truth"] > 0 and doc["figures"]["energy_kwh"]["truth"] > 0
     assert doc["jobs_at_start"]["running"] > 0 and doc["jobs_in_window"] > doc["jobs_at_start"]["running"]
     assert "v0001" in doc["models"]
-    # Before any model version was in use there is nothing honest to backtest with: a clear error.
-    before_models = ["backtest", "--from-store", "--at", "2020-01-01T00:00:00Z", "--horizon", "2h",
-                     "--models", str(registry_copy)]  # fmt: skip
-    assert main(before_models) == 2
+    # T before the store's telemetry: refused with the span it holds (checked before the models).
+    assert main(["backtest", "--from-store", "--at", "2020-01-01T00:00:00Z", "--horizon", "2h"]) == 2
     assert "before any telemetry" in capsys.readouterr().err  # the store's span is checked first
     assert main(["backtest", "--from-store", "--at", at.isoformat()]) == 2
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
@@ -161,6 +159,25 @@ def test_finetwin_backtest_from_store(
     assert main(["backtest", "--from-store", "--at", "9999-12-31T23:00:00Z", "--horizon", "2h"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "ends past the year 9999" in err and "the store's telemetry of cluster 'default' runs from" in err
+    # Telemetry from before any model version was in use: nothing honest to forecast it with. The error says
+    # from when backtests can start.
+    first = ModelRegistry(registry_copy).first_put_in_use()
+    assert first is not None
+    old_url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = make_engine(old_url)
+    migrate(old)
+    old_plan = plan_replay(sample_rows, seed=0, epoch=first - timedelta(days=2))
+    apply_events(old, [e for _, e in old_plan.events])
+    old.dispose()
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", old_url)
+    old_at = (old_plan.epoch + timedelta(seconds=old_plan.duration_s / 3)).isoformat()
+    before_models = ["backtest", "--from-store", "--at", old_at, "--horizon", "1h", "--models"]
+    assert main([*before_models, str(registry_copy)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"no model version was in use at {old_at}" in err and first.isoformat() in err
+    # An empty registry: what to run first.
+    assert main([*before_models, str(tmp_path / "no-models")]) == 2
+    assert "run `finetwin calibrate` first" in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_window_the_telemetry_does_not_cover_is_refused_with_its_span(tmp_path: Path) -> None:
