@@ -11,11 +11,11 @@ from datetime import datetime
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Connection, Engine
-from sqlmodel import Session, select
+from sqlalchemy import Connection, Engine, and_, or_
+from sqlmodel import col, select
 
-from calibrate.loader import BENCHMARK_COLUMNS, MEASURED_COLUMNS
-from twin.domain import Outcome, broken_rule, canonical_gpu_name
+from calibrate.loader import BENCHMARK_COLUMNS, MEASURED_COLUMNS, each_distinct
+from twin.domain import Outcome, Rule, canonical_gpu_name
 from twin.store import Job, ObservedRun
 
 OBSERVED_SOURCE = "observed"
@@ -28,69 +28,114 @@ _CONFIG_FIELDS = (
 )  # fmt: skip
 
 
+# The jobs' columns a benchmark row takes, and the run's measured ones the table stores.
+_JOB_COLUMNS = (
+    "job_id", "state", "failure_reason", "identifier", "experiment_id", "method", "model_name",
+    "number_nodes", "gpu_model", "number_gpus", "tokens_per_sample", "batch_size", "enable_roce", "fast_moe",
+    "fast_kernels", "fms_hf_tuning_version", "torch_dtype", "time_limit_s", "ended_at", "updated_at",
+)  # fmt: skip
+_RUN_COLUMNS = tuple(c for c in MEASURED_COLUMNS if c in ObservedRun.model_fields)
+
+
 def observed_table(bind: Engine | Connection) -> pd.DataFrame:
     """Every finished job with a known configuration whose outcome the models predict: completed runs
-    (valid, with their measured columns), out-of-memory failures (runtime) and rejections (rejected)."""
-    query = (
-        select(Job, ObservedRun)
-        .join(ObservedRun, ObservedRun.job_id == Job.job_id, isouter=True)  # type: ignore[arg-type]
-        .where(Job.state.in_(("completed", "failed", "rejected")))  # type: ignore[attr-defined]
-        .where(Job.model_name.is_not(None))  # type: ignore[union-attr]
-        .order_by(Job.job_id)
+    (valid, with their measured columns), out-of-memory failures (runtime) and rejections (rejected).
+
+    Chosen by the database, read as plain columns and decided column by column: a Job and an ObservedRun
+    object per job, a record each, took 25 s for the 333,000 such jobs of a store of 500,000, in the process
+    that serves the API, at every hourly refit check.
+    """
+    measured = col(ObservedRun.dataset_tokens_per_second), col(ObservedRun.train_runtime)
+    learnable = or_(
+        # A valid run without its throughput is nothing to learn from (NULL or 0, as Python's truth has it).
+        and_(col(Job.state) == "completed", *(and_(m.is_not(None), m != 0) for m in measured)),
+        col(Job.state) == "rejected",
+        # A job that failed for a reason other than memory says nothing the failure model predicts.
+        and_(col(Job.state) == "failed", col(Job.failure_reason) == _MEMORY_FAILURE),
     )
-    with Session(bind) as session:
-        rows = session.exec(query).all()  # type: ignore[call-overload]
-    records = [record for job, run in rows if (record := _record(job, run)) is not None]
-    return _frame(records)
-
-
-def _record(job: Job, run: ObservedRun | None) -> dict[str, object] | None:
-    if any(getattr(job, name) is None for name in _CONFIG_FIELDS):
-        return None
-    rule = broken_rule(job.number_gpus, job.batch_size, job.fast_moe or 0, job.number_nodes)  # type: ignore[arg-type]
-    if job.state == "completed":
-        if run is None or not run.dataset_tokens_per_second or not run.train_runtime:
-            return None  # a valid run without its throughput is nothing to learn from
-        outcome = Outcome.VALID
-    elif job.state == "rejected":
-        outcome = Outcome.REJECTED
-    elif job.failure_reason == _MEMORY_FAILURE:
-        outcome = Outcome.RUNTIME
+    query = (
+        select(
+            *(getattr(Job, name) for name in _JOB_COLUMNS),
+            col(ObservedRun.observed_at).label("run_observed_at"),
+            *(getattr(ObservedRun, name) for name in _RUN_COLUMNS),
+        )
+        .join(ObservedRun, col(ObservedRun.job_id) == col(Job.job_id), isouter=True)
+        .where(learnable, *(col(getattr(Job, name)).is_not(None) for name in _CONFIG_FIELDS))
+        .order_by(col(Job.job_id))
+    )
+    if isinstance(bind, Engine):
+        with bind.connect() as connection:
+            rows = connection.execute(query).all()
     else:
-        return None
-    observed_at = (run.observed_at if run is not None else None) or job.ended_at or job.updated_at
-    record: dict[str, object] = {
-        "identifier": job.identifier or f"job_id.{job.job_id}",
-        "experiment_id": job.experiment_id or "",
-        "method": job.method,
-        "model_name": job.model_name,
-        "number_nodes": job.number_nodes,
-        "gpu_model": canonical_gpu_name(job.gpu_model),  # type: ignore[arg-type]
-        "number_gpus": job.number_gpus,
-        "tokens_per_sample": job.tokens_per_sample,
-        "batch_size": job.batch_size,
-        "enable_roce": bool(job.enable_roce),
-        "fast_moe": int(job.fast_moe or 0),
-        "fast_kernels": bool(job.fast_kernels),
-        "fms_hf_tuning_version": job.fms_hf_tuning_version or "",
-        "torch_dtype": job.torch_dtype or DEFAULT_DTYPE,
-        "time_limit_s": job.time_limit_s if job.time_limit_s is not None else np.nan,
-        "is_valid": int(outcome == Outcome.VALID),
-        "lh_created_at": observed_at.isoformat() if observed_at else "",
-        "rule": rule.value if rule is not None else None,
-        "outcome": outcome.value,
-        "job_id": job.job_id,
+        rows = bind.execute(query).all()
+    names = (*_JOB_COLUMNS, "run_observed_at", *_RUN_COLUMNS)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(names)
+    cells = {name: np.array(values, dtype=object) for name, values in zip(names, columns, strict=True)}
+    valid, runtime = cells["state"] == "completed", cells["state"] == "failed"
+    outcome = np.where(
+        valid, Outcome.VALID.value, np.where(runtime, Outcome.RUNTIME.value, Outcome.REJECTED.value)
+    )
+    observed_at = [
+        run or ended or updated
+        for run, ended, updated in zip(
+            cells["run_observed_at"], cells["ended_at"], cells["updated_at"], strict=True
+        )
+    ]
+    table = pd.DataFrame({
+        "identifier": [i or f"job_id.{j}" for i, j in zip(cells["identifier"], cells["job_id"], strict=True)],
+        "experiment_id": _or(cells["experiment_id"], ""),
+        "method": cells["method"],
+        "model_name": cells["model_name"],
+        "number_nodes": cells["number_nodes"],
+        "gpu_model": each_distinct(cells["gpu_model"], canonical_gpu_name),
+        "number_gpus": cells["number_gpus"],
+        "tokens_per_sample": cells["tokens_per_sample"],
+        "batch_size": cells["batch_size"],
+        "enable_roce": _truthy(cells["enable_roce"]),
+        "fast_moe": _or(cells["fast_moe"], 0),
+        "fast_kernels": _truthy(cells["fast_kernels"]),
+        "fms_hf_tuning_version": _or(cells["fms_hf_tuning_version"], ""),
+        "torch_dtype": _or(cells["torch_dtype"], DEFAULT_DTYPE),
+        "time_limit_s": [np.nan if t is None else t for t in cells["time_limit_s"]],
+        "is_valid": valid.astype(np.int64),
+        "lh_created_at": [when.isoformat() if when else "" for when in observed_at],
+        "rule": _broken_rules(cells),
+        "outcome": outcome.astype(object),
+        "job_id": cells["job_id"],
         "observed_at": observed_at,
-    }
-    if outcome == Outcome.VALID and run is not None:
-        for column in MEASURED_COLUMNS:
-            record[column] = getattr(run, column, None)
-    return record
+        # What a valid run measured; nothing for the others.
+        **{name: np.where(valid, cells[name], None) for name in _RUN_COLUMNS},
+    }, dtype=None if len(valid) else object)  # fmt: skip  # typed by their values, as records are
+    return _frame(table)
 
 
-def _frame(records: list[dict[str, object]]) -> pd.DataFrame:
+def _truthy(values: np.ndarray) -> np.ndarray:
+    return np.array([bool(v) for v in values], dtype=bool)
+
+
+def _or(values: np.ndarray, default: object) -> list[object]:
+    return [v or default for v in values]
+
+
+def _broken_rules(cells: dict[str, np.ndarray]) -> np.ndarray:
+    """`twin.domain.broken_rule` of every row, a column at a time: the first rule each breaks, or None."""
+    gpus, batch, nodes = (
+        cells[name].astype(np.int64) for name in ("number_gpus", "batch_size", "number_nodes")
+    )
+    moe = np.array(_or(cells["fast_moe"], 0), dtype=np.int64)
+    first = (gpus <= 0) | (batch % np.where(gpus > 0, gpus, 1) != 0)
+    second = ~first & (moe > 0) & (gpus % np.where(moe > 0, moe, 1) != 0)
+    third = ~first & ~second & ((nodes <= 0) | (gpus % np.where(nodes > 0, nodes, 1) != 0))
+    rules = np.full(len(gpus), None, dtype=object)
+    rules[first] = Rule.BATCH_NOT_MULTIPLE_OF_GPUS.value
+    rules[second] = Rule.GPUS_NOT_MULTIPLE_OF_EXPERT_PARALLEL.value
+    rules[third] = Rule.GPUS_NOT_MULTIPLE_OF_NODES.value
+    return rules
+
+
+def _frame(cells: pd.DataFrame) -> pd.DataFrame:
     columns = [*BENCHMARK_COLUMNS, "time_limit_s", "rule", "outcome", "job_id", "observed_at"]
-    table = pd.DataFrame.from_records(records, columns=columns)
+    table = cells.reindex(columns=columns)
     for column in MEASURED_COLUMNS:
         table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
     gpus = table["number_gpus"].astype(float).replace(0, np.nan)
