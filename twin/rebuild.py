@@ -20,10 +20,9 @@ from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
 from twin.live_state import StoreRows, newest_failure_times
-from twin.store import JOB_STATE_RANK, Job, JobRecord, Node, TelemetryEvent
+from twin.store import JOB_STATE_RANK, NODE_STATUS, Job, JobRecord, Node, TelemetryEvent
 
 _JOB_FIELDS = frozenset(Job.model_fields) - {"job_id", "cluster_id", "state", "outcome", "updated_at"}
-NODE_STATUS = "node.status"
 _TERMINAL = {"job.rejected": "rejected", "job.completed": "completed", "job.failed": "failed"}
 
 
@@ -71,7 +70,7 @@ def backtest_states(
 ) -> BacktestStates:
     """The states at `at` and `end` of the jobs a backtest reads, from the events of its window only.
 
-    Folding every event up to `end` grows with the record (20 s and 1.7 GB at 3 million events). A backtest
+    Folding every event up to `end` grows with the record (1.7 GB at 3 million events). A backtest
     needs the jobs queued or running at T, the jobs submitted in [since, end], every node, and the newest
     failure times. Each job's state depends on its own events only, so those jobs are folded from the
     events dated from the window's start (or the oldest job still open at T, if earlier) to `end`, which
