@@ -321,9 +321,9 @@ def _no_version_at(settings: Settings, when: datetime, models: Path | None) -> s
     if when < first:
         return (
             f"no model version was in use at {when.isoformat()}: the first was put in use at "
-            f"{first.isoformat()}. A backtest forecasts with the models of its time, so telemetry dated "
-            "before that cannot be backtested with these models (`finetwin replay` without --epoch dates "
-            "its telemetry from when it starts)"
+            f"{first.isoformat()}. A backtest forecasts with the models of its time: choose a T at or "
+            "after then (telemetry replayed with an `--epoch` before it cannot be backtested with these "
+            "models)"
         )
     return (
         f"no model version in use at {when.isoformat()} can forecast from it: each was fitted on telemetry "
