@@ -12,7 +12,7 @@ from sqlalchemy import Engine, insert
 from sqlmodel import Session, select
 
 from calibrate.loader import BENCHMARK_COLUMNS, MEASURED_COLUMNS
-from calibrate.observed import DEFAULT_DTYPE, OBSERVED_SOURCE, observed_table
+from calibrate.observed import DEFAULT_DTYPE, _frame, observed_table
 from twin.domain import Outcome, broken_rule, canonical_gpu_name
 from twin.store import Job, ObservedRun
 
@@ -69,21 +69,7 @@ def reference_observed_table(engine: Engine) -> pd.DataFrame:
                 record[column] = getattr(run, column, None)
         records.append(record)
     columns = [*BENCHMARK_COLUMNS, "time_limit_s", "rule", "outcome", "job_id", "observed_at"]
-    table = pd.DataFrame.from_records(records, columns=columns)
-    for column in MEASURED_COLUMNS:
-        table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
-    gpus = table["number_gpus"].astype(float).replace(0, np.nan)
-    table["dataset_tokens_per_second_per_gpu"] = table["dataset_tokens_per_second"] / gpus
-    table["train_tokens_per_gpu_per_second"] = table["train_tokens_per_second"] / gpus
-    for column in ("number_nodes", "number_gpus", "tokens_per_sample", "batch_size", "fast_moe", "is_valid"):
-        table[column] = table[column].astype(np.int64)
-    for column in ("enable_roce", "fast_kernels"):
-        table[column] = table[column].astype(bool)
-    table["time_limit_s"] = table["time_limit_s"].astype(float)
-    table["observed_at"] = pd.to_datetime(table["observed_at"], utc=True)
-    table["line"] = -1
-    table["source"] = OBSERVED_SOURCE
-    return table
+    return _frame(pd.DataFrame.from_records(records, columns=columns))  # the types, as the module gives them
 
 
 def odd_jobs(count: int, seed: int) -> tuple[list[dict], list[dict]]:
