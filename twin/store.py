@@ -126,7 +126,7 @@ JOB_ROWS: Select = select(*(getattr(Job, name) for name in Job.model_fields))
 
 
 def job_records(session: Session, query: Select) -> list[JobRecord]:
-    return [JobRecord(*row) for row in session.execute(query)]
+    return [JobRecord(*row) for row in session.connection().execute(query)]  # Core rows: no ORM loading
 
 
 class ObservedRun(SQLModel, table=True):
