@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import Engine, insert  # noqa: E402
-from timing import best_of  # noqa: E402
+from timing import analyze, best_of  # noqa: E402
 
 from calibrate.records import LiveError  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
@@ -123,6 +123,7 @@ def timings(url: str, jobs: int, work: Path, repeat: int) -> dict[str, float]:
     engine = make_engine(url)
     migrate(engine)
     fill(engine, jobs)
+    analyze(engine)
     newest = T0 + timedelta(seconds=30 * jobs)
     store_forecasts(engine, newest - timedelta(hours=10))
     settings = Settings(data_dir=work / "data", models_dir=work / "models", scheduler_enabled=False)

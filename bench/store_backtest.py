@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import Engine, func, select  # noqa: E402
-from timing import best_of  # noqa: E402
+from timing import analyze, best_of  # noqa: E402
 
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
@@ -62,6 +62,7 @@ def timings(url: str, replays: int, repeat: int) -> dict[str, float]:
     engine = make_engine(url)
     migrate(engine)
     fill(engine, replays)
+    analyze(engine)
     newest = telemetry_span(engine, "default")[1]
     assert newest is not None
     at = newest - 2 * HORIZON
