@@ -26,7 +26,7 @@ from tests.twin.query_plans import sqlite_plans
 from twin.db import make_engine
 from twin.domain import Rule
 from twin.rebuild import BacktestStates, backtest_states, fold_events, rebuild_at, stored_events
-from twin.store import Job, Node, TelemetryEvent
+from twin.store import Job, JobRecord, Node, TelemetryEvent
 
 COMPARED = (
     "state", "outcome", "submitted_at", "started_at", "ended_at", "node_ids", "tokens_processed",
@@ -203,7 +203,9 @@ def test_a_window_the_telemetry_does_not_cover_is_refused_with_its_span(tmp_path
 WEEK = timedelta(days=7)
 
 
-def full_fold_states(engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta):
+def full_fold_states(
+    engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta
+) -> BacktestStates:
     """The reference: every event up to `end` folded, as a backtest read the store before its read was
     bounded to its window."""
     events = stored_events(engine, cluster_id, end)
@@ -212,7 +214,7 @@ def full_fold_states(engine: Engine, cluster_id: str, at: datetime, end: datetim
     return BacktestStates(max(at - lookback, min(earliest, at)), before, after)
 
 
-def fields(job: Job) -> dict[str, object]:
+def fields(job: JobRecord) -> dict[str, object]:
     return {c: utc(getattr(job, c)) if c.endswith("_at") else getattr(job, c) for c in COMPARED}
 
 
