@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import Engine, insert  # noqa: E402
-from timing import analyze, best_of  # noqa: E402
+from timing import analyze, best_of, print_table  # noqa: E402
 
 from calibrate.records import LiveError  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
@@ -156,11 +156,9 @@ def main() -> None:
     print(f"the API's reads: {args.jobs:,} jobs ({6 * args.jobs:,} events) against {small_jobs:,} jobs "
           f"({6 * small_jobs:,} events), best of {args.repeat}")  # fmt: skip
     labels = {path: f"GET {path}, ms" for path in REQUESTS} | {FORECAST_READ: FORECAST_READ + ", ms"}
-    width = max(len(label) for label in labels.values())
-    print(f"{'figure':{width}}  {'large':>9}  {'small':>9}  {'ratio':>7}  baseline is")
-    for key, label in labels.items():
-        print(f"{label:{width}}  {big[key] * 1e3:9.1f}  {small[key] * 1e3:9.1f}  "
-              f"{big[key] / small[key]:7.1f}  the store 100x smaller")  # fmt: skip
+    smaller = "the store 100x smaller"
+    rows = [(label, big[key] * 1e3, small[key] * 1e3, smaller) for key, label in labels.items()]
+    print_table(rows, value="large", baseline="small")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from sqlalchemy import Engine, insert  # noqa: E402
 from sqlmodel import Session, col, func, select  # noqa: E402
-from timing import best_of  # noqa: E402
+from timing import best_of, print_table  # noqa: E402
 
 from finetwin.schema import migrate  # noqa: E402
 from twin.db import make_engine  # noqa: E402
@@ -120,12 +120,7 @@ def main() -> None:
         engine.dispose()
     print(f"forecast skill: {scores:,} scores ({args.days} days of the standing forecast), "
           f"{engine.url.get_backend_name()}, best of {args.repeat}")  # fmt: skip
-    width = max(len(r[0]) for r in rows)
-    print(f"{'figure':{width}}  {'value':>9}  {'baseline':>9}  {'ratio':>9}  baseline is")
-    for name, value, baseline, what in rows:
-        ratio = f"{value / baseline:9.4f}" if baseline else ""
-        base = f"{baseline:9.3f}" if baseline is not None else ""
-        print(f"{name:{width}}  {value:9.3f}  {base:>9}  {ratio:>9}  {what}")
+    print_table(rows)
 
 
 if __name__ == "__main__":

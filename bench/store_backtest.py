@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import Engine, func, select  # noqa: E402
-from timing import analyze, best_of  # noqa: E402
+from timing import analyze, best_of, print_table  # noqa: E402
 
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
@@ -99,10 +99,7 @@ def main() -> None:
         ("the window's read, large store, s", big["window"], small["window"], "the small store's"),
         ("the window's read, small store, s", small["window"], small["whole"], whole),
     )
-    width = max(len(r[0]) for r in rows)
-    print(f"{'figure':{width}}  {'value':>8}  {'baseline':>8}  {'ratio':>6}  baseline is")
-    for label, value, baseline, what in rows:
-        print(f"{label:{width}}  {value:8.3f}  {baseline:8.3f}  {value / baseline:6.3f}  {what}")
+    print_table(rows)
 
 
 if __name__ == "__main__":

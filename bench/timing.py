@@ -1,10 +1,10 @@
-"""What the benchmarks share: timing, and the planner's statistics of a store they filled (each run as
-`python bench/X.py`, which puts this directory first on the import path)."""
+"""What the benchmarks share: timing, the table they print, and the planner's statistics of a store they
+filled (each run as `python bench/X.py`, which puts this directory first on the import path)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Engine, text
 
@@ -17,6 +17,20 @@ def best_of(repeat: int, run: Callable[[], object]) -> float:
         run()
         times.append(time.perf_counter() - started)
     return min(times)
+
+
+# (figure, value, the baseline it is compared with or None, what the baseline is)
+Row = tuple[str, float, float | None, str]
+
+
+def print_table(rows: Sequence[Row], value: str = "value", baseline: str = "baseline") -> None:
+    """Each figure with its baseline and the ratio of the two, one run on one machine."""
+    width = max(len(row[0]) for row in rows)
+    print(f"{'figure':{width}}  {value:>10}  {baseline:>10}  {'ratio':>8}  baseline is")
+    for figure, measured, base, what in rows:
+        shown_base = f"{base:10.3f}" if base is not None else ""
+        ratio = f"{measured / base:8.4f}" if base else ""
+        print(f"{figure:{width}}  {measured:10.3f}  {shown_base:>10}  {ratio:>8}  {what}")
 
 
 def analyze(engine: Engine) -> None:

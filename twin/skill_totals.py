@@ -125,8 +125,9 @@ def record(session: Session, cluster_id: str, forecast_id: int, scores: Iterable
     session.flush()
 
 
-def _values(totals: Totals) -> dict[str, Any]:
-    return {name: getattr(totals, name) for name in _SUMS}
+def _values(sums: Totals | SkillDay) -> dict[str, Any]:
+    """The sums, by name, of a figure's totals or of a stored day."""
+    return {name: getattr(sums, name) for name in _SUMS}
 
 
 def window(engine: Engine, cluster_id: str, since: datetime | None) -> tuple[dict[str, Totals], int]:
@@ -148,7 +149,7 @@ def window(engine: Engine, cluster_id: str, since: datetime | None) -> tuple[dic
         if whole_days_from is not None:
             days = days.where(col(SkillDay.day) >= whole_days_from)
         for row in session.exec(days):
-            by_figure.setdefault(row.figure, Totals()).add(Totals(**{n: getattr(row, n) for n in _SUMS}))
+            by_figure.setdefault(row.figure, Totals()).add(Totals(**_values(row)))
         if partial is not None:
             for figure, totals in _summed_scores(session, cluster_id, *partial):
                 by_figure.setdefault(figure, Totals()).add(totals)
