@@ -53,6 +53,9 @@ _ACTIVATION_BYTES = 34.0
 _LOGIT_BYTES = 8.0
 
 UNKNOWN_GPU_NOTE = "unknown GPU model: taken as an A100-PCIe"
+# A type of the catalogue the benchmark never ran: its memory, power and speed are its data sheet's, and
+# the models have seen none of its runs (one GPU type held out: `docs/models.md`).
+DATA_SHEET_GPU_NOTE = "GPU model not in the benchmark: predicted from its data sheet"
 
 CATEGORICAL_FEATURES: tuple[str, ...] = ("method", "gpu_model", "model_family", "protocol", "tuning_version")
 NUMERIC_FEATURES: tuple[str, ...] = (
@@ -140,10 +143,13 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
         for spec in ("memory_gb", "dense_tflops", "relative_speed", "intra_node_gbs")
     )
     gpus_named = gpus_named[gpu_codes]
-    unknown_gpu = np.array([known is None for known in gpus_known], dtype=bool)[gpu_codes]
+    gpu_notes = np.array(
+        [UNKNOWN_GPU_NOTE if g is None else "" if g.benchmarked else DATA_SHEET_GPU_NOTE for g in gpus_known],
+        dtype=object,
+    )[gpu_codes]
     notes = [
-        "; ".join(x for x in (note, UNKNOWN_GPU_NOTE) if x) if unknown else str(note)
-        for note, unknown in zip(name_notes.tolist(), unknown_gpu.tolist(), strict=True)
+        "; ".join(x for x in (note, gpu_note) if x)
+        for note, gpu_note in zip(name_notes.tolist(), gpu_notes.tolist(), strict=True)
     ]
     method_codes, distinct_methods = distinct_values(frame["method"])
     methods = frame["method"]

@@ -23,30 +23,78 @@ from twin.limits import STORE_INT_MAX, StorableText
 class GpuType:
     """What finetwin knows of a GPU model: the one catalogue the twin, the features and the fallback read."""
 
-    name: str  # as it appears in the benchmark's gpu_model column
+    name: str  # as it appears in the benchmark's gpu_model column (GPU feature discovery's spelling)
     short: str  # as the paper names it
     memory_gb: float
     tdp_watts: float  # board power, used for energy when a run has no power telemetry
     dense_tflops: float  # dense bf16, from the data sheet
     # Fine-tuning speed relative to an A100-PCIe as the paper's matched pairs measure it (A100-SXM 1.18x,
     # L40S 0.68x); H100-PCIe has no pairs: 1.6x is an estimate between the A100-SXM and its data-sheet ratio,
-    # corrected by the regressor where H100 runs exist.
+    # corrected by the regressor where H100 runs exist. A type the benchmark never ran gets
+    # `data_sheet_speed` from a measured type of its architecture.
     relative_speed: float
     intra_node_gbs: float  # GPU-to-GPU bandwidth inside a node as collectives achieve it (NVLink on SXM)
+    memory_tbs: float  # memory bandwidth, from the data sheet
+    # False for a type the benchmark never ran: its numbers are its data sheet's, the models know none of its
+    # runs, and a prediction for it says so (calibrating on its own runs, `--observed`, makes it known).
+    benchmarked: bool = True
 
 
+def data_sheet_speed(measured: GpuType, dense_tflops: float, memory_tbs: float) -> float:
+    """The fine-tuning speed of a GPU the benchmark did not run, from a measured type of its architecture:
+    that type's speed scaled by the geometric mean of the two data-sheet ratios, compute and memory
+    bandwidth. A fine-tuning step is part matrix products (bound by compute) and part element-wise and
+    optimizer work (bound by memory bandwidth). From the A100-PCIe this rule gives the L40S 0.72x (the paper
+    measures 0.68x over 103 pairs) and the H100-PCIe 1.58x (the sample's 5 pairs with the A100-SXM: 1.63x)."""
+    return measured.relative_speed * math.sqrt(
+        dense_tflops / measured.dense_tflops * memory_tbs / measured.memory_tbs
+    )
+
+
+_A100_SXM = GpuType("NVIDIA-A100-SXM4-80GB", "A100-SXM", 80.0, 400.0, 312.0, 1.18, 200.0, 2.039)
+_A100_PCIE = GpuType("NVIDIA-A100-80GB-PCIe", "A100-PCIe", 80.0, 300.0, 312.0, 1.0, 16.0, 1.935)
+_L40S = GpuType("L40S", "L40S", 48.0, 350.0, 362.0, 0.68, 16.0, 0.864)
+_H100_PCIE = GpuType("NVIDIA-H100-PCIe", "H100-PCIe", 80.0, 350.0, 756.0, 1.6, 16.0, 2.0)
+
+
+def _data_sheet(
+    name: str, short: str, memory_gb: float, tdp_watts: float, dense_tflops: float, memory_tbs: float,
+    *, like: GpuType, intra_node_gbs: float,
+) -> GpuType:  # fmt: skip
+    speed = data_sheet_speed(like, dense_tflops, memory_tbs)
+    specs = (memory_gb, tdp_watts, dense_tflops, speed, intra_node_gbs, memory_tbs)
+    return GpuType(name, short, *specs, benchmarked=False)
+
+
+# The benchmark's four types, then common types it never ran, so that a cluster of them is modelled with
+# its own memory, board power and speed rather than as an A100-PCIe (an L4 is not 80 GB, nor 400 W).
+# Names as GPU feature discovery writes them (nvidia-smi's with hyphens); NVLink on SXM boards (H100 and
+# H200: 900 GB/s against the A100's 600, so 1.5x the A100-SXM's achieved 200).
 GPU_TYPES: dict[str, GpuType] = {
     g.name: g
     for g in (
-        GpuType("NVIDIA-A100-SXM4-80GB", "A100-SXM", 80.0, 400.0, 312.0, 1.18, 200.0),
-        GpuType("NVIDIA-A100-80GB-PCIe", "A100-PCIe", 80.0, 300.0, 312.0, 1.0, 16.0),
-        GpuType("L40S", "L40S", 48.0, 350.0, 362.0, 0.68, 16.0),
-        GpuType("NVIDIA-H100-PCIe", "H100-PCIe", 80.0, 350.0, 756.0, 1.6, 16.0),
+        _A100_SXM,
+        _A100_PCIE,
+        _L40S,
+        _H100_PCIE,
+        _data_sheet("NVIDIA-H100-80GB-HBM3", "H100-SXM", 80.0, 700.0, 989.0, 3.35, like=_H100_PCIE,
+                    intra_node_gbs=300.0),
+        _data_sheet("NVIDIA-H200", "H200", 141.0, 700.0, 989.0, 4.8, like=_H100_PCIE, intra_node_gbs=300.0),
+        _data_sheet("NVIDIA-A100-SXM4-40GB", "A100-SXM-40GB", 40.0, 400.0, 312.0, 1.555, like=_A100_SXM,
+                    intra_node_gbs=200.0),
+        _data_sheet("NVIDIA-A100-PCIE-40GB", "A100-PCIe-40GB", 40.0, 250.0, 312.0, 1.555, like=_A100_PCIE,
+                    intra_node_gbs=16.0),
+        _data_sheet("NVIDIA-L40", "L40", 48.0, 300.0, 181.0, 0.864, like=_L40S, intra_node_gbs=16.0),
+        _data_sheet("NVIDIA-L4", "L4", 24.0, 72.0, 121.0, 0.3, like=_L40S, intra_node_gbs=16.0),
+        _data_sheet("NVIDIA-A10", "A10", 24.0, 150.0, 125.0, 0.6, like=_A100_PCIE, intra_node_gbs=16.0),
     )
-}
+}  # fmt: skip
+# The spellings tools print that the name and the short name do not cover (nvidia-smi: `NVIDIA H100 80GB
+# HBM3`, which `gpu_key` already folds into the name).
+_MORE_GPU_NAMES = {"h100-sxm5": "NVIDIA-H100-80GB-HBM3", "h100-sxm5-80gb": "NVIDIA-H100-80GB-HBM3"}
 # A GPU model the catalogue does not know computes like an A100-PCIe (the features flag it in their note) and
-# draws the largest board power of the catalogue, so that energy is not underestimated.
-UNKNOWN_GPU = GpuType("unknown", "unknown", 80.0, 400.0, 312.0, 1.0, 16.0)
+# draws the largest board power of the catalogue's benchmarked types, so that energy is not underestimated.
+UNKNOWN_GPU = GpuType("unknown", "unknown", 80.0, 400.0, 312.0, 1.0, 16.0, 1.935)
 
 
 @functools.lru_cache(maxsize=1024)  # once per job of a forecast's week of history
@@ -59,9 +107,11 @@ def gpu_key(name: str) -> str:
     return key.removeprefix("nvidia-")
 
 
-_GPU_ALIASES = {gpu_key(g.short): g.name for g in GPU_TYPES.values()} | {
-    gpu_key(g.name): g.name for g in GPU_TYPES.values()
-}
+_GPU_ALIASES = (
+    {gpu_key(g.short): g.name for g in GPU_TYPES.values()}
+    | {gpu_key(g.name): g.name for g in GPU_TYPES.values()}
+    | _MORE_GPU_NAMES
+)
 
 GPUS_PER_NODE = 8
 
@@ -74,8 +124,13 @@ def unknown_gpu_message(name: str) -> str:
     """`unknown GPU model 'X'; did you mean 'Y'? (known: ...)`: the one wording for every input."""
     import difflib
 
-    close = difflib.get_close_matches(gpu_key(name), list(_GPU_ALIASES), n=3, cutoff=0.5)
-    suggestions = list(dict.fromkeys(_GPU_ALIASES[c] for c in close))
+    key = gpu_key(name)
+    # A family name (`A100`, `H100`) means one of its members: every one, in the catalogue's order, before
+    # names that are merely spelled alike (`A10` is one letter from `A100`, and another GPU).
+    members = [alias for alias in _GPU_ALIASES if alias.startswith(f"{key}-")]
+    close = members or difflib.get_close_matches(key, list(_GPU_ALIASES), n=3, cutoff=0.5)
+    named = [_GPU_ALIASES[c] for c in close]
+    suggestions = [g for g in GPU_TYPES if g in named] if members else list(dict.fromkeys(named))
     hint = f"; did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     return f"unknown GPU model {name!r}{hint} (known: {', '.join(GPU_TYPES)})"
 

@@ -26,6 +26,7 @@ from advisor.timestamps import UtcDatetime
 from calibrate.config_frame import configs_to_frame
 from calibrate.drift import DriftPolicy, drift, live_error_series, summarize
 from calibrate.registry import ModelRegistry, RegistryError
+from twin.domain import known_gpu_name
 from twin.job_config import DescribedJobConfig, method_in_any_case, not_blank
 from twin.jsonsafe import finite_or_none
 
@@ -40,6 +41,13 @@ class ConfigIn(DescribedJobConfig):
 
     strip_model_name = field_validator("model_name")(not_blank)
     lower_method = field_validator("method", mode="before")(method_in_any_case)
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        # As `finetwin predict` and `/v1/advise` refuse it: a name the catalogue lacks (`A100`, `A100-SMX`)
+        # was predicted as an A100-PCIe, with only a note to say so.
+        return known_gpu_name(value)
 
 
 class PredictRequest(BaseModel):

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from calibrate.features import DATA_SHEET_GPU_NOTE
 from calibrate.live_error import prediction_hook
 from finetwin.schema import migrate
 from finetwin.settings import Settings
@@ -88,6 +89,31 @@ def test_predict_and_advise_take_a_method_and_names_as_people_write_them(client:
     for part in ("verdict", "placement", "optimizations"):  # p_valid_low too: a pair the version saw
         assert answers[1][part] == answers[0][part], part
     assert client.post("/v1/predict", json={**CONFIG, "method": "LoRAA"}).status_code == 422
+
+
+def test_a_gpu_the_benchmark_never_ran_is_predicted_from_its_data_sheet(client: TestClient) -> None:
+    """An A100 of 40 GB and an L4 (24 GB) were unknown GPUs, taken as an A100-PCIe of 80 GB: a full
+    fine-tuning of an 8B model on two of them ran as surely as on two of 80 GB. A name the catalogue lacks
+    is now refused, as `finetwin predict` and `/v1/advise` refuse it."""
+    heavy = {**CONFIG, "method": "full", "batch_size": 8, "tokens_per_sample": 2048}
+    gpus = (
+        "NVIDIA-A100-80GB-PCIe",
+        "NVIDIA A100-PCIE-40GB",
+        "NVIDIA L4",
+        "NVIDIA-H100-PCIe",
+        "NVIDIA H100 80GB HBM3",
+    )
+    response = client.post("/v1/predict", json=[{**heavy, "gpu_model": gpu} for gpu in gpus])
+    assert response.status_code == 200, response.text
+    a100_80, a100_40, l4, h100_pcie, h100_sxm = response.json()["predictions"]
+    assert a100_40["p_valid"] < a100_80["p_valid"] - 0.3 and l4["p_valid"] <= a100_40["p_valid"]
+    assert l4["tokens_per_second_p50"] < a100_40["tokens_per_second_p50"]
+    assert h100_sxm["tokens_per_second_p50"] > 1.3 * h100_pcie["tokens_per_second_p50"]
+    assert a100_80["note"] is None and h100_pcie["note"] is None
+    assert a100_40["note"] == l4["note"] == h100_sxm["note"] == DATA_SHEET_GPU_NOTE
+    ambiguous = client.post("/v1/predict", json={**CONFIG, "gpu_model": "A100"})
+    assert ambiguous.status_code == 422, ambiguous.text
+    assert "unknown GPU model 'A100'; did you mean 'NVIDIA-A100-SXM4-80GB'" in ambiguous.json()["detail"]
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,8 @@ def test_a_misspelled_gpu_in_a_cluster_file_is_refused_with_a_suggestion(
 def test_a_cluster_file_takes_gpu_names_as_nvidia_smi_prints_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`NVIDIA A100-SXM4-80GB` is what nvidia-smi prints; `A100` alone stays ambiguous and refused."""
+    """`NVIDIA A100-SXM4-80GB` is what nvidia-smi prints; `A100` alone stays ambiguous and refused, with
+    every A100 of the catalogue as a suggestion (not the A10, which is spelled alike)."""
     jobs = write(tmp_path, "jobs.csv", JOBS)
     results = []
     for name in ("NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "a100_sxm4_80gb"):
@@ -54,9 +55,11 @@ def test_a_cluster_file_takes_gpu_names_as_nvidia_smi_prints_them(
     assert results[1] == results[0] and results[2] == results[0]
     cluster = write(tmp_path, "c.yaml", "nodes:\n  - {gpu_model: A100, count: 1}\n")
     assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
-    assert "unknown GPU model 'A100'; did you mean 'NVIDIA-A100-SXM4-80GB' or 'NVIDIA-A100-80GB-PCIe'?" in (
-        capsys.readouterr().err
-    )
+    error = capsys.readouterr().err
+    a100s = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe")
+    a100s += ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB")
+    members = " or ".join(repr(name) for name in a100s)
+    assert f"unknown GPU model 'A100'; did you mean {members}?" in error, error
 
 
 def test_a_misspelled_gpu_in_a_whatif_is_refused_with_a_suggestion(
@@ -66,12 +69,13 @@ def test_a_misspelled_gpu_in_a_whatif_is_refused_with_a_suggestion(
     write(tmp_path, "jobs.csv", JOBS)
     scenario = write(
         tmp_path, "s.yaml",
-        "runs: 2\ncluster: cluster.yaml\nworkload: jobs.csv\nchanges:\n  nodes: [{gpu_model: L40, add: 1}]\n",
+        "runs: 2\ncluster: cluster.yaml\nworkload: jobs.csv\nchanges:\n"
+        "  nodes: [{gpu_model: L40X, add: 1}]\n",
     )  # fmt: skip
     assert main(["whatif", str(scenario)]) == 2
     error = capsys.readouterr().err
-    assert "changes.nodes.0.gpu_model" in error and "unknown GPU model 'L40'" in error, error
-    assert "did you mean 'L40S'" in error
+    assert "changes.nodes.0.gpu_model" in error and "unknown GPU model 'L40X'" in error, error
+    assert "did you mean 'NVIDIA-L40' or 'L40S'" in error
 
 
 def test_an_unknown_key_in_a_whatif_is_named_with_the_key_it_resembles(
