@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from twin.text_files import TOO_DEEP, TextFileError, utf8_text, yaml_message
+from twin.text_files import TOO_DEEP, TextFileError, parse_yaml, utf8_text, yaml_message
 
 MAX_FILE_BYTES = 1_000_000
 
@@ -36,7 +36,7 @@ def read_config_file(path: Path) -> Any:
     except TextFileError as exc:
         raise ConfigFileError(str(exc)) from exc
     try:
-        document = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        document = json.loads(text) if path.suffix.lower() == ".json" else parse_yaml(text)
     except json.JSONDecodeError as exc:
         raise ConfigFileError(
             f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"

@@ -6,6 +6,8 @@ spans four lines and quotes "<unicode string>")."""
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,38 @@ def yaml_message(exc: Exception) -> str:
     return f"not valid YAML: {where}{problem}{tab}"
 
 
+# YAML 1.2's floats: PyYAML follows YAML 1.1, where a number with an exponent needs a point and a signed
+# exponent (`1.0e+8`); `1e8` and `1.5e9`, as people write a dataset's tokens, were text, refused as "not a
+# valid number". The pattern is YAML 1.1's float with both made optional, and `1e8` without a point.
+_YAML_12_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """`yaml.safe_load`'s loader, with YAML 1.2's floats."""
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+0123456789."))
+    return Loader
+
+
+def parse_yaml(text: str) -> Any:
+    """`yaml.safe_load` of the text, reading `1e8` as the number it is (`_YAML_12_FLOAT`)."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader: it builds plain data only
+
+
 def read_yaml(path: Path) -> Any:
     """The YAML document of a file; raises TextFileError naming the file for one that cannot be read, is
     not UTF-8 or does not parse."""
@@ -74,7 +108,7 @@ def read_yaml(path: Path) -> Any:
         raise TextFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     text = utf8_text(data, path)
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
     except yaml.YAMLError as exc:
         raise TextFileError(f"{path}: {yaml_message(exc)}") from exc
     except RecursionError:  # the parser recurses per level; no finetwin file nests more than a few

@@ -72,6 +72,28 @@ def test_advise_names_an_unknown_key_and_the_one_it_resembles(
     assert "missing: batch_size" in error
 
 
+def test_advise_reads_a_number_written_with_an_exponent_as_the_number(
+    tmp_path: Path,
+    calibrated_models_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`dataset_tokens: 1e8` was text to YAML 1.1 (it wants `1.0e+8`), and refused as "not a valid number"."""
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
+    config = tmp_path / "job.yaml"
+    job = "model_name: llama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
+    answers = []
+    for written in ("1e8", "1.0e8", "100000000"):
+        config.write_text(f"{job}tokens_per_sample: 2048\ndataset_tokens: {written}\n")
+        assert main(["advise", str(config), "--json"]) == 0, capsys.readouterr().err
+        answers.append(json.loads(capsys.readouterr().out))
+    assert [a["work"] for a in answers] == [{"dataset_tokens": 1e8, "assumed": False}] * 3
+    assert answers[0]["verdict"] == answers[1]["verdict"] == answers[2]["verdict"]
+    config.write_text(f"{job}tokens_per_sample: 2048\ndataset_tokens: 1e8x\n")
+    assert main(["advise", str(config)]) == 2  # text is still text
+    assert "dataset_tokens" in capsys.readouterr().err
+
+
 def test_advise_says_up_front_that_a_model_was_never_measured(
     tmp_path: Path,
     calibrated_models_dir: Path,

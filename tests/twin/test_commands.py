@@ -401,3 +401,17 @@ def test_native_trees_read_a_word_as_the_settings_check_does(
 
     monkeypatch.setenv("FINETWIN_NATIVE_TREES", word)
     assert native_trees.enabled() is CalibrateSettings().native_trees
+
+
+def test_a_cluster_scenario_or_slo_file_reads_numbers_with_an_exponent_as_numbers(tmp_path: Path) -> None:
+    """YAML 1.1 reads `1e8` and `1.0e8` as text (it wants `1.0e+8`); every finetwin file reads them as
+    YAML 1.2 and people do, while text stays text and a date stays a date."""
+    from twin.text_files import read_yaml
+
+    path = write(
+        tmp_path, "f.yaml", "a: 1e8\nb: 1.0e8\nc: -2.5E-3\nd: 1.0e+8\ne: 1e8x\nf: 12\ng: 2025-01-01\n"
+    )
+    document = read_yaml(path)
+    assert document["a"] == document["b"] == document["d"] == 1e8 and document["c"] == -2.5e-3
+    assert document["e"] == "1e8x" and document["f"] == 12 and isinstance(document["f"], int)
+    assert str(document["g"]) == "2025-01-01"
