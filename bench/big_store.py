@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import Engine, insert  # noqa: E402
-from timing import analyze, best_of, print_table  # noqa: E402
+from timing import analyze, best_of, print_table, small_and_large  # noqa: E402
 
 from calibrate.records import LiveError  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
@@ -149,10 +148,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     small_jobs = max(1_000, args.jobs // 100)
-    with tempfile.TemporaryDirectory() as directory:
-        work = Path(directory)
-        small = timings(f"sqlite:///{work / 'small.db'}", small_jobs, work, args.repeat)
-        big = timings(args.database_url or f"sqlite:///{work / 'big.db'}", args.jobs, work, args.repeat)
+
+    def measure(url: str, jobs: int, work: Path) -> dict[str, float]:
+        return timings(url, jobs, work, args.repeat)
+
+    small, big = small_and_large(measure, small_jobs, args.jobs, args.database_url)
     print(f"the API's reads: {args.jobs:,} jobs ({6 * args.jobs:,} events) against {small_jobs:,} jobs "
           f"({6 * small_jobs:,} events), best of {args.repeat}")  # fmt: skip
     labels = {path: f"GET {path}, ms" for path in REQUESTS} | {FORECAST_READ: FORECAST_READ + ", ms"}

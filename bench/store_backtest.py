@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import Engine, func, select  # noqa: E402
-from timing import analyze, best_of, print_table  # noqa: E402
+from timing import analyze, best_of, print_table, small_and_large  # noqa: E402
 
 from calibrate.loader import bundled_benchmark_path, load_benchmark  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
@@ -87,10 +86,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     small_replays = max(1, args.replays // 10)
-    with tempfile.TemporaryDirectory() as directory:
-        work = Path(directory)
-        small = timings(f"sqlite:///{work / 'small.db'}", small_replays, args.repeat)
-        big = timings(args.database_url or f"sqlite:///{work / 'big.db'}", args.replays, args.repeat)
+
+    def measure(url: str, replays: int, _: Path) -> dict[str, float]:
+        return timings(url, replays, args.repeat)
+
+    small, big = small_and_large(measure, small_replays, args.replays, args.database_url)
     print(f"a backtest's read of the store: {big['events']:,.0f} events ({args.replays} replays) against "
           f"{small['events']:,.0f} ({small_replays}), best of {args.repeat}")  # fmt: skip
     whole = "every event up to T + H folded"

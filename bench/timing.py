@@ -3,10 +3,15 @@ filled (each run as `python bench/X.py`, which puts this directory first on the 
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Engine, text
+
+T = TypeVar("T")
 
 
 def best_of(repeat: int, run: Callable[[], object]) -> float:
@@ -40,3 +45,17 @@ def analyze(engine: Engine) -> None:
     if engine.dialect.name == "postgresql":
         with engine.begin() as connection:  # committed: statistics gathered in a rolled-back one are lost
             connection.execute(text("ANALYZE"))
+
+
+def small_and_large(
+    measure: Callable[[str, int, Path], T], small: int, large: int, database_url: str | None
+) -> tuple[T, T]:
+    """`measure(url, size, directory)` on a small SQLite store and on a large one (`database_url`, an empty
+    database, else SQLite), both in one temporary directory: a figure beside the same figure on a store
+    that has run for less long."""
+    with tempfile.TemporaryDirectory() as directory:
+        work = Path(directory)
+        return (
+            measure(f"sqlite:///{work / 'small.db'}", small, work),
+            measure(database_url or f"sqlite:///{work / 'large.db'}", large, work),
+        )

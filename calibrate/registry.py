@@ -87,6 +87,12 @@ def utcnow_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def _entry_time(entry: dict[str, Any]) -> datetime:
+    """When a history entry happened, in UTC (an entry written without a zone was UTC)."""
+    when = datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00"))
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -152,9 +158,7 @@ class ModelRegistry:
         chosen = None
         stored = set(self.versions())
         for entry in self.history():
-            when = datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00"))
-            when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-            if when > at:
+            if _entry_time(entry) > at:
                 break
             version = entry.get("version")
             if entry.get("action") in ("promote", "rollback") and version in stored:
@@ -167,8 +171,7 @@ class ModelRegistry:
         """When a version was first put in use (promoted): before then no version was in use."""
         for entry in self.history():
             if entry.get("action") in ("promote", "rollback"):
-                when = datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00"))
-                return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+                return _entry_time(entry)
         return None
 
     def training_rows(self, version: str) -> frozenset[str]:

@@ -218,9 +218,6 @@ def inputs_from_rows(
             f"no node of cluster {cluster_id!r} is up in the store (node.status telemetry): nothing to model"
         )
 
-    def work_of(job: JobRecord) -> float | None:
-        return job_work(job, observed_work)
-
     known_typical = typical_work(history, observed_work)
     typical = known_typical or DEFAULT_WORK_TOKENS
     imputed = 0
@@ -232,7 +229,7 @@ def inputs_from_rows(
         if config is None:
             skipped += 1
             continue
-        work = work_of(job)
+        work = job_work(job, observed_work)
         if work is None:
             work, imputed = typical, imputed + 1
         submitted = utc(job.submitted_at) if job.submitted_at else now
@@ -257,7 +254,7 @@ def inputs_from_rows(
         submitted_at.append(utc(job.submitted_at))
         config = job_config(job)
         if config is not None:
-            mix.add(job.job_id, 0.0, config, work_of(job) or typical, None)
+            mix.add(job.job_id, 0.0, config, job_work(job, observed_work) or typical, None)
     if imputed or (known_typical is None and len(mix.ids)):
         notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical:,.0f} tokens")
     arrivals = fit_arrivals(submitted_at, mix.build(), now, now - since) if submitted_at else None

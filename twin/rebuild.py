@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, literal_column
+from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
 from twin.live_state import StoreRows, newest_failure_times
-from twin.store import JOB_STATE_RANK, NODE_STATUS, Job, JobRecord, Node, TelemetryEvent
+from twin.store import JOB_STATE_RANK, NODE_STATUS, NODE_STATUS_ONLY, Job, JobRecord, Node, TelemetryEvent
 
 _JOB_FIELDS = frozenset(Job.model_fields) - {"job_id", "cluster_id", "state", "outcome", "updated_at"}
 _TERMINAL = {"job.rejected": "rejected", "job.completed": "completed", "job.failed": "failed"}
@@ -103,12 +103,9 @@ def backtest_states(
         events = _read_events(
             session, of_cluster, col(TelemetryEvent.ts) >= read_from, col(TelemetryEvent.ts) <= end
         )
-        # The nodes' older reports, from the partial index that holds only them: the type is written into
-        # the SQL, not bound, so that SQLite can tell the query stays inside the index.
-        node_history = _read_events(
-            session, of_cluster, col(TelemetryEvent.type) == literal_column(f"'{NODE_STATUS}'"),
-            col(TelemetryEvent.ts) < read_from,
-        )  # fmt: skip
+        # The nodes' older reports, from the partial index that holds only them: its own condition, written
+        # into the SQL rather than bound, so that SQLite can tell the query stays inside the index.
+        node_history = _read_events(session, of_cluster, NODE_STATUS_ONLY, col(TelemetryEvent.ts) < read_from)
         failures = newest_failure_times(session, cluster_id, at)
     wanted = {job_id for job_id, *_ in open_at} | set(in_window)
     kept = node_history + [e for e in events if e[2] is None or e[2] in wanted]

@@ -27,7 +27,7 @@ def timestamp_field(*, nullable: bool, **field: Any) -> Any:
 # A UUID in its text form; PostgreSQL stores it natively (16 bytes, compared as such: a cheaper key to index).
 EVENT_ID_TYPE = String(36).with_variant(postgresql.UUID(as_uuid=False), "postgresql")
 NODE_STATUS = "node.status"
-# The condition of the partial index of the nodes' reports (`twin.rebuild` writes the same one in its query).
+# The condition of the partial index of the nodes' reports, which `twin.rebuild`'s query repeats to use it.
 NODE_STATUS_ONLY = text(f"type = '{NODE_STATUS}'")
 
 

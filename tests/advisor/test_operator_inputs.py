@@ -72,40 +72,41 @@ def test_advise_names_an_unknown_key_and_the_one_it_resembles(
     assert "missing: batch_size" in error
 
 
+LORA_JOB = (
+    "model_name: llama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
+    "tokens_per_sample: 2048\n"
+)
+
+
+@pytest.fixture
+def models_in_use(calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`finetwin advise` run with the session's calibrated models in use."""
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
+    return calibrated_models_dir
+
+
 def test_advise_reads_a_number_written_with_an_exponent_as_the_number(
-    tmp_path: Path,
-    calibrated_models_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, models_in_use: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`dataset_tokens: 1e8` was text to YAML 1.1 (it wants `1.0e+8`), and refused as "not a valid number"."""
-    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
     config = tmp_path / "job.yaml"
-    job = "model_name: llama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
     answers = []
     for written in ("1e8", "1.0e8", "100000000"):
-        config.write_text(f"{job}tokens_per_sample: 2048\ndataset_tokens: {written}\n")
+        config.write_text(f"{LORA_JOB}dataset_tokens: {written}\n")
         assert main(["advise", str(config), "--json"]) == 0, capsys.readouterr().err
         answers.append(json.loads(capsys.readouterr().out))
     assert [a["work"] for a in answers] == [{"dataset_tokens": 1e8, "assumed": False}] * 3
     assert answers[0]["verdict"] == answers[1]["verdict"] == answers[2]["verdict"]
-    config.write_text(f"{job}tokens_per_sample: 2048\ndataset_tokens: 1e8x\n")
+    config.write_text(f"{LORA_JOB}dataset_tokens: 1e8x\n")
     assert main(["advise", str(config)]) == 2  # text is still text
     assert "dataset_tokens" in capsys.readouterr().err
 
 
 def test_advise_says_up_front_that_a_model_was_never_measured(
-    tmp_path: Path,
-    calibrated_models_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, models_in_use: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
     config = tmp_path / "job.yaml"
-    config.write_text(
-        "model_name: lama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
-        "tokens_per_sample: 2048\n"
-    )
+    config.write_text(LORA_JOB.replace("llama3-8b", "lama3-8b"))
     assert main(["advise", str(config)]) == 0, capsys.readouterr().err
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("warning: 'lama3-8b' is not a model the benchmark measured"), lines[:3]
@@ -116,16 +117,12 @@ def test_advise_says_up_front_that_a_model_was_never_measured(
 
 
 def test_a_model_written_in_capitals_or_as_hugging_face_names_it_gets_the_advice_of_the_model(
-    tmp_path: Path,
-    calibrated_models_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, models_in_use: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """'Llama3-8B' is llama3-8b to the models (the same tokens/s and p_valid), but it was warned about as
     never measured, and its LLM-method pair was taken for one the version never saw: the novel lower bound
     (0.64 where llama3-8b's was 0.97), so no recommendation at all. Meta's name for it,
     'meta-llama/Meta-Llama-3-8B', was all that and extrapolated from its name besides."""
-    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(calibrated_models_dir))
     config = tmp_path / "job.json"
     answers = []
     names = ("llama3-8b", " Llama3-8B", "LLAMA3-8B", "meta-llama/Meta-Llama-3-8B", "Llama-3-8B")
