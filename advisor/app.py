@@ -23,6 +23,7 @@ from advisor.fastpath import RepeatedAdviceFastPath
 from advisor.guards import RequestGuard
 from advisor.outbox import RelayThread
 from advisor.parts import ApiParts, ApiRuntime
+from advisor.query_params import reject_unknown_query
 from advisor.routers import (
     advise,
     audit,
@@ -120,8 +121,9 @@ def create_app(parts: ApiParts) -> FastAPI:
     app.state.runtime = runtime  # the one thing in the app's state, read through advisor.deps
     for router in ROUTERS:
         if serves_v1(router):
-            # Every /v1 route needs a key (reads any role, writes operator+); see advisor.auth.
-            app.include_router(router, dependencies=[Depends(authorize)])
+            # Every /v1 route needs a key (reads any role, writes operator+; see advisor.auth), then
+            # refuses query parameters it does not take (advisor.query_params).
+            app.include_router(router, dependencies=[Depends(authorize), Depends(reject_unknown_query)])
         else:
             app.include_router(router)
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from advisor.auth import V1_PREFIX
 from twin.executors import ExecutorUnavailable
+from twin.input_errors import closest, keys_at
 
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -40,13 +41,17 @@ class ErrorOut(BaseModel):
 _CONSEQUENCES = frozenset({"default_factory_not_called"})
 
 
-def validation_error_response(exc: RequestValidationError) -> JSONResponse:
+def validation_error_response(
+    exc: RequestValidationError, body_model: type[BaseModel] | None = None
+) -> JSONResponse:
     """A bad request says what is wrong, field by field, with a 422. The detail names the first five, an
     unknown key first: it usually explains the fields missing beside it (`{"rows": [...]}` for `configs`
-    read as one configuration with seven fields missing, and its `rows` was the eighth error, cut off)."""
+    read as one configuration with seven fields missing, and its `rows` was the eighth error, cut off). An
+    unknown key of the body (`body_model`'s) says which key of its section it stands for, when one is close
+    (`seq_len` -> `tokens_per_sample`)."""
     errors = [
-        {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())], "msg": e.get("msg", ""),
-         "type": e.get("type", "")}
+        {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
+         "msg": e.get("msg", "") + _key_hint(e, body_model), "type": e.get("type", "")}
         for e in exc.errors()
         if e.get("type") not in _CONSEQUENCES
     ]  # fmt: skip
@@ -55,10 +60,29 @@ def validation_error_response(exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": detail or "invalid request", "errors": errors})
 
 
+def _key_hint(error: Any, body_model: type[BaseModel] | None) -> str:
+    """` (did you mean 'tokens_per_sample'?)` for an unknown key of the body whose section has one like it."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") != "extra_forbidden" or body_model is None or loc[:1] != ("body",) or len(loc) < 2:
+        return ""
+    close = closest(str(loc[-1]), keys_at(body_model, loc[1:-1]))
+    return f" (did you mean {close!r}?)" if close else ""
+
+
+def route_body_model(request: Request) -> type[BaseModel] | None:
+    """The pydantic model a route reads its whole JSON body into, if it reads one so (not embedded)."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    params = getattr(dependant, "body_params", [])
+    if len(params) != 1 or getattr(params[0].field_info, "embed", False):
+        return None
+    model = params[0].field_info.annotation
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error_response(exc)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error_response(exc, route_body_model(request))
 
     @app.exception_handler(ExecutorUnavailable)
     async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:

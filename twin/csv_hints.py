@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from twin.input_errors import closest
+from twin.input_errors import closest, synonym_in
 
 # Separators a spreadsheet or a database export may use instead of the comma, as a message names them.
 _OTHER_SEPARATORS = {";": "';'", "\t": "tabs", "|": "'|'"}
@@ -28,6 +28,11 @@ def separator_hint(header: Sequence[str]) -> str:
 
 def resembling(column: str, header: Sequence[str], taken: Collection[str] = ()) -> str:
     """` (the header has 'gpu': misspelled?)` where a name of the header, other than the columns in
-    `taken` (those it has as they should be), resembles the missing column; else ''."""
-    close = closest(column, [name for name in header if name not in taken])
+    `taken` (those it has as they should be), resembles the missing column, or ` (the header has 'seq_len':
+    another name for it?)` where one is a synonym of it (`twin.input_errors.SYNONYMS`); else ''."""
+    others = [name for name in header if name not in taken]
+    same = synonym_in(column, others)
+    if same is not None:
+        return f" (the header has {same!r}: another name for it?)"
+    close = closest(column, others)
     return f" (the header has {close!r}: misspelled?)" if close else ""

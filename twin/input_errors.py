@@ -46,10 +46,62 @@ def unknown_keys(given: Iterable[Any], known: Sequence[str]) -> str | None:
     return "; ".join(parts) + f" (known keys: {', '.join(known)})"
 
 
+# Other names people give finetwin's fields (from training scripts, schedulers and other APIs), none of
+# them close enough in spelling to be found as a misspelling: `seq_len` for `tokens_per_sample`. `model` is
+# here because by spelling alone it is nearest to `gpu_model`.
+SYNONYMS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "seq_len",
+            "seqlen",
+            "seq_length",
+            "sequence_length",
+            "max_seq_len",
+            "max_seq_length",
+            "max_length",
+            "context_length",
+            "tokens",
+        ),
+        "tokens_per_sample",
+    ),  # fmt: skip
+    **dict.fromkeys(("gpus", "n_gpus", "num_gpus", "gpu_count", "world_size"), "number_gpus"),
+    **dict.fromkeys(("nodes", "n_nodes", "num_nodes", "node_count"), "number_nodes"),
+    **dict.fromkeys(("model", "model_id", "llm", "base_model", "model_name_or_path"), "model_name"),
+    **dict.fromkeys(("gpu", "gpu_type", "gpu_name", "accelerator"), "gpu_model"),
+    **dict.fromkeys(("batch", "global_batch_size", "train_batch_size"), "batch_size"),
+    **dict.fromkeys(("tuning_method", "finetuning_method", "peft"), "method"),
+    "roce": "enable_roce",
+    **dict.fromkeys(("time_limit", "timeout", "timeout_s"), "time_limit_s"),
+    "status": "state",
+    **dict.fromkeys(("page_size", "per_page", "size"), "limit"),
+    "skip": "offset",
+}
+
+
 def closest(name: str, names: Iterable[str]) -> str | None:
-    """The one of `names` that `name` most resembles, if any is close enough to be a misspelling of it."""
-    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    """The one of `names` that `name` most resembles, if any is close enough to be a misspelling of it, or
+    that is `name` under another name (`SYNONYMS`, either way round: `seq_len` given for `tokens_per_sample`,
+    or a header's `seq_len` where `tokens_per_sample` is missing)."""
+    names = list(names)
+    same = synonym_in(name, names)
+    if same is not None:
+        return same
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+def synonym_in(name: str, names: Iterable[str]) -> str | None:
+    """The one of `names` that is `name` under another name (`SYNONYMS`, either way round), if any."""
+    key = _spelled(name)
+    for candidate in names:
+        if SYNONYMS.get(key) == candidate or SYNONYMS.get(_spelled(candidate)) == name:
+            return candidate
+    return None
+
+
+def _spelled(name: str) -> str:
+    """`Seq-Len`, `seq len` -> `seq_len`: how SYNONYMS spells its keys."""
+    return name.strip().lower().replace("-", "_").replace(" ", "_")
 
 
 def first_error(exc: ValidationError) -> str:

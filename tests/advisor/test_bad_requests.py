@@ -190,6 +190,66 @@ def test_an_empty_slo_set_must_be_explicit(api: TestClient, engine: Engine) -> N
     assert cleared.status_code == 200 and cleared.json()["slos"] == [] and cleared.json()["source"] == "api"
 
 
+# --- parameters and keys the API does not take ----------------------------------------------------------
+
+
+def test_a_query_parameter_a_route_does_not_take_is_422_with_the_one_meant(
+    api: TestClient, engine: Engine
+) -> None:
+    """`?status=running` (the parameter is `state`) was ignored: every job came back, read as running."""
+    viewer = api_headers(engine, "viewer")
+    assert api.get("/v1/jobs?state=running&limit=5", headers=viewer).status_code == 200
+    body = _refused(api.get("/v1/jobs?status=running", headers=viewer), 422)
+    assert body["detail"] == (
+        "query.status: unknown parameter (did you mean 'state'?); it takes state, gpu_model, limit, offset"
+    )
+    assert body["errors"][0]["loc"] == ["query", "status"] and body["errors"][0]["type"] == "extra_forbidden"
+    # A parameter of a route's dependencies is one it takes; a route that takes none says so.
+    assert api.get("/v1/forecast/skill?since=24h", headers=viewer).status_code == 200
+    _refused(api.get("/v1/cluster?cluster=a", headers=viewer), 422, "it takes no query parameters")
+    # The key is checked first: a caller without one learns nothing of the route's parameters.
+    assert api.get("/v1/jobs?status=running").status_code == 401
+
+
+def test_every_v1_read_refuses_an_unknown_parameter_and_pages_outside_v1_do_not(
+    api: TestClient, engine: Engine
+) -> None:
+    viewer = api_headers(engine, "viewer")
+    reads = [
+        path for path, operations in api.get("/openapi.json").json()["paths"].items()
+        if "get" in operations and path.startswith("/v1/") and "{" not in path
+    ]  # fmt: skip
+    assert len(reads) >= 10, reads
+    for path in reads:
+        _refused(api.get(f"{path}?zz_unknown=1", headers=viewer), 422, "query.zz_unknown: unknown parameter")
+    # What a browser adds to a page's or a file's address (a cache buster) is not the API's to refuse.
+    for path in ("/?v=2", "/static/app.js?v=2", "/healthz?probe=1"):
+        assert api.get(path).status_code == 200, path
+
+
+def _without(config: dict, key: str) -> dict:
+    return {k: v for k, v in config.items() if k != key}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        ("/v1/advise", _without(CONFIG, "tokens_per_sample") | {"seq_len": 1024},
+         "body.seq_len: Extra inputs are not permitted (did you mean 'tokens_per_sample'?)"),
+        # By spelling alone `model` is nearest to `gpu_model`; people mean the LLM.
+        ("/v1/predict", {"configs": [_without(CONFIG, "model_name") | {"model": "x"}]},
+         "body.configs.0.model: Extra inputs are not permitted (did you mean 'model_name'?)"),
+        ("/v1/whatif", {"changes": {"nodez": []}},
+         "body.changes.nodez: Extra inputs are not permitted (did you mean 'nodes'?)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_of_a_body_names_the_key_of_its_section_it_stands_for(
+    api: TestClient, engine: Engine, path: str, body: dict, expected: str
+) -> None:
+    response = api.post(path, json=body, headers=api_headers(engine, "viewer"))
+    assert _refused(response, 422)["detail"].startswith(expected), response.json()
+
+
 # --- what-ifs bounded ------------------------------------------------------------------------------------
 
 

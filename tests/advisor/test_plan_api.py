@@ -126,7 +126,7 @@ def test_an_unreachable_ray_cluster_is_a_503_for_forecasts_and_a_failed_plan(
     app = api_app(settings, store, FakeInUse(FakeModels()))
     operator = api_headers(store, "operator")
     with TestClient(app) as client:
-        forecast = client.get("/v1/forecast?refresh=true", headers=operator)
+        forecast = client.get("/v1/forecast", headers=operator)
         assert forecast.status_code == 503 and address in forecast.json()["detail"]
         started = client.post("/v1/plan", json={"vary": [f"{A100}=1..2"], "runs": 1}, headers=operator)
         plan = finished(client, started.json()["id"], operator)

@@ -83,6 +83,18 @@ def test_a_misspelled_column_is_named_with_the_one_it_resembles(
     assert "missing from the header: number_gpus (needed:" in error, error
 
 
+def test_a_column_under_another_name_is_named_with_the_one_it_stands_for(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`seq_len` resembles `tokens_per_sample` in meaning, not in spelling: no hint was given."""
+    columns = [{"tokens_per_sample": "seq_len"}.get(c, c) for c in ROW]
+    configs = write(tmp_path / "seq.csv", columns, [{"seq_len": ROW["tokens_per_sample"], **ROW}])
+    assert predict(calibrated_models_dir, configs, tmp_path / "pred.csv") == 2
+    error = capsys.readouterr().err
+    expected = "missing from the header: tokens_per_sample (the header has 'seq_len': another name for it?)"
+    assert expected in error, error
+
+
 def test_a_header_without_rows_is_said_so(
     calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -196,13 +196,16 @@ def test_forecast_endpoint_computes_stores_and_serves(
 
 
 def test_a_forecast_get_never_writes(api: tuple[TestClient, dict[str, str]], engine: Engine) -> None:
-    """GET /v1/forecast?refresh=true wrote a row per request; a GET now only reads, whatever it asks."""
+    """GET /v1/forecast?refresh=true wrote a row per request; a GET now only reads, and refuses the parameter
+    (POST /v1/forecast/refresh refreshes)."""
     client, headers = api
     populate(engine, datetime.now(UTC))
-    for params in ({}, {"refresh": "true"}, {}):
-        response = client.get("/v1/forecast", params=params, headers=headers)
+    for _ in range(2):
+        response = client.get("/v1/forecast", headers=headers)
         assert response.status_code == 200 and "id" not in response.json()
         assert set(response.json()["summary"]["wait_p95_s"]) == {"mean", "p10", "p90"}
+    refused = client.get("/v1/forecast", params={"refresh": "true"}, headers=headers)
+    assert refused.status_code == 422 and "query.refresh: unknown parameter" in refused.json()["detail"]
     assert latest_forecast(engine, cluster_id="default") is None
 
 
