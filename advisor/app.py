@@ -103,6 +103,8 @@ def create_app(parts: ApiParts) -> FastAPI:
             # two), and is waited for: left running, its process pool met the interpreter's exit and
             # hung `finetwin up` after Ctrl-C.
             runtime.stopping.set()
+            if parts.refits is not None:
+                parts.refits.stop()  # a refit in its own process is abandoned, not waited for
             if parts.scheduler.running:
                 parts.scheduler.shutdown(wait=True)
             if runtime.relay is not None:

@@ -36,6 +36,7 @@ from calibrate.loader import bundled_benchmark_path
 from calibrate.observed import observed_table
 from calibrate.promotion import Comparison, Incumbent, KeptFit, split_of, start_comparison
 from calibrate.records import ModelVersionRecord
+from calibrate.refit_process import RefitFailed, RefitProcess
 from calibrate.registry import ModelRegistry, RegistryError
 from calibrate.settings import CalibrateSettings
 
@@ -452,6 +453,15 @@ def refit_benchmarks(settings: CalibrateSettings, registry: ModelRegistry) -> li
     return [bundled_benchmark_path()]
 
 
+def shareable_url(engine: Engine) -> str | None:
+    """The engine's URL with its password, for a child process to open the same store; None for a store
+    only this process can see (SQLite in memory)."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        return None
+    return url.render_as_string(hide_password=False)
+
+
 class RefitScheduler:
     """The online refits of one process: hourly, and at once when the live error drifts."""
 
@@ -464,7 +474,10 @@ class RefitScheduler:
         models_dir: Path | None = None,
         on_done: Callable[[RefitResult], None] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        in_child: bool = True,
     ) -> None:
+        """`in_child`: each refit in a child process at a lower CPU priority (`calibrate.refit_process`),
+        unless the store cannot be opened from another process (SQLite in memory)."""
         self.settings = settings
         self.engine = engine
         self.scheduler = scheduler
@@ -474,6 +487,7 @@ class RefitScheduler:
         self.on_done = on_done
         self.clock = clock
         self._running = threading.Lock()
+        self._child = RefitProcess() if in_child and shareable_url(engine) is not None else None
         self._last_drift_trigger: datetime | None = None
         self.last_result: RefitResult | None = None
 
@@ -494,6 +508,11 @@ class RefitScheduler:
                 self.refit, next_run_time=self.clock(), id=REFIT_NOW_JOB_ID, kwargs={"reason": "first model"},
                 replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=None,
             )  # fmt: skip
+
+    def stop(self) -> None:
+        """Ends a refit running in its child process (the API is stopping): it is abandoned, not saved."""
+        if self._child is not None:
+            self._child.stop()
 
     def on_drift(self, report: DriftReport) -> bool:
         """Refit now (at most once per cooldown); returns whether a refit was scheduled."""
@@ -521,10 +540,9 @@ class RefitScheduler:
             log.info("a refit is already running; skipping the one for %s", reason)
             return None
         try:
-            result = calibrate_version(
-                self.models_dir,
+            arguments: dict[str, Any] = dict(
+                models_dir=self.models_dir,
                 benchmarks=refit_benchmarks(self.settings, self.registry),
-                engine=self.engine,
                 observed=self.settings.refit_observed,
                 weights=WeightPolicy(self.settings.observed_weight, self.settings.observed_half_life_days),
                 tolerance=self.settings.promote_tolerance,
@@ -533,6 +551,10 @@ class RefitScheduler:
                 # data would fit the same model again.
                 skip_if_unchanged=True,
             )
+            if self._child is not None:
+                result = self._child.run(calibrate_version, shareable_url(self.engine), **arguments)
+            else:
+                result = calibrate_version(engine=self.engine, **arguments)
         except KeyboardInterrupt:
             if threading.current_thread() is threading.main_thread():
                 raise  # the user's own Ctrl-C
@@ -541,6 +563,11 @@ class RefitScheduler:
             # result. Not a failure to report with a traceback.
             log.info("refit (%s) abandoned: its worker process was interrupted (Ctrl-C)", reason)
             return None
+        except RefitFailed as exc:
+            log.error("refit (%s) failed in its process: %s\n%s", reason, exc, exc.child_traceback)
+            result = RefitResult(
+                None, False, None, None, 0.0, 0, f"refit ({reason}) failed: {exc}", error=str(exc)
+            )
         except Exception as exc:  # the scheduler's thread must survive a failed refit; say why it failed
             log.exception("refit (%s) failed", reason)
             result = RefitResult(

@@ -335,7 +335,8 @@ def test_a_refit_whose_worker_takes_ctrl_c_is_abandoned_quietly(
     the scheduler's thread; the refit says it was abandoned (no traceback) and frees its lock."""
     engine = make_engine(sqlite_url)
     migrate(engine)
-    refits = RefitScheduler(Settings(), engine, scheduler=None, models_dir=tmp_path / "models")
+    models = tmp_path / "models"  # in this process: the patched calibration is this process's
+    refits = RefitScheduler(Settings(), engine, scheduler=None, models_dir=models, in_child=False)
     monkeypatch.setattr("calibrate.refit.calibrate_version", _calibrate_in_an_interrupted_worker)
     outcome: list[Any] = []
     thread = threading.Thread(target=lambda: outcome.append(refits.refit(reason="first model")))

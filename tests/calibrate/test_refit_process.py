@@ -1,0 +1,135 @@
+"""A refit runs in a child process of its own, niced, in its own process group, which the API can stop and
+which does not outlive the API (`calibrate.refit_process`)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calibrate.refit import RefitScheduler
+from calibrate.refit_process import REFIT_NICE, RefitFailed, RefitProcess
+from calibrate.registry import ModelRegistry
+from finetwin.schema import migrate
+from finetwin.settings import Settings
+from twin.db import make_engine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def where_am_i(engine: Any, **kwargs: Any) -> dict[str, Any]:
+    """In the child: where it runs, and what it was given."""
+    return {"pid": os.getpid(), "nice": os.nice(0), "group": os.getpgid(0),
+            "store": None if engine is None else engine.url.database, "kwargs": kwargs}  # fmt: skip
+
+
+def refuse(engine: Any, **kwargs: Any) -> None:
+    raise ValueError(f"no rows to fit on in {kwargs['where']}")
+
+
+def wait_forever(engine: Any, **kwargs: Any) -> None:
+    threading.Event().wait()
+
+
+def test_the_child_runs_niced_in_its_own_group_on_the_same_store(tmp_path: Path) -> None:
+    store = tmp_path / "finetwin.db"
+    found = RefitProcess().run(where_am_i, f"sqlite:///{store}", reason="schedule", rows=3)
+    assert found["pid"] != os.getpid() and found["group"] == found["pid"]
+    assert found["nice"] == min(19, os.nice(0) + REFIT_NICE)
+    assert found["store"] == str(store) and found["kwargs"] == {"reason": "schedule", "rows": 3}
+
+
+def test_what_the_child_raises_comes_back_with_its_traceback() -> None:
+    with pytest.raises(RefitFailed, match=r"^no rows to fit on in here$") as raised:
+        RefitProcess().run(refuse, None, where="here")
+    assert "ValueError: no rows to fit on in here" in raised.value.child_traceback
+    assert "in refuse" in raised.value.child_traceback
+
+
+@pytest.fixture
+def ctrl_c_ignored() -> Iterator[None]:
+    """This process ignores SIGINT, as one started in the background of a script does; the processes it
+    starts inherit that."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_stop_ends_the_running_child_as_an_interruption(ctrl_c_ignored: None) -> None:
+    """Also when the API was started with SIGINT ignored, which its child inherits."""
+    process = RefitProcess()
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            process.run(wait_forever, None)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the assertion
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert process.started.wait(timeout=60)
+    process.stop()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt), outcome
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3) to await a process")
+def test_the_child_ends_when_the_api_process_dies() -> None:
+    """A process that starts a refit and dies at once (kill -9 of the API): its refit does not go on."""
+    script = (
+        "import os, sys, threading\n"
+        "from calibrate.refit_process import RefitProcess\n"
+        "from tests.calibrate.test_refit_process import wait_forever\n"
+        "process = RefitProcess()\n"
+        "threading.Thread(target=process.run, args=(wait_forever, None), daemon=True).start()\n"
+        "process.started.wait()\n"
+        "print(process._process.pid, flush=True)\n"
+        "sys.stdin.readline()\n"  # until the test has a handle on the child
+        "os._exit(0)\n"
+    )
+    api = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert api.stdout is not None and api.stdin is not None
+    child = int(api.stdout.readline())
+    handle = os.pidfd_open(child)
+    try:
+        api.stdin.write("\n")
+        api.stdin.flush()
+        assert api.wait(timeout=60) == 0
+        readable, _, _ = select.select([handle], [], [], 60)  # readable once the child has exited
+        assert readable == [handle], "the refit's process outlived the process that started it"
+    finally:
+        os.close(handle)
+
+
+def test_the_api_stopping_abandons_a_refit_in_its_process(
+    sqlite_url: str, registry_copy: Path, sample_csv: Path
+) -> None:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    subset = registry_copy.parent / "subset.csv"
+    lines = sample_csv.read_text().splitlines(keepends=True)
+    subset.write_text("".join([lines[0], *lines[1::10]]))  # other rows: the refit would fit a version
+    settings = Settings(refit_benchmarks=[subset], models_dir=registry_copy)
+    refits = RefitScheduler(settings, engine, scheduler=None)
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(refits.refit(reason="schedule")))
+    thread.start()
+    assert refits._child is not None and refits._child.started.wait(timeout=60)
+    refits.stop()
+    thread.join(timeout=120)
+    assert not thread.is_alive() and outcome == [None]  # abandoned: no result, no error
+    assert ModelRegistry(registry_copy).versions() == ["v0001"]
+    engine.dispose()
