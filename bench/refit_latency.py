@@ -2,7 +2,8 @@
 during and after a scheduled refit in the same `finetwin api` process, for this checkout and any number of
 other checkouts (baselines) in the same run.
 
-    .venv/bin/python bench/refit_latency.py [--clients 10] [--rate 20] [--seconds 90] [--baseline NAME=DIR ...]
+    .venv/bin/python bench/refit_latency.py [--clients 10] [--rate 20] [--seconds 90]
+        [--baseline NAME=DIR ...]
 
 For each checkout: `finetwin calibrate` on the bundled sample (v0001), then `finetwin api` with its
 scheduler on, refitting every 30 s on another resample of the sample (so the refit has new rows and fits,
@@ -150,7 +151,8 @@ def measure_tree(tree: Path, clients: int, rate: float, seconds: float) -> dict[
             seen = uvloop.run(paced(port, key, clients, rate, seconds))
         window = refit_window(log)
         if window is None:
-            raise SystemExit(f"{tree}: no scheduled refit finished within {seconds:.0f} s: {log.read_text()[-3000:]}")
+            tail = log.read_text()[-3000:]
+            raise SystemExit(f"{tree}: no scheduled refit finished within {seconds:.0f} s: {tail}")
         start, end = window
         print(f"{tree}: refit from +{start - seen[0][0]:.1f} s for {end - start:.1f} s", file=sys.stderr)
         inside = [ms for due, ms in seen if start <= due <= end]
@@ -159,7 +161,9 @@ def measure_tree(tree: Path, clients: int, rate: float, seconds: float) -> dict[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second offered, in all")
     parser.add_argument("--seconds", type=float, default=90.0)
@@ -169,7 +173,9 @@ def main() -> int:
     trees = {"this checkout": REPO} | {
         name: Path(path).resolve() for name, path in (b.split("=", 1) for b in args.baseline)
     }
-    results = {name: measure_tree(tree, args.clients, args.rate, args.seconds) for name, tree in trees.items()}
+    results = {
+        name: measure_tree(tree, args.clients, args.rate, args.seconds) for name, tree in trees.items()
+    }
     print(f"POST /v1/advise, new configurations, {args.rate:.0f} requests/s from {args.clients} clients")
     print(f"{'requests due':<20}{'checkout':>22}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
     for name, rows in results.items():
