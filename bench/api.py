@@ -243,26 +243,44 @@ def in_process(n: int = SINGLE_CLIENT_QUESTIONS) -> tuple[float, float]:
     return percentile(timings, 0.5), max(timings)
 
 
+def api_env(tree: Path, work: Path, models_dir: Path, **settings: str) -> dict[str, str]:
+    """`finetwin api` of `tree` on a fresh store in `work`, the models of `models_dir`, no broker, no
+    background warm-up; the scheduler off unless `settings` (FINETWIN_* names) turn it on."""
+    return tree_env(tree, {
+        "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
+        "FINETWIN_MODELS_DIR": str(models_dir), "FINETWIN_SCHEDULER_ENABLED": "false",
+        "FINETWIN_KAFKA_BOOTSTRAP": "", "FINETWIN_ADVICE_WARM_MEMO": "false", **settings,
+    })  # fmt: skip
+
+
+def viewer_key(tree: Path, env: dict[str, str]) -> str:
+    return subprocess.run(
+        [*finetwin(tree), "keys", "create", "--role", "viewer", "--name", "bench"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+
+
 @contextlib.contextmanager
-def api_server(tree: Path, env: dict[str, str]) -> Iterator[int]:
-    """`finetwin api` on a free port; yields the port once it accepts connections."""
+def api_server(tree: Path, env: dict[str, str], log: Path | None = None) -> Iterator[int]:
+    """`finetwin api` on a free port, its output in `log` (else dropped); yields the port once it accepts
+    connections."""
     port = free_port()
-    server = subprocess.Popen(
-        [*finetwin(tree), "api", "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not port_open(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the API did not start")
-            time.sleep(0.1)  # waiting for another process's port: nothing to await
-        yield port
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(log.open("w")) if log is not None else subprocess.DEVNULL
+        server = subprocess.Popen(
+            [*finetwin(tree), "api", "--port", str(port)], env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not port_open(port):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    said = f": {log.read_text()[-2000:]}" if log is not None else ""
+                    raise SystemExit(f"the API did not start{said}")
+                time.sleep(0.1)  # waiting for another process's port: nothing to await
+            yield port
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
 
 
 def warm_up(port: int, key: str) -> None:
@@ -318,16 +336,8 @@ Row = tuple[float, float, float, float, int]
 def measure_tree(tree: Path, clients: int, seconds: float, seed: int) -> dict[str, Row]:
     with tempfile.TemporaryDirectory(prefix="finetwin-bench-api-") as tmp:
         work = Path(tmp)
-        models_dir = fit_models(tree, work)
-        env = tree_env(tree, {
-            "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
-            "FINETWIN_MODELS_DIR": str(models_dir), "FINETWIN_SCHEDULER_ENABLED": "false",
-            "FINETWIN_KAFKA_BOOTSTRAP": "", "FINETWIN_ADVICE_WARM_MEMO": "false",
-        })  # fmt: skip
-        key = subprocess.run(
-            [*finetwin(tree), "keys", "create", "--role", "viewer", "--name", "bench"],
-            env=env, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+        env = api_env(tree, work, fit_models(tree, work))
+        key = viewer_key(tree, env)
         with api_server(tree, env) as port:
             warm_up(port, key)
             return scenarios(port, key, clients, seconds, seed)

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -36,18 +33,17 @@ import uvloop
 from api import (
     SAMPLE,
     RawClient,
+    api_env,
+    api_server,
     distinct_configs,
-    finetwin,
     fit_models,
     percentile,
-    tree_env,
+    viewer_key,
     warm_up,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from ingest.broker import free_port, port_open  # noqa: E402
 
 REFIT_DONE = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO calibrate\.refit: refit \(schedule\): "
@@ -60,25 +56,6 @@ def resample(path: Path, seed: int) -> Path:
     picked = np.random.default_rng(seed).integers(0, len(raw), size=len(raw))
     raw.iloc[picked].to_csv(path, index=False)
     return path
-
-
-@contextlib.contextmanager
-def api_server(tree: Path, env: dict[str, str], log: Path) -> Iterator[int]:
-    """`finetwin api` on a free port with its log in `log`; yields the port once it accepts connections."""
-    port = free_port()
-    with log.open("w") as sink:
-        server = subprocess.Popen([*finetwin(tree), "api", "--port", str(port)], env=env, stdout=sink,
-                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60
-            while not port_open(port):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the API did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.1)  # waiting for another process's port: nothing to await
-            yield port
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
 
 
 async def paced(port: int, key: str, clients: int, rate: float, seconds: float) -> list[tuple[float, float]]:
@@ -133,18 +110,12 @@ def summary(latencies: list[float]) -> Row:
 def measure_tree(tree: Path, clients: int, rate: float, seconds: float) -> dict[str, Row]:
     with tempfile.TemporaryDirectory(prefix="finetwin-bench-refit-") as tmp:
         work = Path(tmp)
-        models_dir = fit_models(tree, work)
         other = resample(work / "other.csv", seed=11)
-        env = tree_env(tree, {
-            "FINETWIN_DATA_DIR": str(work / "data"), "FINETWIN_DATABASE_URL": "",
-            "FINETWIN_MODELS_DIR": str(models_dir), "FINETWIN_SCHEDULER_ENABLED": "true",
-            "FINETWIN_REFIT_INTERVAL_MINUTES": "0.5", "FINETWIN_REFIT_BENCHMARKS": json.dumps([str(other)]),
-            "FINETWIN_KAFKA_BOOTSTRAP": "", "FINETWIN_ADVICE_WARM_MEMO": "false",
-        })  # fmt: skip
-        key = subprocess.run(
-            [*finetwin(tree), "keys", "create", "--role", "viewer", "--name", "bench"],
-            env=env, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+        env = api_env(
+            tree, work, fit_models(tree, work), FINETWIN_SCHEDULER_ENABLED="true",
+            FINETWIN_REFIT_INTERVAL_MINUTES="0.5", FINETWIN_REFIT_BENCHMARKS=json.dumps([str(other)]),
+        )  # fmt: skip
+        key = viewer_key(tree, env)
         log = work / "api.log"
         with api_server(tree, env, log) as port:
             warm_up(port, key)

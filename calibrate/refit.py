@@ -488,6 +488,7 @@ class RefitScheduler:
         self.clock = clock
         self._running = threading.Lock()
         self._child = RefitProcess() if in_child and shareable_url(engine) is not None else None
+        self._stopped = False
         self._last_drift_trigger: datetime | None = None
         self.last_result: RefitResult | None = None
 
@@ -511,6 +512,7 @@ class RefitScheduler:
 
     def stop(self) -> None:
         """Ends a refit running in its child process (the API is stopping): it is abandoned, not saved."""
+        self._stopped = True
         if self._child is not None:
             self._child.stop()
 
@@ -558,10 +560,12 @@ class RefitScheduler:
         except KeyboardInterrupt:
             if threading.current_thread() is threading.main_thread():
                 raise  # the user's own Ctrl-C
-            # The comparison fit's worker process took a terminal's Ctrl-C (it reaches every process of the
-            # foreground group, and `finetwin up` is stopping): its KeyboardInterrupt comes back as its
-            # result. Not a failure to report with a traceback.
-            log.info("refit (%s) abandoned: its worker process was interrupted (Ctrl-C)", reason)
+            # The refit's process was stopped (`stop`: the API is stopping), or, refitting in this process,
+            # the comparison fit's worker took a terminal's Ctrl-C (it reaches every process of the
+            # foreground group): its KeyboardInterrupt comes back as its result. Not a failure to report
+            # with a traceback.
+            why = "the API is stopping" if self._stopped else "its worker process was interrupted (Ctrl-C)"
+            log.info("refit (%s) abandoned: %s", reason, why)
             return None
         except RefitFailed as exc:
             log.error("refit (%s) failed in its process: %s\n%s", reason, exc, exc.child_traceback)

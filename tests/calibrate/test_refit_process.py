@@ -115,7 +115,7 @@ def test_the_child_ends_when_the_api_process_dies() -> None:
 
 
 def test_the_api_stopping_abandons_a_refit_in_its_process(
-    sqlite_url: str, registry_copy: Path, sample_csv: Path
+    sqlite_url: str, registry_copy: Path, sample_csv: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = make_engine(sqlite_url)
     migrate(engine)
@@ -126,10 +126,12 @@ def test_the_api_stopping_abandons_a_refit_in_its_process(
     refits = RefitScheduler(settings, engine, scheduler=None)
     outcome: list[Any] = []
     thread = threading.Thread(target=lambda: outcome.append(refits.refit(reason="schedule")))
-    thread.start()
-    assert refits._child is not None and refits._child.started.wait(timeout=60)
-    refits.stop()
-    thread.join(timeout=120)
+    with caplog.at_level("INFO", logger="calibrate.refit"):
+        thread.start()
+        assert refits._child is not None and refits._child.started.wait(timeout=60)
+        refits.stop()
+        thread.join(timeout=120)
     assert not thread.is_alive() and outcome == [None]  # abandoned: no result, no error
+    assert "refit (schedule) abandoned: the API is stopping" in caplog.text
     assert ModelRegistry(registry_copy).versions() == ["v0001"]
     engine.dispose()
