@@ -12,6 +12,7 @@ terminal's Ctrl-C reaches the API alone, which stops the child through `stop` as
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import multiprocessing
@@ -37,13 +38,14 @@ class RefitFailed(Exception):
 
 
 class RefitProcess:
-    """Runs one refit at a time in a spawned child process; `stop` ends the one running."""
+    """Runs one refit at a time in a spawned child process; `stop` ends the one running and refuses more."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None  # once it takes SIGINT as a stop
         self._stopping = False
-        self.started = threading.Event()  # set once a child runs (for a caller that will stop it)
+        self.spawned = threading.Event()  # set while a child process exists, ready or not
+        self.started = threading.Event()  # set while a child runs that `stop` can signal
 
     def run(self, target: Callable[..., Any], database_url: str | None, **kwargs: Any) -> Any:
         """`target(engine=<an engine on database_url>, **kwargs)` in the child (a module-level function, so
@@ -55,15 +57,26 @@ class RefitProcess:
         process = context.Process(
             target=_child, args=(sending, target, database_url, level, kwargs), name="finetwin-refit"
         )
-        with self._lock:
-            self._stopping = False
-            process.start()
-            self._process = process
+        if self._stopping:
+            raise KeyboardInterrupt  # stopped for good: the API is stopping
+        # A process that exits while the child runs (its main thread ended, the child's not stopped) would
+        # wait for the child at exit, as multiprocessing joins its children: stop it first.
+        atexit.register(self.stop)
+        process.start()
         sending.close()  # the child holds the only writer: its death ends recv with EOFError
-        self.started.set()
+        self.spawned.set()
         try:
             try:
+                # A SIGINT before the child is ready would kill it or, inherited as ignored, be lost: `stop`
+                # signals only a child that said it is ready, and one asked for before is sent then.
                 kind, payload = receiving.recv()
+                if kind == "ready":
+                    with self._lock:
+                        self._process = process
+                        if self._stopping:
+                            _interrupt(process)
+                    self.started.set()
+                    kind, payload = receiving.recv()
             except EOFError:
                 kind, payload = "died", None
         finally:
@@ -72,6 +85,8 @@ class RefitProcess:
             with self._lock:
                 self._process = None
             self.started.clear()
+            self.spawned.clear()
+            atexit.unregister(self.stop)
         if kind == "done":
             return payload
         if kind == "interrupted" or (kind == "died" and self._stopping):
@@ -82,17 +97,25 @@ class RefitProcess:
         message, child_traceback = payload
         raise RefitFailed(message, child_traceback)
 
-    def stop(self) -> None:
-        """Ends the running child and its workers (SIGINT to their group), if one runs."""
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id, once it is ready."""
         with self._lock:
-            process, self._stopping = self._process, True
-            if process is None or process.pid is None:
-                return
-            try:
-                os.killpg(process.pid, signal.SIGINT)
-            except ProcessLookupError:  # not yet the leader of its group: it has no workers yet either
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGINT)
+            return None if self._process is None else self._process.pid
+
+    def stop(self) -> None:
+        """Ends the running child and its workers (SIGINT to their group), now or as soon as it is ready."""
+        with self._lock:
+            self._stopping = True
+            if self._process is not None:
+                _interrupt(self._process)
+
+
+def _interrupt(process: multiprocessing.process.BaseProcess) -> None:
+    """SIGINT to a ready child's group: the child and the workers it started."""
+    if process.pid is not None:
+        with contextlib.suppress(ProcessLookupError):  # it has just ended
+            os.killpg(process.pid, signal.SIGINT)
 
 
 def _child(
@@ -113,6 +136,7 @@ def _child(
     logging.getLogger("calibrate").setLevel(level)
     engine = None
     try:
+        sending.send(("ready", None))
         if database_url is not None:
             from twin.db import make_engine
 

@@ -65,8 +65,10 @@ def ctrl_c_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def test_stop_ends_the_running_child_as_an_interruption(ctrl_c_ignored: None) -> None:
-    """Also when the API was started with SIGINT ignored, which its child inherits."""
+@pytest.mark.parametrize("when", ["running", "starting"])
+def test_stop_ends_the_child_as_an_interruption(ctrl_c_ignored: None, when: str) -> None:
+    """Also when the API was started with SIGINT ignored, which its child inherits, and when the stop comes
+    while the child is still starting (before it can take a SIGINT: one sent then was lost)."""
     process = RefitProcess()
     outcome: list[BaseException | None] = []
 
@@ -77,17 +79,23 @@ def test_stop_ends_the_running_child_as_an_interruption(ctrl_c_ignored: None) ->
         except BaseException as exc:  # noqa: BLE001 - what it raised is the assertion
             outcome.append(exc)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)  # a failure here must not hang the suite at exit
     thread.start()
-    assert process.started.wait(timeout=60)
+    # Starting: the child exists and is still importing what it runs (a second or more).
+    assert (process.started if when == "running" else process.spawned).wait(timeout=60)
     process.stop()
     thread.join(timeout=60)
     assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt), outcome
+    with pytest.raises(KeyboardInterrupt):  # stopped for good: the API is stopping
+        process.run(where_am_i, None)
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3) to await a process")
-def test_the_child_ends_when_the_api_process_dies() -> None:
-    """A process that starts a refit and dies at once (kill -9 of the API): its refit does not go on."""
+@pytest.mark.parametrize("end", ["os._exit(0)", "sys.exit(0)"])
+def test_the_child_ends_when_the_api_process_ends(end: str) -> None:
+    """A process that starts a refit and dies at once (kill -9 of the API: `os._exit`), or whose main thread
+    ends without stopping it (which made the process wait for the refit at exit): its refit does not go
+    on, and the process exits."""
     script = (
         "import os, sys, threading\n"
         "from calibrate.refit_process import RefitProcess\n"
@@ -95,9 +103,9 @@ def test_the_child_ends_when_the_api_process_dies() -> None:
         "process = RefitProcess()\n"
         "threading.Thread(target=process.run, args=(wait_forever, None), daemon=True).start()\n"
         "process.started.wait()\n"
-        "print(process._process.pid, flush=True)\n"
+        "print(process.pid, flush=True)\n"
         "sys.stdin.readline()\n"  # until the test has a handle on the child
-        "os._exit(0)\n"
+        f"{end}\n"
     )
     api = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -125,7 +133,7 @@ def test_the_api_stopping_abandons_a_refit_in_its_process(
     settings = Settings(refit_benchmarks=[subset], models_dir=registry_copy)
     refits = RefitScheduler(settings, engine, scheduler=None)
     outcome: list[Any] = []
-    thread = threading.Thread(target=lambda: outcome.append(refits.refit(reason="schedule")))
+    thread = threading.Thread(target=lambda: outcome.append(refits.refit(reason="schedule")), daemon=True)
     with caplog.at_level("INFO", logger="calibrate.refit"):
         thread.start()
         assert refits._child is not None and refits._child.started.wait(timeout=60)
