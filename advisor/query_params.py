@@ -15,8 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from advisor.auth import V1_PREFIX
 from twin.input_errors import closest
 
-# A route's dependant never changes once the app is built: its parameters are collected once per route.
-_TAKEN: dict[int, tuple[str, ...]] = {}
+# A route's dependant never changes once the app is built: its parameters are collected once, and kept on
+# the route itself (keyed by id() elsewhere, a route of a discarded app could lend its id to a new one).
+_TAKEN_ATTRIBUTE = "_finetwin_query_names"
 
 
 async def reject_unknown_query(request: Request) -> None:
@@ -28,9 +29,10 @@ async def reject_unknown_query(request: Request) -> None:
     # Pages and files outside /v1 (the dashboard, its scripts) take what a browser adds to their address.
     if dependant is None or not getattr(route, "path", "").startswith(V1_PREFIX):
         return
-    taken = _TAKEN.get(id(route))
+    taken: tuple[str, ...] | None = getattr(route, _TAKEN_ATTRIBUTE, None)
     if taken is None:
-        taken = _TAKEN[id(route)] = tuple(dict.fromkeys(query_names(dependant)))
+        taken = tuple(dict.fromkeys(query_names(dependant)))
+        setattr(route, _TAKEN_ATTRIBUTE, taken)
     unknown = [name for name in dict.fromkeys(request.query_params.keys()) if name not in taken]
     if unknown:
         takes = f"it takes {', '.join(taken)}" if taken else "it takes no query parameters"
@@ -43,7 +45,7 @@ async def reject_unknown_query(request: Request) -> None:
                     "msg": f"unknown parameter{_hint(name, taken)}; {takes}",
                 }
                 for name in unknown
-            ]  # fmt: skip
+            ]
         )
 
 

@@ -63,7 +63,7 @@ SYNONYMS: dict[str, str] = {
             "tokens",
         ),
         "tokens_per_sample",
-    ),  # fmt: skip
+    ),
     **dict.fromkeys(("gpus", "n_gpus", "num_gpus", "gpu_count", "world_size"), "number_gpus"),
     **dict.fromkeys(("nodes", "n_nodes", "num_nodes", "node_count"), "number_nodes"),
     **dict.fromkeys(("model", "model_id", "llm", "base_model", "model_name_or_path"), "model_name"),
