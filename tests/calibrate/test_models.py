@@ -18,13 +18,14 @@ import skops.io as sio
 
 from calibrate import compiled as compiled_trees
 from calibrate import tree_walker
+from calibrate.features import DATA_SHEET_GPU_NOTE, UNKNOWN_GPU_NOTE, feature_columns
 from calibrate.fit import (
     SKOPS_TRUSTED_TYPES,
     CalibratedModels,
     fit_models,
     holdout_metrics,
 )
-from calibrate.loader import CONFIG_COLUMNS, load_benchmark, load_configs
+from calibrate.loader import CONFIG_COLUMNS, DISTINCT_FROM_ROWS, load_benchmark, load_configs
 from calibrate.model_sizes import UNKNOWN_SIZE_NOTE, UNSEEN_NAME_NOTE
 from twin.domain import GPU_TYPES, JobConfig, Outcome
 from twin.job_config import config_from_row
@@ -105,6 +106,23 @@ def test_the_models_fit_the_sample_they_learned_from(sample: pd.DataFrame, predi
     passed = sample["outcome"] != Outcome.REJECTED.value
     agree = (predicted.loc[passed, "outcome"] == sample.loc[passed, "outcome"]).mean()
     assert agree > 0.95
+
+
+def test_each_row_is_noted_for_its_llm_and_its_gpu(sample: pd.DataFrame) -> None:
+    """The notes are joined once per distinct LLM and GPU pair, then given to the rows (from
+    DISTINCT_FROM_ROWS rows on, where rows share their distinct values): every row gets its own pair's."""
+    names = {"llama3.1-8b": "", "acme-1b-chat": UNSEEN_NAME_NOTE, "acme-chat": UNKNOWN_SIZE_NOTE}
+    gpus = {A100_SXM: "", "NVIDIA L4": DATA_SHEET_GPU_NOTE, "acme-gpu": UNKNOWN_GPU_NOTE, "L40S": ""}
+    pairs = [(n, g) for n in names for g in gpus]
+    picked = np.random.default_rng(3).integers(0, len(pairs), size=DISTINCT_FROM_ROWS + 200)
+    rows = sample[sample["model_name"] == "llama3.1-8b"].head(1)
+    rows = rows.loc[rows.index.repeat(len(picked))].reset_index(drop=True)
+    rows["model_name"] = [pairs[i][0] for i in picked]
+    rows["gpu_model"] = [pairs[i][1] for i in picked]
+    _, notes = feature_columns(rows)
+    expected = ["; ".join(x for x in (names[pairs[i][0]], gpus[pairs[i][1]]) if x) for i in picked]
+    assert notes == expected
+    assert {UNSEEN_NAME_NOTE, f"{UNKNOWN_SIZE_NOTE}; {UNKNOWN_GPU_NOTE}", ""} <= set(notes)
 
 
 def test_an_unseen_model_name_is_predicted_from_its_size_and_flagged(
