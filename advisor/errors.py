@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from advisor.auth import V1_PREFIX
 from twin.executors import ExecutorUnavailable
-from twin.input_errors import closest, keys_at
+from twin.input_errors import did_you_mean, keys_at
 
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -65,8 +65,7 @@ def _key_hint(error: Any, body_model: type[BaseModel] | None) -> str:
     loc = tuple(error.get("loc", ()))
     if error.get("type") != "extra_forbidden" or body_model is None or loc[:1] != ("body",) or len(loc) < 2:
         return ""
-    close = closest(str(loc[-1]), keys_at(body_model, loc[1:-1]))
-    return f" (did you mean {close!r}?)" if close else ""
+    return did_you_mean(str(loc[-1]), keys_at(body_model, loc[1:-1]))
 
 
 def route_body_model(request: Request) -> type[BaseModel] | None:

@@ -13,7 +13,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 
 from advisor.auth import V1_PREFIX
-from twin.input_errors import closest
+from twin.input_errors import did_you_mean
 
 # A route's dependant never changes once the app is built: its parameters are collected once, and kept on
 # the route itself (keyed by id() elsewhere, a route of a discarded app could lend its id to a new one).
@@ -42,7 +42,7 @@ async def reject_unknown_query(request: Request) -> None:
                     "type": "extra_forbidden",
                     "loc": ("query", name),
                     "input": request.query_params[name],
-                    "msg": f"unknown parameter{_hint(name, taken)}; {takes}",
+                    "msg": f"unknown parameter{did_you_mean(name, taken)}; {takes}",
                 }
                 for name in unknown
             ]
@@ -55,8 +55,3 @@ def query_names(dependant: Dependant) -> list[str]:
     for inner in dependant.dependencies:
         names.extend(query_names(inner))
     return names
-
-
-def _hint(name: str, taken: tuple[str, ...]) -> str:
-    close = closest(name, taken)
-    return f" (did you mean {close!r}?)" if close else ""

@@ -23,8 +23,8 @@ def validation_message(exc: ValidationError, model: type[BaseModel], also: Seque
         return first_error(exc)
     parts = []
     for loc in unknown:
-        close = closest(str(loc[-1]), keys_at(model, loc[:-1], also))
-        parts.append(f"unknown key {_dotted(loc)!r}" + (f" (did you mean {close!r}?)" if close else ""))
+        hint = did_you_mean(str(loc[-1]), keys_at(model, loc[:-1], also))
+        parts.append(f"unknown key {_dotted(loc)!r}{hint}")
     if missing:
         parts.append(f"missing: {', '.join(missing)}")
     section = unknown[0][:-1] if unknown else ()
@@ -41,8 +41,7 @@ def unknown_keys(given: Iterable[Any], known: Sequence[str]) -> str | None:
         return None
     parts = []
     for key in unknown:
-        close = closest(key, known)
-        parts.append(f"unknown key {key!r}" + (f" (did you mean {close!r}?)" if close else ""))
+        parts.append(f"unknown key {key!r}" + did_you_mean(key, known))
     return "; ".join(parts) + f" (known keys: {', '.join(known)})"
 
 
@@ -88,6 +87,13 @@ def closest(name: str, names: Iterable[str]) -> str | None:
         return same
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return close[0] if close else None
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """` (did you mean 'tokens_per_sample'?)` when one of `names` is the one `name` stands for (`closest`),
+    else ''."""
+    close = closest(name, names)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def synonym_in(name: str, names: Iterable[str]) -> str | None:
