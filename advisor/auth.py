@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from cachetools import TTLCache
-from fastapi import HTTPException, Request, Security
+from fastapi import Depends, HTTPException, Request, Security
 from fastapi.concurrency import run_in_threadpool
-from fastapi.security import APIKeyHeader
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
@@ -221,6 +221,19 @@ class FailureLimiter:
 
 
 _header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False, description="finetwin keys create")
+_bearer = HTTPBearer(auto_error=False, description="the same key as a bearer token")
+
+
+async def presented_key(
+    api_key: str | None = Security(_header),
+    bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
+) -> str | None:
+    """The key in `X-API-Key`, else in `Authorization: Bearer`: what Prometheus's `authorization`, Grafana's
+    data sources and most HTTP clients send without a custom header. Async: a plain function would be run
+    in the thread pool, a hop on every request."""
+    if api_key:
+        return api_key
+    return bearer.credentials if bearer is not None else None
 
 
 def too_many_failures(address: str, wait_s: float) -> str:
@@ -241,7 +254,7 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
     if not key:
         raise HTTPException(
             status_code=401,
-            detail=f"missing API key: send it in the {API_KEY_HEADER} header",
+            detail=f"missing API key: send it in the {API_KEY_HEADER} header, or as Authorization: Bearer",
             headers={"WWW-Authenticate": API_KEY_HEADER},
         )
     runtime = get_runtime(request)
@@ -266,8 +279,8 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
     return principal
 
 
-async def current_principal(request: Request, key: str | None = Security(_header)) -> Principal:
-    """The caller behind `X-API-Key`: 401 when the key is missing or not valid."""
+async def current_principal(request: Request, key: str | None = Depends(presented_key)) -> Principal:
+    """The caller behind the presented key: 401 when the key is missing or not valid."""
     return await _authenticate(request, key)
 
 
@@ -287,7 +300,7 @@ def forbid(principal: Principal, needed: Role) -> None:
         )
 
 
-async def authorize(request: Request, key: str | None = Security(_header)) -> Principal | None:
+async def authorize(request: Request, key: str | None = Depends(presented_key)) -> Principal | None:
     """The central check on every `/v1` route: a valid key (401), and a role fit for the route (403).
 
     Attached to whole routers; a route of such a router outside `/v1` (none today) stays open.
@@ -303,7 +316,7 @@ async def authorize(request: Request, key: str | None = Security(_header)) -> Pr
 def require_role(role: Role):  # type: ignore[no-untyped-def]
     """A dependency for a route that needs more than its method implies (approve, reject)."""
 
-    async def dependency(request: Request, key: str | None = Security(_header)) -> Principal:
+    async def dependency(request: Request, key: str | None = Depends(presented_key)) -> Principal:
         principal = await _authenticate(request, key)
         forbid(principal, role)
         return principal

@@ -51,7 +51,8 @@ class RepeatedAdviceFastPath:
         """(the cached answer or None, the request messages read so far or None when none were read)."""
         runtime = self.runtime
         cache, key_cache, models = runtime.answer_cache, runtime.key_cache, runtime.models_in_use
-        key, length = _header(scope, _KEY_HEADER), _header(scope, b"content-length")
+        key = _header(scope, _KEY_HEADER) or _bearer_token(_header(scope, b"authorization"))
+        length = _header(scope, b"content-length")
         if not key or not length or not length.isdigit() or int(length) > MAX_RAW_KEY_BYTES:
             return None, None
         found, principal = key_cache.cached(key.decode("latin-1"))
@@ -73,3 +74,12 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if header == name:
             return value
     return None
+
+
+def _bearer_token(authorization: bytes | None) -> bytes | None:
+    """The token of `Authorization: Bearer <token>`, read as FastAPI's HTTPBearer reads it (the scheme in
+    any case, the token stripped)."""
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.partition(b" ")
+    return token.strip() or None if scheme.lower() == b"bearer" else None

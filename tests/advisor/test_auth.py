@@ -39,6 +39,31 @@ def test_a_missing_key_says_which_header(client: TestClient) -> None:
     assert "X-API-Key" in response.json()["detail"]
 
 
+def test_the_key_may_come_as_a_bearer_token(client: TestClient, keys: dict) -> None:
+    """`Authorization: Bearer <key>` is the same key: its role is checked, a wrong one refused, and the
+    OpenAPI document offers either header."""
+
+    def bearer(role: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {keys[role]['X-API-Key']}"}
+
+    assert client.get("/v1/jobs", headers=bearer("viewer")).status_code == 200
+    assert client.post("/v1/recommendations/run", headers=bearer("viewer")).status_code == 403
+    missing = "/v1/recommendations/does-not-exist/approve"
+    assert client.post(missing, json={}, headers=bearer("approver")).status_code == 404
+    assert client.get("/v1/jobs", headers={"Authorization": "Bearer ft_nope_nope"}).status_code == 401
+    basic = client.get("/v1/jobs", headers={"Authorization": f"Basic {keys['viewer']['X-API-Key']}"})
+    assert basic.status_code == 401 and "Authorization: Bearer" in basic.json()["detail"]
+    # X-API-Key is read first: a viewer key there is not raised to an approver's by the bearer token.
+    both = {**keys["viewer"], **bearer("approver")}
+    assert client.post(missing, json={}, headers=both).status_code == 403
+    operation = client.get("/openapi.json").json()["paths"]["/v1/jobs"]["get"]
+    assert {name for requirement in operation["security"] for name in requirement} == {
+        "APIKeyHeader",
+        "HTTPBearer",
+    }
+    assert all(len(requirement) == 1 for requirement in operation["security"])  # either, not both
+
+
 def test_every_write_endpoint_refuses_without_a_key(client: TestClient, keys: dict) -> None:
     """Walk the OpenAPI document: no non-GET operation anywhere accepts a request without a key."""
     spec = client.get("/openapi.json").json()

@@ -69,12 +69,15 @@ def _call(
     key: str | None = "good",
     path: str = "/v1/advise",
     chunks: int = 1,
+    authorization: str | None = None,
 ) -> tuple[int, bytes, Inner]:
     inner = Inner()
     middleware = RepeatedAdviceFastPath(inner, state)
     headers = [(b"content-length", str(len(body)).encode())]
     if key is not None:
         headers.append((b"x-api-key", key.encode()))
+    if authorization is not None:
+        headers.append((b"authorization", authorization.encode()))
     scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
     step = max(1, len(body) // chunks)
     parts = [body[i : i + step] for i in range(0, len(body), step)] or [b""]
@@ -95,8 +98,12 @@ def _call(
     return status, b"".join(m.get("body", b"") for m in sent[1:]), inner
 
 
-def test_a_repeated_body_with_a_verified_key_is_answered_from_the_cache() -> None:
-    status, content, inner = _call(_state(), chunks=3)
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"key": None, "authorization": "Bearer good"}, {"key": None, "authorization": "bearer  good"}],
+)
+def test_a_repeated_body_with_a_verified_key_is_answered_from_the_cache(kwargs: dict) -> None:
+    status, content, inner = _call(_state(), chunks=3, **kwargs)
     assert (status, content, inner.bodies) == (200, ANSWER, [])
 
 
@@ -108,6 +115,8 @@ def test_a_repeated_body_with_a_verified_key_is_answered_from_the_cache() -> Non
         ("a key the cache never verified", {"key": "unknown"}, "v1"),
         ("a key the cache knows is invalid", {"key": "bad"}, "v1"),
         ("no key", {"key": None}, "v1"),
+        ("a key under another scheme", {"key": None, "authorization": "Basic good"}, "v1"),
+        ("a bearer token the cache knows is invalid", {"key": None, "authorization": "Bearer bad"}, "v1"),
         ("another model version in use", {}, "v2"),
         ("no model in use", {}, None),
         ("another path", {"path": "/v1/predict"}, "v1"),
