@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict
 from sqlmodel import Session, col, func, select
 
 from advisor.deps import get_session
 from advisor.timestamps import UtcDatetime
-from twin.domain import canonical_gpu_name
+from twin.domain import UnknownGpuModel, canonical_gpu_name, gpu_key, known_gpu_name
 from twin.job_config import PartialJobConfig
 from twin.store import Job
 
@@ -49,11 +50,21 @@ class JobPage(BaseModel):
 
 
 def gpu_spellings(session: Session, gpu_model: str) -> list[str]:
-    """The names the store's jobs give the GPU type `gpu_model` names, in any spelling: the name itself
-    when it is not a known type."""
-    wanted = canonical_gpu_name(gpu_model)
+    """The names the store's jobs give the GPU type `gpu_model` names, in any spelling (a name the catalogue
+    lacks, as the cluster reported it, in any case and with spaces or hyphens)."""
+    wanted = gpu_key(canonical_gpu_name(gpu_model))
     stored = session.exec(select(Job.gpu_model).distinct()).all()
-    return [name for name in stored if name is not None and canonical_gpu_name(name) == wanted]
+    return [name for name in stored if name is not None and gpu_key(canonical_gpu_name(name)) == wanted]
+
+
+def _known_gpu_or_422(gpu_model: str) -> None:
+    """A name no stored job has and the catalogue does not know is a mistake (`A100` for one of its types),
+    not a GPU type without jobs: 422 with the names meant, where an empty page would say there are none."""
+    try:
+        known_gpu_name(gpu_model)
+    except UnknownGpuModel as error:
+        problem = {"type": "value_error", "loc": ("query", "gpu_model"), "input": gpu_model}
+        raise RequestValidationError([{**problem, "msg": str(error)}]) from None
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first")
@@ -75,6 +86,8 @@ def list_jobs(
         # The store holds each GPU name as its cluster reported it (`NVIDIA A100-SXM4-80GB`, `A100-SXM`):
         # the filter takes every spelling of the one GPU type, as every other input takes any of them.
         spellings = gpu_spellings(session, gpu_model)
+        if not spellings:
+            _known_gpu_or_422(gpu_model)
         query = query.where(col(Job.gpu_model).in_(spellings))
         count = count.where(col(Job.gpu_model).in_(spellings))
     query = query.order_by(col(Job.submitted_at).desc(), col(Job.job_id)).offset(offset).limit(limit)

@@ -203,6 +203,7 @@ def list_models(
 @router.get(
     "/v1/models/live-error",
     response_model=LiveErrorOut,
+    responses={404: {"description": "`model_version` names no version of the registry or the store"}},
     summary="Rolling live error (throughput MdAPE, outcome error) of the predictions, job by job",
 )
 def live_error(
@@ -214,12 +215,18 @@ def live_error(
 ) -> LiveErrorOut:
     policy = DriftPolicy.from_settings(settings)
     window = window or policy.window
+    registry = ModelRegistry(settings.resolved_models_dir())
     try:
-        in_use = ModelRegistry(settings.resolved_models_dir()).in_use()
+        in_use = registry.in_use()
     except RegistryError:
         in_use = None
     with engine.connect() as connection:
         points = live_error_series(connection, window=window, limit=limit, model_version=model_version)
+        if model_version is not None and not points and model_version not in registry.versions():
+            # A misspelt version (`v1` for `v0001`) read as an empty series: as if it had no finished job.
+            known = ", ".join(registry.versions()) or "none yet"
+            detail = f"no model version {model_version!r} (versions: {known})"
+            raise HTTPException(status_code=404, detail=detail)
         current = None
         if in_use is not None:
             summary = summarize(connection, in_use, window)

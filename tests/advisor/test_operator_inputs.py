@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
+from sqlmodel import select
 
 from finetwin.cli import main
 
@@ -159,6 +160,32 @@ def test_jobs_are_filtered_by_gpu_type_in_any_spelling(
         page = client.get("/v1/jobs", params={"gpu_model": spelling}, headers=keys["viewer"]).json()
         assert page["total"] == 3 and {j["gpu_model"] for j in page["jobs"]} == {"NVIDIA-A100-SXM4-80GB"}
     assert client.get("/v1/jobs", params={"gpu_model": "L40S"}, headers=keys["viewer"]).json()["total"] == 0
+
+
+def test_a_gpu_filter_that_names_no_gpu_type_is_a_422_with_the_names_meant(
+    client: TestClient, engine: Engine, keys: dict
+) -> None:
+    """`gpu_model=A100` matched no job and answered an empty page, as if the cluster had no A100 job. A name
+    the catalogue does not know is refused with its family's members, unless a stored job carries it."""
+    from tests.advisor.seed import seed_overloaded_cluster
+    from twin.db import session_scope
+    from twin.store import Job
+
+    seed_overloaded_cluster(engine, jobs=3)
+    response = client.get("/v1/jobs", params={"gpu_model": "A100"}, headers=keys["viewer"])
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("query.gpu_model: unknown GPU model 'A100'; did you mean ")
+    assert "'NVIDIA-A100-SXM4-80GB'" in detail and "'NVIDIA-A100-80GB-PCIe'" in detail
+    assert response.json()["errors"][0]["loc"] == ["query", "gpu_model"]
+    # A GPU the cluster reported that the catalogue lacks (telemetry takes it) is still a filter.
+    with session_scope(engine) as session:
+        job = session.get(Job, session.exec(select(Job.job_id)).first())
+        assert job is not None
+        job.gpu_model = "Acme X1"
+    for spelling in ("Acme X1", "acme-x1"):
+        page = client.get("/v1/jobs", params={"gpu_model": spelling}, headers=keys["viewer"]).json()
+        assert page["total"] == 1 and page["jobs"][0]["gpu_model"] == "Acme X1", spelling
 
 
 def test_gpu_names_as_a_cluster_reports_them_are_one_type(

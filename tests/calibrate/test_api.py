@@ -217,6 +217,13 @@ def test_live_error_is_rolled_over_the_last_finished_jobs(
     limited = client.get("/v1/models/live-error", params={"window": 2, "limit": 1}).json()["points"]
     assert len(limited) == 1 and limited[0]["rolling_mdape"] == pytest.approx(1.0)
     assert client.get("/v1/models/live-error", params={"window": 0}).status_code == 422
+    mine = client.get("/v1/models/live-error", params={"model_version": "v0001"}).json()["points"]
+    assert [p["job_id"] for p in mine] == jobs
+    # A version that is nowhere (`v1` for `v0001`) read as one without finished jobs: an empty series.
+    for missing in ("v1", "v0002"):
+        response = client.get("/v1/models/live-error", params={"model_version": missing})
+        assert response.status_code == 404, response.text
+        assert response.json()["detail"] == f"no model version '{missing}' (versions: v0001)"
 
 
 def test_startup_puts_the_hourly_refit_and_the_drift_check_on_the_scheduler(
