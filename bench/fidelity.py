@@ -189,7 +189,7 @@ def print_sources(results: list[dict[str, Any]]) -> None:
 
 def live_scoring(
     every_s: float, runs: int, horizon_s: float, interval_s: float, policy: str = "fifo",
-    band_calibration: bool = True,
+    band_calibration: bool = True, load: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The bundled sample replayed into a SQLite store; a standing forecast every `every_s` of telemetry time
     from the store as it stood; every passed interval scored. Returns `twin.skill.skill` and counts."""
@@ -207,7 +207,8 @@ def live_scoring(
 
     table = load_benchmark(bundled_benchmark_path())
     models = fit_models(table)  # what `finetwin up` fits first: the bundled benchmark
-    plan = plan_replay(table, seed=0, epoch=datetime(2025, 1, 1, tzinfo=UTC))
+    sized = {} if load is None else {"target_utilization": load}
+    plan = plan_replay(table, seed=0, epoch=datetime(2025, 1, 1, tzinfo=UTC), **sized)
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(f"sqlite:///{tmp}/live.db")
         migrate(engine)
@@ -244,7 +245,7 @@ def print_live(result: dict[str, Any], every_s: float) -> bool:
           f"{every_s / 3600:g} h of telemetry time over {result['replay_span_h']:.0f} h; "
           f"{result['intervals']} interval figures scored")  # fmt: skip
     header = (f"{'figure':<40}{'n':>6}{'MAPE':>9}{'WAPE':>8}{'MAE':>10}{'bias':>10}{'coverage':>10}"
-              f"{'raw cov.':>10}{'ratio':>7}  target")  # fmt: skip
+              f"{'raw cov.':>10}{'ratio':>7}{'persist. MAE':>13}{'skill':>7}  target")  # fmt: skip
     print(header)
     print("-" * len(header))
     ok = True
@@ -260,8 +261,12 @@ def print_live(result: dict[str, Any], every_s: float) -> bool:
         raw = stats["raw_coverage"]
         gap = abs(raw - 0.8)
         ratio = f"{abs(stats['coverage'] - 0.8) / gap:>7.2f}" if gap > 1e-9 else f"{'-':>7}"
+        # Persistence (the interval before the forecast, again) is the baseline of the mean's error: skill
+        # 1 - MAE / its MAE, above 0 where the twin does better.
+        baseline = "-" if stats["persistence_mae"] is None else f"{stats['persistence_mae']:.3g}"
+        score = "-" if stats["skill_score"] is None else f"{stats['skill_score']:+.2f}"
         print(f"{figure:<40}{stats['n']:>6}{mape:>9}{wape:>8}{stats['mae']:>10.3g}{stats['bias']:>10.3g}"
-              f"{stats['coverage']:>10.2f}{raw:>10.2f}{ratio}  {target}")  # fmt: skip
+              f"{stats['coverage']:>10.2f}{raw:>10.2f}{ratio}{baseline:>13}{score:>7}  {target}")  # fmt: skip
     return ok
 
 
@@ -281,6 +286,12 @@ def main() -> None:
         "--live-policy",
         default="backfill",
         help="the scheduling policy the twin assumes for the replay (`up` uses backfill)",
+    )
+    parser.add_argument(
+        "--live-load",
+        type=float,
+        default=None,
+        help="the utilization the replayed cluster is sized for (default: `finetwin replay`'s; `up`: 0.5)",
     )
     parser.add_argument("--no-backtest", action="store_true", help="skip the backtests")
     parser.add_argument(
@@ -302,7 +313,13 @@ def main() -> None:
     if not args.no_live:
         every = parse_duration(args.live_every)
         live = live_scoring(
-            every, args.live_runs, 86400.0, 3600.0, args.live_policy, not args.no_band_calibration
+            every,
+            args.live_runs,
+            86400.0,
+            3600.0,
+            args.live_policy,
+            not args.no_band_calibration,
+            args.live_load,
         )
         ok &= print_live(live, every)
     print(f"\nall targets met: {'yes' if ok else 'NO'} ({time.perf_counter() - began:.0f} s)")

@@ -14,7 +14,18 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Column, Date, DateTime, Engine, Index, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Date,
+    DateTime,
+    Engine,
+    Float,
+    Index,
+    UniqueConstraint,
+)
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from twin.db import session_scope
@@ -105,6 +116,8 @@ class ForecastScore(SQLModel, table=True):
     # The ensemble's own band, where the shown one was recalibrated (twin.band_calibration); else NULL.
     raw_p10: float | None = None
     raw_p90: float | None = None
+    # What persistence forecast: the interval before the forecast began, again (NULL: scored before 0011).
+    persistence: float | None = None
     scored_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
 
 
@@ -179,6 +192,14 @@ class SkillDay(SQLModel, table=True):
     sum_abs_error: float
     sum_abs_actual: float
     sum_relative_error: float  # over the intervals whose actual is not 0
+    # The persistence baseline against the twin, over the intervals scored with a baseline (twin.skill).
+    persistence_n: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    sum_abs_error_paired: float = Field(
+        default=0.0, sa_column=Column(Float, nullable=False, server_default="0")
+    )
+    sum_abs_persistence_error: float = Field(
+        default=0.0, sa_column=Column(Float, nullable=False, server_default="0")
+    )
 
 
 class ScoredForecast(SQLModel, table=True):

@@ -51,6 +51,7 @@ class IntervalScore:
     actual: float
     raw_p10: float | None = None  # the ensemble's band where the shown one was recalibrated
     raw_p90: float | None = None
+    persistence: float | None = None  # the baseline's forecast: the interval before the forecast, again
 
     @property
     def raw_inside(self) -> bool:
@@ -88,10 +89,15 @@ def interval_edges(document: Mapping[str, Any]) -> np.ndarray:
 
 
 def score_intervals(
-    document: Mapping[str, Any], actual: Mapping[str, np.ndarray], intervals: Iterable[int]
+    document: Mapping[str, Any],
+    actual: Mapping[str, np.ndarray],
+    intervals: Iterable[int],
+    before: Mapping[str, float] | None = None,
 ) -> list[IntervalScore]:
     """The forecast's intervals `intervals` against `actual` (figure -> per interval, same intervals as the
-    forecast's series). A figure the actuals lack, or an interval whose band has no value, is not scored."""
+    forecast's series). A figure the actuals lack, or an interval whose band has no value, is not scored.
+    `before`: per figure, what was recorded over the interval before the forecast's start, which the
+    persistence baseline forecasts for every interval."""
     edges = interval_edges(document)
     bands = forecast_bands(document)
     scores: list[IntervalScore] = []
@@ -106,11 +112,15 @@ def score_intervals(
             if mean is None or p10 is None or p90 is None or not math.isfinite(float(values[i])):
                 continue
             raw = (raw_low[i], raw_high[i]) if raw_low is not None and raw_high is not None else (None, None)
+            baseline = None if before is None else before.get(name)
+            if baseline is not None and not math.isfinite(baseline):
+                baseline = None
             scores.append(
                 IntervalScore(
-                    name, i, float(edges[i]), float(edges[i + 1]), mean, p10, p90, float(values[i]), *raw
+                    name, i, float(edges[i]), float(edges[i + 1]), mean, p10, p90, float(values[i]), *raw,
+                    persistence=baseline,
                 )
-            )
+            )  # fmt: skip
     return scores
 
 
@@ -149,7 +159,9 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
             pending.append((stored, list(range(first, ready))))
     if not pending:
         return 0
-    origin = min(as_utc(s.start) for s, _ in pending)  # type: ignore[arg-type]
+    # From the interval before the earliest forecast's start: the persistence baseline's window.
+    widest = max(_first_width(s.document) for s, _ in pending)
+    origin = min(as_utc(s.start) for s, _ in pending) - timedelta(seconds=widest)  # type: ignore[arg-type]
     times = load_job_times(engine, cluster_id, origin, now)
     written = 0
     scored_at = utcnow()
@@ -169,6 +181,7 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
                         s.actual,
                         s.inside,
                         s.raw_inside,
+                        s.persistence,
                     )
                     for s in scores
                 ),
@@ -189,6 +202,7 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
                         inside=s.inside,
                         raw_p10=s.raw_p10,
                         raw_p90=s.raw_p90,
+                        persistence=s.persistence,
                         scored_at=scored_at,
                     )
                 )
@@ -196,13 +210,24 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
     return written
 
 
+def _first_width(document: Mapping[str, Any]) -> float:
+    edges = interval_edges(document)
+    return float(edges[1] - edges[0]) if len(edges) > 1 else 0.0
+
+
 def _score_one(
     document: Mapping[str, Any], times: JobTimes, start: datetime, intervals: Sequence[int]
 ) -> list[IntervalScore]:
+    """The intervals against what happened, with the persistence baseline: what happened over the interval
+    of the first one's width that ended where the forecast started (what the store knew then, or learnt
+    of it since: late telemetry helps the baseline, never the twin)."""
     offset = (start - times.origin).total_seconds()
     edges = interval_edges(document)[: max(intervals) + 2]
-    actual = actual_series(times, edges + offset)
-    return score_intervals(document, actual, intervals)
+    with_before = np.concatenate(([edges[0] - _first_width(document)], edges))
+    series = actual_series(times, with_before + offset)
+    before = {name: float(values[0]) for name, values in series.items()}
+    actual = {name: values[1:] for name, values in series.items()}
+    return score_intervals(document, actual, intervals, before)
 
 
 def since_time(text: str, now: datetime) -> datetime | None:

@@ -42,12 +42,19 @@ class Totals:
     sum_abs_error: float = 0.0
     sum_abs_actual: float = 0.0
     sum_relative_error: float = 0.0
+    # Over the intervals scored with a persistence baseline: how many, the twin's absolute error and the
+    # baseline's (the same intervals on both sides, so that old scores without one compare nothing).
+    persistence_n: int = 0
+    sum_abs_error_paired: float = 0.0
+    sum_abs_persistence_error: float = 0.0
 
     def add(self, other: Totals) -> None:
         for name in _SUMS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
-    def add_score(self, mean: float, actual: float, inside: bool, raw_inside: bool) -> None:
+    def add_score(
+        self, mean: float, actual: float, inside: bool, raw_inside: bool, persistence: float | None = None
+    ) -> None:
         error = mean - actual
         self.n += 1
         self.inside += int(inside)
@@ -58,6 +65,10 @@ class Totals:
         if abs(actual) > EDGE:
             self.nonzero += 1
             self.sum_relative_error += abs(error) / abs(actual)
+        if persistence is not None:
+            self.persistence_n += 1
+            self.sum_abs_error_paired += abs(error)
+            self.sum_abs_persistence_error += abs(persistence - actual)
 
     def summary(self) -> dict[str, float | int | None]:
         """The figure's skill, as `twin.skill.skill` reports it."""
@@ -70,10 +81,27 @@ class Totals:
             "coverage": self.inside / n,
             "n": n,
             "raw_coverage": self.raw_inside / n,
+            **self.against_persistence(),
+        }
+
+    def against_persistence(self) -> dict[str, float | int | None]:
+        """The twin against persistence (the interval before the forecast began, forecast to go on): the
+        baseline's MAE and the skill score 1 - MAE(twin) / MAE(persistence) over the same intervals; above 0
+        the twin is better, 0.3 is 30 % less error. None where no interval had a baseline, or where
+        persistence made no error."""
+        paired = self.persistence_n
+        has_error = self.sum_abs_persistence_error > EDGE
+        return {
+            "persistence_mae": self.sum_abs_persistence_error / paired if paired else None,
+            "skill_score": 1.0 - self.sum_abs_error_paired / self.sum_abs_persistence_error
+            if paired and has_error
+            else None,
+            "persistence_n": paired,
         }
 
 
 _SUMS = tuple(f.name for f in fields(Totals))
+_KIND = {f.name: int if f.type in ("int", int) else float for f in fields(Totals)}  # counts, or sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +114,7 @@ class Scored:
     actual: float
     inside: bool
     raw_inside: bool
+    persistence: float | None = None
 
 
 def record(session: Session, cluster_id: str, forecast_id: int, scores: Iterable[Scored]) -> None:
@@ -95,7 +124,7 @@ def record(session: Session, cluster_id: str, forecast_id: int, scores: Iterable
     for score in scores:
         start = as_utc(score.interval_start)
         by_day.setdefault((score.figure, start.date()), Totals()).add_score(
-            score.mean, score.actual, score.inside, score.raw_inside
+            score.mean, score.actual, score.inside, score.raw_inside, score.persistence
         )
         latest = start if latest is None else max(latest, start)
     if latest is None:
@@ -171,6 +200,7 @@ def _summed_scores(
     nonzero = func.abs(score.actual) > EDGE
     low = func.coalesce(score.raw_p10, score.forecast_p10) - EDGE
     high = func.coalesce(score.raw_p90, score.forecast_p90) + EDGE
+    paired = col(score.persistence).is_not(None)
     query = (
         select(
             score.figure,
@@ -182,6 +212,9 @@ def _summed_scores(
             func.sum(func.abs(error)),
             func.sum(func.abs(score.actual)),
             func.sum(case((nonzero, func.abs(error) / func.abs(score.actual)), else_=0.0)),
+            func.sum(case((paired, 1), else_=0)),
+            func.sum(case((paired, func.abs(error)), else_=0.0)),
+            func.sum(case((paired, func.abs(score.persistence - score.actual)), else_=0.0)),
         )
         .where(
             score.cluster_id == cluster_id,
@@ -191,4 +224,5 @@ def _summed_scores(
         .group_by(score.figure)
     )
     for figure, *sums in session.exec(query):  # type: ignore[call-overload]
-        yield figure, Totals(*(int(v) for v in sums[:4]), *(float(v) for v in sums[4:]))
+        by_name = dict(zip(_SUMS, sums, strict=True))
+        yield figure, Totals(**{name: _KIND[name](value or 0) for name, value in by_name.items()})

@@ -109,10 +109,13 @@ class _StoreCollector:
                 ("coverage", "Share of scored intervals whose actual lay inside the forecast's p10-p90"),
                 ("raw_coverage", "The same for the ensemble's own band, before its conformal recalibration"),
                 ("scored_intervals", "Scored forecast intervals, per figure"),
+                ("persistence_mae", "MAE of persistence (the interval before the forecast, again)"),
+                ("skill_score", "1 - MAE(twin) / MAE(persistence) over the same intervals; above 0: better"),
             )
         }
         sources = (("mape", "mape"), ("wape", "wape"), ("coverage", "coverage"),
-                   ("raw_coverage", "raw_coverage"), ("scored_intervals", "n"))  # fmt: skip
+                   ("raw_coverage", "raw_coverage"), ("scored_intervals", "n"),
+                   ("persistence_mae", "persistence_mae"), ("skill_score", "skill_score"))  # fmt: skip
         for figure, stats in figures.items():
             for key, source in sources:
                 if stats[source] is not None:

@@ -202,7 +202,11 @@ async function loadVsActual() {
     .map(([name, s]) => {
       // WAPE (total error over total actual), not MAPE: a queue of 1 forecast as 3 would read 200 %.
       const error = s.wape === null ? "" : `, error ${Math.round(s.wape * 100)} % of actual`;
-      return `${name} ${Math.round(s.coverage * 100)} % inside p10-p90${error} (n ${s.n})`;
+      // Against persistence (the interval before the forecast, forecast to go on): does the twin beat it?
+      const score = s.skill_score;
+      const versus = score === null || score === undefined ? ""
+        : `, ${Math.round(Math.abs(score) * 100)} % ${score >= 0 ? "less" : "more"} error than persistence`;
+      return `${name} ${Math.round(s.coverage * 100)} % inside p10-p90${error}${versus} (n ${s.n})`;
     });
   document.getElementById("vs-skill").textContent = skill.scored
     ? `Skill over ${skill.scored} scored forecasts: ${parts.join("; ")}`

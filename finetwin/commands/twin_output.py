@@ -137,15 +137,20 @@ def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str =
     for figure, stats in doc["figures"].items():
         raw = stats.get("raw_coverage")
         own = "-" if raw is None else f"{100 * raw:.0f} %"
+        baseline, score = stats.get("persistence_mae"), stats.get("skill_score")
         rows.append([figure, stats["n"], pct(stats.get("wape")), pct(stats["mape"]),
                      f"{stats['mae']:.3g}", f"{stats['bias']:.3g}", f"{100 * stats['coverage']:.0f} %",
-                     own])  # fmt: skip
+                     own, "-" if baseline is None else f"{baseline:.3g}",
+                     "-" if score is None else f"{score:+.2f}"])  # fmt: skip
     columns = ["figure", ("n", "right"), ("WAPE", "right"), ("MAPE", "right"), ("MAE", "right"),
                ("bias", "right"), ("p10-p90 coverage", "right"),
-               ("ensemble's own band", "right")]  # fmt: skip
+               ("ensemble's own band", "right"), ("persistence MAE", "right"),
+               ("skill vs persistence", "right")]  # fmt: skip
     output.show(output.table(columns, rows))
     # A queue of 1 forecast as 3 is a 200 % error: MAPE runs into the thousands where actuals are near 0.
     output.say(
         "WAPE: the intervals' absolute errors summed over their actuals summed; MAPE: each interval's "
-        "relative error averaged (intervals whose actual is 0 left out), large where actuals are small"
+        "relative error averaged (intervals whose actual is 0 left out), large where actuals are small; "
+        "persistence: the interval before each forecast, forecast to go on; skill vs persistence: "
+        "1 - MAE(twin) / MAE(persistence), above 0 the twin is better (+0.30: 30 % less error)"
     )

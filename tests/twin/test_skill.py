@@ -44,6 +44,7 @@ def document(start: datetime = T0) -> dict[str, object]:
 
 
 UTILIZATION_SKILL = {"mape": 0.5, "wape": 0.25 / 0.75, "mae": 0.125, "bias": 0.125, "coverage": 0.5, "n": 2}
+NO_BASELINE = {"persistence_mae": None, "skill_score": None, "persistence_n": 0}
 
 
 def test_a_forecast_against_actuals_gives_hand_computed_errors_and_coverage() -> None:
@@ -59,11 +60,40 @@ def test_a_forecast_against_actuals_gives_hand_computed_errors_and_coverage() ->
         totals.setdefault(s.figure, Totals()).add_score(s.mean, s.actual, s.inside, s.raw_inside)
     # |0.5 - 0.25| / 0.25 = 1.0 and 0: MAPE 0.5; |2 - 4| / 4 = 0.5 and 0: MAPE 0.25.
     # WAPE: total |error| over total actual, 0.25 / 0.75 and 2 / 6. No recalibrated band: raw = coverage.
-    assert totals["utilization"].summary() == UTILIZATION_SKILL | {"raw_coverage": 0.5}
+    assert totals["utilization"].summary() == UTILIZATION_SKILL | {"raw_coverage": 0.5} | NO_BASELINE
     assert totals["queue_length"].summary() == {
         "mape": 0.25, "wape": 2.0 / 6.0, "mae": 1.0, "bias": -1.0, "coverage": 0.5, "n": 2,
         "raw_coverage": 0.5,
+    } | NO_BASELINE  # fmt: skip
+
+
+def test_the_twin_is_compared_with_persistence_over_the_same_intervals() -> None:
+    """Persistence forecasts what the interval before the forecast recorded, for every interval; the skill
+    score is 1 - MAE(twin) / MAE(persistence) over the intervals that have a baseline."""
+    actual = {"utilization": np.array([0.25, 0.5]), "queue_length": np.array([4.0, 2.0])}
+    before = {"utilization": 0.75, "queue_length": 4.0}
+    scores = score_intervals(document(), actual, range(2), before)
+    assert {(s.figure, s.index): s.persistence for s in scores} == {
+        ("utilization", 0): 0.75, ("utilization", 1): 0.75, ("queue_length", 0): 4.0, ("queue_length", 1): 4.0
     }  # fmt: skip
+    totals: dict[str, Totals] = {}
+    for s in scores:
+        figure = totals.setdefault(s.figure, Totals())
+        figure.add_score(s.mean, s.actual, s.inside, s.raw_inside, s.persistence)
+    # utilization: persistence misses by 0.5 and 0.25 (MAE 0.375), the twin by 0.25 and 0 (0.125).
+    utilization = totals["utilization"].summary()
+    assert utilization["persistence_mae"] == pytest.approx(0.375) and utilization["persistence_n"] == 2
+    assert utilization["skill_score"] == pytest.approx(1 - 0.125 / 0.375)
+    # queue: persistence misses by 0 and 2, the twin by 2 and 0: no better, no worse.
+    assert totals["queue_length"].summary()["skill_score"] == pytest.approx(0.0)
+    # A score without a baseline (scored before there was one) weighs on neither side of the comparison.
+    totals["utilization"].add_score(0.0, 1.0, False, False)
+    assert totals["utilization"].summary()["skill_score"] == pytest.approx(1 - 0.125 / 0.375)
+    assert totals["utilization"].summary()["mae"] == pytest.approx((0.25 + 1.0) / 3)
+    # Persistence without error: no score (a ratio over 0), not an infinitely bad twin.
+    exact = Totals()
+    exact.add_score(1.0, 2.0, False, False, persistence=2.0)
+    assert exact.summary()["skill_score"] is None and exact.summary()["persistence_mae"] == 0.0
 
 
 def store_history(engine: Engine) -> None:
@@ -84,6 +114,9 @@ def store_history(engine: Engine) -> None:
                         started_at=T0 - 290 * m, ended_at=T0 - 200 * m, **config))  # fmt: skip
         session.flush()
         session.add(ObservedRun(job_id="A", is_valid=1, observed_at=T0 + 90 * m, gpu_power_watts_avg=250.0))
+        # In the hour before T0 (what persistence forecasts from T0 on): 8 GPUs busy for its last 30 min.
+        session.add(Job(job_id="before", state="completed", number_gpus=8, submitted_at=T0 - 40 * m,
+                        started_at=T0 - 30 * m, ended_at=T0 - 1 * m, **config))  # fmt: skip
 
 
 def test_actuals_per_interval_from_the_store(engine: Engine) -> None:
@@ -118,7 +151,20 @@ def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engin
     assert result["scored"] == 1 and result["intervals"] == 14
     figures = result["figures"]
     # utilization: forecast 0.5 twice against 0.25 and 0.5.
-    assert figures["utilization"] == UTILIZATION_SKILL | {"raw_coverage": 0.5}  # no recalibrated band
+    # No recalibrated band; persistence: the hour before T0, 8 GPUs for 29 min of 8 (29/60), against 0.25
+    # and 0.5, where the twin missed by 0.25 and 0.
+    baseline = 29 / 60
+    utilization = figures["utilization"]
+    assert {k: utilization[k] for k in UTILIZATION_SKILL} == UTILIZATION_SKILL
+    assert utilization["raw_coverage"] == 0.5 and utilization["persistence_n"] == 2
+    persistence_mae = (abs(baseline - 0.25) + abs(baseline - 0.5)) / 2
+    assert utilization["persistence_mae"] == pytest.approx(persistence_mae)
+    assert utilization["skill_score"] == pytest.approx(1 - 0.125 / persistence_mae)
+    # queue: "before" waited 10 of the hour's minutes; running: it ran 29 of them; completed: 1 that hour.
+    assert figures["queue_length"]["persistence_mae"] == pytest.approx((abs(10 / 60 - 0.75) + 10 / 60) / 2)
+    running = (abs(baseline - 0.5) + 1.5 - baseline) / 2
+    assert figures["running_jobs"]["persistence_mae"] == pytest.approx(running)
+    assert figures["jobs_completed"]["persistence_mae"] == pytest.approx((1.0 + 0.0) / 2)
     # queue: 2 against 0.75 (outside 1-3) and against 0 (outside; no MAPE on a zero actual).
     assert figures["queue_length"]["coverage"] == 0.0
     assert figures["queue_length"]["mape"] == pytest.approx(1.25 / 0.75)
@@ -173,6 +219,8 @@ def test_skill_over_http_prometheus_and_the_cli(
         assert f'finetwin_forecast_wape{{figure="utilization"}} {wape}' in metrics
         assert 'finetwin_forecast_raw_coverage{figure="utilization"} 0.5' in metrics
         assert 'finetwin_forecast_scored_intervals{figure="queue_length"} 2.0' in metrics
+        score = expected["figures"]["utilization"]["skill_score"]
+        assert f'finetwin_forecast_skill_score{{figure="utilization"}} {score}' in metrics
         view = client.get("/v1/forecast/vs-actual", headers=headers).json()
         assert view["intervals_passed"] == 2 and view["figures"]["utilization"]["actual"] == [0.25, 0.5]
     monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
@@ -192,6 +240,9 @@ def test_skill_over_http_prometheus_and_the_cli(
     utilization_row = next(line.split() for line in table.splitlines() if line.startswith("utilization"))
     wape = expected["figures"]["utilization"]["wape"]
     assert utilization_row[2] == f"{100 * wape:.1f}%" and "WAPE" in table
+    # And against persistence: its MAE and the skill score, the last two columns.
+    stats = expected["figures"]["utilization"]
+    assert utilization_row[-2:] == [f"{stats['persistence_mae']:.3g}", f"{stats['skill_score']:+.2f}"]
 
 
 def test_forecast_skill_on_an_empty_store_says_where_it_looked(
@@ -239,7 +290,27 @@ def reference_skill(engine: Engine, since: datetime | None) -> dict[str, dict[st
             "n": len(mine),
             "raw_coverage": float(np.mean((low - 1e-9 <= actual) & (actual <= high + 1e-9))),
         }
+        paired = np.array([r.persistence is not None for r in mine])
+        baseline = np.array([r.persistence if r.persistence is not None else np.nan for r in mine])
+        baseline_error = np.abs(baseline[paired] - actual[paired])
+        figures[figure] |= {
+            "persistence_mae": float(baseline_error.mean()) if paired.any() else None,
+            "skill_score": float(1 - np.abs(error[paired]).sum() / baseline_error.sum())
+            if paired.any() and baseline_error.sum() > 1e-9
+            else None,
+            "persistence_n": int(paired.sum()),
+        }
     return figures
+
+
+def assert_same_skill(got: dict, expected: dict, figure: str) -> None:
+    """Equal to rounding, where a figure of the skill is a number; equal where it is None."""
+    assert got.keys() == expected.keys(), figure
+    for name, value in expected.items():
+        if value is None:
+            assert got[name] is None, (figure, name)
+        else:
+            assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-15), (figure, name)
 
 
 def random_scores(engine: Engine, forecasts: int, *, with_sums: bool = True) -> None:
@@ -249,6 +320,7 @@ def random_scores(engine: Engine, forecasts: int, *, with_sums: bool = True) -> 
     from twin import skill_totals
     from twin.forecast_store import ForecastScore
 
+    table = ForecastScore.__table__  # type: ignore[attr-defined]
     rng = np.random.default_rng(0)
     for round_ in range(2):
         with session_scope(engine) as session:
@@ -260,17 +332,24 @@ def random_scores(engine: Engine, forecasts: int, *, with_sums: bool = True) -> 
                         mean, actual = float(rng.random()), float(rng.choice([0.0, rng.random()]))
                         p10, p90 = mean - 0.3, mean + 0.3
                         raw = (mean - 0.2, mean + 0.2) if i % 2 else (None, None)
-                        row = ForecastScore(
+                        # A third without a baseline, as scores written before there was one.
+                        persistence = float(rng.random()) if i % 3 else None
+                        row = dict(
                             forecast_id=f + 1, cluster_id="default", figure=figure, interval_index=i,
                             interval_start=start + timedelta(hours=i),
                             interval_end=start + timedelta(hours=i + 1),
                             forecast_mean=mean, forecast_p10=p10, forecast_p90=p90, actual=actual,
                             inside=p10 <= actual <= p90, raw_p10=raw[0], raw_p90=raw[1], scored_at=start,
                         )  # fmt: skip
-                        session.add(row)
+                        if with_sums:  # a store of today's schema; else one of 0007's, without baselines
+                            row["persistence"] = persistence
+                        else:
+                            persistence = None
+                        session.execute(table.insert().values(**row))
                         low, high = (p10, p90) if raw[0] is None else raw
                         scored.append(skill_totals.Scored(
-                            figure, row.interval_start, mean, actual, row.inside, low <= actual <= high
+                            figure, row["interval_start"], mean, actual, row["inside"], low <= actual <= high,
+                            persistence,
                         ))  # fmt: skip
                 if with_sums:
                     skill_totals.record(session, "default", f + 1, scored)
@@ -297,7 +376,7 @@ def test_the_skill_from_running_sums_is_the_skill_of_every_score(
     expected = reference_skill(engine, since)
     assert set(result["figures"]) == set(expected)
     for figure, stats in expected.items():
-        assert result["figures"][figure] == pytest.approx(stats, rel=1e-12, abs=1e-15), figure
+        assert_same_skill(result["figures"][figure], stats, figure)
     assert result["intervals"] == sum(stats["n"] for stats in expected.values())  # type: ignore[misc]
     windows = {(f, i) for f in range(18) for i in range(12) if since is None
                or T0 + timedelta(hours=5 * f + i, minutes=7) >= since}  # fmt: skip
@@ -318,6 +397,7 @@ def test_the_migration_sums_the_scores_already_stored(database_url: str) -> None
     for since in (None, T0 + timedelta(days=1, hours=2)):
         result = skill(engine, "default", since=since)
         for figure, stats in reference_skill(engine, since).items():
-            assert result["figures"][figure] == pytest.approx(stats, rel=1e-12, abs=1e-15), figure
+            assert_same_skill(result["figures"][figure], stats, figure)
+            assert stats["persistence_n"] == 0 and stats["skill_score"] is None  # nothing to compare with
     assert skill(engine, "default")["scored"] == 9
     engine.dispose()
