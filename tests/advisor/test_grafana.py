@@ -48,7 +48,7 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
     for metric in (
         "finetwin_ingest_events_applied_total", "finetwin_ingest_lag_messages",
         "finetwin_ingest_dead_letters_total", "finetwin_forecast_wape", "finetwin_forecast_coverage",
-        "finetwin_model_live_error", "finetwin_recommendations",
+        "finetwin_model_live_error", "finetwin_recommendations", "finetwin_forecast_skill_score",
     ):  # fmt: skip
         assert metric in text, metric
 
