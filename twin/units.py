@@ -1,4 +1,5 @@
-"""Durations as people write them: `90s`, `30m`, `24h`, `7d`, `1w`, or plain seconds."""
+"""Durations as people write them: `90s`, `30m`, `24h`, `7d`, `1w`, plain seconds, several parts (`1h30m`,
+`1d 12h`, as Go and Prometheus write them) and the units' words (`6 hours`, `90 minutes`, `2 days`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,24 @@ import re
 JOULES_PER_KWH = 3.6e6  # watt-seconds in a kilowatt-hour
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+# Each unit by its words: `m` is minutes, as everywhere in finetwin (a month is not a fixed duration).
+_UNIT_WORDS = {
+    word: _UNITS[unit]
+    for unit, words in {
+        "s": ("s", "sec", "secs", "second", "seconds"),
+        "m": ("m", "min", "mins", "minute", "minutes"),
+        "h": ("h", "hr", "hrs", "hour", "hours"),
+        "d": ("d", "day", "days"),
+        "w": ("w", "wk", "wks", "week", "weeks"),
+    }.items()
+    for word in words
+}
+_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
+# One way to read any text (each part ends in its separators, the next begins with a digit): a text that
+# fails does not make the matcher try every split of its spaces. And no duration is longer than this.
+_PARTS = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*[a-z]+[\s,]*)+$", re.IGNORECASE)
+_LONGEST_TEXT = 100
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)", re.IGNORECASE)
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -16,10 +34,27 @@ def parse_duration(text: str | float | int) -> float:
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
     else:
-        match = _DURATION.match(str(text))
-        if not match:
-            raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 30m, 24h, 7d)")
-        seconds = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+        seconds = _seconds_in(str(text))
+        if seconds is None:
+            raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 30m, 24h, 7d, 1h30m or 6 hours)")
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"a duration must be positive: {text!r}")
+    return seconds
+
+
+def _seconds_in(text: str) -> float | None:
+    """The seconds a duration's text says, or None where it is not one (a unit nobody knows included)."""
+    if len(text) > _LONGEST_TEXT:
+        return None
+    bare = _NUMBER.match(text)
+    if bare:
+        return float(bare.group(1))
+    if not _PARTS.match(text):
+        return None
+    seconds = 0.0
+    for number, unit in _PART.findall(text):
+        factor = _UNIT_WORDS.get(unit.lower())
+        if factor is None:
+            return None
+        seconds += float(number) * factor
     return seconds
