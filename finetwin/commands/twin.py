@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -30,6 +30,9 @@ from finetwin.commands.twin_inputs import (
 )
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 Interval = Annotated[str | None, typer.Option(help="width of one step of the series (default 1h)")]
 Runs = Annotated[int | None, typer.Option(help="seeded runs in the ensemble")]
@@ -259,7 +262,13 @@ def backtest(
     from_store: Annotated[
         bool, typer.Option("--from-store", help="backtest the store's telemetry (with --at, --horizon)")
     ] = False,
-    at: Annotated[str | None, typer.Option(metavar="T", help="--from-store: RFC 3339 telemetry time")] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            metavar="T",
+            help="--from-store: RFC 3339 telemetry time, or a duration back from the newest telemetry (6h)",
+        ),
+    ] = None,
     horizon: Annotated[str | None, typer.Option(metavar="H", help="--from-store: how far, e.g. 6h")] = None,
     arrivals: Annotated[
         Literal["observed", "model"],
@@ -331,13 +340,39 @@ def _no_version_at(settings: Settings, when: datetime, models: Path | None) -> s
     )
 
 
+def _backtest_time(engine: Engine, cluster_id: str, at: str) -> datetime:
+    """`--at`: an RFC 3339 time (UTC where it names no zone), or a duration back from the telemetry's newest
+    time: "6 hours ago" on the cluster's clock, which a replay or a backlog puts far from the wall's."""
+    from twin.clock import as_utc, telemetry_span
+    from twin.store_backtest import telemetry_held
+    from twin.units import parse_duration
+
+    try:
+        return as_utc(datetime.fromisoformat(at.strip().replace("Z", "+00:00")))
+    except ValueError:
+        pass
+    try:
+        back_s = parse_duration(at)
+    except ValueError:
+        raise CommandError(
+            f"--at: not an RFC 3339 time or a duration back from the newest telemetry (e.g. 6h): {at!r}"
+        ) from None
+    earliest, latest = telemetry_span(engine, cluster_id)
+    if latest is None:
+        raise CommandError(f"--at {at}: {telemetry_held(cluster_id, earliest, latest)}")
+    try:
+        return latest - timedelta(seconds=back_s)
+    except OverflowError:
+        raise CommandError(f"--at {at}: reaches back past the year 1") from None
+
+
 def _backtest_from_store(
     settings: Settings, *, at: str | None, horizon: str | None, runs: int, seed: int, policy: str,
     arrivals: str, workers: int | None, models: Path | None, as_json: bool,
 ) -> int:  # fmt: skip
     """Parse, pick the model version that was in use at T, hand over to twin.store_backtest."""
     from finetwin.wiring import load_job_models_at, migrated_engine
-    from twin.clock import as_utc, telemetry_span
+    from twin.clock import telemetry_span
     from twin.limits import MAX_SIMULATED_SECONDS
     from twin.policies import Policy
     from twin.store_backtest import backtest_from_store, check_window, telemetry_held
@@ -347,10 +382,7 @@ def _backtest_from_store(
     if at is None or horizon is None:
         held = telemetry_held(settings.cluster_id, *telemetry_span(engine, settings.cluster_id))
         raise CommandError(f"--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h); {held}")
-    try:
-        when = as_utc(datetime.fromisoformat(at.strip().replace("Z", "+00:00")))
-    except ValueError:
-        raise CommandError(f"--at: not an RFC 3339 time: {at!r}") from None
+    when = _backtest_time(engine, settings.cluster_id, at)
     try:
         horizon_s = parse_duration(horizon)
     except ValueError as exc:

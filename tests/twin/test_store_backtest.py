@@ -152,6 +152,15 @@ def test_finetwin_backtest_from_store(
     assert main(late) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "is after the newest telemetry" in err and "not in the store yet" in err
+    # T as a duration back from the newest telemetry, as --since takes one: "3 hours ago" on the replay clock,
+    # hours ahead of the wall's (an RFC 3339 time was the only way to say it).
+    back = ["backtest", "--from-store", "--at", "3h", "--horizon", "2h", "--runs", "2",
+            "--models", str(registry_copy), "--json"]  # fmt: skip
+    assert main(back) == 0
+    assert json.loads(capsys.readouterr().out)["at"] == (last - timedelta(hours=3)).isoformat()
+    assert main(["backtest", "--from-store", "--at", "last tuesday", "--horizon", "2h"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--at: not an RFC 3339 time or a duration back from the newest telemetry (e.g. 6h)" in err
     # A window past the calendar's end was an OverflowError traceback.
     endless = ["backtest", "--from-store", "--at", at.isoformat(), "--horizon", "99999999d"]
     assert main(endless) == 2
