@@ -308,6 +308,9 @@ def forecast_vs_actual(
         "start": start.isoformat(),
         "created_at": created.isoformat(),
         "age_s": elapsed,  # on the twin's clock: how much telemetry time has passed since it was made
+        # Which models made it: a fresh installation's first forecasts are the uncalibrated fallback's
+        # ("fallback": no runtime failures), and drawn against what happened they are not the twin's skill.
+        "models": chosen.document.get("models"),
         "t_s": edges[:-1].tolist(),
         "interval_end_s": edges[1:].tolist(),
         "intervals_passed": ready,

@@ -194,9 +194,12 @@ async function loadVsActual() {
   }
   const skill = await api("/v1/forecast/skill");
   const total = view.t_s.length;
+  const made = view.models === "fallback"
+    ? "made before any model was calibrated (rough fallback numbers, no runtime failures)"
+    : view.models ? `made with ${view.models}` : "";
   document.getElementById("vs-meta").textContent =
-    `forecast #${view.forecast_id} from ${when(view.start)}, ${age(view.age_s)} old on the telemetry's clock; ` +
-    `${view.intervals_passed} of ${total} intervals have happened`;
+    `forecast #${view.forecast_id} from ${when(view.start)}${made ? `, ${made}` : ""}, ` +
+    `${age(view.age_s)} old on the telemetry's clock; ${view.intervals_passed} of ${total} intervals have happened`;
   const parts = Object.entries(skill.figures)
     .filter(([name]) => VS_FIGURES.some(([f]) => f === name))
     .map(([name, s]) => {

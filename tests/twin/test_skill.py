@@ -180,7 +180,7 @@ def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engin
     assert later["figures"]["utilization"]["n"] == 1 and later["figures"]["utilization"]["coverage"] == 1.0
     view = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
     assert view is not None and view["forecast_id"] == forecast_id and view["intervals_passed"] == 1
-    assert view["age_s"] == 5400.0
+    assert view["age_s"] == 5400.0 and view["models"] is None  # the hand-made document names none
     assert view["figures"]["utilization"]["actual"] == [0.25, None]
 
 
@@ -196,7 +196,7 @@ def test_skill_over_http_prometheus_and_the_cli(
     from tests.conftest import api_app, api_headers
 
     store_history(engine)
-    save_forecast(engine, document(), cluster_id="default")
+    save_forecast(engine, document() | {"models": "calibrated v0007"}, cluster_id="default")
     score_due(engine, "default", T0 + timedelta(hours=3))
     expected = skill(engine, "default")
     settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False)
@@ -222,6 +222,7 @@ def test_skill_over_http_prometheus_and_the_cli(
         score = expected["figures"]["utilization"]["skill_score"]
         assert f'finetwin_forecast_skill_score{{figure="utilization"}} {score}' in metrics
         view = client.get("/v1/forecast/vs-actual", headers=headers).json()
+        assert view["models"] == "calibrated v0007"  # which models made the forecast drawn
         assert view["intervals_passed"] == 2 and view["figures"]["utilization"]["actual"] == [0.25, 0.5]
     monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
     assert main(["forecast", "--skill", "--json"]) == 0

@@ -35,7 +35,8 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
     store_history(engine)
     now = T0 + timedelta(minutes=90)
     add_events(engine, [T0, now])  # the telemetry's clock stands at T0 + 90 min
-    save_forecast(engine, document() | {"runs": 4, "models": "hand-made", "slos": []}, cluster_id="default")
+    # Made before any model was calibrated, as a fresh `up`'s first forecasts are: the panel says so.
+    save_forecast(engine, document() | {"runs": 4, "models": "fallback", "slos": []}, cluster_id="default")
     score_due(engine, "default", now)
     key = api_headers(engine, "viewer")["X-API-Key"]
     engine.dispose()
@@ -83,6 +84,7 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                     assert drawn[name]["red"] > 10, (name, drawn[name])  # the dot is on the canvas
                 meta = page.text_content("#vs-meta") or ""
                 assert "90 min old on the telemetry's clock" in meta and "1 of 2 intervals" in meta
+                assert "made before any model was calibrated (rough fallback numbers, no runtime" in meta
                 # Forecast 50 %, actual 25 %: an error of 100 % of the actual (tests.twin.test_skill).
                 skill_line = page.text_content("#vs-skill") or ""
                 # Persistence forecast the hour before, 29/60: missed by 0.233 where the twin missed by 0.25.
