@@ -147,14 +147,16 @@ class ForecastTimes:
     id: int
     start: datetime
     horizon_s: float | None
+    models: str | None = None  # the document's `models`: "calibrated v0003", "fallback"
 
 
 def forecast_times(engine: Engine, *, cluster_id: str, kind: str = STANDING) -> list[ForecastTimes]:
     """When each of a cluster's stored forecasts of a kind starts and how far it looks, oldest first: which
     one to read, without reading every document (100 of them took 40-80 ms a dashboard poll)."""
+    models = StoredForecast.document["models"].as_string()  # type: ignore[index]
     with Session(engine) as session:
         rows = session.exec(
-            select(StoredForecast.id, StoredForecast.start, StoredForecast.horizon_s)
+            select(StoredForecast.id, StoredForecast.start, StoredForecast.horizon_s, models)
             .where(
                 StoredForecast.cluster_id == cluster_id,
                 StoredForecast.kind == kind,
@@ -162,7 +164,7 @@ def forecast_times(engine: Engine, *, cluster_id: str, kind: str = STANDING) -> 
             )
             .order_by(col(StoredForecast.start), col(StoredForecast.id))
         ).all()
-    return [ForecastTimes(int(i), start, horizon) for i, start, horizon in rows]  # type: ignore[arg-type]
+    return [ForecastTimes(int(i), start, horizon, label) for i, start, horizon, label in rows]  # type: ignore[arg-type]
 
 
 def read_forecast(engine: Engine, forecast_id: int) -> StoredForecast | None:

@@ -34,6 +34,7 @@ from twin.forecast_store import (
     stored_forecasts,
 )
 from twin.store import utcnow
+from twin.uncalibrated import FALLBACK_LABEL
 from twin.units import parse_duration
 
 _EDGE = skill_totals.EDGE
@@ -269,10 +270,13 @@ def forecast_vs_actual(
     engine: Engine, cluster_id: str, now: datetime, kind: str = STANDING
 ) -> dict[str, Any] | None:
     """A stored forecast with what happened drawn over it: the newest one that started at least half its
-    horizon ago (so half its band has actuals), else the oldest kept. Per figure: the band per interval
-    and the actual for the intervals that have passed; the forecast's age on the telemetry's clock."""
+    horizon ago (so half its band has actuals), else the oldest kept; made by calibrated models where any
+    forecast was (a fresh installation's first forecast, the fallback's, would otherwise stand for the twin
+    for half a horizon). Per figure: the band per interval and the actual for the intervals that have
+    passed; the forecast's age on the telemetry's clock."""
     now = as_utc(now)
-    forecasts = forecast_times(engine, cluster_id=cluster_id, kind=kind)
+    every = forecast_times(engine, cluster_id=cluster_id, kind=kind)
+    forecasts = [times for times in every if times.models != FALLBACK_LABEL] or every
     if not forecasts:
         return None
     pick = forecasts[0]

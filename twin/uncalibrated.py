@@ -21,6 +21,7 @@ from twin.domain import GPU_TYPES, GPUS_PER_NODE, JobConfig, gpu_or_unknown, mod
 _REFERENCE_SPEED = GPU_TYPES["NVIDIA-A100-SXM4-80GB"].relative_speed
 _METHOD_SPEED = {"full": 1.0, "lora": 1.3, "gptq-lora": 0.8}
 _BAND = (0.7, 1.0, 1.3)
+FALLBACK_LABEL = "fallback"  # a forecast's `models` when these stood in for a calibrated version
 
 
 class FallbackModels:

@@ -48,7 +48,7 @@ from twin.policies import Policy
 from twin.protocols import JobModels
 from twin.skill import forecast_vs_actual, score_due, since_time, skill
 from twin.slo_attainment import SloFormatError
-from twin.uncalibrated import FallbackModels
+from twin.uncalibrated import FALLBACK_LABEL, FallbackModels
 from twin.whatif import ScenarioSize, WhatIf, run_whatif, scenario_size
 
 log = logging.getLogger("finetwin.forecast")
@@ -100,7 +100,7 @@ def _job_models(runtime: ApiRuntime) -> tuple[JobModels | None, str]:
     except RegistryError as exc:
         raise HTTPException(NO_STATE, f"the models in use fail verification: {exc}") from None
     if loaded is None:
-        return FallbackModels(), "fallback"
+        return FallbackModels(), FALLBACK_LABEL
     version, models = loaded
     return models, f"calibrated {version}"
 

@@ -160,7 +160,7 @@ def needs_models(inputs: Any) -> bool:
 def job_models(models: Path | None, settings: Settings, needed: bool) -> tuple[JobModels | None, str]:
     """The calibrated models in use; the uncalibrated fallback (with a warning) when none has been fitted."""
     from finetwin.wiring import load_job_models
-    from twin.uncalibrated import FallbackModels
+    from twin.uncalibrated import FALLBACK_LABEL, FallbackModels
 
     if not needed:
         return None, "none (fixed durations)"
@@ -172,7 +172,7 @@ def job_models(models: Path | None, settings: Settings, needed: bool) -> tuple[J
         if models is not None:
             raise CommandError(f"no calibrated model in use under {models} (run finetwin calibrate)")
         log.warning("no calibrated model in use yet: forecasting with the uncalibrated fallback")
-        return FallbackModels(), "fallback"
+        return FallbackModels(), FALLBACK_LABEL
     return loaded, "calibrated"
 
 

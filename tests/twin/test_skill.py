@@ -184,6 +184,26 @@ def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engin
     assert view["figures"]["utilization"]["actual"] == [0.25, None]
 
 
+def test_the_forecast_drawn_against_what_happened_is_the_calibrated_models_where_there_is_one(
+    engine: Engine,
+) -> None:
+    """A fresh installation's first forecast is made before its first calibration (the fallback's rough
+    numbers): it was drawn against what happened, as the twin's, for half a horizon."""
+    store_history(engine)
+    first = save_forecast(engine, document() | {"models": "fallback"}, cluster_id="default")
+    alone = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
+    assert alone is not None and (alone["forecast_id"], alone["models"]) == (first, "fallback")
+    # The first calibration's forecast, 50 min old at 90 min: under half its horizon, where the fallback's is
+    # over it (and was shown for it), and with no interval passed yet.
+    later = T0 + timedelta(minutes=40)
+    calibrated = save_forecast(engine, document(later) | {"models": "calibrated v0001"}, cluster_id="default")
+    view = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
+    assert view is not None and (view["forecast_id"], view["models"]) == (calibrated, "calibrated v0001")
+    assert view["intervals_passed"] == 0 and alone["intervals_passed"] == 1
+    view = forecast_vs_actual(engine, "default", T0 + timedelta(hours=3))
+    assert view is not None and view["forecast_id"] == calibrated and view["intervals_passed"] == 2
+
+
 def test_skill_over_http_prometheus_and_the_cli(
     engine: Engine, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:  # type: ignore[no-untyped-def]
