@@ -49,6 +49,9 @@ class StoredForecast(SQLModel, table=True):
     runs: int
     seed: int = Field(sa_column=Column(BigInteger, nullable=False))
     wall_s: float | None = None
+    # The document's `models` ("calibrated v0003", "fallback"; NULL: stored before 0011), to choose among
+    # forecasts without reading their documents.
+    models: str | None = Field(default=None, max_length=200)
     document: dict = Field(sa_column=Column(JSON, nullable=False))
 
 
@@ -66,6 +69,7 @@ def save_forecast(
             runs=int(document.get("runs", 0)),
             seed=int(document.get("seed", 0)),
             wall_s=document.get("wall_s"),
+            models=_label(document.get("models")),
             document=document,
         )
         session.add(row)
@@ -147,16 +151,19 @@ class ForecastTimes:
     id: int
     start: datetime
     horizon_s: float | None
-    models: str | None = None  # the document's `models`: "calibrated v0003", "fallback"
+    models: str | None = None  # the forecast's models: "calibrated v0003", "fallback"
+
+
+def _label(models: object) -> str | None:
+    return models[:200] if isinstance(models, str) else None
 
 
 def forecast_times(engine: Engine, *, cluster_id: str, kind: str = STANDING) -> list[ForecastTimes]:
     """When each of a cluster's stored forecasts of a kind starts and how far it looks, oldest first: which
     one to read, without reading every document (100 of them took 40-80 ms a dashboard poll)."""
-    models = StoredForecast.document["models"].as_string()  # type: ignore[index]
     with Session(engine) as session:
         rows = session.exec(
-            select(StoredForecast.id, StoredForecast.start, StoredForecast.horizon_s, models)
+            select(StoredForecast.id, StoredForecast.start, StoredForecast.horizon_s, StoredForecast.models)
             .where(
                 StoredForecast.cluster_id == cluster_id,
                 StoredForecast.kind == kind,

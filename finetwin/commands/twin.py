@@ -381,7 +381,10 @@ def _backtest_from_store(
     engine = migrated_engine(settings)
     if at is None or horizon is None:
         held = telemetry_held(settings.cluster_id, *telemetry_span(engine, settings.cluster_id))
-        raise CommandError(f"--from-store needs --at T (RFC 3339) and --horizon H (e.g. 6h); {held}")
+        raise CommandError(
+            "--from-store needs --at T (RFC 3339, or back from the newest telemetry: 6h) and --horizon H "
+            f"(e.g. 2h); {held}"
+        )
     when = _backtest_time(engine, settings.cluster_id, at)
     try:
         horizon_s = parse_duration(horizon)

@@ -4,6 +4,10 @@ whether the twin beats "it stays as it is" (twin.skill).
 
 Scores written before have no baseline (NULL) and are left out of both sums of the comparison.
 
+Stored forecasts also keep the models that made them in a column of their own (`forecasts.models`, NULL for
+those stored before): the forecast drawn against what happened is chosen among the calibrated models' ones
+without reading every document.
+
 Revision ID: 0011
 Revises: 0010
 """
@@ -20,6 +24,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("forecasts", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("models", sa.String(length=200), nullable=True))
     with op.batch_alter_table("forecast_scores", schema=None) as batch_op:
         batch_op.add_column(sa.Column("persistence", sa.Float(), nullable=True))
     with op.batch_alter_table("forecast_skill_days", schema=None) as batch_op:
@@ -37,3 +43,5 @@ def downgrade() -> None:
         batch_op.drop_column("persistence_n")
     with op.batch_alter_table("forecast_scores", schema=None) as batch_op:
         batch_op.drop_column("persistence")
+    with op.batch_alter_table("forecasts", schema=None) as batch_op:
+        batch_op.drop_column("models")
