@@ -10,6 +10,10 @@ Truth and twin are measured by the same code (`twin.run_metrics.measure`) over [
 the truth is those jobs' recorded submissions, starts and ends, at their measured power where they
 reported one (else what the twin assumes for a job without a power reading). The figures are the
 benchmark backtest's: `figures.{name}.truth`, `twin.{mean, p10, p90}`, `error` = (mean - truth) / truth.
+
+Beside the twin, persistence: the same figures of the window before, [T - H, T], measured by the same code,
+as the forecast of [T, T + H] that "the next hours will be like the last" makes (`figures.{name}.persistence`,
+with its `error`). None where the store's telemetry does not cover that window.
 """
 
 from __future__ import annotations
@@ -111,15 +115,18 @@ def backtest_from_store(
                      SloSet(slos=[]))  # fmt: skip
     outputs = run_ensemble(spec, runs, workers, progress, ray_address=ray_address)
     truth = truth_figures(inputs, after, at, horizon_s, interval_s, arrivals == OBSERVED)
+    baseline = persistence_figures(engine, cluster_id, at, horizon_s, interval_s, lookback)
     figures: dict[str, Any] = {}
     for name in FIGURES:
         forecast = spread([o.summary[name] for o in outputs])
         actual = truth[name]
         mean = forecast["mean"]
+        previous = None if baseline is None else baseline[name]
         figures[name] = {
             "truth": actual,
             "twin": forecast,
-            "error": None if mean is None or actual == 0 else (mean - actual) / actual,
+            "error": _relative_error(mean, actual),
+            "persistence": {"value": previous, "error": _relative_error(previous, actual)},
         }
     return json_safe(
         {
@@ -141,6 +148,32 @@ def backtest_from_store(
             "figures": figures,
         }
     )
+
+
+def _relative_error(value: float | None, truth: float) -> float | None:
+    return None if value is None or truth == 0 else (value - truth) / truth
+
+
+def persistence_figures(
+    engine: Engine, cluster_id: str, at: datetime, horizon_s: float, interval_s: float, lookback: timedelta
+) -> dict[str, float] | None:
+    """The window before T's figures, [T - H, T], measured as the truth of [T, T + H] is (the jobs queued
+    or running at T - H and those submitted after it): what persistence forecasts. None where the store's
+    telemetry does not cover that window, or no node was up at its start."""
+    try:
+        prior = at - timedelta(seconds=horizon_s)
+        check_window(engine, cluster_id, prior, at)
+    except (ValueError, OverflowError):
+        return None
+    states = backtest_states(engine, cluster_id, prior, at, lookback)
+    if not any(n.status == "up" for n in states.before.nodes):
+        return None
+    rows = states.before.rows(states.since)
+    inputs = inputs_from_rows(rows, cluster_id=cluster_id, now=prior, since=states.since, notes=[])
+    typical = typical_work(rows.history, rows.observed_work) or DEFAULT_WORK_TOKENS
+    submitted = _arrivals(states.before, states.after, prior, at, typical)
+    inputs = replace(inputs, workload=concat([inputs.workload, submitted]))
+    return truth_figures(inputs, states.after, prior, horizon_s, interval_s, True)
 
 
 def _arrivals(

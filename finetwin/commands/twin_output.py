@@ -114,15 +114,28 @@ def print_store_backtest(doc: dict[str, Any]) -> None:
 
 def _print_figures(doc: dict[str, Any]) -> None:
     rows = []
+    # The store's backtest also says what persistence (the window before, again) would have forecast.
+    baseline = any("persistence" in f for f in doc["figures"].values())
     for name, f in doc["figures"].items():
-        error = "-" if f["error"] is None else f"{f['error']:+.1%}"
         t = f["twin"]
-        rows.append([
-            name, human(name, f["truth"]), *(human(name, t[k]) for k in ("mean", "p10", "p90")), error,
-        ])  # fmt: skip
+        row = [name, human(name, f["truth"]), *(human(name, t[k]) for k in ("mean", "p10", "p90")),
+               _signed(f["error"])]  # fmt: skip
+        if baseline:
+            previous = f.get("persistence") or {}
+            value = previous.get("value")
+            row += ["-" if value is None else human(name, value), _signed(previous.get("error"))]
+        rows.append(row)
     columns = ["figure", ("truth", "right"), ("twin mean", "right"), ("p10", "right"), ("p90", "right"),
                ("error", "right")]  # fmt: skip
+    if baseline:
+        columns += [("persistence", "right"), ("its error", "right")]
     output.show(output.table(columns, rows))
+    if baseline:
+        output.say("persistence: the window before T, [T - H, T], measured the same way, forecast to repeat")
+
+
+def _signed(error: float | None) -> str:
+    return "-" if error is None else f"{error:+.1%}"
 
 
 def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str = "default") -> None:

@@ -138,6 +138,32 @@ def test_finetwin_backtest_from_store(
     assert doc["figures"]["gpu_hours"]["truth"] > 0 and doc["figures"]["energy_kwh"]["truth"] > 0
     assert doc["jobs_at_start"]["running"] > 0 and doc["jobs_in_window"] > doc["jobs_at_start"]["running"]
     assert "v0001" in doc["models"]
+    # Persistence: the window before, [T - H, T], measured as the truth is. Here it starts before the
+    # telemetry's first event: none, said, not made up.
+    assert all(f["persistence"] == {"value": None, "error": None} for f in doc["figures"].values())
+    # Mid-replay it is the truth of a backtest at T - H, figure by figure, with its error against the truth.
+    mid = epoch + timedelta(seconds=plan.duration_s / 2)
+
+    def at_json(when: datetime) -> dict:
+        argv = ["backtest", "--from-store", "--at", when.isoformat(), "--horizon", "1h", "--runs", "2",
+                "--models", str(registry_copy), "--json"]  # fmt: skip
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)["figures"]
+
+    now, prior = at_json(mid), at_json(mid - timedelta(hours=1))
+    for name, figure in now.items():
+        previous, truth = figure["persistence"], figure["truth"]
+        assert previous["value"] == pytest.approx(prior[name]["truth"]), name
+        expected = pytest.approx((previous["value"] - truth) / truth) if truth else None
+        assert previous["error"] == expected, name
+    assert now["jobs_completed"]["persistence"]["value"] > 0
+    table_argv = ["backtest", "--from-store", "--at", mid.isoformat(), "--horizon", "1h", "--runs", "2",
+                  "--models", str(registry_copy)]  # fmt: skip
+    assert main(table_argv) == 0
+    table = capsys.readouterr().out
+    assert "its error" in table and "the window before T, [T - H, T]" in table
+    row = next(line.split() for line in table.splitlines() if line.startswith("jobs_completed"))
+    assert row[-2] == f"{now['jobs_completed']['persistence']['value']:g}", row
     # T before the store's telemetry: refused with the span it holds (checked before the models).
     assert main(["backtest", "--from-store", "--at", "2020-01-01T00:00:00Z", "--horizon", "2h"]) == 2
     assert "before any telemetry" in capsys.readouterr().err  # the store's span is checked first
