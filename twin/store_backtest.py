@@ -36,7 +36,7 @@ from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_co
 from twin.plan import DEFAULT_POWER_FRACTION, JobPlan, Reject, pool_index
 from twin.policies import Policy
 from twin.protocols import JobModels
-from twin.rebuild import RebuiltState, backtest_states
+from twin.rebuild import BacktestStates, RebuiltState, backtest_states
 from twin.run_metrics import measure
 from twin.simulator import End, SimResult
 from twin.slo_attainment import SloSet
@@ -98,15 +98,12 @@ def backtest_from_store(
     at = as_utc(at)
     end = at + timedelta(seconds=horizon_s)
     check_window(engine, cluster_id, at, end)
-    states = backtest_states(engine, cluster_id, at, end, lookback)
-    before, after, since = states.before, states.after, states.since
-    if not any(n.status == "up" for n in before.nodes):
+    window = _window(engine, cluster_id, at, end, lookback)
+    if window is None:
         raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to backtest")
-    rows = before.rows(since)
-    inputs = inputs_from_rows(rows, cluster_id=cluster_id, now=at, since=since, notes=[])
+    inputs, observed, states = window
+    before, after = states.before, states.after
     if arrivals == OBSERVED:
-        typical = typical_work(rows.history, rows.observed_work) or DEFAULT_WORK_TOKENS
-        observed = _arrivals(before, after, at, end, typical)
         inputs = replace(inputs, workload=concat([inputs.workload, observed]))
     options = ForecastOptions(
         horizon_s=horizon_s, interval_s=interval_s, runs=runs, seed=seed, policy=policy, workers=workers
@@ -165,15 +162,26 @@ def persistence_figures(
         check_window(engine, cluster_id, prior, at)
     except (ValueError, OverflowError):
         return None
-    states = backtest_states(engine, cluster_id, prior, at, lookback)
+    window = _window(engine, cluster_id, prior, at, lookback)
+    if window is None:
+        return None
+    inputs, submitted, states = window
+    inputs = replace(inputs, workload=concat([inputs.workload, submitted]))
+    return truth_figures(inputs, states.after, prior, horizon_s, interval_s, True)
+
+
+def _window(
+    engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta
+) -> tuple[TwinInputs, Workload, BacktestStates] | None:
+    """The twin's inputs at `at`, rebuilt from the store; the jobs submitted in (at, end] as observed
+    arrivals; and the states they come from. None when no node of the cluster was up at `at`."""
+    states = backtest_states(engine, cluster_id, at, end, lookback)
     if not any(n.status == "up" for n in states.before.nodes):
         return None
     rows = states.before.rows(states.since)
-    inputs = inputs_from_rows(rows, cluster_id=cluster_id, now=prior, since=states.since, notes=[])
+    inputs = inputs_from_rows(rows, cluster_id=cluster_id, now=at, since=states.since, notes=[])
     typical = typical_work(rows.history, rows.observed_work) or DEFAULT_WORK_TOKENS
-    submitted = _arrivals(states.before, states.after, prior, at, typical)
-    inputs = replace(inputs, workload=concat([inputs.workload, submitted]))
-    return truth_figures(inputs, states.after, prior, horizon_s, interval_s, True)
+    return inputs, _arrivals(states.before, states.after, at, end, typical), states
 
 
 def _arrivals(
