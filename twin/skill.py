@@ -28,6 +28,7 @@ from twin.db import session_scope
 from twin.forecast_store import (
     STANDING,
     ForecastScore,
+    ForecastTimes,
     StoredForecast,
     forecast_times,
     read_forecast,
@@ -231,6 +232,23 @@ def _score_one(
     return score_intervals(document, actual, intervals, before)
 
 
+def _newest_half_passed(forecasts: Sequence[ForecastTimes], now: datetime) -> ForecastTimes:
+    """The newest forecast that started at least half its horizon ago, else the oldest."""
+    pick = forecasts[0]
+    for times in forecasts:
+        if (now - as_utc(times.start)).total_seconds() >= float(times.horizon_s or 0.0) / 2:
+            pick = times
+    return pick
+
+
+def _passed(stored: StoredForecast, now: datetime) -> int:
+    """How many of a stored forecast's intervals have ended by `now`."""
+    edges = interval_edges(stored.document)
+    if len(edges) < 2 or stored.start is None:
+        return 0
+    return int(np.searchsorted(edges[1:], (now - as_utc(stored.start)).total_seconds(), side="right"))
+
+
 def since_time(text: str, now: datetime) -> datetime | None:
     """Where a window of scored intervals starts (`--since`, `?since=`): a duration back from `now` (24h,
     7d) or an RFC 3339 time (UTC where it names no zone). None for a duration reaching back further than the
@@ -270,26 +288,26 @@ def forecast_vs_actual(
     engine: Engine, cluster_id: str, now: datetime, kind: str = STANDING
 ) -> dict[str, Any] | None:
     """A stored forecast with what happened drawn over it: the newest one that started at least half its
-    horizon ago (so half its band has actuals), else the oldest kept; made by calibrated models where any
-    forecast was (a fresh installation's first forecast, the fallback's, would otherwise stand for the twin
-    for half a horizon). Per figure: the band per interval and the actual for the intervals that have
-    passed; the forecast's age on the telemetry's clock."""
+    horizon ago (so half its band has actuals), else the oldest kept; of those made by calibrated models
+    once one of them has an interval that has passed (a fresh installation's first forecast, the
+    fallback's, would otherwise stand for the twin for half a horizon). Per figure: the band per interval
+    and the actual for the intervals that have passed; the forecast's age on the telemetry's clock."""
     now = as_utc(now)
     every = forecast_times(engine, cluster_id=cluster_id, kind=kind)
-    forecasts = [times for times in every if times.models != FALLBACK_LABEL] or every
-    if not forecasts:
+    if not every:
         return None
-    pick = forecasts[0]
-    for times in forecasts:
-        if (now - as_utc(times.start)).total_seconds() >= float(times.horizon_s or 0.0) / 2:
-            pick = times
+    calibrated = [times for times in every if times.models != FALLBACK_LABEL]
+    pick = _newest_half_passed(calibrated or every, now)
     chosen = read_forecast(engine, pick.id)
+    if chosen is not None and not _passed(chosen, now) and calibrated and len(calibrated) < len(every):
+        # Nothing of the calibrated models' forecast has happened yet: the one that has, until it has.
+        chosen = read_forecast(engine, _newest_half_passed(every, now).id)
     if chosen is None:  # pruned since: the next poll picks another
         return None
-    start = as_utc(pick.start)
+    start = as_utc(chosen.start)  # type: ignore[arg-type]
     edges = interval_edges(chosen.document)
     elapsed = (now - start).total_seconds()
-    ready = int(np.searchsorted(edges[1:], elapsed, side="right")) if len(edges) > 1 else 0
+    ready = _passed(chosen, now)
     actual: dict[str, np.ndarray] = {}
     if ready:
         times = load_job_times(engine, cluster_id, start, now)

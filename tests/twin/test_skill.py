@@ -184,24 +184,39 @@ def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engin
     assert view["figures"]["utilization"]["actual"] == [0.25, None]
 
 
-def test_the_forecast_drawn_against_what_happened_is_the_calibrated_models_where_there_is_one(
+def four_hours(start: datetime, models: str) -> dict[str, object]:
+    """`document` over 4 hourly intervals: one may have passed before half the horizon has."""
+    doc = document(start)
+    series = {
+        name: {k: v * 2 for k, v in band.items()}
+        for name, band in doc["series"].items()  # type: ignore[union-attr]
+        if name not in ("t_s", "interval_end_s", "utilization_by_type")
+    }
+    series |= {"t_s": [0.0, 3600.0, 7200.0, 10800.0], "interval_end_s": [3600.0, 7200.0, 10800.0, 14400.0]}
+    return doc | {"horizon_s": 14400.0, "series": series, "models": models}
+
+
+def test_the_forecast_drawn_against_what_happened_is_the_calibrated_models_once_one_has_happened(
     engine: Engine,
 ) -> None:
     """A fresh installation's first forecast is made before its first calibration (the fallback's rough
     numbers): it was drawn against what happened, as the twin's, for half a horizon."""
     store_history(engine)
-    first = save_forecast(engine, document() | {"models": "fallback"}, cluster_id="default")
-    alone = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
+    first = save_forecast(engine, four_hours(T0, "fallback"), cluster_id="default")
+    alone = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=150))
     assert alone is not None and (alone["forecast_id"], alone["models"]) == (first, "fallback")
-    # The first calibration's forecast, 50 min old at 90 min: under half its horizon, where the fallback's is
-    # over it (and was shown for it), and with no interval passed yet.
-    later = T0 + timedelta(minutes=40)
-    calibrated = save_forecast(engine, document(later) | {"models": "calibrated v0001"}, cluster_id="default")
-    view = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
+    calibrated = save_forecast(
+        engine, four_hours(T0 + timedelta(minutes=40), "calibrated v0001"), cluster_id="default"
+    )
+    # At 90 min nothing of the calibrated forecast has happened (50 min of its first hour): the fallback's
+    # stays, with what has happened of it.
+    early = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
+    assert early is not None and early["forecast_id"] == first and early["intervals_passed"] == 1
+    # At 150 min its first hour has passed, before half its horizon (2 h), where the fallback's has had
+    # half of its own: the calibrated one is drawn.
+    view = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=150))
     assert view is not None and (view["forecast_id"], view["models"]) == (calibrated, "calibrated v0001")
-    assert view["intervals_passed"] == 0 and alone["intervals_passed"] == 1
-    view = forecast_vs_actual(engine, "default", T0 + timedelta(hours=3))
-    assert view is not None and view["forecast_id"] == calibrated and view["intervals_passed"] == 2
+    assert view["intervals_passed"] == 1 and alone["intervals_passed"] == 2
 
 
 def test_skill_over_http_prometheus_and_the_cli(
