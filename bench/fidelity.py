@@ -16,10 +16,13 @@
    its bands recalibrated on the intervals scored before it as the API does (`twin.band_calibration`;
    `--no-band-calibration`: the ensemble's bands alone), every interval of every forecast scored against
    what the store recorded (`twin.skill`). Coverage is printed for both bands: the one the operator sees
-   and the ensemble's own (raw), which is the baseline.
+   and the ensemble's own (raw), which is the baseline; the mean's error beside persistence's (the interval
+   before each forecast, forecast to go on) and the skill score 1 - MAE / persistence's MAE. `--live-load
+   0.5` replays onto a cluster sized as `finetwin up` sizes it (busier than `finetwin replay`'s).
 
     .venv/bin/python bench/fidelity.py [--sample ../shared/reference/real_sample.csv] [--seeds 0,1]
                                        [--blocks 1,4,7] [--runs 16] [--live-every 2h] [--no-live]
+                                       [--live-load 0.5]
 
 Targets (issue 12): random rows |error| <= 5 % on jobs completed, GPU-hours, energy and makespan, truth
 inside the band for >= 4 of 5 figures; unseen blocks |error| <= 15 % on jobs completed, GPU-hours and
