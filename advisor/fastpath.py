@@ -9,6 +9,7 @@ with the body it sent, so the app's checks and messages apply as they always do.
 
 from __future__ import annotations
 
+from fastapi.security.utils import get_authorization_scheme_param
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
@@ -77,9 +78,9 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 def _bearer_token(authorization: bytes | None) -> bytes | None:
-    """The token of `Authorization: Bearer <token>`, read as FastAPI's HTTPBearer reads it (the scheme in
-    any case, the token stripped)."""
+    """The token of `Authorization: Bearer <token>`, read by the function FastAPI's HTTPBearer reads it with
+    (headers arrive as latin-1 bytes, as Starlette decodes them)."""
     if authorization is None:
         return None
-    scheme, _, token = authorization.partition(b" ")
-    return token.strip() or None if scheme.lower() == b"bearer" else None
+    scheme, token = get_authorization_scheme_param(authorization.decode("latin-1"))
+    return token.encode("latin-1") if scheme.lower() == "bearer" and token else None

@@ -33,7 +33,7 @@ import pandas as pd
 
 from twin.cluster import Cluster, NodeSpec, gpu_tdp_watts
 from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
-from twin.ensemble import run_ensemble, spread
+from twin.ensemble import relative_error, run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, json_safe, make_spec
 from twin.plan import (
     DEFAULT_FAILURE_TIMES_S,
@@ -340,7 +340,7 @@ def run_backtest(
         figures[name] = {
             "truth": actual,
             "twin": forecast,
-            "error": None if mean is None or actual == 0 else (mean - actual) / actual,
+            "error": relative_error(mean, actual),
         }
     replayed_span = float(replay.workload.arrival_s[-1])
     return json_safe(

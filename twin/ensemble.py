@@ -232,6 +232,11 @@ def spread(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
     return {"mean": float(array.mean()), "p10": float(p10), "p90": float(p90)}
 
 
+def relative_error(value: float | None, truth: float) -> float | None:
+    """(value - truth) / truth; None without a value or where the truth is 0."""
+    return None if value is None or truth == 0 else (value - truth) / truth
+
+
 def spread_series(rows: Sequence[np.ndarray]) -> dict[str, list[float | None]]:
     """Per interval, the spread across runs. Runs without a horizon end at different times: a run that
     has ended has no value in the later intervals (NaN, left out)."""

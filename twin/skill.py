@@ -154,15 +154,14 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
         edges = interval_edges(stored.document)
         if len(edges) < 2:
             continue
-        elapsed = (now - as_utc(stored.start)).total_seconds()
-        ready = int(np.searchsorted(edges[1:], elapsed, side="right"))  # intervals whose end <= elapsed
+        ready = _ended(edges, (now - as_utc(stored.start)).total_seconds())
         first = done.get(stored.id, 0)
         if ready > first:
             pending.append((stored, list(range(first, ready))))
     if not pending:
         return 0
     # From the interval before the earliest forecast's start: the persistence baseline's window.
-    widest = max(_first_width(s.document) for s, _ in pending)
+    widest = max(_first_width(interval_edges(s.document)) for s, _ in pending)
     origin = min(as_utc(s.start) for s, _ in pending) - timedelta(seconds=widest)  # type: ignore[arg-type]
     times = load_job_times(engine, cluster_id, origin, now)
     written = 0
@@ -212,9 +211,13 @@ def score_due(engine: Engine, cluster_id: str, now: datetime, kind: str = STANDI
     return written
 
 
-def _first_width(document: Mapping[str, Any]) -> float:
-    edges = interval_edges(document)
+def _first_width(edges: np.ndarray) -> float:
     return float(edges[1] - edges[0]) if len(edges) > 1 else 0.0
+
+
+def _ended(edges: np.ndarray, elapsed_s: float) -> int:
+    """How many of the intervals `edges` bound have ended `elapsed_s` after the forecast's start."""
+    return int(np.searchsorted(edges[1:], elapsed_s, side="right")) if len(edges) > 1 else 0
 
 
 def _score_one(
@@ -225,7 +228,7 @@ def _score_one(
     of it since: late telemetry helps the baseline, never the twin)."""
     offset = (start - times.origin).total_seconds()
     edges = interval_edges(document)[: max(intervals) + 2]
-    with_before = np.concatenate(([edges[0] - _first_width(document)], edges))
+    with_before = np.concatenate(([edges[0] - _first_width(edges)], edges))
     series = actual_series(times, with_before + offset)
     before = {name: float(values[0]) for name, values in series.items()}
     actual = {name: values[1:] for name, values in series.items()}
@@ -243,10 +246,9 @@ def _newest_half_passed(forecasts: Sequence[ForecastTimes], now: datetime) -> Fo
 
 def _passed(stored: StoredForecast, now: datetime) -> int:
     """How many of a stored forecast's intervals have ended by `now`."""
-    edges = interval_edges(stored.document)
-    if len(edges) < 2 or stored.start is None:
+    if stored.start is None:
         return 0
-    return int(np.searchsorted(edges[1:], (now - as_utc(stored.start)).total_seconds(), side="right"))
+    return _ended(interval_edges(stored.document), (now - as_utc(stored.start)).total_seconds())
 
 
 def since_time(text: str, now: datetime) -> datetime | None:
@@ -307,7 +309,7 @@ def forecast_vs_actual(
     start = as_utc(chosen.start)  # type: ignore[arg-type]
     edges = interval_edges(chosen.document)
     elapsed = (now - start).total_seconds()
-    ready = _passed(chosen, now)
+    ready = _ended(edges, elapsed)
     actual: dict[str, np.ndarray] = {}
     if ready:
         times = load_job_times(engine, cluster_id, start, now)

@@ -29,7 +29,7 @@ from sqlalchemy import Engine
 
 from twin.clock import as_utc, telemetry_span
 from twin.cluster import gpu_tdp_watts
-from twin.ensemble import run_ensemble, spread
+from twin.ensemble import relative_error, run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.jsonsafe import json_safe
 from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_config, typical_work
@@ -122,8 +122,8 @@ def backtest_from_store(
         figures[name] = {
             "truth": actual,
             "twin": forecast,
-            "error": _relative_error(mean, actual),
-            "persistence": {"value": previous, "error": _relative_error(previous, actual)},
+            "error": relative_error(mean, actual),
+            "persistence": {"value": previous, "error": relative_error(previous, actual)},
         }
     return json_safe(
         {
@@ -145,10 +145,6 @@ def backtest_from_store(
             "figures": figures,
         }
     )
-
-
-def _relative_error(value: float | None, truth: float) -> float | None:
-    return None if value is None or truth == 0 else (value - truth) / truth
 
 
 def persistence_figures(

@@ -222,11 +222,12 @@ def live_error(
         in_use = None
     with engine.connect() as connection:
         points = live_error_series(connection, window=window, limit=limit, model_version=model_version)
-        if model_version is not None and not points and model_version not in registry.versions():
+        if model_version is not None and not points:
             # A misspelt version (`v1` for `v0001`) read as an empty series: as if it had no finished job.
-            known = ", ".join(registry.versions()) or "none yet"
-            detail = f"no model version {model_version!r} (versions: {known})"
-            raise HTTPException(status_code=404, detail=detail)
+            versions = registry.versions()
+            if model_version not in versions:
+                detail = f"no model version {model_version!r} (versions: {', '.join(versions) or 'none yet'})"
+                raise HTTPException(status_code=404, detail=detail)
         current = None
         if in_use is not None:
             summary = summarize(connection, in_use, window)

@@ -4,7 +4,7 @@ from explicit files."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -341,29 +341,23 @@ def _no_version_at(settings: Settings, when: datetime, models: Path | None) -> s
 
 
 def _backtest_time(engine: Engine, cluster_id: str, at: str) -> datetime:
-    """`--at`: an RFC 3339 time (UTC where it names no zone), or a duration back from the telemetry's newest
-    time: "6 hours ago" on the cluster's clock, which a replay or a backlog puts far from the wall's."""
-    from twin.clock import as_utc, telemetry_span
-    from twin.store_backtest import telemetry_held
-    from twin.units import parse_duration
+    """`--at`, read as `--since` is (`twin.skill.since_time`): an RFC 3339 time (UTC where it names no zone),
+    or a duration back from the telemetry's newest time: "6 hours ago" on the cluster's clock, which a
+    replay or a backlog puts far from the wall's. Without telemetry, back from the wall clock: the window
+    check then says the store holds none."""
+    from twin.clock import telemetry_span
+    from twin.skill import since_time
 
+    _, latest = telemetry_span(engine, cluster_id)
     try:
-        return as_utc(datetime.fromisoformat(at.strip().replace("Z", "+00:00")))
-    except ValueError:
-        pass
-    try:
-        back_s = parse_duration(at)
+        when = since_time(at, latest or datetime.now(UTC))
     except ValueError:
         raise CommandError(
             f"--at: not an RFC 3339 time or a duration back from the newest telemetry (e.g. 6h): {at!r}"
         ) from None
-    earliest, latest = telemetry_span(engine, cluster_id)
-    if latest is None:
-        raise CommandError(f"--at {at}: {telemetry_held(cluster_id, earliest, latest)}")
-    try:
-        return latest - timedelta(seconds=back_s)
-    except OverflowError:
-        raise CommandError(f"--at {at}: reaches back past the year 1") from None
+    if when is None:
+        raise CommandError(f"--at {at}: reaches back past the year 1")
+    return when
 
 
 def _backtest_from_store(
