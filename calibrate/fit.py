@@ -32,7 +32,7 @@ from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
 from calibrate.tree_walker import TreeArrays
-from twin.domain import JobConfig, Outcome, broken_rule
+from twin.domain import JobConfig, Outcome, broken_rules
 from twin.families import ERROR_QUANTILE_LEVELS, error_family
 
 __all__ = [
@@ -209,7 +209,7 @@ class CalibratedModels:
     def _predict_rows(self, table: Table, power: bool, reference: bool) -> dict[str, Any]:
         X, gpus, notes = self.matrix(table)
         rules = admission_rules(table)
-        rejected = np.array([r is not None for r in rules], dtype=bool)
+        rejected = np.not_equal(rules, None)
         names, methods = config_frame.column(table, "model_name"), config_frame.column(table, "method")
         order = row_order.alike_together(X)  # the trees walk alike rows faster one after another
         if order is not None:
@@ -238,7 +238,7 @@ class CalibratedModels:
         )
         predicted: dict[str, Any] = {
             "outcome": outcome,
-            "rule": np.array(rules, dtype=object),
+            "rule": rules,
             "p_valid": p_valid,
             "tokens_per_second_p10": band[:, 0],
             "tokens_per_second_p50": band[:, 1],
@@ -394,8 +394,8 @@ def _lower_bound(stored: Any) -> tuple[list[float], list[float]] | None:
     return knots_p, knots_low
 
 
-def admission_rules(table: Table) -> list[str | None]:
-    """The actuator's first broken rule per row (exact, in the paper's order), or None."""
+def admission_rules(table: Table) -> np.ndarray:
+    """The actuator's first broken rule per row (exact, in the paper's order), or None: an object array."""
     present = set(config_frame.column_names(table))
     missing = [c for c in _RULE_COLUMNS if c not in present and c != "fast_moe"]
     if missing:
@@ -405,14 +405,12 @@ def admission_rules(table: Table) -> list[str | None]:
         if "fast_moe" in present
         else np.zeros(config_frame.row_count(table))
     )
-    rules = map(
-        broken_rule,
-        config_frame.column(table, "number_gpus").astype(int).tolist(),
-        config_frame.column(table, "batch_size").astype(int).tolist(),
-        fast_moe.astype(int).tolist(),
-        config_frame.column(table, "number_nodes").astype(int).tolist(),
+    return broken_rules(
+        config_frame.column(table, "number_gpus").astype(int),
+        config_frame.column(table, "batch_size").astype(int),
+        fast_moe.astype(int),
+        config_frame.column(table, "number_nodes").astype(int),
     )
-    return [rule.value if rule is not None else None for rule in rules]
 
 
 def row_families(table: pd.DataFrame) -> np.ndarray:

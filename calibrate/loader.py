@@ -29,7 +29,7 @@ from twin.domain import (
     METHODS,
     RULE_ORDER,
     Outcome,
-    broken_rule,
+    broken_rules,
     canonical_gpu_name,
     unknown_gpu_message,
 )  # fmt: skip
@@ -483,13 +483,9 @@ def _typed_config(frame: _Frame, may_be_empty: Collection[str] = ()) -> pd.DataF
     dtype = _each_distinct(raw["torch_dtype"], lambda text: text.strip() or "bfloat16")
     table["torch_dtype"] = dtype.to_numpy()
     table["time_limit_s"] = time_limits
-    table["rule"] = [
-        (rule.value if rule is not None else None)
-        for rule in map(
-            broken_rule,
-            *(table[c].tolist() for c in ("number_gpus", "batch_size", "fast_moe", "number_nodes")),
-        )
-    ]
+    table["rule"] = broken_rules(
+        *(table[c].to_numpy() for c in ("number_gpus", "batch_size", "fast_moe", "number_nodes"))
+    )
     table["line"] = frame.lines
     return table
 

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, and_, or_
 from sqlmodel import col, select
 
 from calibrate.loader import BENCHMARK_COLUMNS, MEASURED_COLUMNS, each_distinct
-from twin.domain import Outcome, Rule, canonical_gpu_name
+from twin.domain import Outcome, broken_rules, canonical_gpu_name
 from twin.store import Job, ObservedRun
 
 OBSERVED_SOURCE = "observed"
@@ -99,7 +99,9 @@ def observed_table(bind: Engine | Connection) -> pd.DataFrame:
         "time_limit_s": [np.nan if t is None else t for t in cells["time_limit_s"]],
         "is_valid": valid.astype(np.int64),
         "lh_created_at": [when.isoformat() if when else "" for when in observed_at],
-        "rule": _broken_rules(cells),
+        "rule": broken_rules(
+            cells["number_gpus"], cells["batch_size"], _or(cells["fast_moe"], 0), cells["number_nodes"]
+        ),
         "outcome": outcome.astype(object),
         "job_id": cells["job_id"],
         "observed_at": observed_at,
@@ -115,22 +117,6 @@ def _truthy(values: np.ndarray) -> np.ndarray:
 
 def _or(values: np.ndarray, default: object) -> list[object]:
     return [v or default for v in values]
-
-
-def _broken_rules(cells: dict[str, np.ndarray]) -> np.ndarray:
-    """`twin.domain.broken_rule` of every row, a column at a time: the first rule each breaks, or None."""
-    gpus, batch, nodes = (
-        cells[name].astype(np.int64) for name in ("number_gpus", "batch_size", "number_nodes")
-    )
-    moe = np.array(_or(cells["fast_moe"], 0), dtype=np.int64)
-    first = (gpus <= 0) | (batch % np.where(gpus > 0, gpus, 1) != 0)
-    second = ~first & (moe > 0) & (gpus % np.where(moe > 0, moe, 1) != 0)
-    third = ~first & ~second & ((nodes <= 0) | (gpus % np.where(nodes > 0, nodes, 1) != 0))
-    rules = np.full(len(gpus), None, dtype=object)
-    rules[first] = Rule.BATCH_NOT_MULTIPLE_OF_GPUS.value
-    rules[second] = Rule.GPUS_NOT_MULTIPLE_OF_EXPERT_PARALLEL.value
-    rules[third] = Rule.GPUS_NOT_MULTIPLE_OF_NODES.value
-    return rules
 
 
 def _frame(cells: pd.DataFrame) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
+import numpy as np
 from pydantic import Field
 
 from twin.limits import STORE_INT_MAX, StorableText
@@ -298,6 +299,22 @@ def broken_rule(number_gpus: int, batch_size: int, fast_moe: int, number_nodes: 
     if number_nodes <= 0 or number_gpus % number_nodes != 0:
         return Rule.GPUS_NOT_MULTIPLE_OF_NODES
     return None
+
+
+def broken_rules(number_gpus: Any, batch_size: Any, fast_moe: Any, number_nodes: Any) -> np.ndarray:
+    """`broken_rule` of every row, a column at a time (integer arrays of one length): each row's first broken
+    rule's value, or None, as an object array. A Python call per row cost ~0.1 s on 100,000 rows."""
+    gpus, batch, moe, nodes = (
+        np.asarray(c, dtype=np.int64) for c in (number_gpus, batch_size, fast_moe, number_nodes)
+    )
+    first = (gpus <= 0) | (batch % np.where(gpus > 0, gpus, 1) != 0)
+    second = ~first & (moe > 0) & (gpus % np.where(moe > 0, moe, 1) != 0)
+    third = ~first & ~second & ((nodes <= 0) | (gpus % np.where(nodes > 0, nodes, 1) != 0))
+    rules = np.full(len(gpus), None, dtype=object)
+    rules[first] = Rule.BATCH_NOT_MULTIPLE_OF_GPUS.value
+    rules[second] = Rule.GPUS_NOT_MULTIPLE_OF_EXPERT_PARALLEL.value
+    rules[third] = Rule.GPUS_NOT_MULTIPLE_OF_NODES.value
+    return rules
 
 
 def nearest_multiple(value: int, step: int) -> int:
