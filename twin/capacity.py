@@ -38,7 +38,7 @@ from twin.ensemble import EnsembleSpec, run_one, spread
 from twin.executors import Executor, Progress, TaskFailure
 from twin.forecast import TwinInputs, catalog_of
 from twin.jsonsafe import json_safe
-from twin.limits import MAX_ENSEMBLE_RUNS
+from twin.limits import MAX_ENSEMBLE_RUNS, interval_problem, simulated_duration
 from twin.plan import PlanOptions, PreparedCatalog, Reject, pool_index, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.protocols import JobModels
@@ -123,8 +123,15 @@ class SweepRequest(BaseModel):
     @classmethod
     def _duration(cls, value: str | float | None) -> str | float | None:
         if value is not None:
-            parse_duration(value)  # raises ValueError with the offending text
+            simulated_duration(value)  # raises ValueError with the offending text
         return value
+
+    @model_validator(mode="after")
+    def _interval_within_horizon(self) -> SweepRequest:
+        problem = interval_problem(self.horizon, self.interval)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     @property
     def horizon_s(self) -> float | None:
@@ -194,6 +201,47 @@ def enumerate_scenarios(base: Cluster, request: SweepRequest) -> list[Scenario]:
     if not out:
         raise SweepError("every combination of the ranges has no node at all")
     return out
+
+
+@dataclass(frozen=True)
+class SweepSize:
+    """How big a sweep is before it runs: its scenarios, the largest one's cluster, and its simulated work."""
+
+    scenarios: int
+    nodes: int  # of the largest scenario
+    gpus: int  # of the largest scenario
+    jobs_per_run: int  # known jobs plus the arrivals expected over the horizon
+    runs: int  # of each scenario
+    task_runs: int  # of each task (a scenario's runs are simulated a chunk at a time)
+    intervals: int  # steps of each run's series (none without a horizon)
+
+    @property
+    def job_runs(self) -> int:
+        """Jobs simulated in all: every scenario, every run."""
+        return self.scenarios * self.runs * self.jobs_per_run
+
+    @property
+    def task_job_runs(self) -> int:
+        """Jobs simulated by one task: what a worker may be in the middle of when it is asked to stop."""
+        return self.task_runs * self.jobs_per_run
+
+
+def sweep_size(inputs: TwinInputs, request: SweepRequest, scenarios: Sequence[Scenario]) -> SweepSize:
+    """Counted from the request and the live state alone (no simulation), so that a sweep too big to run
+    can be refused at once."""
+    horizon_s = request.horizon_s
+    jobs = len(inputs.workload)
+    if horizon_s is not None and inputs.arrivals is not None:
+        jobs += math.ceil(inputs.arrivals.daily_jobs * horizon_s / 86400.0)
+    return SweepSize(
+        scenarios=len(scenarios),
+        nodes=max((sum(count for _, count in s.nodes) for s in scenarios), default=0),
+        gpus=max((s.gpus for s in scenarios), default=0),
+        jobs_per_run=jobs,
+        runs=request.runs,
+        task_runs=min(request.runs, request.chunk_runs),
+        intervals=math.ceil(horizon_s / request.interval_s) if horizon_s is not None else 0,
+    )
 
 
 @dataclass

@@ -14,6 +14,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
+from twin.units import parse_duration
+
 # Integer columns are PostgreSQL `integer` (4 bytes); SQLite holds 8, so the smaller range is the store's.
 STORE_INT_MAX = 2**31 - 1
 
@@ -35,6 +37,26 @@ MAX_SERIES_INTERVALS = 100_000
 MAX_ENSEMBLE_RUNS = 256
 # Seeds numpy's generators take: a non-negative integer (a 64-bit one, as the API's bodies are bounded).
 MAX_SEED = 2**63 - 1
+
+
+def simulated_duration(value: str | float) -> float:
+    """Seconds in a horizon or interval the twin is asked to simulate (`twin.units.parse_duration`); raises
+    ValueError naming the value when it is not a duration or is longer than MAX_SIMULATED_SECONDS."""
+    seconds = parse_duration(value)
+    if seconds > MAX_SIMULATED_SECONDS:
+        raise ValueError(
+            f"{value!r} is longer than the twin simulates: at most {MAX_SIMULATED_SECONDS / 86400:,.0f} days "
+            "(ten years)"
+        )
+    return seconds
+
+
+def interval_problem(horizon: str | float | None, interval: str | float) -> str | None:
+    """Why an interval cannot step a horizon (both already valid durations), None when it can: an interval
+    longer than the horizon was echoed back as asked while the series held one interval of the horizon."""
+    if horizon is None or parse_duration(interval) <= parse_duration(horizon):
+        return None
+    return f"the interval {interval!r} is longer than the horizon {horizon!r}"
 
 
 def series_intervals_problem(window_s: float, interval_s: float) -> str | None:

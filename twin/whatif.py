@@ -26,6 +26,7 @@ from pydantic import (
     StrictInt,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from scipy import stats
 
@@ -34,7 +35,7 @@ from twin.config_changes import Admission, Optimization
 from twin.domain import known_gpu_name
 from twin.ensemble import RunOutput, run_ensemble, spread, summarize
 from twin.forecast import ForecastOptions, TwinInputs, describe, json_safe, make_spec
-from twin.limits import MAX_ENSEMBLE_RUNS
+from twin.limits import MAX_ENSEMBLE_RUNS, interval_problem, simulated_duration
 from twin.plan import PlanOptions
 from twin.policies import Policy
 from twin.protocols import JobModels
@@ -98,8 +99,15 @@ class WhatIf(BaseModel):
             return None
         if value is None:
             raise ValueError("a duration is required")
-        parse_duration(value)  # raises ValueError with the offending text
+        simulated_duration(value)  # raises ValueError with the offending text
         return value
+
+    @model_validator(mode="after")
+    def _interval_within_horizon(self) -> WhatIf:
+        problem = interval_problem(self.horizon, self.interval)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
     def baseline_options(self, workers: int | None = None, ray_address: str | None = None) -> ForecastOptions:
         return ForecastOptions(

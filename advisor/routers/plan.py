@@ -29,9 +29,25 @@ from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime, ShuttingDown
-from advisor.routers.forecast import _job_models, _live, _slos
+from advisor.routers.forecast import (
+    MAX_WHATIF_GPUS,
+    MAX_WHATIF_INTERVALS,
+    MAX_WHATIF_JOB_RUNS,
+    MAX_WHATIF_NODES,
+    _job_models,
+    _live,
+    _slos,
+)
 from advisor.settings import AdvisorSettings
-from twin.capacity import SweepError, SweepRequest, enumerate_scenarios, make_tasks, run_sweep
+from twin.capacity import (
+    SweepError,
+    SweepRequest,
+    SweepSize,
+    enumerate_scenarios,
+    make_tasks,
+    run_sweep,
+    sweep_size,
+)
 from twin.cluster import ClusterFormatError, cluster_from_spec
 from twin.db import session_scope
 from twin.executors import make_executor
@@ -43,6 +59,37 @@ router = APIRouter(prefix="/v1/plan", tags=["capacity plan"])
 MAX_API_RUNS = 64
 MAX_KEPT = 20  # finished plans remembered
 NO_STATE = 409
+# A plan runs in the background, so it may take minutes, not hours: the twin simulates ~15k jobs/s on one
+# core, so this many is ~3 minutes on two. Each scenario's cluster and series, and each task's work, are
+# bounded as a what-if's.
+# Without these, one request (a horizon of 1e308 s, or 100,000 nodes of a type) held every core and grew by
+# GBs a minute, and the API could not stop until its workers were killed.
+MAX_PLAN_JOB_RUNS = 5_000_000
+
+
+def size_problems(size: SweepSize) -> list[str]:
+    """What makes a plan too big to run over HTTP (nothing: it may run)."""
+    problems = []
+    if size.nodes > MAX_WHATIF_NODES:
+        problems.append(f"a scenario of {size.nodes} nodes (at most {MAX_WHATIF_NODES})")
+    if size.gpus > MAX_WHATIF_GPUS:
+        problems.append(f"a scenario of {size.gpus} GPUs (at most {MAX_WHATIF_GPUS})")
+    if size.job_runs > MAX_PLAN_JOB_RUNS:
+        problems.append(
+            f"{size.job_runs:,} simulated jobs: {size.scenarios} scenarios x {size.runs} runs x "
+            f"{size.jobs_per_run:,} jobs (at most {MAX_PLAN_JOB_RUNS:,}; narrower ranges, fewer runs or a "
+            "shorter horizon)"
+        )
+    # A task as long as a what-if at most: an API asked to stop stops after the tasks in flight.
+    if size.task_job_runs > MAX_WHATIF_JOB_RUNS:
+        problems.append(
+            f"{size.task_job_runs:,} simulated jobs in a task: {size.task_runs} runs x "
+            f"{size.jobs_per_run:,} jobs (at most {MAX_WHATIF_JOB_RUNS:,}; a smaller chunk_runs or a shorter "
+            "horizon)"
+        )
+    if size.intervals > MAX_WHATIF_INTERVALS:
+        problems.append(f"{size.intervals:,} intervals (at most {MAX_WHATIF_INTERVALS:,}; a longer interval)")
+    return problems
 
 
 class PlanBody(SweepRequest):
@@ -154,9 +201,13 @@ def post_plan(body: PlanBody, runtime: ApiRuntime = Depends(get_runtime)) -> Pla
     slos = _slos(runtime)
     sweep = SweepRequest.model_validate(body.model_dump(exclude={"cluster"}))
     try:
-        total = len(make_tasks(enumerate_scenarios(inputs.cluster, sweep), sweep.runs, sweep.chunk_runs))
+        scenarios = enumerate_scenarios(inputs.cluster, sweep)
     except SweepError as exc:
         raise HTTPException(422, str(exc)) from None
+    problems = size_problems(sweep_size(inputs, sweep, scenarios))
+    if problems:
+        raise HTTPException(422, "the plan is too big to run here: " + "; ".join(problems))
+    total = len(make_tasks(scenarios, sweep.runs, sweep.chunk_runs))
     job = PlanJob(id=str(uuid.uuid4()), created_at=datetime.now(UTC), total=total)
 
     def work(executor: Any, progress: Any) -> dict[str, Any]:

@@ -10,17 +10,20 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
+from advisor.routers.plan import MAX_PLAN_JOB_RUNS, size_problems
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.advisor.test_workflow import proposal, propose
 from tests.conftest import api_app, api_headers, tcp_listening, wait_for
+from twin.capacity import SweepSize
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 CONFIG = {
@@ -267,6 +270,69 @@ def test_a_whatif_too_big_is_refused_before_it_runs(engine: Engine, tmp_path: Pa
         _refused(client.post("/v1/whatif", json=steps, headers=viewer), 422, "43200 intervals")
         small = client.post("/v1/whatif", json={"horizon": "2h", "runs": 2}, headers=viewer)
         assert small.status_code == 200
+
+
+@pytest.mark.parametrize("horizon", [1e308, 1e300, "4000d"])
+def test_a_horizon_longer_than_the_twin_simulates_is_a_422_naming_it(
+    api: TestClient, engine: Engine, horizon: object
+) -> None:
+    """1e308 s overflowed counting the expected arrivals (a 500); 1e300 s was refused with a job count of
+    300 digits."""
+    seed_overloaded_cluster(engine)
+    body = _refused(
+        api.post("/v1/whatif", json={"horizon": horizon, "runs": 1}, headers=api_headers(engine, "viewer")),
+        422,
+        "ten years",
+    )
+    assert body["errors"][0]["loc"][-1] == "horizon"
+
+
+def test_an_interval_longer_than_the_horizon_is_a_422(api: TestClient, engine: Engine) -> None:
+    """It was answered with the interval echoed as asked and a series of one interval of the horizon."""
+    seed_overloaded_cluster(engine)
+    viewer = api_headers(engine, "viewer")
+    _refused(
+        api.post("/v1/whatif", json={"horizon": "2h", "interval": "3h", "runs": 1}, headers=viewer),
+        422,
+        "longer than the horizon",
+    )
+    assert (
+        api.post(
+            "/v1/whatif", json={"horizon": "2h", "interval": "2h", "runs": 1}, headers=viewer
+        ).status_code
+        == 200
+    )
+
+
+def test_a_plan_too_big_is_refused_before_it_is_queued(engine: Engine, tmp_path: Path) -> None:
+    """Each was queued and ran: a horizon of 1e308 s held both cores and grew by GBs a minute."""
+    seed_overloaded_cluster(engine, jobs=400)
+    operator = api_headers(engine, "operator")
+    with _app(engine, tmp_path) as client:
+        for plan, words in [
+            ({"vary": [f"{A100}=1..1"], "horizon": 1e308}, ["ten years"]),
+            ({"vary": [f"{A100}=1..1"], "horizon": "2h", "interval": "1d"}, ["longer than the horizon"]),
+            ({"vary": ["L40S=100000"]}, ["too big", "a scenario of 100001 nodes", "800008 GPUs"]),
+            (
+                {"vary": [f"{A100}=1..200"], "runs": 64, "horizon": "2h"},
+                ["too big", "simulated jobs: 200 scenarios x 64 runs"],
+            ),
+            ({"vary": [f"{A100}=1..1"], "horizon": "30d", "interval": "1m"}, ["too big", "43,200 intervals"]),
+        ]:
+            _refused(client.post("/v1/plan", json=plan, headers=operator), 422, *words)
+        assert client.get("/v1/plan", headers=operator).json() == []
+        fits = {"vary": [f"{A100}=1..200"], "runs": 62, "horizon": "2h"}  # 200 x 62 x 400 jobs: 4,960,000
+        assert client.post("/v1/plan", json=fits, headers=operator).status_code == 202
+
+
+def test_a_plan_whose_tasks_are_each_longer_than_a_whatif_is_too_big() -> None:
+    """A task is what the API waits for when it is asked to stop: one of 8 runs of 100,000 jobs each would
+    hold it for about a minute."""
+    size = SweepSize(scenarios=1, nodes=1, gpus=8, jobs_per_run=100_000, runs=8, task_runs=8, intervals=24)
+    assert size.job_runs <= MAX_PLAN_JOB_RUNS
+    (problem,) = size_problems(size)
+    assert problem.startswith("800,000 simulated jobs in a task: 8 runs x 100,000 jobs"), problem
+    assert size_problems(replace(size, task_runs=2)) == []
 
 
 class _Records(logging.Handler):
