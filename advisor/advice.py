@@ -77,6 +77,11 @@ def _compose(
         if note and note not in notes and i in (plan.i_asked, plan.i_repaired, plan.i_placed):
             notes.append(note)
 
+    asked = next((i for i in (plan.i_asked, plan.i_repaired, plan.i_placed) if i is not None), None)
+    cut_off = answer.cut_off(asked) if asked is not None else None
+    if cut_off is not None:
+        notes.append(cut_off)
+
     fewest = fewest_gpus(answer, plan.ladder, plan.searched)
     fastest = best_throughput(answer, plan.searched + plan.ladder)
     cheapest = best_cost(answer, plan.searched + plan.ladder)

@@ -12,7 +12,7 @@ from advisor import findings
 from advisor.advice_plan import Rows
 from advisor.advice_predict import Predicted
 from advisor.advice_schemas import Band, ConfigOut, Evidence, Option, Prediction
-from twin.domain import gpu_type
+from twin.domain import JobConfig, gpu_type
 from twin.jsonsafe import finite_or_none
 
 # A configuration is recommended only if the failure model gives it at least this chance to run (point
@@ -104,7 +104,10 @@ class Answer:
             )
         low, mid, high = (max(float(v), 1e-9) for v in np.sort(band))
         config = self.rows.configs[i]
-        run = Band(p10=self.work / high, p50=self.work / mid, p90=self.work / low)
+        cap = time_cap(config)  # a capped run stops there, done or not: as the twin runs it (`twin.plan`)
+        run = Band(
+            p10=min(self.work / high, cap), p50=min(self.work / mid, cap), p90=min(self.work / low, cap)
+        )
         gpu_hours = config.number_gpus * run.p50 / 3600.0
         watts = self.watts_per_gpu(i)
         return Prediction(
@@ -114,6 +117,19 @@ class Answer:
             run_time_s=run,
             gpu_hours=gpu_hours,
             energy_kwh=watts * gpu_hours / 1000.0,
+        )
+
+    def cut_off(self, i: int) -> str | None:
+        """A note when the configuration's time limit stops the run before its work is done (at p50)."""
+        config = self.rows.configs[i]
+        mid = self.p50(i)
+        if config.time_limit_s is None or not math.isfinite(mid) or self.work / mid <= config.time_limit_s:
+            return None
+        done = mid * config.time_limit_s
+        return (
+            f"time_limit_s stops the run at {config.time_limit_s:,.0f} s, before its work is done: at "
+            f"{mid:,.0f} tokens/s (p50) it processes {done:,.0f} of the {self.work:,.0f} tokens "
+            f"({done / self.work:.1%}); run times, GPU-hours and energy are for the run as capped"
         )
 
     def option(self, choice: Choice | None, alternative: int | None = None) -> Option | None:
@@ -134,6 +150,11 @@ class Answer:
             confidence=self.confidence(i),
             alternative=None if alternative is None else self.option((alternative, NEXT_SAFEST, [])),
         )
+
+
+def time_cap(config: JobConfig) -> float:
+    """The longest the configuration's run lasts: its time limit, or no limit."""
+    return math.inf if config.time_limit_s is None else float(config.time_limit_s)
 
 
 def paper_evidence(finding: findings.Finding, **predicted: Any) -> Evidence:

@@ -105,6 +105,29 @@ def test_options_are_likely_to_run_and_prefer_moderate_batches() -> None:
     assert best.workers * best.gpus_per_worker == best.config.number_gpus and best.gpus_per_worker <= 8
 
 
+def test_a_time_limit_caps_run_times_gpu_hours_and_energy_and_says_so() -> None:
+    """The run stops at its time limit, as the twin runs it: its run time, GPU-hours and energy were those of
+    the whole work (22.7 h and 90.7 GPU-h for a job capped at 600 s)."""
+    uncapped = advise_job(job(), 1e9, FakeModels())
+    capped = advise_job(job(time_limit_s=600.0), 1e9, FakeModels())
+    assert capped.verdict.prediction is not None and uncapped.verdict.prediction is not None
+    run, free = capped.verdict.prediction.run_time_s, uncapped.verdict.prediction.run_time_s
+    assert run is not None and free is not None and free.p10 > 600
+    assert (run.p10, run.p50, run.p90) == (600.0, 600.0, 600.0)
+    assert capped.verdict.prediction.gpu_hours == pytest.approx(4 * 600 / 3600)
+    assert capped.verdict.prediction.energy_kwh == pytest.approx(300.0 * 4 * 600 / 3600 / 1000)
+    options = [capped.fewest_gpus, capped.best_throughput, capped.best_cost]
+    assert all(o is not None and o.prediction.run_time_s.p90 <= 600 for o in options)  # type: ignore[union-attr]
+    (note,) = [n for n in capped.notes if "time_limit_s" in n]
+    tps = capped.verdict.prediction.tokens_per_second
+    assert tps is not None and f"processes {tps.p50 * 600:,.0f} of the 1,000,000,000 tokens" in note
+    assert not any("time_limit_s" in n for n in uncapped.notes)
+    # A limit the run ends before changes nothing.
+    roomy = advise_job(job(time_limit_s=free.p90 + 1), 1e9, FakeModels())
+    assert roomy.verdict.prediction == uncapped.verdict.prediction
+    assert not any("time_limit_s" in n for n in roomy.notes)
+
+
 def test_fewest_gpus_for_a_model_that_does_not_fit_one() -> None:
     answer = advise_job(job(model_name="llama3.1-70b", method="full", batch_size=32), 1e9, FakeModels())
     fewest = answer.fewest_gpus
