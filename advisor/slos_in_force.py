@@ -13,7 +13,7 @@ from advisor import audit_log
 from advisor.records import SloDocument
 from advisor.settings import AdvisorSettings
 from twin.db import session_scope
-from twin.slo_attainment import SloSet, load_slos
+from twin.slo_attainment import STORED, SloSet, load_slos
 from twin.store import utcnow
 
 
@@ -31,7 +31,8 @@ def current_slos(engine: Engine, settings: AdvisorSettings) -> SlosInForce:
     with Session(engine) as session:
         row = session.exec(select(SloDocument).order_by(col(SloDocument.id).desc()).limit(1)).first()
     if row is not None:
-        return SlosInForce(SloSet.model_validate(row.document), "api", row.created_at, row.created_by)
+        stored = SloSet.model_validate(row.document, context={STORED: True})
+        return SlosInForce(stored, "api", row.created_at, row.created_by)
     if settings.slo_file is not None:
         return SlosInForce(load_slos(settings.slo_file), "file", None, None)
     return SlosInForce(load_slos(None), "default", None, None)

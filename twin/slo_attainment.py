@@ -15,8 +15,18 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from twin.domain import known_gpu_name
 from twin.input_errors import validation_message
 from twin.run_metrics import RunMetrics
 
@@ -49,6 +59,15 @@ class Slo(BaseModel):
         default=None, min_length=1, max_length=100, description="utilization of one GPU type only"
     )
 
+    @field_validator("gpu_model")
+    @classmethod
+    def _known_gpu(cls, name: str | None, info: ValidationInfo) -> str | None:
+        # As everywhere else a GPU type is named: a typo made an SLO about a type no forecast has, never met.
+        # A set stored before this check is read as it was stored, so that the API still starts.
+        if name is None or (info.context or {}).get(STORED):
+            return name
+        return known_gpu_name(name)
+
     @model_validator(mode="after")
     def _one_bound(self) -> Slo:
         if (self.max is None) == (self.min is None):
@@ -74,6 +93,21 @@ class SloSet(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     slos: list[Slo] = Field(default_factory=list, max_length=100)
+
+    @field_validator("slos")
+    @classmethod
+    def _distinct_names(cls, slos: list[Slo], info: ValidationInfo) -> list[Slo]:
+        # A forecast's attainment series and a plan's scenarios are keyed by name: of two SLOs of one name,
+        # one disappeared from both.
+        names = [slo.name for slo in slos]
+        repeated = next((name for name in names if names.count(name) > 1), None)
+        if repeated is not None and not (info.context or {}).get(STORED):
+            raise ValueError(f"two SLOs are named {repeated!r}: each needs a name of its own")
+        return slos
+
+
+# Validation context for a set read back from the store: it was checked as the code then checked it.
+STORED = "stored"
 
 
 DEFAULT_SLOS = SloSet(

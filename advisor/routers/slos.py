@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from advisor.auth import Principal, Role, require_role
 from advisor.deps import get_runtime
@@ -15,11 +15,9 @@ from twin.slo_attainment import Slo, SloFormatError, SloSet
 router = APIRouter(prefix="/v1/slos", tags=["slos"])
 
 
-class SlosIn(BaseModel):
-    """The whole new set. `slos` is required: `{}` is a mistake, not a wish to drop every SLO (that is
-    `{"slos": []}`)."""
-
-    model_config = ConfigDict(extra="forbid")
+class SlosIn(SloSet):
+    """The whole new set, checked as a set (names of their own). `slos` is required: `{}` is a mistake, not a
+    wish to drop every SLO (that is `{"slos": []}`)."""
 
     slos: list[Slo] = Field(max_length=100, description="the SLOs in force from now on; [] for none")
 

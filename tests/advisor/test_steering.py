@@ -9,15 +9,17 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from advisor.records import SloDocument
 from advisor.steering import candidates
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.conftest import api_app, api_headers, api_parts
-from twin.db import make_engine
+from twin.db import make_engine, session_scope
 from twin.forecast import ForecastOptions
 from twin.live_state import load_live_inputs
+from twin.store import utcnow
 
 WAIT_SLO = {"slos": [{"name": "p95 wait <= 30 min", "metric": "wait_p95_s", "max": 1800}]}
 
@@ -108,6 +110,27 @@ def test_slos_are_validated_and_audited(app_client: TestClient, store: Engine) -
     assert put["source"] == "api" and put["slos"][0]["max"] == 1800
     audit = app_client.get("/v1/audit", params={"subject": "slos"}, headers=operator).json()
     assert audit["entries"][0]["to_state"] == "declared"
+
+
+def test_slos_need_names_of_their_own_and_gpu_types_that_exist(app_client: TestClient, store: Engine) -> None:
+    """Both were accepted: of two SLOs named alike one vanished from every attainment series (keyed by name),
+    and an SLO on a misspelled GPU type was never met."""
+    operator = api_headers(store, "operator")
+    twice = {"slos": [{"name": "a", "metric": "wait_p95_s", "max": 60.0}] * 2}
+    bad = app_client.put("/v1/slos", json=twice, headers=operator)
+    assert bad.status_code == 422 and "two SLOs are named 'a'" in bad.json()["detail"], bad.text
+    typo = {"slos": [{"name": "u", "metric": "utilization", "min": 0.5, "gpu_model": "Tesla V100"}]}
+    bad = app_client.put("/v1/slos", json=typo, headers=operator)
+    assert bad.status_code == 422 and "unknown GPU model 'Tesla V100'" in bad.json()["detail"], bad.text
+    spelled = {"slos": [{"name": "u", "metric": "utilization", "min": 0.5, "gpu_model": "A100-SXM"}]}
+    put = app_client.put("/v1/slos", json=spelled, headers=operator)
+    assert put.status_code == 200 and put.json()["slos"][0]["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
+    # A set stored before these checks is read as it was stored: the API still serves it.
+    with session_scope(store) as session:
+        document = {"slos": twice["slos"] + typo["slos"]}
+        session.add(SloDocument(created_at=utcnow(), created_by="then", document=document))
+    got = app_client.get("/v1/slos", headers=operator)
+    assert got.status_code == 200 and [s["name"] for s in got.json()["slos"]] == ["a", "a", "u"]
 
 
 def test_the_slo_file_is_read_and_a_bad_one_stops_the_api(store: Engine, tmp_path: Path) -> None:
