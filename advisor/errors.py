@@ -41,14 +41,18 @@ class ErrorOut(BaseModel):
 _CONSEQUENCES = frozenset({"default_factory_not_called"})
 
 
+# Errors the detail names; the rest are counted ("and 2 more"), and all are in `errors`.
+DETAIL_ERRORS = 5
+
+
 def validation_error_response(
-    exc: RequestValidationError, body_model: type[BaseModel] | None = None
+    exc: RequestValidationError, body_model: type[BaseModel] | None = None, content_type: str | None = None
 ) -> JSONResponse:
     """A bad request says what is wrong, field by field, with a 422. The detail names the first five, an
     unknown key first: it usually explains the fields missing beside it (`{"rows": [...]}` for `configs`
     read as one configuration with seven fields missing, and its `rows` was the eighth error, cut off). An
     unknown key of the body (`body_model`'s) says which key of its section it stands for, when one is close
-    (`seq_len` -> `tokens_per_sample`)."""
+    (`seq_len` -> `tokens_per_sample`). A body sent as something other than JSON (`content_type`) says so."""
     errors = [
         {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
          "msg": e.get("msg", "") + _key_hint(e, body_model), "type": e.get("type", "")}
@@ -56,8 +60,26 @@ def validation_error_response(
         if e.get("type") not in _CONSEQUENCES
     ]  # fmt: skip
     first = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")  # stable: otherwise in order
-    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in first[:5])
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in first[:DETAIL_ERRORS])
+    if len(first) > DETAIL_ERRORS:
+        detail += f"; and {len(first) - DETAIL_ERRORS} more (in errors)"
+    if body_model is not None and _not_json(content_type) and any(e["loc"] == ["body"] for e in errors):
+        # FastAPI reads such a body as bytes, and said only that they are not an object.
+        detail = (
+            f"the body must be JSON, sent with Content-Type: application/json; this request's is "
+            f"{content_type!r} (curl -d sends application/x-www-form-urlencoded: add -H 'Content-Type: "
+            "application/json')"
+        )
     return JSONResponse(status_code=422, content={"detail": detail or "invalid request", "errors": errors})
+
+
+def _not_json(content_type: str | None) -> bool:
+    """Whether a request's Content-Type makes FastAPI read its body as something other than JSON (none is
+    read as JSON)."""
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return not (media == "application/json" or (media.startswith("application/") and media.endswith("+json")))
 
 
 def _key_hint(error: Any, body_model: type[BaseModel] | None) -> str:
@@ -81,7 +103,7 @@ def route_body_model(request: Request) -> type[BaseModel] | None:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error_response(exc, route_body_model(request))
+        return validation_error_response(exc, route_body_model(request), request.headers.get("content-type"))
 
     @app.exception_handler(ExecutorUnavailable)
     async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:

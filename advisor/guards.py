@@ -5,6 +5,7 @@
   here (at most the limit) and handed on, so nothing behind (the advice fast path, FastAPI) reads more.
 - A NUL character in the path, the query or a JSON body is a 422: PostgreSQL cannot store one in a text
   column (psycopg raises, which was a 500), and no finetwin identifier or text has a use for it.
+- A body that is not UTF-8 is a 400 that names its first bad byte.
 - A `/v1` request from an address that failed too many key checks lately, with a key not verified before,
   is a 429 here, before routing (`advisor.auth.FailureLimiter`): a flood of guessed keys costs each request
   as little as it can.
@@ -66,6 +67,10 @@ class RequestGuard:
         if b"\x00" in body or _JSON_NUL.search(body):
             await _error(send, 422, "the request body contains a NUL character", "body", "nul_character")
             return
+        not_utf8 = _not_utf8(body)
+        if not_utf8 is not None:
+            await _error(send, 400, not_utf8, "body", "not_utf8")
+            return
         await self.app(scope, replay(messages, receive), send)
 
     def _failed_too_often(self, scope: Scope) -> float | None:
@@ -83,6 +88,22 @@ class RequestGuard:
         if wait_s is None or cache.verified_before(key.decode("latin-1")):
             return None
         return wait_s
+
+
+def _not_utf8(body: bytes) -> str | None:
+    """What is wrong with a body that is not UTF-8, None when it is. Every body this API reads is JSON, which
+    is UTF-8 (RFC 8259): a Latin-1 byte was a 400 that said only "There was an error parsing the body", and
+    a UTF-16 body a 422 "JSON decode error" at `body.0`."""
+    if body.isascii():
+        return None
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (
+            f"the request body is not UTF-8: byte 0x{body[exc.start]:02x} at offset {exc.start} "
+            "(JSON must be sent as UTF-8)"
+        )
+    return None
 
 
 def _nul_in_target(scope: Scope) -> str | None:

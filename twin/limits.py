@@ -81,9 +81,20 @@ def is_storable_text(text: str) -> bool:
 
 
 def _storable(text: str) -> str:
-    if not is_storable_text(text):
-        raise ValueError("contains a NUL character, which the store cannot hold")
+    problem = unstorable_text_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
     return text
+
+
+def unstorable_text_problem(text: str) -> str | None:
+    """Why the store cannot hold a text (the first character it cannot), None when it can."""
+    if is_storable_text(text):
+        return None
+    if "\x00" in text:
+        return "contains a NUL character, which the store cannot hold"
+    lone = next(c for c in text if "\ud800" <= c <= "\udfff")
+    return f"contains a lone UTF-16 surrogate (U+{ord(lone):04X}), which is not text the store can hold"
 
 
 # Text a pydantic model accepts only if the store can hold it.

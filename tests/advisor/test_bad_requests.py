@@ -84,6 +84,14 @@ def test_a_nul_in_a_comment_or_an_slo_name_is_422(api: TestClient, engine: Engin
     assert rejected.status_code == 200 and rejected.json()["comment"] == text
 
 
+def test_a_lone_surrogate_is_a_422_that_says_so(api: TestClient, engine: Engine) -> None:
+    """JSON's `\\ud800` escape is a lone UTF-16 surrogate: refused as one, not as a NUL it does not hold."""
+    body = json.dumps(CONFIG | {"model_name": "MODEL"}).replace("MODEL", "llama\\ud800").encode()
+    headers = api_headers(engine, "viewer") | {"Content-Type": "application/json"}
+    refused = _refused(api.post("/v1/advise", content=body, headers=headers), 422, "surrogate (U+D800)")
+    assert "NUL" not in refused["detail"]
+
+
 # --- bodies and strings bounded --------------------------------------------------------------------------
 
 
@@ -159,7 +167,47 @@ def test_the_document_describes_every_error_answer(api: TestClient, engine: Engi
     viewer = api_headers(engine, "viewer")
     json_headers = viewer | {"Content-Type": "application/json"}
     unreadable = api.post("/v1/advise", content=b'{"model_name": "\xff"}', headers=json_headers)
-    _refused(unreadable, 400, "parsing the body")  # what FastAPI says for bytes that are not UTF-8
+    _refused(unreadable, 400, "not UTF-8: byte 0xff at offset 16")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model_name": "l\xe9ra"}',  # Latin-1: FastAPI's "There was an error parsing the body"
+        b"\xff\xfe{}",  # a UTF-16 byte order mark: a 422 "JSON decode error" at body.0
+    ],
+)
+def test_a_body_that_is_not_utf8_is_a_400_naming_its_first_bad_byte(
+    api: TestClient, engine: Engine, body: bytes
+) -> None:
+    headers = api_headers(engine, "viewer") | {"Content-Type": "application/json"}
+    first = body.decode("utf-8", errors="replace").index("\ufffd")
+    refused = _refused(api.post("/v1/advise", content=body, headers=headers), 400, "not UTF-8")
+    assert refused["errors"][0]["type"] == "not_utf8" and f"0x{body[first]:02x}" in refused["detail"]
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "application/yaml", "text/plain"]
+)
+def test_a_json_body_sent_as_another_type_says_which_type_to_send(
+    api: TestClient, engine: Engine, content_type: str
+) -> None:
+    """curl -d sends a form's type: the detail said only "Input should be a valid dictionary or object to
+    extract fields from", of a body that was one."""
+    headers = api_headers(engine, "viewer") | {"Content-Type": content_type}
+    refused = _refused(api.post("/v1/advise", content=json.dumps(CONFIG), headers=headers), 422)
+    assert f"Content-Type: application/json; this request's is '{content_type}'" in refused["detail"]
+    sent_as_json = headers | {"Content-Type": "application/json; charset=utf-8"}
+    # Read as JSON, and valid: the 409 of an API with no models in use.
+    assert api.post("/v1/advise", content=json.dumps(CONFIG), headers=sent_as_json).status_code == 409
+
+
+def test_a_detail_cut_short_says_how_many_more_errors_there_are(api: TestClient, engine: Engine) -> None:
+    refused = _refused(api.post("/v1/advise", json={}, headers=api_headers(engine, "viewer")), 422)
+    assert len(refused["errors"]) == 6, refused
+    assert refused["detail"].count("Field required") == 5 and refused["detail"].endswith(
+        "; and 1 more (in errors)"
+    )
 
 
 def test_a_blank_model_name_is_422(api: TestClient, engine: Engine) -> None:
