@@ -138,12 +138,28 @@ def _nothing_likely(answer: Answer, pool: list[int]) -> str:
     gpus = sorted({configs[i].number_gpus for i in searched})
     batches = sorted({configs[i].batch_size for i in searched})
     nodes = max(configs[i].number_nodes for i in searched)
+    scope = (
+        f"none of the {len(searched)} configurations searched ({gpus[0]}-{gpus[-1]} GPUs on up to {nodes} "
+        f"node(s), batch {batches[0]:,}-{batches[-1]:,}, with the job's model, method, GPU type and sequence "
+        "length)"
+    )
+    likely = [i for i in searched if answer.p_valid(i) >= RECOMMEND_P_VALID]
+    if likely:  # likely to run by the point estimate, but none surely enough: say that, not "unlikely"
+        safest = max(
+            likely, key=lambda i: (answer.p_valid_low(i), answer.p_valid(i), -configs[i].number_gpus)
+        )
+        config = configs[safest]
+        return (
+            f"{scope} is sure enough to recommend: {len(likely)} are likely to run, but the failure model is "
+            f"unsure of configurations like these; the safest, {config.number_gpus} GPU(s) at batch "
+            f"{config.batch_size:,}, runs with p = {answer.p_valid(safest):.2f} but only at least "
+            f"{answer.p_valid_low(safest):.2f} with 95 % confidence, where a recommendation needs "
+            f"{answer.min_p_valid_low}"
+        )
     likeliest = max(searched, key=lambda i: (answer.p_valid(i), -configs[i].number_gpus))
     config = configs[likeliest]
     return (
-        f"none of the {len(searched)} configurations searched ({gpus[0]}-{gpus[-1]} GPUs on up to {nodes} "
-        f"node(s), batch {batches[0]:,}-{batches[-1]:,}, with the job's model, method, GPU type and sequence "
-        f"length) is likely to run; the likeliest, {config.number_gpus} GPU(s) at batch "
+        f"{scope} is likely to run; the likeliest, {config.number_gpus} GPU(s) at batch "
         f"{config.batch_size:,}, runs with p = {answer.p_valid(likeliest):.2f} (at least "
         f"{answer.p_valid_low(likeliest):.2f} with 95 % confidence), where an option needs p >= "
         f"{RECOMMEND_P_VALID} and a bound of at least {answer.min_p_valid_low}"
@@ -174,6 +190,13 @@ def _verdict(
     status = "valid" if p_valid >= LIKELY_OOM_BELOW else "likely_oom"
     if status == "valid":
         message = f"passes the admission rules and runs with probability {p_valid:.2f}"
+        low = answer.p_valid_low(i_asked)
+        if math.isfinite(low) and not answer.safe(i_asked):
+            # Else "runs with probability 1.00" stood beside "none found that is likely to run" unexplained.
+            message += (
+                f", but only at least {low:.2f} with 95 % confidence: the failure model is unsure of "
+                f"configurations like it (a recommendation needs {answer.min_p_valid_low})"
+            )
     else:
         message = f"passes the admission rules but likely runs out of memory (p = {1 - p_valid:.2f})"
     return Verdict(

@@ -59,7 +59,7 @@ def render_text(answer: AdviceOut) -> str:
         ("best cost", answer.best_cost),
     ):
         if option is None:
-            lines.append(f"{label}: none found that is likely to run")
+            lines.append(f"{label}: none recommended (see the note)")
         else:
             lines.append(f"{label}: {_config_line(option.config)}: {_band(option.prediction)}")
             lines.append(f"  confidence {option.confidence}")

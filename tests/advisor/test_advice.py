@@ -12,9 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from advisor import findings
-from advisor.advice import advise_job
+from advisor.advice import advise_job, advise_many
 from advisor.advice_answer import RECOMMEND_P_VALID
 from advisor.advice_options import NEAR_BEST
+from advisor.advice_schemas import AdviceOut
+from advisor.advice_text import render_text
 from advisor.candidates import repair
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.fakes import FakeInUse, FakeModels
@@ -153,6 +155,34 @@ def test_when_nothing_is_likely_to_run_the_answer_says_what_was_searched_and_wha
     assert "the likeliest, 16 GPU(s) at batch 64, runs with p = 0.60 (at least 0.60" in note, note
     # Where an option exists, no such note.
     assert not any(n.startswith("none of the") for n in advise_job(job(), 1e9, FakeModels()).notes)
+
+
+class _Unsure(FakeModels):
+    """Every configuration likely to run (p = 0.95), none as surely as the test asks (0.99)."""
+
+    def predict_failure(self, configs: Sequence[JobConfig]) -> np.ndarray:
+        super().predict_failure(configs)
+        return np.full(len(configs), 0.95)
+
+
+def test_when_runs_are_likely_but_none_sure_enough_the_answer_says_that_and_not_unlikely() -> None:
+    """It said "runs with probability 1.00" and "none of the 64 configurations searched is likely to run" of
+    the same configuration: the bound, not the chance, was what fell short."""
+    (answer,) = advise_many([(job(), 1e9)], _Unsure(), min_p_valid_low=0.99)
+    assert isinstance(answer, AdviceOut) and answer.fewest_gpus is None and answer.best_cost is None
+    assert answer.verdict.message.endswith(
+        "runs with probability 0.95, but only at least 0.95 with 95 % confidence: the failure model is "
+        "unsure of configurations like it (a recommendation needs 0.99)"
+    ), answer.verdict.message
+    note = next(n for n in answer.notes if n.startswith("none of the"))
+    assert "is sure enough to recommend:" in note and "is likely to run;" not in note, note
+    assert "the safest, 1 GPU(s) at batch" in note and "runs with p = 0.95 but only at least 0.95" in note, (
+        note
+    )
+    assert "fewest GPUs: none recommended (see the note)" in render_text(answer)
+    # A bound that is met says nothing more.
+    (sure,) = advise_many([(job(), 1e9)], _Unsure(), min_p_valid_low=0.9)
+    assert isinstance(sure, AdviceOut) and sure.verdict.message.endswith("runs with probability 0.95")
 
 
 def test_placement_and_optimizations() -> None:
