@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from advisor.auth import V1_PREFIX
 from twin.executors import ExecutorUnavailable
-from twin.input_errors import did_you_mean, keys_at
+from twin.input_errors import causes, did_you_mean, keys_at
 
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -34,11 +34,6 @@ class FieldError(BaseModel):
 class ErrorOut(BaseModel):
     detail: str = Field(description="what is wrong, in words")
     errors: list[FieldError] | None = Field(default=None, description="validation errors, field by field")
-
-
-# pydantic's word that a default was not computed because another field failed: that other field's error
-# says what to fix ("The default factory uses validated data, but at least one validation error occurred").
-_CONSEQUENCES = frozenset({"default_factory_not_called"})
 
 
 # Errors the detail names; the rest are counted ("and 2 more"), and all are in `errors`.
@@ -56,8 +51,7 @@ def validation_error_response(
     errors = [
         {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
          "msg": e.get("msg", "") + _key_hint(e, body_model), "type": e.get("type", "")}
-        for e in exc.errors()
-        if e.get("type") not in _CONSEQUENCES
+        for e in causes(exc.errors())
     ]  # fmt: skip
     first = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")  # stable: otherwise in order
     detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in first[:DETAIL_ERRORS])

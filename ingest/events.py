@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from twin.domain import Count, Rule
+from twin.input_errors import causes
 from twin.job_config import DescribedJobConfig
 from twin.limits import EVENT_TIME_WINDOW, StorableText, within_time_window
 
@@ -249,7 +250,7 @@ def _parse_event(raw: bytes | str) -> Event:
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'][1:]) or '(envelope)'}: {err['msg']}"
-            for err in exc.errors(include_url=False)[:5]
+            for err in causes(exc.errors(include_url=False))[:5]
         )
         raise InvalidEvent("schema", problems) from None
 

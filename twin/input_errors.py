@@ -110,9 +110,19 @@ def _spelled(name: str) -> str:
     return name.strip().lower().replace("-", "_").replace(" ", "_")
 
 
+# pydantic's word that a default was not computed because another field failed: that other field's error
+# says what to fix ("The default factory uses validated data, but at least one validation error occurred").
+_CONSEQUENCES = frozenset({"default_factory_not_called"})
+
+
+def causes(errors: Sequence[Any]) -> list[Any]:
+    """pydantic's errors (`exc.errors()`) without those that only follow from another."""
+    return [e for e in errors if e.get("type") not in _CONSEQUENCES] or list(errors)
+
+
 def first_error(exc: ValidationError) -> str:
     """The first problem pydantic found, as `field.path: message`."""
-    first = exc.errors()[0]
+    first = causes(exc.errors())[0]
     where = _dotted(first.get("loc", ()))
     return f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", ""))
 

@@ -108,6 +108,17 @@ def test_values_the_store_or_python_cannot_hold_fail_the_schema(raw: bytes, fiel
         assert caught.value.kind == "schema" and field in caught.value.detail
 
 
+def test_a_schema_detail_names_the_cause_not_what_followed_from_it() -> None:
+    """Without number_nodes, its default is worked out from number_gpus: a bad GPU count also read "The
+    default factory uses validated data, but at least one validation error occurred" (number_nodes)."""
+    payload = {k: v for k, v in SUBMITTED.items() if k != "number_nodes"} | {"number_gpus": 0}
+    raw = json.dumps(document(payload=payload)).encode()
+    for parse in (parse_event, parse_message):
+        with pytest.raises(InvalidEvent) as caught:
+            parse(raw)
+        assert caught.value.detail == "payload.number_gpus: Input should be greater than or equal to 1"
+
+
 def test_the_bounds_themselves_are_accepted() -> None:
     """The largest integer the store holds, and times just inside the window, are events."""
     now = datetime.now(UTC)
