@@ -15,7 +15,7 @@ from advisor.routers.models import ConfigIn
 from calibrate.config_frame import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
 from calibrate.loader import CONFIG_COLUMNS
 from ingest.events import JobSubmitted
-from twin.domain import JobConfig, nodes_dividing
+from twin.domain import JobConfig, broken_rule, nodes_dividing
 from twin.job_config import (
     CONFIG_FIELDS,
     DESCRIPTOR_FIELDS,
@@ -76,11 +76,18 @@ def test_every_input_model_has_the_same_bounds(model: type[BaseModel], more: dic
 
 
 @pytest.mark.parametrize(("model", "more"), INPUTS, ids=lambda m: getattr(m, "__name__", ""))
-def test_the_nodes_default_to_the_fewest_that_hold_the_gpus(model: type[BaseModel], more: dict) -> None:
-    def nodes(gpus: int) -> int:
-        return model.model_validate({**JOB, **more, "number_gpus": gpus, "batch_size": 48}).number_nodes
+def test_the_nodes_default_to_the_fewest_that_the_gpus_divide(model: type[BaseModel], more: dict) -> None:
+    """Of at most 8 GPUs each, so that the default keeps the admission rule on nodes: 9 GPUs on 2 nodes (the
+    fewest of 8 that hold them) was rejected for a node count the job never gave."""
 
-    assert [nodes(g) for g in (1, 8, 9, 16, 24)] == [1, 1, 2, 2, 3]
+    def config(gpus: int) -> BaseModel:
+        return model.model_validate({**JOB, **more, "number_gpus": gpus, "batch_size": 48 * gpus})
+
+    counts = (1, 8, 9, 12, 16, 17, 20, 24)
+    assert [config(g).number_nodes for g in counts] == [1, 1, 3, 2, 2, 17, 4, 3]
+    for gpus in counts:
+        job: Any = config(gpus)
+        assert broken_rule(job.number_gpus, job.batch_size, 0, job.number_nodes) is None, gpus
     assert model.model_validate({**JOB, **more, "number_nodes": 3}).number_nodes == 3
 
 

@@ -240,10 +240,14 @@ Seconds = Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT_S, allow_inf_nan=False,
 
 
 def fewest_nodes(config: dict[str, Any]) -> int:
-    """`number_nodes` of a configuration that does not say: the fewest nodes of 8 GPUs that hold its GPUs
-    (1 for up to 8, as the jobs of the benchmark run; the twin places a larger job on full nodes)."""
+    """`number_nodes` of a configuration that does not say: the fewest nodes, of at most 8 GPUs each, that
+    its GPUs divide evenly (1 for up to 8, as the jobs of the benchmark run; 2 for 16, 3 for 9). The fewest
+    nodes of 8 that hold them broke the admission rule the nodes must keep for any count not a multiple of
+    8 (9 GPUs on 2 nodes): a job was rejected for a number it never gave."""
     gpus = config.get("number_gpus")
-    return max(1, -(-gpus // GPUS_PER_NODE)) if isinstance(gpus, int) and gpus > 0 else 1
+    if not isinstance(gpus, int) or gpus <= 0:
+        return 1
+    return nodes_dividing(gpus, -(-gpus // GPUS_PER_NODE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +268,11 @@ class JobConfig:
     ]
     number_gpus: Count
     number_nodes: Annotated[
-        Count, Field(default_factory=fewest_nodes, description="default: the fewest nodes of 8 GPUs")
+        Count,
+        Field(
+            default_factory=fewest_nodes,
+            description="default: the fewest nodes of at most 8 GPUs that divide them",
+        ),
     ]
     batch_size: Count
     tokens_per_sample: Count
