@@ -244,6 +244,16 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
+def _missing_key(request: Request) -> str:
+    """Why no key was found: none sent, or one sent under another scheme (`Basic`), which was said to be
+    missing as if nothing had been sent."""
+    how = f"send it in the {API_KEY_HEADER} header, or as Authorization: Bearer <key>"
+    scheme = request.headers.get("authorization", "").strip().split(" ", 1)[0]
+    if scheme and scheme.lower() != "bearer":
+        return f"the Authorization header's scheme is {scheme[:20]!r}, which carries no finetwin key: {how}"
+    return f"missing API key: {how}"
+
+
 async def _authenticate(request: Request, key: str | None) -> Principal:
     """Async so that a request whose key is cached never leaves the event loop; the database is asked
     (in the thread pool) at most once per key per `auth_cache_seconds`, and not at all for an address that
@@ -253,9 +263,7 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
         return cached
     if not key:
         raise HTTPException(
-            status_code=401,
-            detail=f"missing API key: send it in the {API_KEY_HEADER} header, or as Authorization: Bearer",
-            headers={"WWW-Authenticate": API_KEY_HEADER},
+            status_code=401, detail=_missing_key(request), headers={"WWW-Authenticate": API_KEY_HEADER}
         )
     runtime = get_runtime(request)
     cache, limiter = runtime.key_cache, runtime.auth_failures

@@ -53,6 +53,10 @@ def test_the_key_may_come_as_a_bearer_token(client: TestClient, keys: dict) -> N
     assert client.get("/v1/jobs", headers={"Authorization": "Bearer ft_nope_nope"}).status_code == 401
     basic = client.get("/v1/jobs", headers={"Authorization": f"Basic {keys['viewer']['X-API-Key']}"})
     assert basic.status_code == 401 and "Authorization: Bearer" in basic.json()["detail"]
+    # It was sent under another scheme: said so, not "missing API key" as if nothing had come.
+    assert basic.json()["detail"].startswith("the Authorization header's scheme is 'Basic'"), basic.json()
+    nothing = client.get("/v1/jobs").json()["detail"]
+    assert nothing.startswith("missing API key: send it in the X-API-Key header"), nothing
     # X-API-Key is read first: a viewer key there is not raised to an approver's by the bearer token.
     both = {**keys["viewer"], **bearer("approver")}
     assert client.post(missing, json={}, headers=both).status_code == 403
