@@ -36,7 +36,10 @@ def read_config_file(path: Path) -> Any:
     except TextFileError as exc:
         raise ConfigFileError(str(exc)) from exc
     try:
-        document = json.loads(text) if path.suffix.lower() == ".json" else parse_yaml(text)
+        if path.suffix.lower() == ".json":
+            document = json.loads(text, object_pairs_hook=lambda pairs: _unique_keys(path, pairs))
+        else:
+            document = parse_yaml(text)  # refuses a key given twice, naming its lines
     except json.JSONDecodeError as exc:
         raise ConfigFileError(
             f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
@@ -47,4 +50,14 @@ def read_config_file(path: Path) -> Any:
         raise ConfigFileError(f"{path}: {TOO_DEEP}") from None
     if not isinstance(document, dict):
         raise ConfigFileError(f"{path}: expected one configuration (a mapping of field: value)")
+    return document
+
+
+def _unique_keys(path: Path, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: a second `number_gpus` replaced the first silently."""
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise ConfigFileError(f"{path}: the key {key!r} is given twice in one object")
+        document[key] = value
     return document

@@ -84,7 +84,25 @@ def _yaml_loader() -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        """`yaml.safe_load`'s loader, with YAML 1.2's floats."""
+        """`yaml.safe_load`'s loader, with YAML 1.2's floats and its unique keys: a key written twice in one
+        mapping (`number_gpus: 4`, later `number_gpus: 8`) kept the last silently."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, str | int | float | bool):
+                    continue  # not a key any finetwin file has; the base loader says what is wrong with it
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"the key {key!r} is given twice (first on line {first_line[key] + 1})",
+                        key_node.start_mark,
+                    )  # fmt: skip
+                first_line[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep)
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+0123456789."))
     return Loader

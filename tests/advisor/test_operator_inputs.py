@@ -73,6 +73,26 @@ def test_advise_names_an_unknown_key_and_the_one_it_resembles(
     assert "missing: batch_size" in error
 
 
+def test_a_key_given_twice_in_a_file_is_refused_naming_both_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second `number_gpus` replaced the first silently, in YAML and in JSON; a YAML merge key (`<<`)
+    may still be overridden, as YAML means it to be."""
+    config = tmp_path / "job.yaml"
+    config.write_text(f"{LORA_JOB}number_gpus: 8\n")
+    assert main(["advise", str(config)]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "line 7, column 1: the key 'number_gpus' is given twice (first on line 4)" in error, error
+    as_json = tmp_path / "job.json"
+    as_json.write_text('{"model_name": "llama3-8b", "number_gpus": 2, "number_gpus": 8}')
+    assert main(["advise", str(as_json)]) == 2
+    assert "the key 'number_gpus' is given twice in one object" in capsys.readouterr().err
+    from twin.text_files import parse_yaml
+
+    merged = parse_yaml("base: &b {number_gpus: 2, batch_size: 8}\njob:\n  <<: *b\n  number_gpus: 4\n")
+    assert merged["job"] == {"number_gpus": 4, "batch_size": 8}
+
+
 LORA_JOB = (
     "model_name: llama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
     "tokens_per_sample: 2048\n"
