@@ -90,7 +90,11 @@ class Option(BaseModel):
         default="", description="how sure the advisor is that it runs (from the lower bound on p_valid)"
     )
     alternative: Option | None = Field(
-        default=None, description="the next-safest configuration (highest lower bound on p_valid after this)"
+        default=None,
+        description=(
+            "the next-safest configuration: the one closest to this (GPUs, then batch) among those likely to "
+            "run with at least as high a lower bound on p_valid, else the closest likely to run"
+        ),
     )
 
 

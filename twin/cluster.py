@@ -67,7 +67,7 @@ class Cluster:
         of_type = [i for i, n in enumerate(self.nodes) if n.gpu_model == model]
         if count < 0 or count > len(of_type):
             raise ClusterFormatError(
-                f"cannot remove {count} nodes of {model}: the cluster has {len(of_type)}"
+                f"cannot remove {count} node(s) of {model}: the cluster has {len(of_type)}"
             )
         dropped = set(of_type[len(of_type) - count :])
         return Cluster(tuple(n for i, n in enumerate(self.nodes) if i not in dropped))

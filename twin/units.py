@@ -58,3 +58,12 @@ def _seconds_in(text: str) -> float | None:
             return None
         seconds += float(number) * factor
     return seconds
+
+
+def duration_text(seconds: float) -> str:
+    """A duration as people read it, in the largest unit that keeps it readable: `90 s`, `45 min`, `24 h`,
+    `7 d` (a horizon of one second read `0.000277778 h`). The inverse of `parse_duration` for these forms."""
+    for unit, size, below in (("s", 1.0, 120.0), ("min", 60.0, 7200.0), ("h", 3600.0, 172800.0)):
+        if seconds < below:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds / 86400.0:g} d"

@@ -9,6 +9,7 @@ from typing import Any
 
 from finetwin import output
 from finetwin.numbers import finite, human, pct, signed
+from twin.units import duration_text
 
 
 def emit(document: dict[str, Any], as_json: bool, printer: Callable[[dict[str, Any]], None]) -> None:
@@ -30,7 +31,7 @@ def _json_default(value: Any) -> Any:
 def print_forecast(doc: dict[str, Any]) -> None:
     horizon = doc.get("horizon_s")
     output.say(
-        f"{doc['runs']} run(s), horizon {'until done' if horizon is None else f'{horizon / 3600:g} h'}, "
+        f"{doc['runs']} run(s), horizon {'until done' if horizon is None else duration_text(horizon)}, "
         f"policy {doc['policy']}, admission {doc['admission']}, models: {doc['models']}"
     )
     for note in doc.get("notes", []):

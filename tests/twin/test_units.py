@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from twin.units import parse_duration
+from twin.units import duration_text, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -54,3 +54,14 @@ def test_a_long_text_that_is_no_duration_is_refused_at_once() -> None:
     for text in ("1h  " * 24 + "!", "1h  " * 10_000 + "!"):
         with pytest.raises(ValueError, match="not a duration"):
             parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(1.0, "1 s"), (90.0, "90 s"), (120.0, "2 min"), (2700.0, "45 min"), (7200.0, "2 h"), (86400.0, "24 h"),
+     (172800.0, "2 d"), (604800.0, "7 d")],
+)  # fmt: skip
+def test_a_duration_is_written_in_the_largest_unit_that_keeps_it_readable(seconds: float, text: str) -> None:
+    """A horizon of one second read `0.000277778 h`; each text reads back as its seconds."""
+    assert duration_text(seconds) == text
+    assert parse_duration(text.replace(" ", "")) == seconds
