@@ -12,7 +12,7 @@ def _band(prediction: Prediction | None) -> str:
     tps = prediction.tokens_per_second
     text = f"{tps.p50:,.0f} tokens/s (p10-p90 {tps.p10:,.0f}-{tps.p90:,.0f})"
     if prediction.run_time_s is not None:
-        text += f", {prediction.run_time_s.p50 / 3600:.2f} h"
+        text += f", {_run_time(prediction.run_time_s.p50)}"
     if prediction.gpu_hours is not None:
         text += f", {prediction.gpu_hours:,.1f} GPU-h"
     if prediction.energy_kwh is not None:
@@ -22,6 +22,15 @@ def _band(prediction: Prediction | None) -> str:
     if prediction.p_valid_low is not None:
         text += f" (>= {prediction.p_valid_low:.2f})"
     return text
+
+
+def _run_time(seconds: float) -> str:
+    """A run time to read at a glance: a 2 s run read `0.00 h`."""
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:,.2f} h"
 
 
 def _config_line(config: ConfigOut) -> str:

@@ -28,6 +28,7 @@ from calibrate.config_frame import Table, configs_to_frame
 from calibrate.encoding import FeatureEncoding
 from calibrate.failure import VALID_THRESHOLD, RuntimeFailureModel, fit_failure, model_method
 from calibrate.features import FEATURE_NAMES, feature_columns
+from calibrate.measured_ranges import beyond_measured, measured_ranges
 from calibrate.performance import ThroughputModel, fit_throughput
 from calibrate.power import PowerUseModel, fit_power
 from calibrate.splits import random_holdout
@@ -208,6 +209,12 @@ class CalibratedModels:
 
     def _predict_rows(self, table: Table, power: bool, reference: bool) -> dict[str, Any]:
         X, gpus, notes = self.matrix(table)
+        rows, beyond = beyond_measured(table, self.info.get("measured_ranges"))
+        if len(rows):
+            with_beyond = np.asarray(notes, dtype=object)
+            current = with_beyond[rows]
+            with_beyond[rows] = np.where(current != "", current + "; " + beyond, beyond)
+            notes = with_beyond.tolist()
         rules = admission_rules(table)
         rejected = np.not_equal(rules, None)
         names, methods = config_frame.column(table, "model_name"), config_frame.column(table, "method")
@@ -486,6 +493,8 @@ def fit_models(
         # ... and the power model's error by novelty level: its spread (log watts) and a family's share.
         "power_error_scale": dict(power_model.error_scale),
         "power_error_correlation": dict(power_model.error_correlation),
+        # The sizes the models learned from: a prediction beyond them says it is extrapolated.
+        "measured_ranges": measured_ranges(table, passed),
     }
     return CalibratedModels(encoding, throughput_model, failure_model, power_model, info)
 

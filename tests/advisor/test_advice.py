@@ -16,7 +16,7 @@ from advisor.advice import advise_job, advise_many
 from advisor.advice_answer import RECOMMEND_P_VALID
 from advisor.advice_options import NEAR_BEST
 from advisor.advice_schemas import AdviceOut
-from advisor.advice_text import render_text
+from advisor.advice_text import _run_time, render_text
 from advisor.candidates import repair
 from tests.advisor.conftest import FINETWIN
 from tests.advisor.fakes import FakeInUse, FakeModels
@@ -124,6 +124,7 @@ def test_a_time_limit_caps_run_times_gpu_hours_and_energy_and_says_so() -> None:
     tps = capped.verdict.prediction.tokens_per_second
     assert tps is not None and f"processes {tps.p50 * 600:,.0f} of the 1,000,000,000 tokens" in note
     assert not any("time_limit_s" in n for n in uncapped.notes)
+    assert "as asked: " in render_text(capped) and ", 10 min, 0.7 GPU-h" in render_text(capped)
     # A limit the run ends before changes nothing.
     roomy = advise_job(job(time_limit_s=free.p90 + 1), 1e9, FakeModels())
     assert roomy.verdict.prediction == uncapped.verdict.prediction
@@ -275,3 +276,12 @@ def test_advise_cli_reports_bad_files(tmp_path: Path) -> None:
     broken.write_text('{"model_name": ')
     done = subprocess.run([*FINETWIN, "advise", str(broken)], capture_output=True, text=True, env=env)
     assert done.returncode == 2 and "not valid JSON" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(2.02, "2.02 s"), (90.0, "90 s"), (600.0, "10 min"), (7200.0, "2.00 h"), (81648.0, "22.68 h")],
+)
+def test_a_run_time_is_written_to_be_read_at_a_glance(seconds: float, text: str) -> None:
+    """A run of 2 s read `0.00 h`."""
+    assert _run_time(seconds) == text

@@ -18,6 +18,7 @@ import skops.io as sio
 
 from calibrate import compiled as compiled_trees
 from calibrate import tree_walker
+from calibrate.config_frame import configs_to_frame
 from calibrate.features import DATA_SHEET_GPU_NOTE, UNKNOWN_GPU_NOTE, feature_columns
 from calibrate.fit import (
     SKOPS_TRUSTED_TYPES,
@@ -145,6 +146,41 @@ def test_an_unseen_model_name_is_predicted_from_its_size_and_flagged(
     # Size decides: the 70B model runs far slower and fails more than the 1B one in the same configuration.
     assert (out_large["tokens_per_second_p50"] < out_small["tokens_per_second_p50"] / 5).all()
     assert (out_large["p_valid"] <= out_small["p_valid"] + 1e-9).all()
+
+
+def test_a_size_beyond_those_the_models_learned_from_is_flagged_as_extrapolated(
+    models: CalibratedModels, sample: pd.DataFrame
+) -> None:
+    """65,536 GPUs read like any other answer (50 M tokens/s): the note now says it is extrapolated, for each
+    size outside the training rows' range, beside any other note of the row."""
+    learned = models.info["measured_ranges"]
+    passed = sample[sample["outcome"] != Outcome.REJECTED.value]
+    assert learned["number_gpus"] == [passed["number_gpus"].min(), passed["number_gpus"].max()]
+    assert set(learned) == {"number_gpus", "number_nodes", "batch_size", "tokens_per_sample"}
+    gpus_high = learned["number_gpus"][1]
+    tokens_low, tokens_high = learned["tokens_per_sample"]
+    configs = [
+        job(),
+        job(number_gpus=gpus_high * 2048, number_nodes=gpus_high * 256, batch_size=gpus_high * 2048),
+        job(tokens_per_sample=tokens_high + 1),
+        job(tokens_per_sample=tokens_low - 1, model_name="acme-8b"),
+    ]
+    notes = models.predict_frame(configs_to_frame(configs))["note"].fillna("").tolist()
+    assert notes[0] == ""
+
+    def beyond(name: str) -> str:
+        low, high = learned[name]
+        return f"{name} outside the {low:,}-{high:,} the models learned from"
+
+    assert (
+        notes[1]
+        == "; ".join(beyond(n) for n in ("number_gpus", "number_nodes", "batch_size")) + ": extrapolated"
+    )
+    assert notes[2] == beyond("tokens_per_sample") + ": extrapolated"
+    assert notes[3].startswith(f"{UNSEEN_NAME_NOTE}; tokens_per_sample outside"), notes[3]
+    # A version saved before it kept ranges says nothing of them.
+    older = CalibratedModels(models.encoding, models.throughput, models.failure, models.power, {})
+    assert older.predict_frame(configs_to_frame(configs))["note"].fillna("").tolist()[:3] == ["", "", ""]
 
 
 def test_throughput_grows_with_gpus_at_equal_batch_per_gpu_and_falls_with_model_size(
