@@ -52,7 +52,7 @@ class TwinSettings(BaseSettings):
     forecast_band_calibration: bool = True
     forecast_policy: Literal["fifo", "backfill", "spf"] = "fifo"  # the cluster's scheduling policy
     forecast_admission: Literal["off", "reject", "repair"] = "off"  # the cluster's admission control
-    forecast_workers: int | None = None  # processes for an ensemble; unset = decided by its size
+    forecast_workers: int | None = Field(default=None, ge=1)  # processes for an ensemble; unset: by its size
     # A Ray cluster (`ray.init` address, e.g. 10.0.0.5:6379) for capacity-plan sweeps and the ensembles of
     # forecast, whatif and backtest; unset = a local process pool. Needs the `finetwin[ray]` extra.
     ray_address: str | None = None

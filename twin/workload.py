@@ -35,6 +35,8 @@ def catalog_key(config: JobConfig) -> tuple[JobConfig, tuple[tuple[str, str], ..
 
 
 REQUIRED_COLUMNS = ("job_id", "arrival_s", "gpus")
+# The job's GPU count under the benchmark's name for it: a header may have it for `gpus`, or both (equal).
+GPUS_SYNONYM = "number_gpus"
 # A row without duration_s needs these to be simulated through the models.
 CONFIG_REQUIRED = ("model_name", "method", "gpu_model", "batch_size", "tokens_per_sample", "dataset_tokens")
 OPTIONAL_COLUMNS = (
@@ -152,7 +154,8 @@ def read_jobs_csv(path: str | Path) -> Workload:
     """JOBS.csv: `job_id, arrival_s, gpus` and per row either `duration_s` or a benchmark configuration
     (`model_name, method, gpu_model, batch_size, tokens_per_sample, dataset_tokens`, optionally
     `number_nodes, enable_roce, fast_moe, fast_kernels, time_limit_s`). `gpus` is the configuration's
-    `number_gpus`. Raises WorkloadFormatError naming the line and column of the first problem."""
+    `number_gpus`, and a `number_gpus` column may stand for it or stand beside it (a row whose two differ
+    is refused). Raises WorkloadFormatError naming the line and column of the first problem."""
     path = Path(path)
     try:
         handle = path.open(newline="", encoding="utf-8-sig")  # -sig: without a spreadsheet's byte-order mark
@@ -174,7 +177,7 @@ def read_jobs_csv(path: str | Path) -> Workload:
         if other_separator:
             raise WorkloadFormatError(path, 1, None, other_separator)
         for column in REQUIRED_COLUMNS:
-            if column not in header:
+            if column not in header and not (column == "gpus" and GPUS_SYNONYM in header):
                 raise WorkloadFormatError(
                     path, 1, column, "missing from the header" + _header_hint(column, header)
                 )
@@ -221,7 +224,7 @@ def _not_utf8(path: Path) -> WorkloadFormatError:
 
 def _header_hint(column: str, header: list[str]) -> str:
     """Where the header has a name resembling `column` (not one it reads as it is): a misspelling."""
-    return resembling(column, header, (*REQUIRED_COLUMNS, *CONFIG_REQUIRED))
+    return resembling(column, header, (*REQUIRED_COLUMNS, GPUS_SYNONYM, *CONFIG_REQUIRED))
 
 
 class _Builder:
@@ -283,6 +286,22 @@ class _Builder:
             return False
         raise WorkloadFormatError(self.path, line, name, f"not a yes/no value: {text!r}")
 
+    def gpu_count(self, row: list[str], line: int) -> int:
+        """The row's GPUs, from `gpus` or `number_gpus`: one count, so where both are given they must agree
+        (else the job held one number of GPUs and was simulated at the throughput of the other)."""
+        named = [name for name in ("gpus", GPUS_SYNONYM) if name in self.columns]
+        given = [name for name in named if self.cell(row, name)] or named[:1]
+        counts = {name: self.integer(row, name, line) for name in given}
+        if len(set(counts.values())) > 1:
+            raise WorkloadFormatError(
+                self.path,
+                line,
+                GPUS_SYNONYM,
+                f"{counts[GPUS_SYNONYM]} disagrees with column 'gpus' ({counts['gpus']}): both are the job's "
+                "GPU count; give the same number in both, or leave one column out",
+            )
+        return next(iter(counts.values()))
+
     def gpu_model(self, row: list[str], line: int) -> str:
         """The benchmark's spelling of the row's GPU ("" when unnamed); a misspelled one is an error with
         the closest known names, as in a cluster file (else its jobs would all be rejected, silently)."""
@@ -312,7 +331,7 @@ class _Builder:
             raise WorkloadFormatError(self.path, line, "job_id", f"duplicate job id {job_id!r}")
         self.seen.add(job_id)
         arrival = self.seconds(row, "arrival_s", line)
-        gpus = self.integer(row, "gpus", line)
+        gpus = self.gpu_count(row, line)
         gpu_model = self.gpu_model(row, line)
         duration = math.nan
         work = math.nan

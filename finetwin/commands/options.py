@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import BaseModel
 
+from finetwin.errors import CommandError
 from finetwin.settings import Settings
 
 ModelsDir = Annotated[
@@ -42,3 +43,31 @@ def validation_message(exc: Exception, model: type[BaseModel], also: Sequence[st
     from twin.input_errors import validation_message as describe
 
     return describe(exc, model, also) if isinstance(exc, ValidationError) else str(exc)
+
+
+def given_options(ctx: typer.Context, names: Collection[str]) -> list[str]:
+    """Those of the parameters `names` given on the command line, as spelled there (`--since`). Asked of
+    the parser, not of the values: `--runs 8` where 8 is the default was still given. (Its ParameterSource
+    is compared by name: typer carries a click of its own, whose enum is not click's.)"""
+    return [
+        max(param.opts, key=len)
+        for param in ctx.command.params
+        if param.name in names and _source_name(ctx, param.name) not in (None, "DEFAULT")
+    ]
+
+
+def _source_name(ctx: typer.Context, name: str) -> str | None:
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
+
+
+def refuse_options(ctx: typer.Context, names: Collection[str], applies: str, fix: str) -> None:
+    """A CommandError when any of `names` was given where it does nothing: `--window applies only to ...:
+    FIX`, `{options}` in `fix` standing for the options. Said rather than ignored, as the user meant them
+    to change something."""
+    given = given_options(ctx, names)
+    if not given:
+        return
+    options = given[0] if len(given) == 1 else f"{', '.join(given[:-1])} and {given[-1]}"
+    verb = "applies" if len(given) == 1 else "apply"
+    raise CommandError(f"{options} {verb} only {applies}: {fix.format(options=options)}")

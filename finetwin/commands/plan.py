@@ -11,7 +11,7 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.commands.options import Json, ModelsDir, first_error
-from finetwin.commands.twin_inputs import explicit_inputs, job_models, needs_models
+from finetwin.commands.twin_inputs import checked_workers, explicit_inputs, job_models, needs_models
 from finetwin.commands.twin_output import emit
 from finetwin.errors import CommandError
 from finetwin.numbers import short
@@ -66,6 +66,7 @@ def plan(
     from twin.slo_attainment import SloFormatError, load_slos
 
     settings: Settings = ctx.obj
+    workers = checked_workers(workers)
     live = workload is None
     if horizon is None and live:
         horizon = f"{settings.forecast_horizon_hours}h"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -47,6 +48,10 @@ Load = Annotated[float, typer.Option(help="utilization the replayed cluster is s
 # `finetwin replay`'s cluster is sized for this utilization (ingest.replay.TARGET_UTILIZATION): jobs mostly
 # start within minutes.
 REPLAY_DEFAULT_LOAD = 0.35
+# A replayed job's id is the prefix, `up`'s pass number (at most `1000-`) and the row's line: the telemetry
+# holds ids of at most 200 characters, so this leaves room for the pass and a line of up to 15 digits.
+MAX_JOB_PREFIX = 180
+SECONDS_PER_YEAR = 365.25 * 86400
 
 
 def _epoch(text: str) -> datetime:
@@ -209,7 +214,11 @@ def replay(
     from ingest.replay import send_replay
 
     settings: Settings = ctx.obj
-    # The file and the options first: what is wrong with them is said before what is missing to send it.
+    # The options and the file first: what is wrong with them is said before what is missing to send it.
+    check_replay_options(
+        speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival, load=load,
+        epoch=epoch,
+    )  # fmt: skip
     plan = replay_plan(
         settings, bench, speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival,
         epoch=epoch, load=load,
@@ -245,6 +254,57 @@ def _ahead_of_wall_s(plan: ReplayPlan, speed: float) -> float:
     sent_after = plan.duration_s / speed if speed > 0 else 0.0
     last_sent = datetime.now(UTC) + timedelta(seconds=sent_after)
     return (plan.epoch + timedelta(seconds=plan.duration_s) - last_sent).total_seconds()
+
+
+def check_replay_options(
+    *, speed: float, seed: int, job_prefix: str | None, mean_interarrival: float, load: float,
+    epoch: datetime | None,
+) -> None:  # fmt: skip
+    """The replay's options, each named where it is wrong: the planner's own checks said `target_utilization`
+    for --load, numpy's "expected non-negative integer" for --seed, and "benchmark line N" for a job id or a
+    time an option had made too long or too far."""
+    from finetwin.commands.twin_inputs import checked_seed
+    from twin.limits import EVENT_TIME_WINDOW, within_time_window
+
+    if not 0 <= speed < math.inf:
+        raise CommandError(f"--speed must be 0 or more (0 = as fast as possible), not {speed:g}")
+    checked_seed(seed)
+    if job_prefix is not None and len(job_prefix) > MAX_JOB_PREFIX:
+        raise CommandError(
+            f"--job-prefix must be at most {MAX_JOB_PREFIX} characters (a job id, the prefix and the row's "
+            f"line, is at most 200), not {len(job_prefix):,}"
+        )
+    if not 0 < mean_interarrival < math.inf:
+        raise CommandError(
+            f"--mean-interarrival must be a positive number of seconds, not {mean_interarrival:g}"
+        )
+    if not 0 < load <= 1:
+        raise CommandError(
+            f"--load must be more than 0 and at most 1 (the utilization the replayed cluster is sized for), "
+            f"not {load:g}"
+        )
+    if epoch is not None and not within_time_window(epoch):
+        years = EVENT_TIME_WINDOW.days // 365
+        raise CommandError(
+            f"--epoch {epoch.isoformat()} is more than {years} years from now, and telemetry must be dated "
+            f"within {years} years of the clock that receives it"
+        )
+
+
+def _check_timeline(jobs: int, mean_interarrival: float) -> None:
+    """The replay's submissions, `jobs` of them `mean_interarrival` apart on average, fit the span telemetry
+    is dated in (else a row far down the file was said to be "more than 10 years from now")."""
+    from twin.limits import EVENT_TIME_WINDOW
+
+    span_s = jobs * mean_interarrival
+    window_s = EVENT_TIME_WINDOW.total_seconds()
+    if span_s > window_s:
+        years = EVENT_TIME_WINDOW.days // 365
+        raise CommandError(
+            f"--mean-interarrival {mean_interarrival:g} s between {jobs:,} jobs spans "
+            f"{span_s / SECONDS_PER_YEAR:,.0f} years, and telemetry is dated within {years} years of now: "
+            f"at most {window_s / jobs:,.0f} s for this file"
+        )
 
 
 def job_prefix_of(job_prefix: str | None, seed: int) -> str:
@@ -286,14 +346,11 @@ def replay_planner(
     from ingest.replay import plan_replay
 
     path = bench or bundled_benchmark_path()
-    if speed < 0:
-        raise CommandError(f"--speed must be 0 or more, not {speed:g}")
-    if mean_interarrival <= 0:
-        raise CommandError(f"--mean-interarrival must be positive, not {mean_interarrival:g}")
     try:
         table = load_benchmark_table(path)
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from exc
+    _check_timeline(len(table), mean_interarrival)
 
     def plan_for(prefix: str, epoch: datetime) -> ReplayPlan:
         try:

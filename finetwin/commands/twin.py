@@ -12,7 +12,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command, twin_output
-from finetwin.commands.options import Json, ModelsDir, validation_message
+from finetwin.commands.options import Json, ModelsDir, refuse_options, validation_message
 from finetwin.commands.twin_inputs import (
     AdmissionName,
     EnsembleChoices,
@@ -21,6 +21,7 @@ from finetwin.commands.twin_inputs import (
     checked,
     checked_runs,
     checked_seed,
+    checked_workers,
     declared_slos,
     explicit_inputs,
     forecast_options,
@@ -42,6 +43,15 @@ AdmissionChoice = Annotated[AdmissionName | None, typer.Option(help="admission c
 Optimize = Annotated[list[OptimizationName] | None, typer.Option(help="switch on (repeatable)")]
 Workers = Annotated[int | None, typer.Option(help="processes (default: by ensemble size)")]
 
+# The options of `forecast` that make a forecast: `forecast --skill` scores the stored ones, and has none.
+FORECAST_ONLY = (
+    "horizon", "interval", "runs", "seed", "policy", "admission", "optimize", "workers", "models", "store",
+)  # fmt: skip
+SKILL_ONLY = ("since",)
+# `backtest --bench` replays a benchmark file on a cluster; `--from-store` rebuilds the store's state at T.
+BENCH_BACKTEST_ONLY = ("bench", "window", "cluster", "load")
+STORE_BACKTEST_ONLY = ("at", "horizon", "arrivals")
+
 
 def register(app: typer.Typer) -> None:
     add_command(
@@ -59,7 +69,8 @@ def register(app: typer.Typer) -> None:
         "simulate",
         help="run the twin on an explicit cluster and workload",
         epilog="CLUSTER.yaml is `nodes: [{gpu_model, count, gpus_per_node}]`; JOBS.csv has job_id, "
-        "arrival_s, gpus and either duration_s or a benchmark configuration with dataset_tokens.",
+        "arrival_s, gpus (or number_gpus: the same count) and either duration_s or a benchmark configuration "
+        "with dataset_tokens.",
     )
     add_command(
         app,
@@ -102,7 +113,8 @@ def forecast(
         bool,
         typer.Option(
             "--skill",
-            help="instead: how the stored forecasts did against what happened (error and p10-p90 coverage)",
+            help="instead: how the stored forecasts did against what happened (error and p10-p90 coverage); "
+            "takes --since and --json only",
         ),
     ] = False,
     since: Annotated[
@@ -116,6 +128,16 @@ def forecast(
     from twin.forecast_store import ON_DEMAND, save_forecast
 
     settings: Settings = ctx.obj
+    if skill:
+        refuse_options(
+            ctx, FORECAST_ONLY, "to a forecast, not with --skill (how the stored forecasts did)",
+            "drop --skill to forecast, or leave {options} out",
+        )  # fmt: skip
+    else:
+        refuse_options(
+            ctx, SKILL_ONLY, "with --skill (how the stored forecasts did)",
+            "add --skill, or leave {options} out",
+        )  # fmt: skip
     engine = migrated_engine(settings)
     clock = twin_clock(engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds)
     if skill:
@@ -203,6 +225,7 @@ def whatif(
     from twin.whatif import WhatIf, run_whatif
 
     settings: Settings = ctx.obj
+    workers = checked_workers(workers)
     try:
         spec = read_yaml(scenario)
     except TextFileError as exc:
@@ -245,10 +268,13 @@ def backtest(
     ctx: typer.Context,
     bench: Annotated[Path | None, typer.Option(metavar="FILE", help="benchmark CSV")] = None,
     window: Annotated[
-        str | None, typer.Option(help="START:END on the replay's clock, e.g. 0:24h (all)")
+        str | None, typer.Option(help="--bench: START:END on the replay's clock, e.g. 0:24h (all)")
     ] = None,
-    cluster: Annotated[Path | None, typer.Option(metavar="CLUSTER.yaml")] = None,
-    load: Annotated[float, typer.Option(help="offered load of the arrivals")] = 0.7,
+    cluster: Annotated[
+        Path | None,
+        typer.Option(metavar="CLUSTER.yaml", help="--bench: the cluster (default: sized to the file's jobs)"),
+    ] = None,
+    load: Annotated[float, typer.Option(help="--bench: offered load of the arrivals")] = 0.7,
     policy: Annotated[PolicyName, typer.Option()] = "fifo",
     runs: Annotated[int, typer.Option()] = 8,
     seed: Annotated[int, typer.Option()] = 0,
@@ -284,7 +310,18 @@ def backtest(
     from twin.policies import Policy
 
     settings: Settings = ctx.obj
-    runs, seed = checked_runs(runs), checked_seed(seed)
+    if from_store:
+        refuse_options(
+            ctx, BENCH_BACKTEST_ONLY, "to the benchmark backtest (--bench), not with --from-store",
+            "drop --from-store to backtest --bench, or leave {options} out",
+        )  # fmt: skip
+    else:
+        refuse_options(
+            ctx, STORE_BACKTEST_ONLY,
+            "with --from-store (the store's telemetry), not to the benchmark backtest (--bench)",
+            "add --from-store, or leave {options} out",
+        )  # fmt: skip
+    runs, seed, workers = checked_runs(runs), checked_seed(seed), checked_workers(workers)
     if from_store:
         return _backtest_from_store(
             settings, at=at, horizon=horizon, runs=runs, seed=seed, policy=policy, arrivals=arrivals,

@@ -79,7 +79,7 @@ def forecast_options(
             admission=Admission(choices.admission or settings.forecast_admission),
             optimizations=frozenset(Optimization(o) for o in choices.optimize),
         ),
-        workers=choices.workers if choices.workers is not None else settings.forecast_workers,
+        workers=settings.forecast_workers if choices.workers is None else checked_workers(choices.workers),
         ray_address=settings.ray_address,
     )
 
@@ -192,6 +192,17 @@ def checked_seed(seed: int) -> int:
     if not 0 <= seed <= MAX_SEED:
         raise CommandError(f"--seed must be from 0 to {MAX_SEED:,}, got {seed:,}")
     return seed
+
+
+def checked_workers(workers: int | None) -> int | None:
+    """--workers: processes to run on, 1 or more (None: the default). 0 or a negative count was taken as 1
+    without a word."""
+    if workers is not None and workers < 1:
+        raise CommandError(
+            f"--workers must be 1 or more (the processes to run on; leave it out to have them chosen for the "
+            f"work), not {workers}"
+        )
+    return workers
 
 
 def checked(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:

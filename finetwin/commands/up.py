@@ -26,6 +26,7 @@ from finetwin.commands.telemetry import (
     MeanInterarrival,
     Quiet,
     Seed,
+    check_replay_options,
     job_prefix_of,
     replay_planner,
 )
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "up.lock"
+MAX_PORT = 65_535
 
 UP_DEFAULT_SPEED = 600.0  # ten simulated minutes per second, so the dashboard moves
 # The replayed cluster is sized for this utilization: busy enough that the default SLO on the p95 wait
@@ -111,6 +113,13 @@ def up(
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
     if exit_when_done and passes not in (None, 1):
         raise CommandError("--exit-when-done replays the file once; drop --passes")
+    if port is not None and not 0 <= port <= MAX_PORT:  # was an OverflowError traceback from bind()
+        raise CommandError(f"--port must be from 0 to {MAX_PORT} (0 = any free port), not {port}")
+    if not no_replay:
+        check_replay_options(
+            speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival, load=load,
+            epoch=epoch,
+        )  # fmt: skip
     # The port and the data directory first, before the heavy imports and the replay's benchmark: a taken
     # port, or another `up` on the same directory, is said within a second, before a broker and a warm-up.
     asked = port is not None or "api_port" in settings.model_fields_set

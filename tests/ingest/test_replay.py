@@ -193,6 +193,57 @@ def test_finetwin_replay_says_what_is_wrong_with_its_input_before_asking_for_kaf
     assert "no Kafka to talk to" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["replay", "up"])
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        # Were the planner's "target_utilization must be in (0, 1], got 0.0" and numpy's "expected
+        # non-negative integer": right, but about no option the user had typed.
+        (["--load", "0"], "--load must be more than 0 and at most 1 (the utilization the replayed cluster"),
+        (["--load", "nan"], "--load must be more than 0 and at most 1"),
+        (["--seed", "-1"], "--seed must be from 0 to 9,223,372,036,854,775,807, got -1"),
+        (["--speed", "nan"], "--speed must be 0 or more (0 = as fast as possible), not nan"),  # was as 0
+        (["--mean-interarrival", "nan"], "--mean-interarrival must be a positive number of seconds, not nan"),
+        # These three were "benchmark line N: cannot turn into telemetry: ..." (a pydantic error), the file
+        # blamed for what an option had made of it.
+        (
+            ["--mean-interarrival", "1e6"],
+            "--mean-interarrival 1e+06 s between 3,983 jobs spans 126 years, and telemetry is dated within "
+            "10 years of now: at most 79,242 s for this file",
+        ),
+        (["--job-prefix", "x" * 300], "--job-prefix must be at most 180 characters"),
+        (
+            ["--epoch", "9999-01-01T00:00:00Z"],
+            "--epoch 9999-01-01T00:00:00+00:00 is more than 10 years from now",
+        ),
+    ],
+)
+def test_replay_options_are_named_where_they_are_wrong(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    options: list[str],
+    expected: str,
+) -> None:
+    monkeypatch.delenv("FINETWIN_KAFKA_BOOTSTRAP", raising=False)  # said before a broker is looked for
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    assert main([command, *options]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"finetwin {command}: error: {expected}" in error, error
+
+
+@pytest.mark.parametrize("port", ["-1", "70000"])
+def test_up_names_a_port_out_of_range(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, port: str
+) -> None:
+    """Was an OverflowError traceback from the socket's bind()."""
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    assert main(["up", "--no-replay", "--port", port]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"--port must be from 0 to 65535 (0 = any free port), not {port}" in error, error
+
+
 def test_an_epoch_moves_the_timeline_and_nothing_else(sample_table: pd.DataFrame) -> None:
     from datetime import timedelta
 

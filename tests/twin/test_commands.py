@@ -130,6 +130,13 @@ def test_configured_jobs_without_a_calibrated_model_use_the_labelled_fallback(
             "j1,0,1,,llama3-8b,lora,L40S,8,,1e6\n",
             "line 2: column 'tokens_per_sample': empty",
         ),
+        # Two counts of one job's GPUs: it held 8 and was simulated at the throughput of 4, without a word.
+        (
+            "job_id,arrival_s,gpus,number_gpus,gpu_model,model_name,method,batch_size,tokens_per_sample,dataset_tokens\n"
+            "j1,0,4,4,A100-SXM,llama3-8b,lora,8,1024,1e7\nj2,0,8,4,A100-SXM,llama3-8b,lora,8,1024,1e7\n",
+            "jobs.csv, line 3: column 'number_gpus': 4 disagrees with column 'gpus' (8): both are the job's "
+            "GPU count; give the same number in both, or leave one column out",
+        ),
         # Said as "row 0: column 'method' ..." by the models, of the distinct configurations, not the file.
         (
             "job_id,arrival_s,gpus,duration_s,model_name,method,gpu_model,batch_size,tokens_per_sample,dataset_tokens\n"
@@ -146,6 +153,34 @@ def test_bad_workload_names_line_and_column(
     assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs)]) == 2
     err = capsys.readouterr().err
     assert "finetwin simulate: error:" in err and expected in err
+
+
+def test_a_workload_may_give_its_gpu_count_as_number_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpus` is the configuration's `number_gpus`: a file with the benchmark's name for the column (or both,
+    equal) is the same workload, where it was refused as missing 'gpus'."""
+    cluster = write(tmp_path, "c.yaml", CLUSTER)
+    config = "gpu_model,model_name,method,batch_size,tokens_per_sample,dataset_tokens"
+    rows = [("a", 0, 2, "8"), ("b", 5, 4, "8"), ("c", 9, 2, "7")]  # c: batch 7 on 2 GPUs breaks a rule
+    headers = {
+        "gpus": ("gpus", lambda g: f"{g}"),
+        "number_gpus": ("number_gpus", lambda g: f"{g}"),
+        "both": ("gpus,number_gpus", lambda g: f"{g},{g}"),
+    }
+    runs = {}
+    for name, (columns, counts) in headers.items():
+        text = f"job_id,arrival_s,{columns},{config}\n" + "".join(
+            f"{job},{arrival},{counts(gpus)},A100-SXM,llama3-8b,lora,{batch},1024,1e7\n"
+            for job, arrival, gpus, batch in rows
+        )
+        jobs = write(tmp_path, f"{name}.csv", text)
+        run = run_json(capsys, ["simulate", "--cluster", str(cluster), "--workload", str(jobs), "--runs", "2",
+                                "--seed", "1", "--json"])  # fmt: skip
+        del run["generated_at"], run["wall_s"]
+        runs[name] = run
+    assert runs["number_gpus"] == runs["gpus"] and runs["both"] == runs["gpus"]
+    assert [j["outcome"] for j in runs["gpus"]["jobs"]] == ["completed", "completed", "rejected"]
 
 
 def test_a_workload_in_another_encoding_is_named_at_its_line(
@@ -264,6 +299,32 @@ def test_runs_and_seeds_are_bounded(
     assert expected in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["simulate", "--cluster", "{cluster}", "--workload", "{jobs}"],
+        ["forecast"],
+        ["whatif", "{scenario}"],
+        ["backtest", "--bench", str(SHARED_REFERENCE / "real_sample.csv")],
+        ["plan", "--cluster", "{cluster}", "--workload", "{jobs}", "--vary", "A100-SXM=1..2"],
+    ],
+)
+@pytest.mark.parametrize("workers", ["0", "-2"])
+def test_workers_are_one_or_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], workers: str
+) -> None:
+    """0 or a negative count of processes was taken as 1 without a word (exit 0)."""
+    files = {
+        "cluster": write(tmp_path, "c.yaml", CLUSTER),
+        "jobs": write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n"),
+        "scenario": write(tmp_path, "s.yaml", "runs: 2\ncluster: c.yaml\nworkload: jobs.csv\n"),
+    }
+    argv = [part.format(**files) for part in command]
+    assert main([*argv, "--workers", workers]) == 2
+    expected = "--workers must be 1 or more (the processes to run on; leave it out to have them chosen for "
+    assert f"{expected}the work), not {workers}" in " ".join(capsys.readouterr().err.split())
+
+
 def test_an_invalid_setting_is_named_by_its_variable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -299,6 +360,7 @@ def test_an_invalid_setting_is_named_by_its_variable(
         ("FINETWIN_FORECAST_LOOKBACK_DAYS", "-1"),
         ("FINETWIN_RELAY_POLL_SECONDS", "0"),
         ("FINETWIN_NATIVE_TREES", "of"),  # read where trees run, as "not off": a typo left them on
+        ("FINETWIN_FORECAST_WORKERS", "0"),  # taken as 1 without a word, as --workers 0 was
     ],
 )
 def test_a_setting_out_of_its_range_stops_every_command_at_start(

@@ -217,6 +217,60 @@ def test_a_forecast_with_an_empty_store_says_which_store_it_read(
     assert f"looked in the store {(tmp_path / 'data' / 'finetwin.db').resolve()}" in error, error
 
 
+SKILL = "(how the stored forecasts did)"
+STORE = "(the store's telemetry)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        # Each ran what the other mode does, with the option silently ignored.
+        (
+            ["forecast", "--since", "5h"],
+            f"--since applies only with --skill {SKILL}: add --skill, or leave --since out",
+        ),
+        (
+            ["forecast", "--skill", "--horizon", "5h"],
+            f"--horizon applies only to a forecast, not with --skill {SKILL}: drop --skill to forecast, or "
+            "leave --horizon out",
+        ),
+        (  # given, even at the value a forecast takes by default
+            ["forecast", "--skill", "--runs", "32", "--policy", "fifo", "--store"],
+            f"--runs, --policy and --store apply only to a forecast, not with --skill {SKILL}",
+        ),
+        (
+            ["backtest", "--from-store", "--at", "6h", "--horizon", "1h", "--window", "0:1h"],
+            "--window applies only to the benchmark backtest (--bench), not with --from-store: drop "
+            "--from-store to backtest --bench, or leave --window out",
+        ),
+        (
+            ["backtest", "--from-store", "--at", "6h", "--horizon", "1h", "--load", "0.7", "--cluster", "c"],
+            "--cluster and --load apply only to the benchmark backtest (--bench), not with --from-store",
+        ),
+        (  # was "give --bench FILE, or --from-store --at T --horizon H": --from-store was what was missing
+            ["backtest", "--at", "6h", "--horizon", "1h"],
+            f"--at and --horizon apply only with --from-store {STORE}, not to the benchmark backtest "
+            "(--bench): add --from-store, or leave --at and --horizon out",
+        ),
+        (
+            ["backtest", "--bench", "bench.csv", "--arrivals", "model"],
+            f"--arrivals applies only with --from-store {STORE}",
+        ),
+    ],
+)
+def test_an_option_of_the_other_mode_is_refused_not_ignored(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert main(argv) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert expected in error, error
+
+
+def test_the_options_of_a_mode_are_still_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["forecast", "--skill", "--since", "5h", "--json"]) == 0
+    assert "figures" in json.loads(capsys.readouterr().out)
+
+
 def test_the_mean_of_skewed_runs_is_explained_and_stays_within_the_runs() -> None:
     """forecast printed a makespan mean above its own p90: with one run far from the rest that is what a
     mean does (it stays inside the runs' min and max); the table says so instead of leaving it a puzzle."""
