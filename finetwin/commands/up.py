@@ -18,6 +18,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command, up_replay
+from finetwin.commands.options import refuse_options
 from finetwin.commands.telemetry import (
     EXIT_UNDECODABLE,
     Epoch,
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "up.lock"
+# The options that shape the replay: with --no-replay there is none for them to shape.
+REPLAY_OPTIONS = ("bench", "speed", "seed", "job_prefix", "mean_interarrival", "epoch", "load", "passes")
 MAX_PORT = 65_535
 
 UP_DEFAULT_SPEED = 600.0  # ten simulated minutes per second, so the dashboard moves
@@ -111,6 +114,11 @@ def up(
         raise CommandError("--json needs --exit-when-done (the counts are printed once the replay is in)")
     if exit_when_done and no_replay:
         raise CommandError("--exit-when-done needs a replay; drop --no-replay")
+    if no_replay:  # else each was taken and ignored
+        refuse_options(
+            ctx, REPLAY_OPTIONS, "to the replay, not with --no-replay",
+            "drop --no-replay, or leave {options} out",
+        )  # fmt: skip
     if exit_when_done and passes not in (None, 1):
         raise CommandError("--exit-when-done replays the file once; drop --passes")
     if port is not None and not 0 <= port <= MAX_PORT:  # was an OverflowError traceback from bind()

@@ -244,6 +244,16 @@ def test_up_names_a_port_out_of_range(
     assert f"--port must be from 0 to 65535 (0 = any free port), not {port}" in error, error
 
 
+def test_up_without_a_replay_refuses_the_replay_s_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They were taken and ignored: `up --no-replay --speed 60` ran as if --speed had not been given."""
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    assert main(["up", "--no-replay", "--speed", "60", "--load", "0.5"]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "--speed and --load apply only to the replay, not with --no-replay: drop" in error, error
+
+
 def test_an_epoch_moves_the_timeline_and_nothing_else(sample_table: pd.DataFrame) -> None:
     from datetime import timedelta
 
