@@ -27,7 +27,10 @@ def api(
     host: Annotated[
         str | None, typer.Option(help="address to bind (default FINETWIN_API_HOST or 127.0.0.1)")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="port (default FINETWIN_API_PORT or 8080)")] = None,
+    # Bounded: uvicorn said it was "running on http://127.0.0.1:70000".
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65_535, help="port (default FINETWIN_API_PORT or 8080)")
+    ] = None,
     access_log: Annotated[
         bool,
         typer.Option(
