@@ -78,18 +78,25 @@ class ClientGone(Exception):
 
 def size_problems(size: ScenarioSize) -> list[str]:
     """What makes a what-if too big to run over HTTP (nothing: it may run)."""
-    problems = []
-    if size.nodes > MAX_WHATIF_NODES:
-        problems.append(f"{size.nodes} nodes (at most {MAX_WHATIF_NODES})")
-    if size.gpus > MAX_WHATIF_GPUS:
-        problems.append(f"{size.gpus} GPUs (at most {MAX_WHATIF_GPUS})")
+    problems = cluster_and_series_problems(size.nodes, size.gpus, size.intervals)
     if size.job_runs > MAX_WHATIF_JOB_RUNS:
         problems.append(
             f"{size.job_runs} simulated jobs: 2 ensembles x {size.runs} runs x {size.jobs_per_run} jobs "
             f"(at most {MAX_WHATIF_JOB_RUNS}; fewer runs or a shorter horizon)"
         )
-    if size.intervals > MAX_WHATIF_INTERVALS:
-        problems.append(f"{size.intervals} intervals (at most {MAX_WHATIF_INTERVALS}; a longer interval)")
+    return problems
+
+
+def cluster_and_series_problems(nodes: int, gpus: int, intervals: int, what: str = "") -> list[str]:
+    """The bounds a what-if's cluster and series keep, and each scenario of a plan (`what`: "a scenario of
+    " to say so)."""
+    problems = []
+    if nodes > MAX_WHATIF_NODES:
+        problems.append(f"{what}{nodes} nodes (at most {MAX_WHATIF_NODES})")
+    if gpus > MAX_WHATIF_GPUS:
+        problems.append(f"{what}{gpus} GPUs (at most {MAX_WHATIF_GPUS})")
+    if intervals > MAX_WHATIF_INTERVALS:
+        problems.append(f"{intervals} intervals (at most {MAX_WHATIF_INTERVALS}; a longer interval)")
     return problems
 
 

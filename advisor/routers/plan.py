@@ -30,13 +30,11 @@ from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime, ShuttingDown
 from advisor.routers.forecast import (
-    MAX_WHATIF_GPUS,
-    MAX_WHATIF_INTERVALS,
     MAX_WHATIF_JOB_RUNS,
-    MAX_WHATIF_NODES,
     _job_models,
     _live,
     _slos,
+    cluster_and_series_problems,
 )
 from advisor.settings import AdvisorSettings
 from twin.capacity import (
@@ -69,11 +67,7 @@ MAX_PLAN_JOB_RUNS = 5_000_000
 
 def size_problems(size: SweepSize) -> list[str]:
     """What makes a plan too big to run over HTTP (nothing: it may run)."""
-    problems = []
-    if size.nodes > MAX_WHATIF_NODES:
-        problems.append(f"a scenario of {size.nodes} nodes (at most {MAX_WHATIF_NODES})")
-    if size.gpus > MAX_WHATIF_GPUS:
-        problems.append(f"a scenario of {size.gpus} GPUs (at most {MAX_WHATIF_GPUS})")
+    problems = cluster_and_series_problems(size.nodes, size.gpus, size.intervals, "a scenario of ")
     if size.job_runs > MAX_PLAN_JOB_RUNS:
         problems.append(
             f"{size.job_runs:,} simulated jobs: {size.scenarios} scenarios x {size.runs} runs x "
@@ -87,8 +81,6 @@ def size_problems(size: SweepSize) -> list[str]:
             f"{size.jobs_per_run:,} jobs (at most {MAX_WHATIF_JOB_RUNS:,}; a smaller chunk_runs or a shorter "
             "horizon)"
         )
-    if size.intervals > MAX_WHATIF_INTERVALS:
-        problems.append(f"{size.intervals:,} intervals (at most {MAX_WHATIF_INTERVALS:,}; a longer interval)")
     return problems
 
 

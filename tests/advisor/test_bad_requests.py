@@ -365,7 +365,7 @@ def test_a_plan_too_big_is_refused_before_it_is_queued(engine: Engine, tmp_path:
                 {"vary": [f"{A100}=1..200"], "runs": 64, "horizon": "2h"},
                 ["too big", "simulated jobs: 200 scenarios x 64 runs"],
             ),
-            ({"vary": [f"{A100}=1..1"], "horizon": "30d", "interval": "1m"}, ["too big", "43,200 intervals"]),
+            ({"vary": [f"{A100}=1..1"], "horizon": "30d", "interval": "1m"}, ["too big", "43200 intervals"]),
         ]:
             _refused(client.post("/v1/plan", json=plan, headers=operator), 422, *words)
         assert client.get("/v1/plan", headers=operator).json() == []
