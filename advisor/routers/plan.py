@@ -59,9 +59,8 @@ MAX_KEPT = 20  # finished plans remembered
 NO_STATE = 409
 # A plan runs in the background, so it may take minutes, not hours: the twin simulates ~15k jobs/s on one
 # core, so this many is ~3 minutes on two. Each scenario's cluster and series, and each task's work, are
-# bounded as a what-if's.
-# Without these, one request (a horizon of 1e308 s, or 100,000 nodes of a type) held every core and grew by
-# GBs a minute, and the API could not stop until its workers were killed.
+# bounded as a what-if's. Without these, one request (a horizon of 1e308 s, or 100,000 nodes of a type) held
+# every core and grew by GBs a minute, and the API could not stop until its workers were killed.
 MAX_PLAN_JOB_RUNS = 5_000_000
 
 
