@@ -150,6 +150,14 @@ def apply_changes(
     return scenario_inputs, options.with_changes(policy=changes.policy or options.policy, plan=plan)
 
 
+def scenario_notes(inputs: TwinInputs, changes: ScenarioChanges) -> list[str]:
+    """What the answer's numbers need said: a scenario that changes nothing (its zero difference is by
+    construction, not a finding), and added nodes that would stand idle."""
+    if changes.is_empty():
+        return ["the scenario changes nothing: it is the baseline, so every difference is zero"]
+    return idle_additions(inputs, changes)
+
+
 def idle_additions(inputs: TwinInputs, changes: ScenarioChanges) -> list[str]:
     """A note per added node type that no known job asks for and no expected arrival would (jobs name their
     GPU type): its nodes would stand idle, and the what-if's zero difference needs that said."""
@@ -270,7 +278,7 @@ def run_whatif(
             "baseline": describe(inputs, options, model_source) | summarize(baseline, slos),
             "scenario": describe(scenario_inputs, scenario_options, model_source) | summarize(scenario, slos),
             "difference": compare(baseline, scenario, slos),
-            "notes": idle_additions(inputs, whatif.changes),
+            "notes": scenario_notes(inputs, whatif.changes),
             "wall_s": round(time.perf_counter() - began, 3),
         }
     )

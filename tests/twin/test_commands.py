@@ -450,6 +450,11 @@ def test_a_whatif_adding_nodes_no_job_asks_for_says_they_would_stand_idle(
     same = write(tmp_path, "a100.yaml", common + "changes:\n  nodes: [{gpu_model: A100-SXM, add: 1}]\n")
     doc = run_json(capsys, ["whatif", str(same), "--json"])
     assert doc["notes"] == [] and doc["difference"]["wait_mean_s"]["mean"] < 0
+    # A scenario of no change is the baseline: its zero difference is said to be by construction.
+    nothing = write(tmp_path, "nothing.yaml", common + "changes: {}\n")
+    doc = run_json(capsys, ["whatif", str(nothing), "--json"])
+    assert doc["notes"] == ["the scenario changes nothing: it is the baseline, so every difference is zero"]
+    assert doc["difference"]["wait_mean_s"]["mean"] == 0
 
 
 @pytest.mark.parametrize(
