@@ -3,7 +3,9 @@
 Each `event_id` is applied once: the raw-event insert skips ids already in the store (and duplicates inside
 the batch), and only the events it actually inserted change jobs, observed runs and nodes. Events may arrive
 out of order (a completion before its submission): a job row is created by whichever event comes first,
-its state never moves backwards, and its configuration is filled in whenever `job.submitted` arrives.
+its state never moves backwards, and its configuration is filled in whenever `job.submitted` arrives. An
+event the job contradicts (another cluster's, or a second submission with another configuration) raises
+ConflictingEvent, and the worker dead-letters it (`conflict`).
 
 Everything is written with a handful of bulk statements per batch, never row by row: INSERT ... ON CONFLICT
 (the dialect's own) and UPDATE, fed on PostgreSQL from a binary COPY into a staging table and on SQLite by
@@ -315,14 +317,25 @@ def _earliest(current: datetime | None, ts: datetime) -> datetime:
     return min(current, ts)
 
 
+class ConflictingEvent(ValueError):
+    """A valid event the store's job contradicts: another cluster's job of the same id, or a configuration
+    other than the one the job was submitted with. The worker dead-letters it (`conflict`), alone."""
+
+
 def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> dict[str, Any] | None:
-    """Apply one event to a job row in place; returns the observed run it completes, if any."""
+    """Apply one event to a job row in place; returns the observed run it completes, if any. Raises
+    ConflictingEvent for an event the job contradicts: folded in, it rewrote a finished job's configuration
+    (so its measured run was credited to another configuration) or merged two clusters' jobs."""
     ts = stamp(event.ts)
     payload = event.payload
     kind = event.type
+    if row["cluster_id"] != event.cluster_id:
+        raise ConflictingEvent(
+            f"job {row['job_id']!r} is a job of cluster {row['cluster_id']!r}, not {event.cluster_id!r}: a "
+            "job id names one job across clusters"
+        )
     if kind == "job.submitted":
-        row.update(_payload_fields(payload))
-        row["cluster_id"] = event.cluster_id
+        _fill_in_configuration(row, _payload_fields(payload))
         row["submitted_at"] = _earliest(row["submitted_at"], ts)
         _advance(row, "submitted")
     elif kind == "job.started":
@@ -351,6 +364,34 @@ def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> dict[str, Any] 
         )  # fmt: skip
         return {"job_id": row["job_id"], "is_valid": 0, "observed_at": ts, **dict.fromkeys(MEASURED_FIELDS)}
     return None
+
+
+def _fill_in_configuration(row: dict[str, Any], submitted: dict[str, Any]) -> None:
+    """The job's configuration from a `job.submitted`: all of it the first time, then only what is still
+    missing. A field it already holds is never changed, nor blanked by one a later submission leaves out."""
+    if row["model_name"] is None:  # not submitted before (a row another event made first)
+        row.update(submitted)
+        return
+    changed = [
+        name for name, value in submitted.items()
+        if value is not None and row[name] is not None and not _same_value(row[name], value)
+    ]  # fmt: skip
+    if changed:
+        said = ", ".join(f"{name} {row[name]!r} -> {submitted[name]!r}" for name in changed[:5])
+        raise ConflictingEvent(
+            f"job {row['job_id']!r} was submitted before with another configuration ({said}): a job's "
+            "configuration does not change once submitted; send the new one under a job id of its own"
+        )
+    row.update({name: value for name, value in submitted.items() if row[name] is None and value is not None})
+
+
+def _same_value(stored: Any, sent: Any) -> bool:
+    """A stored value and a payload's, alike as the store holds them (an enum is its text, 4 is 4.0)."""
+    if isinstance(stored, bool) or isinstance(sent, bool):
+        return bool(stored) == bool(sent)
+    if isinstance(stored, int | float) and isinstance(sent, int | float):
+        return float(stored) == float(sent)
+    return str(stored) == str(sent)
 
 
 # --- nodes ------------------------------------------------------------------------------------------------

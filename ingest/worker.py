@@ -33,7 +33,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from ingest.apply import AnyEvent, ApplyResult, BatchHook, apply_events
+from ingest.apply import AnyEvent, ApplyResult, BatchHook, ConflictingEvent, apply_events
 from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message, UndecodableBatch
 from ingest.events import InvalidEvent, parse_event
 from ingest.fastparse import NotFast, decode_event
@@ -66,7 +66,7 @@ LAG = Gauge(
 )
 
 # Why a message is dead-lettered: the first four from `parse_event`, then the worker's clock and the store.
-DEAD_LETTER_KINDS = ("not_json", "too_large", "unknown_type", "schema", "clock_skew", "store")
+DEAD_LETTER_KINDS = ("not_json", "too_large", "unknown_type", "schema", "clock_skew", "store", "conflict")
 MAX_BACKOFF_S = 5.0
 STATS_LOG_INTERVAL_S = 10.0
 _T = TypeVar("_T")
@@ -311,6 +311,9 @@ class IngestWorker:
         events it refuses by halving the batch, and return those as dead letters (`store`)."""
         try:
             return apply_events(self.engine, events, self.hooks), []
+        except ConflictingEvent as exc:  # a job the store holds contradicts an event: find which
+            if len(events) == 1:
+                return ApplyResult(0, 0), [DeadLetter(sources[0], "conflict", str(exc)[:1000])]
         except Exception as exc:
             if not refused_for_its_content(exc):
                 raise  # the database is down or busy: retry the whole batch until it is back

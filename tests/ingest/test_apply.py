@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Connection, Engine, select, text
 from sqlalchemy.exc import DataError
 
-from ingest.apply import apply_events
+from ingest.apply import ConflictingEvent, apply_events
 from ingest.events import (
     Event,
     JobCompleted,
@@ -270,3 +270,37 @@ def test_event_ids_are_the_idempotency_key_not_the_content(engine: Engine) -> No
     assert apply_events(engine, [first, same_id]).applied == 1
     assert apply_events(engine, [other_id]).applied == 1
     assert store_count(engine) == 2
+
+
+def test_a_second_submission_fills_in_what_is_missing_and_never_changes_what_is_there(engine: Engine) -> None:
+    """A late or repeated `job.submitted` rewrote a finished job's configuration (and blanked what it left
+    out), so its measured run was credited to another configuration."""
+    apply_events(engine, lifecycle("j10"))
+    without_tenant = SUBMITTED.model_copy(update={"tenant": None})
+    again = new_event("job.submitted", without_tenant, job_id="j10", ts=at(12))
+    assert apply_events(engine, [again]).applied == 1  # agrees with the job: applied, changes nothing
+    row = job(engine, "j10")
+    assert (row.tenant, row.dataset_tokens, row.state) == ("team-a", 1.2e7, "completed")
+    other = SUBMITTED.model_copy(update={"model_name": "mixtral-8x7b-instruct-v0.1", "number_gpus": 1})
+    changed = new_event("job.submitted", other, job_id="j10", ts=at(13))
+    with pytest.raises(ConflictingEvent, match=r"model_name 'llama3-8b' -> 'mixtral-8x7b-instruct-v0.1'"):
+        apply_events(engine, [changed])
+    assert (job(engine, "j10").model_name, job(engine, "j10").number_gpus) == ("llama3-8b", 4)
+    assert store_count(engine) == 6  # the conflicting event was rolled back with its batch
+    # A submission after a completion fills the job in; a field the first left out is filled in later.
+    completed_first = [
+        new_event("job.completed", COMPLETED, job_id="j11", ts=at(11)),
+        new_event("job.submitted", without_tenant, job_id="j11", ts=at(0)),
+        new_event("job.submitted", SUBMITTED, job_id="j11", ts=at(0)),
+    ]
+    apply_events(engine, completed_first)
+    assert (job(engine, "j11").model_name, job(engine, "j11").tenant) == ("llama3-8b", "team-a")
+
+
+def test_another_cluster_s_event_for_a_job_id_is_a_conflict(engine: Engine) -> None:
+    """The store keys jobs by id: a `lab-b` submission of job `j12` rewrote the default cluster's job."""
+    apply_events(engine, lifecycle("j12"))
+    theirs = new_event("job.submitted", SUBMITTED, job_id="j12", ts=at(20), cluster_id="lab-b")
+    with pytest.raises(ConflictingEvent, match="job 'j12' is a job of cluster 'default', not 'lab-b'"):
+        apply_events(engine, [theirs])
+    assert job(engine, "j12").cluster_id == "default"

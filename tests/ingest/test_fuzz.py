@@ -16,12 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
+from ingest.apply import _same_value
 from ingest.bus import InProcessBus
 from ingest.events import InvalidEvent, JobProgress, JobSubmitted, new_event, parse_event
 from ingest.worker import IngestWorker, read_dead_letter
 from tests.ingest.test_fastparse import documents, encode
 from twin.limits import DEFAULT_MAX_CLOCK_SKEW
-from twin.store import TelemetryEvent
+from twin.store import Job, TelemetryEvent
 
 FUZZ = settings(
     max_examples=60, deadline=None, database=None,
@@ -159,6 +160,22 @@ def stored_ids(engine: Engine, ids: list[str]) -> set[str]:
         return {str(value) for value in connection.execute(query).scalars()}
 
 
+def contradicted(engine: Engine, raw: bytes) -> bool:
+    """Whether the store's job contradicts an event: it is another cluster's, or the event submits it with a
+    field the job holds otherwise."""
+    event = parse_event(raw)
+    with engine.connect() as connection:
+        job = connection.execute(select(Job).where(Job.job_id == event.job_id)).one_or_none()
+    if job is None:
+        return False
+    if job.cluster_id != event.cluster_id:
+        return True
+    return event.type == "job.submitted" and any(
+        value is not None and getattr(job, name) is not None and not _same_value(getattr(job, name), value)
+        for name, value in dict(event.payload).items()
+    )
+
+
 def process_or_fail(worker: IngestWorker, polled: list[Any]) -> bool:
     """`worker.process` in a thread: a stall (a retry loop over one message) fails the test, not the run."""
     stop = threading.Event()
@@ -204,6 +221,10 @@ def test_every_message_is_applied_or_dead_lettered_exactly_once(engine: Engine) 
             seen[outcome] += 1
             if outcome == "dead":
                 assert letters[where] == 1 and kinds[where] == detail, (where, detail, kinds.get(where))
+            elif kinds.get(where) == "conflict":  # valid, but a job the store holds contradicts it
+                raw = next(m.value for m in polled if (m.partition, m.offset) == where)
+                assert letters[where] == 1 and contradicted(engine, raw), raw
+                seen["conflict"] += 1
             else:
                 assert letters[where] == 0, f"a valid event was dead-lettered: {kinds[where]}"
                 assert detail in in_store

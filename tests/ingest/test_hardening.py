@@ -159,6 +159,13 @@ def test_no_message_stalls_the_worker_on_either_store(kafka_bootstrap: str, engi
     stream = [(key, raw) for key, (raw, _) in bad.items()]
     for n, item in enumerate(good.items()):
         stream.insert(2 * n, item)
+    # After the good submissions of job j-1: one with another configuration, and another cluster's.
+    conflicts = {
+        b"resubmitted": (submitted(number_gpus=8), "conflict"),
+        b"other-cluster": (json.dumps(document(cluster_id="lab-b")).encode(), "conflict"),
+    }
+    bad |= conflicts
+    stream += [(key, raw) for key, (raw, _) in conflicts.items()]
     produce(kafka_bootstrap, topic, stream)
     with worker_thread(engine, kafka_bootstrap, topic, unique("g"), dlq, batch_size=7) as (worker, thread):
         assert worker.wait_until(lambda s: s.messages >= len(stream), timeout_s=60), worker.stats
@@ -193,6 +200,25 @@ def test_an_event_the_store_refuses_is_isolated_on_both_stores(engine: Engine) -
     assert [(letter.message.offset, letter.kind) for letter in refused] == [(5, "store")]
     assert any(name in refused[0].detail for name in ("OverflowError", "NumericValueOutOfRange"))
     assert store_count(engine) == 8 and store_count(engine, Job) == 8
+
+
+def test_an_event_its_job_contradicts_is_isolated_as_a_conflict(engine: Engine) -> None:
+    """A second submission of a job with another configuration: dead-lettered alone (`conflict`), the rest
+    applied, and the job keeps the configuration it ran with."""
+    from ingest.bus import InProcessBus
+
+    bus = InProcessBus()
+    worker = IngestWorker(engine, bus.consumer("t", "g"), bus.producer(), dlq_topic="t.dlq")
+    events = [new_event("job.submitted", JobSubmitted(**SUBMITTED), job_id=f"c-{n}") for n in range(9)]
+    other = JobSubmitted(**(SUBMITTED | {"batch_size": 32}))
+    events[5] = new_event("job.submitted", other, job_id="c-2")
+    sources = [Record("t", 0, n, None, b"") for n in range(len(events))]
+    result, refused = worker.apply_isolating(events, sources)  # type: ignore[arg-type]
+    assert result.applied == 8
+    assert [(letter.message.offset, letter.kind) for letter in refused] == [(5, "conflict")]
+    assert "batch_size 16 -> 32" in refused[0].detail
+    with engine.connect() as connection:
+        assert connection.execute(select(Job.batch_size).where(Job.job_id == "c-2")).scalar_one() == 16
 
 
 def test_a_store_outage_is_retried_not_dead_lettered(tmp_path: Any) -> None:
