@@ -7,6 +7,7 @@ Off a terminal, lines are not wrapped: a pipe or a log gets each message on one 
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 WIDE = 200  # columns of a table printed to a pipe (rich would fold it at 80)
 
@@ -29,16 +31,28 @@ def console(*, stderr: bool = False) -> Console:
     )
 
 
+# Control characters but the line breaks and tabs a message may hold: a name from telemetry or a key's name
+# could carry an escape sequence that recolours or rewrites the operator's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: object) -> Text:
+    """A value as text printed as it is: never read as rich markup (a GPU named `acme [/x] accel` in
+    telemetry made `finetwin forecast` end in a MarkupError traceback, and `deploy-bot [prod]` lost its
+    `[prod]`), its control characters shown escaped (`\\x1b`)."""
+    return Text(_CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value)))
+
+
 def say(message: str, *, stderr: bool = False) -> None:
     """A line of plain text (no markup: messages carry paths and brackets)."""
-    console(stderr=stderr).print(message, markup=False)
+    console(stderr=stderr).print(plain(message))
 
 
 def error(command: str, message: str) -> None:
     """`finetwin COMMAND: error: MESSAGE` on stderr, without a traceback."""
     out = console(stderr=True)
     out.print(f"finetwin {command}: error: ", style="bold red", end="", markup=False)
-    out.print(message, markup=False)
+    out.print(plain(message))
 
 
 def table(columns: Sequence[str | tuple[str, str]], rows: Sequence[Sequence[Any]], **options: Any) -> Table:
@@ -47,9 +61,9 @@ def table(columns: Sequence[str | tuple[str, str]], rows: Sequence[Sequence[Any]
     for column in columns:
         name, justify = column if isinstance(column, tuple) else (column, "left")
         # Long names (pools, SLOs) wrap instead of being cut to "NVIDIA-A100-S…" on a narrow terminal.
-        grid.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        grid.add_column(plain(name), justify=justify, overflow="fold")  # type: ignore[arg-type]
     for row in rows:
-        grid.add_row(*(str(cell) for cell in row))
+        grid.add_row(*(plain(cell) for cell in row))
     return grid
 
 

@@ -138,6 +138,25 @@ def test_keys_create_prints_the_key_alone_and_it_works(tmp_path: Path) -> None:
         assert client.get("/v1/audit", headers={"X-API-Key": lines[0]}).status_code == 200
 
 
+def test_names_are_printed_as_they_are_never_as_markup_or_terminal_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key named `[/bold] x` made every later `keys list` end in a rich MarkupError traceback (as a GPU
+    named so in telemetry did `finetwin forecast`); `deploy-bot [prod]` lost its `[prod]`; an escape sequence
+    in a name reached the terminal."""
+    from finetwin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    names = ["[/bold] x [red]RED", "deploy-bot [prod]", "red\x1b[31mtext"]
+    for name in names:
+        assert main(["keys", "create", "--role", "viewer", "--name", name]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "[/bold] x [red]RED" in listed and "deploy-bot [prod]" in listed, listed
+    assert "\x1b" not in listed and "red\\x1b[31mtext" in listed, listed
+
+
 def test_the_dashboard_is_open_and_serves_only_its_own_files(client: TestClient) -> None:
     page = client.get("/")
     assert page.status_code == 200 and "chart.umd.min.js" in page.text and "/static/app.js" in page.text
