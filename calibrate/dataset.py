@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.loader import CONFIG_COLUMNS, each_distinct, load_benchmark
-from calibrate.observed import OBSERVED_SOURCE, observed_weights
+from calibrate.observed import OBSERVED_SOURCE, implausible_runs, observed_weights
 
 # What makes two rows the same data point: the configuration, the protocol's time cap and what happened.
 HASHED_COLUMNS: tuple[str, ...] = (*CONFIG_COLUMNS, "time_limit_s", "outcome", "dataset_tokens_per_second")
@@ -40,6 +40,7 @@ class TrainingData:
     weights: np.ndarray
     row_hashes: np.ndarray  # str, one per row
     benchmarks: list[dict[str, object]] = field(default_factory=list)  # path, rows, sha256 of each file
+    left_out: dict[str, int] = field(default_factory=dict)  # rows not learned from, by why (`assemble`)
 
     @property
     def fingerprint(self) -> str:
@@ -59,6 +60,7 @@ class TrainingData:
             self.weights[mask],
             self.row_hashes[mask],
             self.benchmarks,
+            self.left_out,
         )
 
 
@@ -93,11 +95,32 @@ def assemble(
     policy: WeightPolicy,
     described: Sequence[dict[str, object]] = (),
 ) -> TrainingData:
-    """One table of every row (benchmarks first, in file order, then observed runs by job)."""
-    parts = [t for t in benchmarks if len(t)]
+    """One table of every row (benchmarks first, in file order, then observed runs by job). Left out, and
+    counted in `left_out`:
+    - a benchmark row given again (the same identifier, configuration and measured throughput, in one file
+      or another): read twice, it made its own held-out neighbour, and the band shrank (coverage 66 % where
+      the file read once gives 87 %);
+    - an observed run whose measurements no hardware makes (`calibrate.observed.implausible_runs`): one run
+      of 1e300 tokens/s, valid to the telemetry's schema, made the next version predict 4e299."""
+    parts, hashes, left_out, seen = [], [], {}, set()
+    for benchmark in (t for t in benchmarks if len(t)):
+        own = row_hashes(benchmark)
+        again = pd.Series(own).duplicated().to_numpy() | np.isin(own, list(seen))
+        seen.update(own.tolist())
+        if again.any():
+            repeated = left_out.get("repeated benchmark rows", 0)
+            left_out["repeated benchmark rows"] = repeated + int(again.sum())
+        parts.append(benchmark[~again])
+        hashes.append(own[~again])
     weights = [np.ones(len(t)) for t in parts]
     if observed is not None and len(observed):
+        implausible = implausible_runs(observed)
+        if implausible.any():
+            left_out["implausible observed runs"] = int(implausible.sum())
+            observed = observed[~implausible]
+    if observed is not None and len(observed):
         parts.append(observed)
+        hashes.append(row_hashes(observed))
         weights.append(
             observed_weights(
                 observed["observed_at"],
@@ -106,11 +129,12 @@ def assemble(
                 half_life_days=policy.half_life_days,
             )
         )
-    if not parts:
-        return TrainingData(pd.DataFrame(columns=[*HASHED_COLUMNS, "source"]), np.ones(0), np.array([], str))
+    if not any(len(t) for t in parts):
+        empty = pd.DataFrame(columns=[*HASHED_COLUMNS, "source"])
+        return TrainingData(empty, np.ones(0), np.array([], str), list(described), left_out)
     table = pd.concat(parts, ignore_index=True, sort=False)
     table["source"] = table["source"].fillna(OBSERVED_SOURCE)
-    return TrainingData(table, np.concatenate(weights), row_hashes(table), list(described))
+    return TrainingData(table, np.concatenate(weights), np.concatenate(hashes), list(described), left_out)
 
 
 def row_hashes(table: pd.DataFrame) -> np.ndarray:

@@ -139,6 +139,37 @@ def _frame(cells: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+# An observed run is left out of a fit when its measured throughput is further than this factor from the
+# physics bound (`calibrate.features`), either way: the benchmark's own runs lie within e^-4.2 (1/67) and
+# e^3.2 (23x) of it, and a run a thousand times off is a broken measurement, not a fast configuration.
+IMPLAUSIBLE_SPEED_FACTOR = 1000.0
+# ... or when it drew more power per GPU than this many times its GPU's board power (its TDP caps it).
+IMPLAUSIBLE_POWER_FACTOR = 3.0
+
+
+def implausible_runs(table: pd.DataFrame) -> np.ndarray:
+    """Which observed runs (an `observed_table`) measured what no hardware makes: a throughput beyond
+    IMPLAUSIBLE_SPEED_FACTOR of the physics bound, or power beyond IMPLAUSIBLE_POWER_FACTOR of the TDP. The
+    telemetry's schema takes any finite positive number, and one run of 1e300 tokens/s was learned from."""
+    from calibrate.features import feature_columns
+    from calibrate.power import tdp_watts
+
+    if not len(table):
+        return np.zeros(0, dtype=bool)
+    speed = pd.to_numeric(table["dataset_tokens_per_second"], errors="coerce").to_numpy(dtype=float)
+    measured = np.isfinite(speed) & (speed > 0)
+    off = np.zeros(len(table), dtype=bool)
+    if measured.any():
+        columns, _ = feature_columns(table[measured])
+        ratio = np.abs(np.log(speed[measured]) - columns["log_physics_tokens_per_second"])
+        off[measured] = ratio > np.log(IMPLAUSIBLE_SPEED_FACTOR)
+    if "gpu_power_watts_avg" in table.columns:
+        watts = pd.to_numeric(table["gpu_power_watts_avg"], errors="coerce").to_numpy(dtype=float)
+        gpus = np.array([canonical_gpu_name(str(g)) for g in table["gpu_model"]], dtype=object)
+        off |= watts > IMPLAUSIBLE_POWER_FACTOR * tdp_watts(gpus)
+    return off
+
+
 def observed_weights(
     observed_at: pd.Series | np.ndarray, now: datetime, *, weight: float, half_life_days: float
 ) -> np.ndarray:

@@ -376,6 +376,7 @@ def _metadata(
             "fingerprint": data.fingerprint,
             "n_rows": len(data),
             "rows_by_source": data.rows_by_source,
+            "left_out": dict(data.left_out),  # rows given but not learned from, by why (`dataset.assemble`)
             # The newest observed run it learned from (telemetry time): a backtest at an earlier time must
             # not use this version (`ModelRegistry.version_in_use_at`).
             "observed_through": _observed_through(table),

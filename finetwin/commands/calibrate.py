@@ -93,6 +93,9 @@ def calibrate(
     output.say(result.message)
     data = result.metadata.get("data", {})
     output.say("rows: " + ", ".join(f"{k} {v}" for k, v in data.get("rows_by_source", {}).items()))
+    left_out = data.get("left_out") or {}
+    if left_out:  # said, not done silently: a file given twice, or a run no hardware makes
+        output.say("left out: " + ", ".join(f"{why} {count}" for why, count in left_out.items()))
     comparison = result.comparison
     if comparison is not None:
         output.say(f"held-out ({comparison.test_rows} rows, basis: {comparison.basis}):")
