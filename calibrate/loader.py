@@ -143,8 +143,18 @@ def load_benchmark(path: str | Path) -> pd.DataFrame:
     table["lh_created_at"] = frame.raw["lh_created_at"].to_numpy()
     valid = table["is_valid"].to_numpy() == 1
     for column in REQUIRED_WHEN_VALID:
-        missing = valid & table[column].isna().to_numpy()
-        _raise_first(frame, missing, column, "empty on a valid run (is_valid 1)")
+        values = table[column].to_numpy(dtype=float)
+        _raise_first(
+            frame,
+            valid & np.isnan(values),
+            column,
+            "is no measured number: a valid run (is_valid 1) needs one",
+        )
+        # Positive, as telemetry's schema has it: one that was not was left out of the fit without a word.
+        _raise_first(
+            frame, valid & ~(np.isfinite(values) & (values > 0)), column,
+            "on a valid run (is_valid 1) must be a positive, finite number",
+        )  # fmt: skip
     rules = table["rule"].to_numpy()
     broke = pd.notna(rules)
     _raise_first(frame, valid & broke, "is_valid", "a valid run cannot break an admission rule")

@@ -110,11 +110,24 @@ def test_malformed_cell_names_file_line_and_column(
     assert message in str(err) and "line 58" in str(err) and str(bad) in str(err)
 
 
-def test_valid_row_without_throughput_is_refused(tmp_path: Path, sample_csv: Path) -> None:
+@pytest.mark.parametrize(
+    ("column", "value", "said"),
+    [
+        ("dataset_tokens_per_second", "", "is no measured number"),
+        ("dataset_tokens_per_second", "nan", "is no measured number"),
+        # Each was left out of the fit without a word (telemetry's schema refuses them).
+        ("dataset_tokens_per_second", "-500", "must be a positive, finite number"),
+        ("dataset_tokens_per_second", "inf", "must be finite"),
+        ("train_runtime", "0", "must be a positive, finite number"),
+    ],
+)
+def test_a_valid_row_without_a_measured_throughput_and_run_time_is_refused(
+    tmp_path: Path, sample_csv: Path, column: str, value: str, said: str
+) -> None:
     table = load_benchmark(sample_csv)
     line = int(table.loc[table.is_valid == 1, "line"].iloc[3])
-    bad = _write_sample_with(tmp_path, sample_csv, line - 1, "dataset_tokens_per_second", "")
-    with pytest.raises(BenchmarkFormatError, match=f"line {line}.*dataset_tokens_per_second"):
+    bad = _write_sample_with(tmp_path, sample_csv, line - 1, column, value)
+    with pytest.raises(BenchmarkFormatError, match=f"line {line}.*{column}.*{said}"):
         load_benchmark(bad)
 
 
