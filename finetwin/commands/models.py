@@ -85,11 +85,14 @@ def show(
         raise CommandError(str(exc)) from None
     try:
         registry.verify(version)
-        verified = "every artifact matches its manifest"
+        verified, status = "every artifact matches its manifest", 0
     except RegistryError as exc:
-        verified = f"FAILED: {exc}"
+        # Shown, and said by the exit status too: a script that checks a version by `models show` read 0.
+        verified, status = f"FAILED: {exc}", 1
     print(json.dumps({**metadata, "in_use": version == registry.in_use(), "verified": verified}, indent=2))
-    return 0
+    if status:
+        output.error("models show", f"{version} fails verification")
+    return status
 
 
 def promote(

@@ -175,6 +175,10 @@ def test_predict_without_a_model_or_with_a_tampered_one_exits_nonzero(
     assert main([*argv, str(registry_copy)]) == 2
     assert "tampered or corrupted" in capsys.readouterr().err
     assert not output.exists()
+    # `models show` shows it, and says so by its exit status (it was 0).
+    assert main(["models", "show", "--models", str(registry_copy)]) == 1
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["verified"].startswith("FAILED: ") and "fails verification" in shown.err
 
 
 def test_calibrate_wrote_a_version_that_models_list_and_show_report(
