@@ -3,6 +3,8 @@ interrupt and running out of memory each end with a message and a status, never 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import typer
@@ -26,9 +28,18 @@ def interrupted() -> int:
     raise KeyboardInterrupt
 
 
+def unwritable() -> int:
+    raise OSError(13, "Permission denied", "/srv/finetwin")
+
+
 @pytest.mark.parametrize(
     ("function", "status", "message"),
-    [(huge_allocation, 1, OUT_OF_MEMORY), (mistake, 2, "--input is not a file"), (interrupted, 130, "")],
+    [
+        (huge_allocation, 1, OUT_OF_MEMORY),
+        (mistake, 2, "--input is not a file"),
+        (interrupted, 130, ""),
+        (unwritable, 1, "finetwin demo: error: /srv/finetwin: Permission denied"),
+    ],
 )
 def test_a_command_that_fails_says_why_without_a_traceback(function, status: int, message: str) -> None:  # type: ignore[no-untyped-def]
     app = typer.Typer()
@@ -38,3 +49,19 @@ def test_a_command_that_fails_says_why_without_a_traceback(function, status: int
     assert result.exit_code == status
     assert "Traceback" not in result.output
     assert " ".join(message.split()) in " ".join(result.output.split())
+
+
+def test_a_data_directory_that_cannot_be_made_is_said_with_its_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """FINETWIN_DATA_DIR naming a file: `keys list` and `migrate` ended in a FileExistsError traceback."""
+    from finetwin.cli import main
+
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(taken))
+    for command in (["keys", "list"], ["migrate"]):
+        assert main(command) == 1
+        error = capsys.readouterr().err
+        assert f"{taken}: the data directory (FINETWIN_DATA_DIR) cannot be made: File exists" in error, error
+        assert "Traceback" not in error

@@ -85,7 +85,11 @@ class TwinSettings(BaseSettings):
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file of that name, no permission: said with the setting that names it
+            why = f"the data directory (FINETWIN_DATA_DIR) cannot be made: {exc.strerror or exc}"
+            raise OSError(exc.errno, why, str(self.data_dir)) from None
         return f"sqlite:///{(self.data_dir / 'finetwin.db').resolve()}"
 
     def store_description(self) -> str:
