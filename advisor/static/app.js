@@ -1,9 +1,14 @@
 // finetwin dashboard: reads the /v1 API with the key the user entered (kept in this browser's
-// localStorage); approving or rejecting asks for an approver key each time and does not keep it.
+// localStorage); approving or rejecting asks for an approver key each time (in a dialog whose key field does
+// not echo) and does not keep it.
 "use strict";
 
 const KEY_STORAGE = "finetwin.apiKey";
 const REFRESH_MS = 15000;
+const JOBS_SHOWN = 50;
+// Why the API refused the last key (401), until another is entered: polling on with it would count against
+// this address's failed key checks (429 past 30 a minute) and lock out the valid key entered next.
+let refused = "";
 const charts = {};
 window.finetwinCharts = charts; // for tests and the curious: the Chart.js instances
 
@@ -69,9 +74,18 @@ async function loadCluster() {
     (tr, n) => cell(tr, n.node_id), (tr, n) => cell(tr, n.gpu_model), (tr, n) => cell(tr, n.gpu_count),
     (tr, n) => cell(tr, n.status),
   ]);
+  // The API lists newest first: the queued jobs' last page is those waiting longest, shown longest first, so
+  // that past the limit those left out are the latest arrivals. (A job queued between the two reads shifts
+  // that page by one until the next poll.)
   const [running, queued] = await Promise.all([
-    api("/v1/jobs?state=running&limit=50"), api("/v1/jobs?state=submitted&limit=50"),
+    api(`/v1/jobs?state=running&limit=${JOBS_SHOWN}`),
+    api(`/v1/jobs?state=submitted&limit=${JOBS_SHOWN}&offset=${Math.max(0, cluster.queued - JOBS_SHOWN)}`),
   ]);
+  queued.jobs.reverse();
+  const shown = (page, what) => (page.total > page.jobs.length
+    ? `showing ${page.jobs.length} of ${page.total} ${what}` : `${page.total} ${what}`);
+  document.getElementById("jobs-note").textContent =
+    `${shown(running, "running (newest first)")}; ${shown(queued, "queued (longest waiting first)")}`;
   fillTable("jobs", running.jobs.concat(queued.jobs), [
     (tr, j) => cell(tr, j.job_id), (tr, j) => cell(tr, j.state), (tr, j) => cell(tr, j.model_name),
     (tr, j) => cell(tr, j.number_gpus), (tr, j) => cell(tr, j.batch_size), (tr, j) => cell(tr, when(j.submitted_at)),
@@ -110,7 +124,9 @@ async function loadForecast() {
   const clock = f.clock && f.clock.source === "telemetry" ? "telemetry clock" : "wall clock";
   document.getElementById("forecast-meta").textContent =
     `${f.runs} runs, ${f.models}, ${f.known_jobs ? f.known_jobs.total : 0} known jobs, ` +
-    `${fmt(f.arrivals_per_day, 0)} arrivals/day; starts ${when(f.start)} (${clock}), made ${age(f.age_s)} ago`;
+    `${fmt(f.arrivals_per_day, 0)} arrivals/day; starts ${when(f.start)} (${clock}), ` +
+    // Both ages, each with its clock: a replay at 600x makes seconds of wall time an hour of telemetry.
+    `made ${age(f.age_s)} ago on the telemetry's clock, ${age(f.age_wall_s)} ago on the wall clock`;
   showForecastSummary(f.summary || {});
   bandChart("utilization", "chart-utilization", hours, f.series.utilization, 100, { min: 0, max: 100 });
   bandChart("queue", "chart-queue", hours, f.series.queue_length, 1, { min: 0 });
@@ -235,11 +251,13 @@ async function loadVsActual() {
 
 async function loadLiveError() {
   const live = await api("/v1/models/live-error?limit=200");
-  const points = live.points.filter((p) => p.rolling_mdape !== null);
-  document.getElementById("error-caption").textContent = "Live model error: rolling throughput MdAPE" +
+  // In time order (the API's is not), labelled in UTC as every other time on the page.
+  const points = live.points.filter((p) => p.rolling_mdape !== null)
+    .sort((a, b) => Date.parse(a.ended_at) - Date.parse(b.ended_at));
+  document.getElementById("error-caption").textContent = "Live model error: rolling throughput MdAPE (UTC)" +
     (points.length ? "" : " (no finished job scored against its prediction yet)");
   draw("error", "chart-error", "line", {
-    labels: points.map((p) => new Date(p.ended_at).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })),
+    labels: points.map((p) => new Date(p.ended_at).toISOString().slice(11, 16)),
     datasets: [
       { label: "rolling MdAPE %", data: points.map((p) => p.rolling_mdape * 100), borderColor: "rgb(207, 34, 46)",
         pointRadius: 0 },
@@ -251,7 +269,14 @@ async function loadLiveError() {
 
 // --- recommendations and audit -----------------------------------------------------------------------------
 
-function effectText(effect) {
+function effectText(r) {
+  const effect = r.effect;
+  if (r.kind === "capacity" && effect && effect.slos) {
+    // A capacity plan's shape: the share of its runs meeting each SLO, against the share the plan asked for.
+    const worst = Math.min(1, ...Object.values(effect.slos).map((s) => s.met_share));
+    return `every SLO met in at least ${fmt(worst * 100, 0)} % of ${effect.runs} runs ` +
+      `(the plan asked for ${fmt(effect.confidence * 100, 0)} %)`;
+  }
   if (!effect || effect.mean === undefined) return "";
   const ci = effect.ci95 ? ` (${fmt(effect.ci95[0] * 100, 1)} to ${fmt(effect.ci95[1] * 100, 1)})` : "";
   const overall = `${effect.mean >= 0 ? "+" : ""}${fmt(effect.mean * 100, 1)} pts attainment${ci}`;
@@ -263,19 +288,57 @@ function effectText(effect) {
     `pts of its intervals met${chance}; all SLOs ${overall}`;
 }
 
-async function decide(id, verb) {
-  let comment = null;
-  if (verb === "reject") {
-    comment = window.prompt("Why reject it? (required)");
-    if (!comment) return;
+// A steering action's cost is the GPU-hours a day it adds (negative: saves); a capacity plan's is what its
+// whole cluster would use. One column, so each says which.
+const costText = (r) => (r.kind === "capacity" ? `${fmt(r.cost, 0)} for the whole cluster`
+  : `${r.cost >= 0 ? "+" : ""}${fmt(r.cost, 0)} added`);
+
+// A key (and a comment) asked for in a dialog whose key field does not echo, unlike window.prompt's.
+// comment: null (none asked), "optional" or "required". Resolves to {key, comment}, or null when cancelled.
+function ask(title, comment = null) {
+  const dialog = document.getElementById("ask");
+  const [keyInput, commentInput, error] =
+    ["ask-key", "ask-comment", "ask-error"].map((id) => document.getElementById(id));
+  document.getElementById("ask-title").textContent = title;
+  keyInput.value = commentInput.value = error.textContent = "";
+  document.getElementById("ask-comment-label").hidden = comment === null;
+  commentInput.placeholder = comment || "";
+  dialog.showModal();
+  return new Promise((resolve) => {
+    const done = (answer) => { dialog.onclose = null; dialog.close(); resolve(answer); };
+    document.getElementById("ask-form").onsubmit = (event) => {
+      event.preventDefault();
+      const key = keyInput.value.trim();
+      const text = commentInput.value.trim();
+      if (!key) error.textContent = "an API key is required";
+      else if (comment === "required" && !text) error.textContent = "a comment is required";
+      else done({ key, comment: text || null });
+    };
+    document.getElementById("ask-cancel").onclick = () => done(null);
+    dialog.onclose = () => resolve(null); // Escape
+  });
+}
+
+// One request at a time per button: a double click would send it twice.
+async function whileBusy(button, work) {
+  button.disabled = true;
+  try {
+    await work();
+  } finally {
+    button.disabled = false;
   }
-  const key = window.prompt(`Approver API key to ${verb} this recommendation`);
-  if (!key) return;
-  if (verb === "approve") comment = window.prompt("Comment (optional)") || null;
+}
+
+const DONE = { approve: "approved", reject: "rejected" };
+
+async function decide(id, verb) {
+  const answer = await ask(`Approver API key to ${verb} this recommendation`,
+    verb === "reject" ? "required" : "optional");
+  if (!answer) return;
   try {
     await api(`/v1/recommendations/${encodeURIComponent(id)}/${verb}`,
-      { method: "POST", body: JSON.stringify(comment ? { comment } : {}) }, key);
-    setStatus(`${verb}d`, false);
+      { method: "POST", body: JSON.stringify(answer.comment ? { comment: answer.comment } : {}) }, answer.key);
+    setStatus(DONE[verb], false);
   } catch (error) {
     setStatus(`${verb} failed: ${error.message}`, true);
   }
@@ -294,8 +357,8 @@ async function loadRecommendations() {
     pending && !steering.why_none ? last : `${last} ${steering.why_none || ""}`.trim();
   fillTable("recs", page.recommendations, [
     (tr, r) => cell(tr, r.title),
-    (tr, r) => cell(tr, effectText(r.effect)),
-    (tr, r) => cell(tr, fmt(r.cost, 0)),
+    (tr, r) => cell(tr, effectText(r)),
+    (tr, r) => cell(tr, costText(r)),
     (tr, r) => {
       const td = cell(tr, r.state + (r.published ? " (sent)" : ""), `state-${r.state}`);
       td.dataset.recommendation = r.id;
@@ -308,39 +371,42 @@ async function loadRecommendations() {
         button.textContent = verb;
         button.dataset.action = verb;
         button.dataset.recommendation = r.id;
-        button.addEventListener("click", () => decide(r.id, verb));
+        button.addEventListener("click", () => whileBusy(button, () => decide(r.id, verb)));
         td.appendChild(button);
       }
     },
   ]);
 }
 
-// Run steering now (operator): with the key in use, or, when that key may not, an operator key asked for.
+// An operator's POST: with the key in use, or, when that key may not (403), an operator key asked for.
+// Null when the user cancels.
+async function asOperator(path, what) {
+  try {
+    return await api(path, { method: "POST" });
+  } catch (error) {
+    if (error.status !== 403) throw error;
+    const answer = await ask(`Operator API key to ${what}`);
+    return answer && api(path, { method: "POST" }, answer.key);
+  }
+}
+
 async function runSteering() {
   const result = document.getElementById("steering-run-result");
   result.textContent = "steering…";
   let run;
   try {
-    run = await api("/v1/recommendations/run", { method: "POST" });
+    run = await asOperator("/v1/recommendations/run", "run steering now");
   } catch (error) {
-    if (error.status !== 403) {
-      result.textContent = `steering could not run: ${error.message}`;
-      return;
-    }
-    const key = window.prompt("Operator API key to run steering now");
-    if (!key) { result.textContent = ""; return; }
-    try {
-      run = await api("/v1/recommendations/run", { method: "POST" }, key);
-    } catch (again) {
-      result.textContent = `steering could not run: ${again.message}`;
-      return;
-    }
+    result.textContent = `steering could not run: ${error.message}`;
+    return;
   }
+  if (!run) { result.textContent = ""; return; }
   result.textContent = `steering evaluated ${run.evaluated} actions, recommended ${run.recommended}` +
     (run.notes && run.notes.length ? ` (${run.notes.join("; ")})` : "");
   await Promise.allSettled([loadRecommendations(), loadAudit()]);
 }
-document.getElementById("steering-run").addEventListener("click", runSteering);
+const steeringButton = document.getElementById("steering-run");
+steeringButton.addEventListener("click", () => whileBusy(steeringButton, runSteering));
 
 async function loadAudit() {
   const page = await api("/v1/audit?limit=50");
@@ -369,7 +435,8 @@ const weakest = (s) => (s.error || s.unplaceable_share ? 0
 
 async function recommendPlan(id) {
   try {
-    const made = await api(`/v1/plan/${encodeURIComponent(id)}/recommend`, { method: "POST" });
+    const made = await asOperator(`/v1/plan/${encodeURIComponent(id)}/recommend`, "recommend the cheapest");
+    if (!made) return;
     setStatus(`recommended: ${made.title}`, false);
   } catch (error) {
     setStatus(`recommend failed: ${error.message}`, true);
@@ -408,14 +475,15 @@ async function loadPlan() {
                  y: { min: 0, max: 100, title: { display: true, text: "% runs, weakest SLO" } } } });
   const button = document.getElementById("plan-recommend");
   button.hidden = !plan.cheapest;
-  button.onclick = () => recommendPlan(latest.id);
+  button.onclick = () => whileBusy(button, () => recommendPlan(latest.id));
 }
 
 // --- wiring ------------------------------------------------------------------------------------------------
 
 async function loadAll() {
-  if (!storedKey()) {
-    setStatus("enter an API key to see the cluster", true);
+  const key = storedKey();
+  if (!key) {
+    setStatus(refused || "enter an API key to see the cluster", true);
     return;
   }
   const parts = { cluster: loadCluster, forecast: loadForecast, "forecast vs actual": loadVsActual,
@@ -424,7 +492,15 @@ async function loadAll() {
                   "capacity plan": loadPlan };
   const results = await Promise.allSettled(Object.values(parts).map((load) => load()));
   const failed = Object.keys(parts).filter((_, i) => results[i].status === "rejected");
-  if (failed.length) {
+  const unauthorized = results.find((r) => r.status === "rejected" && r.reason.status === 401);
+  if (unauthorized && storedKey() === key) { // not a key entered while this load was on its way
+    // Forgotten, so that neither the next poll nor a reload sends it again; what is shown is marked stale.
+    localStorage.removeItem(KEY_STORAGE);
+    document.querySelector("main").classList.add("stale");
+    refused = `the API refused the key (${unauthorized.reason.message}): enter a valid key; ` +
+      "the panels show what it saw before";
+    setStatus(refused, true);
+  } else if (failed.length) {
     const first = results.find((r) => r.status === "rejected").reason;
     setStatus(`could not load ${failed.join(", ")}: ${first.message}`, true);
   } else {
@@ -438,6 +514,8 @@ document.getElementById("key-form").addEventListener("submit", (event) => {
   const input = document.getElementById("key-input");
   if (input.value) localStorage.setItem(KEY_STORAGE, input.value.trim());
   input.value = "";
+  refused = "";
+  document.querySelector("main").classList.remove("stale");
   // Until every panel has answered, not the "enter an API key" of the page before the key.
   setStatus("loading…", false);
   loadAll();

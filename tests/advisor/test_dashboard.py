@@ -166,11 +166,11 @@ def test_dashboard_approve_end_to_end(
             assert 1 <= frontier <= plan_rows
             assert page.evaluate("() => window.finetwinCharts.plan.data.datasets[0].data.length") == frontier
 
-            def answer(dialog) -> None:  # type: ignore[no-untyped-def]
-                dialog.accept(keys["approver"] if "key" in dialog.message else "approved in the browser test")
-
-            page.on("dialog", answer)
             page.click(f"button[data-action=approve][data-recommendation='{rec_id}']")
+            page.locator("dialog#ask").wait_for(timeout=15_000)
+            page.fill("#ask-key", keys["approver"])
+            page.fill("#ask-comment", "approved in the browser test")
+            page.click("#ask-form button[type=submit]")
             state = page.locator(f"td[data-recommendation='{rec_id}']")
             state.filter(has_text="approved").wait_for(timeout=15_000)
             page.locator("#audit-log tbody tr", has_text="approved in the browser test").wait_for(

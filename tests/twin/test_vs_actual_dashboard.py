@@ -5,6 +5,7 @@ telemetry's clock."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -82,6 +83,12 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 assert drawn["vs-running_jobs"]["actual"] == [0.5, None]
                 for name in names:
                     assert drawn[name]["red"] > 10, (name, drawn[name])  # the dot is on the canvas
+                # The standing forecast's header says which clock its age is on, as this panel does: a
+                # replay at 600x makes seconds of wall time an hour of telemetry.
+                forecast_meta = page.text_content("#forecast-meta") or ""
+                assert re.search(
+                    r"made 90 min ago on the telemetry's clock, \d+ s ago on the wall clock$", forecast_meta
+                ), forecast_meta
                 meta = page.text_content("#vs-meta") or ""
                 assert "90 min old on the telemetry's clock" in meta and "1 of 2 intervals" in meta
                 assert "made before any model was calibrated (rough fallback numbers, no runtime" in meta

@@ -1,0 +1,295 @@
+"""The dashboard's smaller promises, in headless Chromium against a real `finetwin api` on SQLite: a refused
+key stops the polling (so the failed-key limiter does not lock out the next key) and marks what is shown as
+stale; the jobs table says what it leaves out and leaves out the newest arrivals; recommendations of each
+kind say what their effect and cost mean; approving and rejecting ask for the key without echoing it and
+say that a rejection needs a comment; operator buttons ask for an operator key and go once; the model
+error's axis is in UTC and in time order; the audit log stays inside its panel; the header's errors are
+legible. API answers the store cannot give quickly (a capacity plan, steering) are stood in for with
+`page.route`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from advisor import workflow
+from finetwin.schema import migrate
+from ingest.broker import free_port
+from tests.advisor.conftest import FINETWIN
+from tests.advisor.seed import seed_overloaded_cluster
+from tests.advisor.test_dashboard import CHROMIUM_ARGS
+from tests.conftest import api_headers, tcp_listening, wait_for
+from twin.db import make_engine, session_scope
+from twin.store import Job, utcnow
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+OLD_QUEUED = 80  # beyond the page's 50, and submitted before the seed's queue
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+def seed(engine: Engine) -> dict[str, str]:
+    seed_overloaded_cluster(engine)  # 1 running, 11 queued in the last half hour
+    now = utcnow()
+    with session_scope(engine) as session:
+        for i in range(OLD_QUEUED):
+            session.add(
+                Job(
+                    job_id=f"old-{i:03d}", state="submitted", model_name="llama3-8b", method="lora",
+                    gpu_model=A100, number_gpus=8, number_nodes=1, batch_size=128, tokens_per_sample=2048,
+                    enable_roce=False, fast_moe=0, fast_kernels=False, dataset_tokens=3e8,
+                    submitted_at=now - timedelta(hours=2, minutes=i), updated_at=now,
+                )
+            )  # fmt: skip
+        steering = workflow.Proposal(
+            kind="add_nodes", target=f"nodes:{A100}", title="add 1 A100-SXM node",
+            action={"gpu_model": A100, "add_nodes": 1},
+            effect={"mean": 0.2, "p10": 0.1, "p90": 0.3, "ci95": [0.15, 0.25], "runs": 8},
+            cost=192.0, score=0.001,
+        )  # fmt: skip
+        capacity = workflow.Proposal(  # as advisor.routers.plan.recommend_plan makes them
+            kind="capacity", target="capacity", title="provision 2 x A100 nodes",
+            action={"nodes": {A100: 2}, "policy": "fifo", "admission": "none"},
+            effect={
+                "metric": "SLOs met in at least the plan's confidence of its runs (capacity plan)",
+                "plan_id": "p", "confidence": 0.9, "runs": 4,
+                "slos": {"wait": {"attainment": {"mean": 0.97}, "met_share": 1.0},
+                         "throughput": {"attainment": {"mean": 0.95}, "met_share": 0.75}},
+                "gpu_hours_per_day": 384.0, "energy_kwh_per_day": 150.0,
+            },
+            cost=384.0, score=0.75,
+        )  # fmt: skip
+        recs = workflow.propose(
+            session, [steering, capacity], actor="system", source="test", ttl=timedelta(hours=1)
+        )
+        return {r.kind: r.id for r in recs}
+
+
+@pytest.fixture
+def api_server(tmp_path: Path) -> Iterator[dict[str, object]]:
+    data = tmp_path / "data"
+    data.mkdir()
+    engine = make_engine(f"sqlite:///{data / 'finetwin.db'}")
+    migrate(engine)
+    recs = seed(engine)
+    roles = {"viewer": "viewer", "fresh viewer": "viewer", "operator": "operator", "approver": "approver"}
+    keys = {
+        name: api_headers(engine, role, name=name.replace(" ", "-"))["X-API-Key"]
+        for name, role in roles.items()
+    }
+    engine.dispose()
+    port = free_port()
+    env = {
+        **os.environ, "FINETWIN_DATA_DIR": str(data), "FINETWIN_SCHEDULER_ENABLED": "false",
+        "FINETWIN_FORECAST_RUNS": "2", "FINETWIN_FORECAST_HORIZON_HOURS": "2",
+    }  # fmt: skip
+    env.pop("FINETWIN_DATABASE_URL", None)
+    log = (tmp_path / "api.log").open("wb")
+    process = subprocess.Popen([*FINETWIN, "api", "--port", str(port)], env=env, stdout=log, stderr=log)
+    try:
+        wait_for(lambda: tcp_listening(port) or process.poll() is not None, 60, "the API to listen")
+        assert process.poll() is None, (tmp_path / "api.log").read_text()
+        yield {"url": f"http://127.0.0.1:{port}", "keys": keys, "recs": recs}
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+        log.close()
+
+
+@pytest.fixture
+def browser(chromium_path: Path) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium_path), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def use_key(page, key: str) -> None:  # type: ignore[no-untyped-def]
+    """Enter `key` and wait until every panel has answered with it (the page marks each load's end)."""
+    page.evaluate("() => { delete document.body.dataset.loaded; }")
+    page.fill("#key-input", key)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=90_000)
+
+
+def contrast(foreground: str, background: str) -> float:
+    """WCAG contrast ratio of two computed `rgb(r, g, b)` colours."""
+
+    def luminance(rgb: str) -> float:
+        channels = [int(c) / 255 for c in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3]]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    light, dark = sorted([luminance(foreground), luminance(background)], reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_a_refused_key_stops_the_polling_and_the_next_key_works(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
+    keys, bad = api_server["keys"], "ft_revoked_or_never_issued_key"
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.clock.install()  # the 15 s polling run forward on demand, not waited for
+    sent_with_bad: list[str] = []
+    page.on("request", lambda r: sent_with_bad.append(r.url) if r.headers.get("x-api-key") == bad else None)
+    page.goto(api_server["url"] + "/")
+    use_key(page, keys["viewer"])
+    assert not page.locator("main.stale").count()
+    use_key(page, bad)
+    status = page.locator("#status")
+    assert "the API refused the key (invalid or revoked API key)" in status.inner_text()
+    assert page.locator("main.stale").count() == 1  # the viewer's numbers, still shown, marked stale
+    # The header's error text is legible on the header (WCAG AA: 4.5:1).
+    colours = page.evaluate(
+        "() => [getComputedStyle(document.getElementById('status')).color,"
+        " getComputedStyle(document.querySelector('header')).backgroundColor]"
+    )
+    assert contrast(*colours) >= 4.5, colours
+    refused_after = len(sent_with_bad)
+    page.clock.run_for(4 * 15_000)  # four polling periods: the bad key is not sent again
+    assert "enter a valid key" in status.inner_text()
+    # A key never checked before is what the failed-key limiter refuses (429) once an address has failed
+    # 30 times a minute: the refused key's polling would have got it there.
+    use_key(page, keys["fresh viewer"])
+    assert "error" not in (status.get_attribute("class") or ""), status.inner_text()
+    assert not page.locator("main.stale").count()
+    assert len(sent_with_bad) == refused_after, sent_with_bad[refused_after:]
+    # And polling goes on with it.
+    loaded = page.evaluate("() => document.body.dataset.loaded")
+    page.clock.run_for(15_000)
+    page.wait_for_function("(before) => document.body.dataset.loaded !== before", arg=loaded, timeout=60_000)
+
+
+def test_the_tables_say_what_they_show(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
+    keys, recs = api_server["keys"], api_server["recs"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.goto(api_server["url"] + "/")
+    use_key(page, keys["viewer"])
+    # 91 queued: the table shows 50 of them, the longest waiting first, and says so.
+    queued = 11 + OLD_QUEUED
+    assert page.inner_text("#jobs-note") == (
+        f"1 running (newest first); showing 50 of {queued} queued (longest waiting first)"
+    )
+    rows = page.locator("#jobs tbody tr td:first-child").all_inner_texts()
+    assert len(rows) == 51 and rows[1] == f"old-{OLD_QUEUED - 1:03d}", rows[:3]
+    # Each kind of recommendation says what its effect and its GPU-hours are.
+    capacity = page.locator(f"#recs tr:has(td[data-recommendation='{recs['capacity']}']) td")
+    assert (
+        capacity.nth(1).inner_text() == "every SLO met in at least 75 % of 4 runs (the plan asked for 90 %)"
+    )
+    assert capacity.nth(2).inner_text() == "384 for the whole cluster"
+    steering = page.locator(f"#recs tr:has(td[data-recommendation='{recs['add_nodes']}']) td")
+    assert steering.nth(1).inner_text().startswith("+20.0 pts attainment")
+    assert steering.nth(2).inner_text() == "+192 added"
+
+
+def test_rejecting_asks_for_the_key_unechoed_and_a_comment(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
+    keys, rec_id = api_server["keys"], api_server["recs"]["add_nodes"]
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    prompted: list[str] = []
+    page.on("dialog", lambda d: (prompted.append(d.message), d.dismiss()))
+    page.goto(api_server["url"] + "/")
+    use_key(page, keys["viewer"])
+    page.click(f"button[data-action=reject][data-recommendation='{rec_id}']")
+    dialog = page.locator("dialog#ask")
+    dialog.wait_for(timeout=5_000)
+    assert dialog.locator("#ask-title").inner_text() == "Approver API key to reject this recommendation"
+    assert page.get_attribute("#ask-key", "type") == "password"
+    page.fill("#ask-key", keys["approver"])
+    page.click("#ask-form button[type=submit]")
+    assert page.inner_text("#ask-error") == "a comment is required"
+    assert dialog.is_visible()
+    # A long unbroken token, as a ticket URL or a recommendation's id in the audit log is.
+    comment = "duplicate-of-https://tickets.example.com/" + "x" * 150
+    page.fill("#ask-comment", comment)
+    page.click("#ask-form button[type=submit]")
+    page.locator(f"td[data-recommendation='{rec_id}']", has_text="rejected").wait_for(timeout=15_000)
+    assert page.inner_text("#status") == "rejected"
+    page.locator("#audit-log tbody tr", has_text="duplicate-of").wait_for(timeout=15_000)
+    assert prompted == []  # nothing asked in window.prompt, whose field echoes the key
+    for width in (1280, 1920):
+        page.set_viewport_size({"width": width, "height": 1000})
+        box = page.evaluate(
+            """() => { const p = document.getElementById('audit').getBoundingClientRect();
+                       const t = document.getElementById('audit-log').getBoundingClientRect();
+                       const page = document.documentElement.clientWidth;
+                       return {panel: p.right, table: t.right, page}; }"""
+        )
+        assert box["table"] <= box["panel"] <= box["page"], (width, box)
+
+
+PLAN = {
+    "scenarios": [
+        {"nodes": {A100: 2}, "policy": "fifo", "admission": "none", "error": None, "unplaceable_share": 0,
+         "slos": {"wait": {"met_share": 1.0}}, "gpu_hours_per_day": 384.0, "energy_kwh_per_day": 150.0,
+         "meets_slos": True, "frontier": True},
+    ],
+    "runs": 4, "executor": "local", "confidence": 0.9,
+}  # fmt: skip
+PLAN["cheapest"] = PLAN["scenarios"][0]
+
+
+def test_operator_buttons_ask_for_an_operator_key_and_send_once(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
+    from playwright.sync_api import expect
+
+    keys = api_server["keys"]
+    context = browser.new_context(viewport={"width": 1400, "height": 1100}, timezone_id="America/New_York")
+    page = context.new_page()
+    held: list = []  # operator requests, answered once the test has looked at the page meanwhile
+    sent: list[str] = []
+
+    def operator_only(route) -> None:  # type: ignore[no-untyped-def]
+        key = route.request.headers.get("x-api-key")
+        sent.append(key)
+        if key == keys["operator"]:
+            held.append(route)
+        else:
+            route.fulfill(status=403, json={"detail": "this needs the operator role; the key has viewer"})
+
+    page.route("**/v1/recommendations/run", operator_only)
+    page.route("**/v1/plan/p1/recommend", operator_only)
+    page.route("**/v1/plan", lambda r: r.fulfill(json=[{"id": "p1", "status": "done"}]))
+    page.route("**/v1/plan/p1", lambda r: r.fulfill(json={"id": "p1", "status": "done", "result": PLAN}))
+    # The model error as the API may give it: out of time order, around midnight UTC (evening in New York).
+    points = [{"ended_at": f"2026-01-01T23:{m}:00Z", "rolling_mdape": 0.1} for m in ("50", "30", "40")]
+    page.route(
+        "**/v1/models/live-error?*",
+        lambda r: r.fulfill(body=json.dumps({"points": points, "mdape_threshold": 0.25}),
+                            content_type="application/json"),
+    )  # fmt: skip
+    page.goto(api_server["url"] + "/")
+    use_key(page, keys["viewer"])
+    labels = page.evaluate("() => window.finetwinCharts.error.data.labels")
+    assert labels == ["23:30", "23:40", "23:50"]
+    assert "(UTC)" in page.inner_text("#error-caption")
+
+    ran = {"evaluated": 3, "recommended": 0, "notes": []}
+    for button, title, answer, said in [
+        ("#steering-run", "Operator API key to run steering now", ran,
+         ("#steering-run-result", "steering evaluated 3 actions")),
+        ("#plan-recommend", "Operator API key to recommend the cheapest",
+         {"recommendation_id": "r", "title": "x"}, ("#status", "recommended: x")),
+    ]:  # fmt: skip
+        sent.clear()
+        page.dblclick(button)
+        page.locator("dialog#ask").wait_for(timeout=5_000)
+        assert page.inner_text("#ask-title") == title
+        page.fill("#ask-key", keys["operator"])
+        page.click("#ask-form button[type=submit]")
+        # Playwright runs route handlers only inside its own calls: evaluate until this one has run.
+        wait_for(lambda: held or page.evaluate("() => false"), 10, "the operator's request")
+        # The double click sent one request with the viewer's key and, asked, one with the operator's.
+        assert sent == [keys["viewer"], keys["operator"]]
+        assert page.locator(button).is_disabled()  # while its request is on its way
+        held.pop().fulfill(json=answer)
+        page.locator(said[0], has_text=said[1]).wait_for(timeout=15_000)
+        expect(page.locator(button)).to_be_enabled()  # once the panels it changed are reloaded
+    context.close()
