@@ -13,7 +13,7 @@ from advisor.deps import get_session
 from advisor.timestamps import UtcDatetime
 from twin.domain import UnknownGpuModel, canonical_gpu_name, gpu_key, known_gpu_name
 from twin.job_config import PartialJobConfig
-from twin.store import Job
+from twin.store import Job, Node
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -49,17 +49,20 @@ class JobPage(BaseModel):
     jobs: list[JobOut]
 
 
-def gpu_spellings(session: Session, gpu_model: str) -> list[str]:
-    """The names the store's jobs give the GPU type `gpu_model` names, in any spelling (a name the catalogue
-    lacks, as the cluster reported it, in any case and with spaces or hyphens)."""
+def gpu_spellings(session: Session, gpu_model: str, table: type[Job] | type[Node] = Job) -> list[str]:
+    """The names the store's jobs (or nodes) give the GPU type `gpu_model` names, in any spelling (a name the
+    catalogue lacks, as the cluster reported it, in any case and with spaces or hyphens)."""
     wanted = gpu_key(canonical_gpu_name(gpu_model))
-    stored = session.exec(select(Job.gpu_model).distinct()).all()
+    stored = session.exec(select(table.gpu_model).distinct()).all()
     return [name for name in stored if name is not None and gpu_key(canonical_gpu_name(name)) == wanted]
 
 
-def _known_gpu_or_422(gpu_model: str) -> None:
-    """A name no stored job has and the catalogue does not know is a mistake (`A100` for one of its types),
-    not a GPU type without jobs: 422 with the names meant, where an empty page would say there are none."""
+def _known_gpu_or_422(session: Session, gpu_model: str) -> None:
+    """A name no stored job or node has and the catalogue does not know is a mistake (`A100` for one of its
+    types), not a GPU type without jobs: 422 with the names meant, where an empty page would say there are
+    none. A type the cluster's nodes report (telemetry takes one the catalogue lacks) has no jobs yet."""
+    if gpu_spellings(session, gpu_model, Node):
+        return
     try:
         known_gpu_name(gpu_model)
     except UnknownGpuModel as error:
@@ -87,7 +90,7 @@ def list_jobs(
         # the filter takes every spelling of the one GPU type, as every other input takes any of them.
         spellings = gpu_spellings(session, gpu_model)
         if not spellings:
-            _known_gpu_or_422(gpu_model)
+            _known_gpu_or_422(session, gpu_model)
         query = query.where(col(Job.gpu_model).in_(spellings))
         count = count.where(col(Job.gpu_model).in_(spellings))
     query = query.order_by(col(Job.submitted_at).desc(), col(Job.job_id)).offset(offset).limit(limit)
@@ -95,8 +98,13 @@ def list_jobs(
     return JobPage(total=session.exec(count).one(), limit=limit, offset=offset, jobs=jobs)
 
 
+# `:path`: telemetry takes a job id with a slash (`team/run-7`); as one path segment, `jobs/team%2Frun-7`
+# arrived decoded as two and was a 404.
 @router.get(
-    "/{job_id}", response_model=JobOut, summary="One job", responses={404: {"description": "no such job"}}
+    "/{job_id:path}",
+    response_model=JobOut,
+    summary="One job",
+    responses={404: {"description": "no such job"}},
 )
 def get_job(
     job_id: str = Path(min_length=1, max_length=200), session: Session = Depends(get_session)

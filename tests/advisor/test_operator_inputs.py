@@ -208,6 +208,31 @@ def test_a_gpu_filter_that_names_no_gpu_type_is_a_422_with_the_names_meant(
         assert page["total"] == 1 and page["jobs"][0]["gpu_model"] == "Acme X1", spelling
 
 
+def test_a_gpu_type_only_the_cluster_s_nodes_report_is_a_filter_and_a_job_id_may_hold_a_slash(
+    client: TestClient, engine: Engine, keys: dict
+) -> None:
+    """A node of a GPU the catalogue lacks (telemetry takes it) made its type a pool of the cluster, and the
+    jobs filter refused it as unknown; a job id with a slash was listed but could not be fetched."""
+    from tests.advisor.seed import seed_overloaded_cluster
+    from twin.db import session_scope
+    from twin.store import Job, Node
+
+    seed_overloaded_cluster(engine, jobs=2)
+    with session_scope(engine) as session:
+        node = session.exec(select(Node)).first()
+        assert node is not None
+        session.add(Node(node_id="x1-0", gpu_model="Weird GPU 9000", gpu_count=8, status="up",
+                         updated_at=node.updated_at))  # fmt: skip
+        job = session.exec(select(Job)).first()
+        assert job is not None
+        session.add(Job(**{**job.model_dump(), "job_id": "team/run-7"}))
+    page = client.get("/v1/jobs", params={"gpu_model": "weird gpu 9000"}, headers=keys["viewer"])
+    assert page.status_code == 200 and page.json()["total"] == 0, page.text
+    one = client.get("/v1/jobs/team%2Frun-7", headers=keys["viewer"])
+    assert one.status_code == 200 and one.json()["job_id"] == "team/run-7", one.text
+    assert client.get("/v1/jobs/team%2Fnone", headers=keys["viewer"]).status_code == 404
+
+
 def test_gpu_names_as_a_cluster_reports_them_are_one_type(
     client: TestClient, engine: Engine, keys: dict
 ) -> None:
