@@ -7,6 +7,7 @@ FINETWIN_REQUIRE_SERVICES=1 (CI), where it fails the test instead.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -257,6 +258,23 @@ def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):  # ty
 def tcp_listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def finetwin_api(env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """`finetwin api` in a process of its own with `env`, its output in `log_path`: its URL once it listens;
+    stopped (SIGTERM) after. For tests that need a real server (a browser, a second process)."""
+    port = free_port()
+    command = [str(Path(sys.executable).with_name("finetwin")), "api", "--port", str(port)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+        try:
+            wait_for(lambda: tcp_listening(port) or process.poll() is not None, 60, "the API to listen")
+            assert process.poll() is None, log_path.read_text()
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
 
 
 def api_parts(settings: Any, engine: Engine, models_in_use: Any = None) -> Any:

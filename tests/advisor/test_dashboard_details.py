@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,11 +20,9 @@ from sqlalchemy import Engine
 
 from advisor import workflow
 from finetwin.schema import migrate
-from ingest.broker import free_port
-from tests.advisor.conftest import FINETWIN
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.advisor.test_dashboard import CHROMIUM_ARGS
-from tests.conftest import api_headers, tcp_listening, wait_for
+from tests.conftest import api_headers, finetwin_api, wait_for
 from twin.db import make_engine, session_scope
 from twin.store import Job, utcnow
 
@@ -84,22 +81,13 @@ def api_server(tmp_path: Path) -> Iterator[dict[str, object]]:
         for name, role in roles.items()
     }
     engine.dispose()
-    port = free_port()
     env = {
         **os.environ, "FINETWIN_DATA_DIR": str(data), "FINETWIN_SCHEDULER_ENABLED": "false",
         "FINETWIN_FORECAST_RUNS": "2", "FINETWIN_FORECAST_HORIZON_HOURS": "2",
     }  # fmt: skip
     env.pop("FINETWIN_DATABASE_URL", None)
-    log = (tmp_path / "api.log").open("wb")
-    process = subprocess.Popen([*FINETWIN, "api", "--port", str(port)], env=env, stdout=log, stderr=log)
-    try:
-        wait_for(lambda: tcp_listening(port) or process.poll() is not None, 60, "the API to listen")
-        assert process.poll() is None, (tmp_path / "api.log").read_text()
-        yield {"url": f"http://127.0.0.1:{port}", "keys": keys, "recs": recs}
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-        log.close()
+    with finetwin_api(env, tmp_path / "api.log") as url:
+        yield {"url": url, "keys": keys, "recs": recs}
 
 
 @pytest.fixture

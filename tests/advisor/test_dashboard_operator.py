@@ -8,18 +8,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from finetwin.schema import migrate
-from ingest.broker import free_port
-from tests.advisor.conftest import FINETWIN
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.advisor.test_dashboard import CHROMIUM_ARGS
-from tests.conftest import api_headers, tcp_listening, wait_for
+from tests.conftest import api_headers, finetwin_api
 from twin.db import make_engine
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -36,7 +33,6 @@ def api_server(tmp_path: Path, calibrated_models_dir: Path) -> Iterator[dict[str
     keys = {role: api_headers(engine, role)["X-API-Key"] for role in ("viewer", "operator")}
     engine.dispose()
     models = Path(shutil.copytree(calibrated_models_dir, tmp_path / "models"))
-    port = free_port()
     env = {
         **os.environ, "FINETWIN_DATA_DIR": str(data), "FINETWIN_MODELS_DIR": str(models),
         "FINETWIN_SCHEDULER_ENABLED": "false", "FINETWIN_FORECAST_RUNS": "4",
@@ -44,16 +40,8 @@ def api_server(tmp_path: Path, calibrated_models_dir: Path) -> Iterator[dict[str
         "FINETWIN_STEERING_REPLICATIONS": "2", "FINETWIN_STEERING_HORIZON_HOURS": "6",
     }  # fmt: skip
     env.pop("FINETWIN_DATABASE_URL", None)
-    log = (tmp_path / "api.log").open("wb")
-    process = subprocess.Popen([*FINETWIN, "api", "--port", str(port)], env=env, stdout=log, stderr=log)
-    try:
-        wait_for(lambda: tcp_listening(port) or process.poll() is not None, 60, "the API to listen")
-        assert process.poll() is None, (tmp_path / "api.log").read_text()
-        yield {"url": f"http://127.0.0.1:{port}", "keys": keys}
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-        log.close()
+    with finetwin_api(env, tmp_path / "api.log") as url:
+        yield {"url": url, "keys": keys}
 
 
 def test_the_dashboard_explains_itself_to_an_operator(

@@ -5,17 +5,14 @@ machine refused. `FINETWIN_UPDATE_DOCS=1` refreshes docs/api-docs-offline.png.""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
-from ingest.broker import free_port
-from tests.advisor.conftest import FINETWIN
 from tests.advisor.test_dashboard import CHROMIUM_ARGS
-from tests.conftest import tcp_listening, wait_for
+from tests.conftest import finetwin_api
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -23,19 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def api_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
     env = {**os.environ, "FINETWIN_DATA_DIR": str(tmp_path / "data"), "FINETWIN_SCHEDULER_ENABLED": "false"}
     env.pop("FINETWIN_DATABASE_URL", None)
-    log = (tmp_path / "api.log").open("wb")
-    process = subprocess.Popen([*FINETWIN, "api", "--port", str(port)], env=env, stdout=log, stderr=log)
-    try:
-        wait_for(lambda: tcp_listening(port) or process.poll() is not None, 60, "the API to listen")
-        assert process.poll() is None, (tmp_path / "api.log").read_text()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-        log.close()
+    with finetwin_api(env, tmp_path / "api.log") as url:
+        yield url
 
 
 def test_swagger_ui_and_redoc_render_with_no_internet(
