@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 LOCK_FILE = "up.lock"
 # The options that shape the replay: with --no-replay there is none for them to shape.
 REPLAY_OPTIONS = ("bench", "speed", "seed", "job_prefix", "mean_interarrival", "epoch", "load", "passes")
-MAX_PORT = 65_535
 
 UP_DEFAULT_SPEED = 600.0  # ten simulated minutes per second, so the dashboard moves
 # The replayed cluster is sized for this utilization: busy enough that the default SLO on the p95 wait
@@ -69,7 +68,11 @@ def up(
     host: Annotated[
         str | None, typer.Option(help="API address (default FINETWIN_API_HOST or 127.0.0.1)")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="API port (default FINETWIN_API_PORT or 8080)")] = None,
+    # Bounded as `finetwin api`'s: beyond, bind() raised an OverflowError traceback.
+    port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65_535, help="API port (default FINETWIN_API_PORT or 8080; 0: any free one)"),
+    ] = None,
     bench: Annotated[
         Path | None,
         typer.Option(
@@ -121,8 +124,6 @@ def up(
         )  # fmt: skip
     if exit_when_done and passes not in (None, 1):
         raise CommandError("--exit-when-done replays the file once; drop --passes")
-    if port is not None and not 0 <= port <= MAX_PORT:  # was an OverflowError traceback from bind()
-        raise CommandError(f"--port must be from 0 to {MAX_PORT} (0 = any free port), not {port}")
     if not no_replay:
         check_replay_options(
             speed=speed, seed=seed, job_prefix=job_prefix, mean_interarrival=mean_interarrival, load=load,

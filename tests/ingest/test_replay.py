@@ -239,12 +239,10 @@ def test_up_names_a_port_out_of_range(
 ) -> None:
     """Was an OverflowError traceback from the socket's bind()."""
     monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
-    assert main(["up", "--no-replay", "--port", port]) == 2
-    error = " ".join(capsys.readouterr().err.split())
-    assert f"--port must be from 0 to 65535 (0 = any free port), not {port}" in error, error
     # `finetwin api` said it was "running on http://127.0.0.1:70000".
-    assert main(["api", "--port", port]) == 2
-    assert "Invalid value for '--port'" in capsys.readouterr().err
+    for argv in (["up", "--no-replay", "--port", port], ["api", "--port", port]):
+        assert main(argv) == 2
+        assert "Invalid value for '--port'" in capsys.readouterr().err
 
 
 def test_up_without_a_replay_refuses_the_replay_s_options(
