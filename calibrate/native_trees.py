@@ -20,12 +20,14 @@ category or NaN, which goes where missing values go, exactly as Treelite's build
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -301,7 +303,11 @@ def _run_all(commands: list[list[str]], build: Path) -> str | None:
         for number, command in enumerate(commands):
             errors = build / f"errors{number}.txt"
             with errors.open("wb") as sink:
-                process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink, env=environment)
+                # A session of its own: stopping a compile stops the compiler's own children too (cc1, as),
+                # which, left running, wrote into the build directory as it was removed.
+                process = subprocess.Popen(
+                    command, stdout=subprocess.DEVNULL, stderr=sink, env=environment, start_new_session=True
+                )
                 running.append((process, errors))
         for process, errors in running:
             if process.wait(timeout=max(0.0, deadline - time.monotonic())) != 0:
@@ -311,7 +317,8 @@ def _run_all(commands: list[list[str]], build: Path) -> str | None:
     finally:
         for process, _ in running:
             if process.poll() is None:
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
     return None
 
