@@ -9,9 +9,14 @@ NO_DATA = "_No data"
 
 
 def fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    """`value` rounded to `digits`; "—" (without the suffix: "—×" reads as a typo) when there is none. A value
+    that rounds to zero is written without a sign: "-0 %" says a loss the data does not show."""
     if value is None:
         return "—"
-    return f"{value:,.{digits}f}{suffix}"
+    text = f"{value:,.{digits}f}"
+    if text.startswith("-") and not text.strip("-0.,"):
+        text = text[1:]
+    return f"{text}{suffix}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -162,7 +162,8 @@ def _q2(n: dict[str, Any], figures: dict[str, str | None]) -> str:
             )
             parts.append(
                 f"**{short_gpu(gpu)}** — median tokens/s by batch: {cells}. Gain batch 8 vs 1: "
-                f"{fmt(e['gain_batch8_vs_1'])}×; batch 128 vs 8: {fmt(e['gain_batch128_vs_8'])}×; "
+                f"{fmt(e['gain_batch8_vs_1'], 2, '×')}; "
+                f"batch 128 vs 8: {fmt(e['gain_batch128_vs_8'], 2, '×')}; "
                 f"each doubling adds {fmt(e['tokens_per_s_added_per_batch_doubling'], 0)} tokens/s "
                 "(least-squares on log2 batch); "
                 f"largest batch that ran: {e['largest_batch_that_ran']}."
@@ -327,7 +328,7 @@ def _q3(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     lvf = n["lora_vs_full"]
     parts.append("### LoRA vs full fine-tuning, same job")
     parts.append(
-        f"LoRA / full throughput over {plural(lvf['pairs'], 'pair')}: median {fmt(lvf['median'])}× "
+        f"LoRA / full throughput over {plural(lvf['pairs'], 'pair')}: median {fmt(lvf['median'], 2, '×')} "
         f"(IQR {fmt(lvf['q25'])}–{fmt(lvf['q75'])})."
         if lvf["pairs"]
         else f"{NO_DATA}: no job ran with both methods._"
@@ -423,7 +424,8 @@ def _q4(n: dict[str, Any], figures: dict[str, str | None]) -> str:
     if fk["pairs"]:
         parts.append(
             f"Fast kernels: {fmt(100 * fk['share_faster'], 1)} % of the {fk['pairs']:,} pairs are faster "
-            f"with them (median {fmt(fk['median'])}×). The pairs cover {len(fk['models'])} model(s) of up to "
+            f"with them (median {fmt(fk['median'], 2, '×')}). "
+            f"The pairs cover {len(fk['models'])} model(s) of up to "
             f"{fmt(fk['models_max_params_billion'], 1)} B parameters."
         )
     else:

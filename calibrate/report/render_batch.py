@@ -60,7 +60,7 @@ def _verdict(gpu: str, entry: dict[str, Any], single: dict[str, Any]) -> str:
     fit = entry["log2_fit"]
     unmatched = _unmatched_steps(single)
     disagree = [
-        f"{arrow(step)} ({fmt(unmatched[step])}× unmatched vs {fmt(ratio)}× matched)"
+        f"{arrow(step)} ({fmt(unmatched[step], 2, '×')} unmatched vs {fmt(ratio, 2, '×')} matched)"
         for step, ratio in zip(entry["doublings"], entry["ratios"], strict=True)
         if step in unmatched and (unmatched[step] < 1) != (ratio < 1)
     ]
@@ -87,7 +87,7 @@ def _verdict(gpu: str, entry: dict[str, Any], single: dict[str, Any]) -> str:
     ]
     if gain is not None and from_8_to_128 and gain < 1 <= min(from_8_to_128):
         text += (
-            f"The unmatched medians put batch 128 at {fmt(gain)}× batch 8, yet every matched doubling "
+            f"The unmatched medians put batch 128 at {fmt(gain, 2, '×')} batch 8, yet every matched doubling "
             "from 8 to 128 gains: the fall is the mix of runs, not the batch. "
         )
     if disagree:

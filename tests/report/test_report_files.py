@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.report import build_report, latest_report
+from calibrate.report.markdown import fmt
 from finetwin.cli import main
 from finetwin.settings import Settings
 from tests.report.conftest import row, write_bench
@@ -77,7 +78,20 @@ def test_build_report_from_code_and_a_file_without_multi_node_or_pairs(tmp_path:
     assert "No data per campaign: no experiment ran multi-node jobs both with and without RoCE" in text
     assert "No data for RoCE" in text and "No data for fast kernels" in text
     assert "No data: no configuration ran on two GPU types" in text
+    # No run at batch 128: the gain is not known, and said so without a unit after the dash.
+    assert "Gain batch 8 vs 1: 1.33×; batch 128 vs 8: —;" in text
     assert report.figures["single_gpu"] is not None and report.figures["single_gpu"].is_file()
+
+
+@pytest.mark.parametrize(
+    ("value", "digits", "suffix", "text"),
+    [(-0.4, 0, " %", "0 %"), (-0.004, 2, "×", "0.00×"), (-0.6, 0, " %", "-1 %"), (-1234.5, 1, "", "-1,234.5"),
+     (0.0, 0, " %", "0 %"), (None, 2, "×", "—")],
+)  # fmt: skip
+def test_a_number_that_rounds_to_zero_has_no_sign_and_a_missing_one_no_unit(
+    value: float | None, digits: int, suffix: str, text: str
+) -> None:
+    assert fmt(value, digits, suffix) == text
 
 
 def test_a_file_where_nothing_ran_says_so(tmp_path: Path) -> None:
