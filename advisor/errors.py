@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from advisor.auth import V1_PREFIX
 from twin.executors import ExecutorUnavailable
-from twin.input_errors import causes, did_you_mean, keys_at
+from twin.input_errors import causes, did_you_mean, keys_at, plain_message
 
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -50,7 +50,7 @@ def validation_error_response(
     (`seq_len` -> `tokens_per_sample`). A body sent as something other than JSON (`content_type`) says so."""
     errors = [
         {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
-         "msg": e.get("msg", "") + _key_hint(e, body_model), "type": e.get("type", "")}
+         "msg": plain_message(e.get("msg", "")) + _key_hint(e, body_model), "type": e.get("type", "")}
         for e in causes(exc.errors())
     ]  # fmt: skip
     first = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")  # stable: otherwise in order

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from finetwin import output
 from finetwin.commands import (
     advise,
     api,
@@ -30,6 +31,7 @@ from finetwin.commands import (
 )  # fmt: skip
 from finetwin.logs import configure_logging
 from finetwin.settings import Settings
+from twin.input_errors import plain_message
 
 app = typer.Typer(
     name="finetwin",
@@ -64,7 +66,7 @@ _UNECHOED = ("url", "password", "secret", "token")
 
 def _setting_problem(error: Any) -> str:
     name = "_".join(str(part) for part in error["loc"]).upper()
-    said = f"FINETWIN_{name}: {str(error['msg']).removeprefix('Value error, ')}"
+    said = f"FINETWIN_{name}: {plain_message(error['msg'])}"
     value = error.get("input")
     if isinstance(value, str | int | float) and not any(word in name.lower() for word in _UNECHOED):
         said += f" (got {value!r})"
@@ -108,8 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         app(args=args, prog_name="finetwin")
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-    return 0
+        status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    else:
+        status = 0
+    try:  # what is still buffered (typer's --help): its reader may have gone too (`| head`)
+        if sys.stdout is not None:  # None: started with its output closed
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if output.stdout_closed():
+            return 1
+        raise
+    return status
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Off a terminal, lines are not wrapped: a pipe or a log gets each message on one 
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +25,8 @@ WIDE = 200  # columns of a table printed to a pipe (rich would fold it at 80)
 
 def console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
+    if stream is None:  # started with the descriptor closed (`finetwin info >&-`): Python gives None
+        stream = open(os.devnull, "w")  # noqa: SIM115 -- the console writes to it for the command's life
     return Console(
         file=stream,
         highlight=False,
@@ -87,3 +91,26 @@ def progress(
     with bar:
         task = bar.add_task(what, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+def stdout_closed() -> bool:
+    """Whether standard output's reader has gone (`finetwin ... | head`): then what is left to write is sent
+    nowhere (Python's own flush at exit would say "Broken pipe" again), and the command ends quietly with
+    status 1, as click ends one whose --help met a closed pipe. A broken pipe of anything else (a socket) is
+    the machine's error, said as such."""
+    if sys.stdout is None:  # started with its output closed: a broken pipe is something else's
+        return False
+    try:
+        sys.stdout.flush()
+        descriptor = sys.stdout.fileno()
+    except BrokenPipeError:
+        descriptor = sys.stdout.fileno()
+    except (OSError, ValueError):  # no real stdout (a test's capture): not a pipe a reader left
+        return False
+    # A pipe's writing end polls as an error once its reader has gone (its buffer may be empty by now).
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in poller.poll(0)):
+        return False
+    os.dup2(os.open(os.devnull, os.O_WRONLY), descriptor)
+    return True

@@ -124,7 +124,14 @@ def first_error(exc: ValidationError) -> str:
     """The first problem pydantic found, as `field.path: message`."""
     first = causes(exc.errors())[0]
     where = _dotted(first.get("loc", ()))
-    return f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", ""))
+    said = plain_message(first.get("msg", "invalid"))
+    return f"{where}: {said}" if where else said
+
+
+def plain_message(message: object) -> str:
+    """pydantic's message for a validator's own error without the word pydantic puts before it ("Value
+    error, unknown GPU model ..."): the validator's sentence is written for the user already."""
+    return str(message).removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
 def keys_at(model: type[BaseModel], path: Sequence[Any], also: Sequence[str] = ()) -> list[str]:

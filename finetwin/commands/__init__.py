@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -36,7 +36,8 @@ def add_command(
 def _reporting(name: str, function: Callable[..., int | None]) -> Callable[..., None]:
     """The command as typer runs it: a CommandError becomes a message and exit status 2 (no traceback), a
     second Ctrl-C exit status 130, running out of memory or an operating system's error (a path that cannot
-    be made) a message and exit status 1, a non-zero return its exit status."""
+    be made) a message and exit status 1, output whose reader went away (`| head`) exit status 1 without a
+    message, a non-zero return its exit status."""
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> None:
@@ -47,14 +48,22 @@ def _reporting(name: str, function: Callable[..., int | None]) -> Callable[..., 
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except BrokenPipeError as exc:
+            if output.stdout_closed():
+                raise typer.Exit(1) from None
+            _say_os_error(name, exc)
         except MemoryError:  # numpy's "Unable to allocate", a huge input read whole: said, not a traceback
             output.error(name, OUT_OF_MEMORY)
             raise typer.Exit(1) from None
         except OSError as exc:  # the machine's to fix (a path, a permission, a full disk): said, no traceback
-            where = f"{exc.filename}: " if exc.filename else ""
-            output.error(name, f"{where}{exc.strerror or exc}")
-            raise typer.Exit(1) from None
+            _say_os_error(name, exc)
         if status:
             raise typer.Exit(status)
 
     return run
+
+
+def _say_os_error(name: str, exc: OSError) -> NoReturn:
+    where = f"{exc.filename}: " if exc.filename else ""
+    output.error(name, f"{where}{exc.strerror or exc}")
+    raise typer.Exit(1) from None

@@ -21,6 +21,7 @@ def test_whatif_with_a_misspelled_gpu_is_a_422_with_a_suggestion(
     response = client.post("/v1/whatif", json=body, headers=keys["operator"])
     assert response.status_code == 422, response.text
     assert "unknown GPU model 'A100-SXM4'" in response.text and "did you mean" in response.text
+    assert "Value error" not in response.text, response.text
 
 
 def test_advise_with_a_misspelled_gpu_suggests_the_known_one(
@@ -34,6 +35,8 @@ def test_advise_with_a_misspelled_gpu_suggests_the_known_one(
     assert main(["advise", str(config)]) == 2
     error = capsys.readouterr().err
     assert "did you mean 'NVIDIA-H100-PCIe'" in error, error
+    # The validator's sentence, without pydantic's "Value error, " before it.
+    assert "gpu_model: unknown GPU model 'H100-PCI'" in error, error
 
 
 def test_advise_reads_stdin_as_it_reads_a_file(
