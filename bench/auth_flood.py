@@ -132,7 +132,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as work:
             env = {
                 **os.environ, "FINETWIN_DATA_DIR": work, "FINETWIN_SCHEDULER_ENABLED": "false",
-                "FINETWIN_ADVICE_WARM_MEMO": "false", **limits,
+                **limits,
             }  # fmt: skip
             if args.database_url:
                 env["FINETWIN_DATABASE_URL"] = args.database_url

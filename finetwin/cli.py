@@ -8,6 +8,7 @@ Command modules import only typer-level things at the top so `finetwin --help` s
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -48,16 +49,27 @@ Verbose = Annotated[
 
 
 def _settings() -> Settings:
-    """The settings from the environment (and .env); one that is invalid is named by its variable, with
-    what it must be, and every command stops with status 2 (it was a pydantic traceback)."""
+    """The settings from the environment (a .env file is not read); one that is invalid is named by its
+    variable, with what it must be, and every command stops with status 2 (it was a pydantic traceback)."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     try:
         return Settings()
     except ValidationError as exc:
         problems = [_setting_problem(error) for error in exc.errors()]
-        typer.echo(f"finetwin: error: invalid setting: {'; '.join(problems)}", err=True)
-        raise typer.Exit(2) from None
+    except SettingsError as exc:  # a list or mapping setting that is not JSON: pydantic-settings' own error
+        problems = [_unparsed_setting(str(exc))]
+    typer.echo(f"finetwin: error: invalid setting: {'; '.join(problems)}", err=True)
+    raise typer.Exit(2) from None
+
+
+def _unparsed_setting(message: str) -> str:
+    """pydantic-settings' 'error parsing value for field "refit_benchmarks" from source ...' as the variable
+    and what it must be."""
+    field = re.search(r'field "([^"]+)"', message)
+    name = f"FINETWIN_{field.group(1).upper()}" if field else "a FINETWIN_ variable"
+    return f"{name}: must be JSON (a list is written as '[\"a.csv\", \"b.csv\"]')"
 
 
 # Settings whose values are not repeated in a message: a database URL may hold a password.

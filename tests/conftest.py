@@ -47,7 +47,10 @@ _session_dir("FINETWIN_DATA_DIR", "finetwin-test-data-")
 # Nor its cache: the native trees (calibrate.native_trees) compiled during a session stay in the session's.
 _session_dir("FINETWIN_CACHE_DIR", "finetwin-test-cache-")
 
-REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "") not in ("", "0", "false")
+# Off for pydantic's words for false, as the product reads its yes/no settings (`no` turned it on).
+REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "").strip().lower() not in (
+    "", "0", "off", "f", "false", "n", "no",
+)  # fmt: skip
 POSTGRES_HOST = os.environ.get("FINETWIN_TEST_PG_HOST", "127.0.0.1")
 POSTGRES_PORT = int(os.environ.get("FINETWIN_TEST_PG_PORT", "5432"))
 POSTGRES_ADMIN_URL = os.environ.get(

@@ -2,7 +2,10 @@
 
 Each package has its own settings class on top of this one (`ingest.settings`, `calibrate.settings`,
 `advisor.settings`); `finetwin.settings.Settings` composes them. Built once by the CLI and passed down;
-nothing reads the environment on its own.
+nothing else reads a setting from the environment, with one exception: `calibrate.native_trees` reads `CC`,
+`FINETWIN_CACHE_DIR` and `FINETWIN_NATIVE_TREES` from `os.environ` itself, because the native-tree compiler
+runs inside the models, in processes that have no Settings object (an ensemble's workers, a refit's
+process). Every variable and its default: docs/settings.md (checked by tests/test_settings_docs.py).
 """
 
 from __future__ import annotations
@@ -56,9 +59,6 @@ class TwinSettings(BaseSettings):
     # A Ray cluster (`ray.init` address, e.g. 10.0.0.5:6379) for capacity-plan sweeps and the ensembles of
     # forecast, whatif and backtest; unset = a local process pool. Needs the `finetwin[ray]` extra.
     ray_address: str | None = None
-
-    # Fail instead of skipping when a test service is missing (CI).
-    require_services: bool = Field(default=False)
 
     @field_validator("database_url")
     @classmethod

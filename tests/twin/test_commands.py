@@ -372,6 +372,17 @@ def test_a_setting_out_of_its_range_stops_every_command_at_start(
     assert f"invalid setting: {variable}: Input should be" in error and f"(got '{value}')" in error, error
 
 
+def test_a_list_setting_that_is_not_json_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain path where a JSON list is read: it was pydantic-settings' SettingsError traceback."""
+    monkeypatch.setenv("FINETWIN_REFIT_BENCHMARKS", "/data/a.csv")
+    assert main(["info"]) == 2
+    error = capsys.readouterr().err
+    assert "invalid setting: FINETWIN_REFIT_BENCHMARKS: must be JSON" in error, error
+    assert "Traceback" not in error
+
+
 def test_a_database_url_that_is_not_one_is_named_without_its_text(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
