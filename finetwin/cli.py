@@ -69,7 +69,7 @@ def _unparsed_setting(message: str) -> str:
     and what it must be."""
     field = re.search(r'field "([^"]+)"', message)
     name = f"FINETWIN_{field.group(1).upper()}" if field else "a FINETWIN_ variable"
-    return f"{name}: must be JSON (a list is written as '[\"a.csv\", \"b.csv\"]')"
+    return f'{name}: must be JSON (a list is written as \'["a.csv", "b.csv"]\')'
 
 
 # Settings whose values are not repeated in a message: a database URL may hold a password.

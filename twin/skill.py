@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -251,6 +251,15 @@ def _passed(stored: StoredForecast, now: datetime) -> int:
     return _ended(interval_edges(stored.document), (now - as_utc(stored.start)).total_seconds())
 
 
+class OutsideCalendar(ValueError):
+    """A time `since_time` read but cannot take: at the calendar's very ends."""
+
+
+# The times `since_time` takes: a day inside what datetime can hold, either way.
+CALENDAR_START = datetime(1, 1, 2, tzinfo=UTC)
+CALENDAR_END = datetime(9999, 12, 30, tzinfo=UTC)
+
+
 def since_time(text: str, now: datetime) -> datetime | None:
     """Where a window of scored intervals starts (`--since`, `?since=`): a duration back from `now` (24h,
     7d) or an RFC 3339 time (UTC where it names no zone). None for a duration reaching back further than the
@@ -265,10 +274,22 @@ def since_time(text: str, now: datetime) -> datetime | None:
             return now - timedelta(seconds=seconds)
         except OverflowError:
             return None
+    written = text.strip()
     try:
-        return as_utc(datetime.fromisoformat(text.strip().replace("Z", "+00:00")))
+        parsed = datetime.fromisoformat(written[:-1] + "+00:00" if written[-1:] in "Zz" else written)
     except ValueError:
         raise ValueError(f"not a time or a duration: {text!r} (e.g. 24h or 2025-01-01T00:00:00Z)") from None
+    try:
+        when = as_utc(parsed)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is in the year 0 in UTC
+        when = None
+    # A day inside the calendar's ends: a window's arithmetic (the day after `since`) stays inside it.
+    if when is None or not CALENDAR_START <= when <= CALENDAR_END:
+        raise OutsideCalendar(
+            f"{text!r} is at the calendar's end: give a time between {CALENDAR_START.date()} and "
+            f"{CALENDAR_END.date()} (UTC)"
+        )
+    return when
 
 
 def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dict[str, Any]:

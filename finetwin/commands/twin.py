@@ -383,11 +383,13 @@ def _backtest_time(engine: Engine, cluster_id: str, at: str) -> datetime:
     replay or a backlog puts far from the wall's. Without telemetry, back from the wall clock: the window
     check then says the store holds none."""
     from twin.clock import telemetry_span
-    from twin.skill import since_time
+    from twin.skill import OutsideCalendar, since_time
 
     _, latest = telemetry_span(engine, cluster_id)
     try:
         when = since_time(at, latest or datetime.now(UTC))
+    except OutsideCalendar as exc:
+        raise CommandError(f"--at: {exc}") from None
     except ValueError:
         raise CommandError(
             f"--at: not an RFC 3339 time or a duration back from the newest telemetry (e.g. 6h): {at!r}"

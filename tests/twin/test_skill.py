@@ -248,6 +248,13 @@ def test_skill_over_http_prometheus_and_the_cli(
         # Further back than the calendar goes (an OverflowError: 500): every interval.
         ever = client.get("/v1/forecast/skill", params={"since": "99999999d"}, headers=headers)
         assert ever.status_code == 200 and ever.json()["figures"] == expected["figures"], ever.text
+        # A time at the calendar's very ends (an OverflowError in UTC, or the day after it): 422, was 500.
+        for edge in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59"):
+            refused = client.get("/v1/forecast/skill", params={"since": edge}, headers=headers)
+            assert refused.status_code == 422 and "calendar" in refused.json()["detail"], refused.text
+        # RFC 3339 allows a lower-case z.
+        lower = client.get("/v1/forecast/skill", params={"since": "2025-03-01T00:30:00z"}, headers=headers)
+        assert lower.json()["figures"]["utilization"]["n"] == 1, lower.text
         metrics = client.get("/metrics").text
         assert 'finetwin_forecast_coverage{figure="utilization"} 0.5' in metrics
         wape = expected["figures"]["utilization"]["wape"]
@@ -269,6 +276,10 @@ def test_skill_over_http_prometheus_and_the_cli(
     assert json.loads(capsys.readouterr().out)["figures"]["utilization"]["n"] == 1
     assert main(["forecast", "--skill", "--since", "last tuesday"]) == 2
     assert "--since: not a time or a duration: 'last tuesday'" in capsys.readouterr().err
+    assert main(["forecast", "--skill", "--since", "9999-12-31T23:59:59"]) == 2  # was a traceback
+    assert "--since: '9999-12-31T23:59:59' is at the calendar's end" in capsys.readouterr().err
+    assert main(["backtest", "--from-store", "--at", "0001-01-01T00:00:00+01:00", "--horizon", "1h"]) == 2
+    assert "--at: '0001-01-01T00:00:00+01:00' is at the calendar's end" in capsys.readouterr().err
     assert main(["forecast", "--skill"]) == 0
     table = capsys.readouterr().out
     assert "utilization" in table and "50.0%" in table
