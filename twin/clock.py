@@ -100,3 +100,31 @@ def twin_clock(
     earliest, latest = telemetry_span(engine, cluster_id, wall)
     now, source = choose_now(wall, latest, tolerance_s)
     return TwinClock(now=now, source=source, wall=wall, telemetry_latest=latest, telemetry_earliest=earliest)
+
+
+def window_start(engine: Engine, cluster_id: str, since: datetime, now: datetime) -> datetime:
+    """Where a window of history that asks to start at `since` can start: at `since`, unless the telemetry
+    began (or began again) after it, then at its first event. It began again when the newest event before
+    `since` is older than the window is long: one stray event dated years back (a node's report from a
+    clock that was off) used to count as telemetry all along, and spread the window's jobs over a week they
+    were not there for (the arrival rate 80 times too low). A quiet spell shorter than the window (a
+    weekend) is history, not a new start."""
+    since, now = as_utc(since), as_utc(now)
+    in_cluster = TelemetryEvent.cluster_id == cluster_id
+    with Session(engine) as session:
+        # Each one step along the (cluster, time) index.
+        before = session.exec(
+            select(func.max(TelemetryEvent.ts)).where(in_cluster, TelemetryEvent.ts < since)  # type: ignore[operator]
+        ).one()
+        first = session.exec(
+            select(func.min(TelemetryEvent.ts)).where(
+                in_cluster,
+                TelemetryEvent.ts >= since,  # type: ignore[operator]
+                TelemetryEvent.ts < now,  # type: ignore[operator]
+            )
+        ).one()
+    if first is None:
+        return since
+    if before is None or as_utc(first) - as_utc(before) > now - since:
+        return as_utc(first)
+    return since

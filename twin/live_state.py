@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from twin.arrivals import fit_arrivals
-from twin.clock import TwinClock, as_utc, telemetry_span, twin_clock
+from twin.clock import TwinClock, as_utc, twin_clock, window_start
 from twin.cluster import cluster_from_inventory
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
@@ -113,13 +113,8 @@ def load_live_inputs(
     if now is None:
         clock = clock or twin_clock(engine, cluster_id)
         now = clock.now
-        earliest = clock.telemetry_earliest
-    else:
-        earliest = telemetry_span(engine, cluster_id)[0]
     now = utc(now)
-    since = now - lookback
-    if earliest is not None and since < earliest < now:
-        since = earliest
+    since = window_start(engine, cluster_id, now - lookback, now)
     notes: list[str] = []
     if clock is not None and clock.source == "telemetry" and clock.lag_s is not None:
         ahead = "behind" if clock.lag_s > 0 else "ahead of"

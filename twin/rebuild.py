@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func
+from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
-from twin.clock import as_utc
+from twin.clock import as_utc, window_start
 from twin.live_state import StoreRows, newest_failure_times
 from twin.store import JOB_STATE_RANK, NODE_STATUS, NODE_STATUS_ONLY, Job, JobRecord, Node, TelemetryEvent
 
@@ -81,12 +81,9 @@ def backtest_states(
     at T (and maybe a few more, which the fold then finds ended).
     """
     at, end = as_utc(at), as_utc(end)
+    since = window_start(engine, cluster_id, at - lookback, at)  # as a live forecast at T reads it
     with Session(engine) as session:
         in_cluster = Job.cluster_id == cluster_id
-        first = session.exec(
-            select(func.min(Job.submitted_at)).where(in_cluster, col(Job.submitted_at) <= end)
-        ).one()
-        since = max(at - lookback, min(as_utc(first), at)) if first is not None else at
         open_at = session.exec(
             select(Job.job_id, Job.submitted_at, Job.started_at).where(
                 in_cluster,

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine
 
 from tests.twin.test_store import NOW, populate
-from twin.clock import TELEMETRY, WALL, choose_now, twin_clock
+from twin.clock import TELEMETRY, WALL, choose_now, twin_clock, window_start
 from twin.db import session_scope
 from twin.forecast import ForecastOptions, forecast
 from twin.live_state import load_live_inputs
@@ -93,3 +93,24 @@ def test_the_standing_forecast_follows_telemetry_time(engine: Engine, tmp_path, 
         job.func(*job.args)
         second = latest_forecast(engine, cluster_id="default")
         assert second.id != first.id and second.document["start"] == (NOW + timedelta(minutes=31)).isoformat()
+
+
+def test_one_stray_event_years_back_does_not_spread_the_arrivals_over_the_window(engine: Engine) -> None:
+    """A node's report dated nine years back (a clock that was off) counted as telemetry all along: the 52
+    submissions of two days were spread over seven, 7.4 a day. The telemetry began again where its newest
+    event before the window is older than the window is long."""
+    populate(engine, NOW)
+    add_events(engine, [NOW - timedelta(days=9 * 365), NOW - timedelta(hours=48), NOW])
+    inputs = load_live_inputs(engine, lookback=timedelta(days=7))
+    assert inputs.arrivals is not None and inputs.arrivals.daily_jobs == pytest.approx(26.0)
+
+
+def test_a_quiet_spell_shorter_than_the_window_is_history(engine: Engine) -> None:
+    """Telemetry that ran before the window, then went quiet for five days (less than the window): the
+    window keeps its seven days, and the 52 submissions are 52 in seven days."""
+    populate(engine, NOW)
+    add_events(engine, [NOW - timedelta(days=8), NOW - timedelta(hours=48), NOW])
+    start = NOW - timedelta(days=7)
+    assert window_start(engine, "default", start, NOW) == start
+    inputs = load_live_inputs(engine, lookback=timedelta(days=7))
+    assert inputs.arrivals is not None and inputs.arrivals.daily_jobs == pytest.approx(52 / 7)
