@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Annotated
 
 import numpy as np
+from pydantic import BeforeValidator
 
 from twin.domain import (
     GPUS_PER_NODE,
@@ -33,6 +35,15 @@ class Admission(StrEnum):
     OFF = "off"  # the actuator still rejects rule-breaking configs; likely OOMs run (and may fail)
     REJECT = "reject"  # also turn away jobs the failure model expects to fail at runtime
     REPAIR = "repair"  # fix rule-breaking configs (batch to a multiple of the GPUs, ...) instead of rejecting
+
+
+def _admission_as_written(value: object) -> object:
+    """A bare `admission: off` in a YAML file is false to YAML 1.1 (as `on` is true): the word written."""
+    return Admission.OFF if value is False else value
+
+
+# Admission in a document people write: `off` whether YAML read it as a word or as false.
+WrittenAdmission = Annotated[Admission, BeforeValidator(_admission_as_written)]
 
 
 class Optimization(StrEnum):

@@ -31,7 +31,7 @@ from pydantic import (
 from scipy import stats
 
 from twin.cluster import Cluster, ClusterFormatError
-from twin.config_changes import Admission, Optimization
+from twin.config_changes import Admission, Optimization, WrittenAdmission
 from twin.domain import known_gpu_name
 from twin.ensemble import RunOutput, run_ensemble, spread, summarize
 from twin.forecast import ForecastOptions, TwinInputs, describe, json_safe, make_spec
@@ -67,7 +67,7 @@ class ScenarioChanges(BaseModel):
 
     nodes: list[NodeChange] = Field(default_factory=list, max_length=100)
     policy: Policy | None = None
-    admission: Admission | None = None
+    admission: WrittenAdmission | None = None
     optimizations: list[Optimization] = Field(default_factory=list)
     right_size_batches: StrictBool = False
 
@@ -89,7 +89,7 @@ class WhatIf(BaseModel):
     runs: StrictInt = Field(default=32, ge=1, le=MAX_ENSEMBLE_RUNS)
     seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     policy: Policy = Policy.FIFO  # the baseline's
-    admission: Admission = Admission.OFF  # the baseline's
+    admission: WrittenAdmission = Admission.OFF  # the baseline's
     changes: ScenarioChanges = Field(default_factory=ScenarioChanges)
 
     @field_validator("horizon", "interval")

@@ -21,7 +21,7 @@ import numpy as np
 
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
 from twin.csv_hints import resembling, separator_hint
-from twin.domain import METHODS, JobConfig, UnknownGpuModel, known_gpu_name
+from twin.domain import METHODS, JobConfig, UnknownGpuModel, fewest_nodes, known_gpu_name
 from twin.limits import MAX_SIMULATED_SECONDS
 from twin.text_files import SPREADSHEET_UTF8, not_utf8
 
@@ -353,7 +353,10 @@ class _Builder:
                 method=self.method(row, line),
                 gpu_model=gpu_model,
                 number_gpus=gpus,
-                number_nodes=self.integer(row, "number_nodes", line, default=max(1, math.ceil(gpus / 8))),
+                # As advise and the API read a configuration that does not say (9 GPUs: 3 nodes of 3).
+                number_nodes=self.integer(
+                    row, "number_nodes", line, default=fewest_nodes({"number_gpus": gpus})
+                ),
                 batch_size=self.integer(row, "batch_size", line),
                 tokens_per_sample=self.integer(row, "tokens_per_sample", line),
                 enable_roce=self.flag(row, "enable_roce", line),

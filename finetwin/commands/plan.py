@@ -11,7 +11,13 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command
 from finetwin.commands.options import Json, ModelsDir, first_error
-from finetwin.commands.twin_inputs import checked_workers, explicit_inputs, job_models, needs_models
+from finetwin.commands.twin_inputs import (
+    checked_workers,
+    declared_slos,
+    explicit_inputs,
+    job_models,
+    needs_models,
+)
 from finetwin.commands.twin_output import emit
 from finetwin.errors import CommandError
 from finetwin.numbers import short
@@ -41,7 +47,13 @@ def plan(
     ],
     cluster: Annotated[Path | None, typer.Option(metavar="C.yaml", help="the base cluster")] = None,
     workload: Annotated[Path | None, typer.Option(metavar="JOBS.csv", help="explicit jobs")] = None,
-    slo: Annotated[Path | None, typer.Option(metavar="SLO.yaml", help="default FINETWIN_SLO_FILE")] = None,
+    slo: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="SLO.yaml",
+            help="default: the SLOs in force (declared with PUT /v1/slos, else FINETWIN_SLO_FILE)",
+        ),
+    ] = None,
     policy: Annotated[str, typer.Option(help="comma-separated: fifo,backfill,spf")] = "fifo",
     admission: Annotated[str, typer.Option(help="comma-separated: off,reject,repair")] = "off",
     runs: Annotated[int, typer.Option(help="seeded runs per scenario")] = 16,
@@ -80,10 +92,15 @@ def plan(
         request = SweepRequest.model_validate(fields)
     except ValidationError as exc:
         raise CommandError(first_error(exc)) from None
-    try:
-        slos = load_slos(slo if slo is not None else settings.slo_file)
-    except SloFormatError as exc:
-        raise CommandError(str(exc)) from None
+    # Without --slo, the SLOs in force, as simulate, forecast, whatif and POST /v1/plan read them: declared
+    # through the API, else FINETWIN_SLO_FILE, else the defaults (it read the file: a declared set missed).
+    if slo is None:
+        slos = declared_slos(settings)
+    else:
+        try:
+            slos = load_slos(slo)
+        except SloFormatError as exc:
+            raise CommandError(str(exc)) from None
     inputs = _inputs(cluster, workload, settings)
     job_models_, _source = job_models(models, settings, needed=needs_models(inputs))
     executor = make_executor(ray or settings.ray_address, workers)

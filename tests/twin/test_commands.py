@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +182,22 @@ def test_a_workload_may_give_its_gpu_count_as_number_gpus(
         runs[name] = run
     assert runs["number_gpus"] == runs["gpus"] and runs["both"] == runs["gpus"]
     assert [j["outcome"] for j in runs["gpus"]["jobs"]] == ["completed", "completed", "rejected"]
+
+
+def test_a_workload_row_without_number_nodes_spans_the_fewest_nodes_its_gpus_divide() -> None:
+    """9 GPUs: 3 nodes of 3, as advise reads it. The default was ceil(9 / 8) = 2 nodes, which 9 GPUs do not
+    divide: the job was rejected for a number of nodes it never gave."""
+    from twin.workload import read_jobs_csv
+
+    text = "job_id,arrival_s,gpus,gpu_model,model_name,method,batch_size,tokens_per_sample,dataset_tokens\n"
+    rows = {"one": 4, "nine": 9, "sixteen": 16, "twelve": 12}
+    text += "".join(f"{job},0,{n},A100-SXM,llama3-8b,lora,{n * 2},1024,1e7\n" for job, n in rows.items())
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "jobs.csv"
+        path.write_text(text)
+        workload = read_jobs_csv(path)
+    nodes = [workload.catalog[int(k)].number_nodes for k in workload.config_idx]
+    assert nodes == [1, 3, 2, 2]
 
 
 def test_a_workload_in_another_encoding_is_named_at_its_line(

@@ -160,6 +160,11 @@ def test_the_cli_uses_the_slos_declared_through_the_api(
     monkeypatch.setenv("FINETWIN_SLO_FILE", str(slo_file))
     assert main(argv) == 0
     assert {s["name"] for s in json.loads(capsys.readouterr().out)["slos"]} == {"runtime failures ≤ 5 %"}
+    # And a capacity plan without --slo: it read the file, and planned against SLOs not in force.
+    plan = ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--vary", "A100-SXM=1..2",
+            "--runs", "2", "--json"]  # fmt: skip
+    assert main(plan) == 0
+    assert json.loads(capsys.readouterr().out)["slos"] == ["runtime failures ≤ 5 %"]
 
 
 def test_steering_proposes_no_nodes_of_a_type_the_catalogue_lacks() -> None:
@@ -297,3 +302,25 @@ def test_the_forecast_table_notes_a_mean_outside_its_band(capsys: pytest.Capture
     assert "note: the mean of makespan_s lies outside its p10-p90" in " ".join(text.split())
     assert "wait_mean_s" not in text.split("note:")[1]  # only the skewed figure is named
     assert "6.39 h" in text  # 23,000 s as hours
+
+
+def test_a_bare_off_in_a_scenario_is_the_word_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """YAML 1.1 reads a bare `off` as false: `admission: off` was refused ("Input should be 'off', 'reject'
+    or 'repair'"), a message about the very word the user wrote. `on` says nothing an admission is."""
+    write(tmp_path, "cluster.yaml", CLUSTER)
+    write(tmp_path, "jobs.csv", JOBS)
+    results = []
+    for admission in ("off", '"off"'):
+        scenario = write(
+            tmp_path, "s.yaml",
+            f"runs: 2\ncluster: cluster.yaml\nworkload: jobs.csv\nadmission: {admission}\n"
+            f"changes:\n  admission: {admission}\n  policy: backfill\n",
+        )  # fmt: skip
+        assert main(["whatif", str(scenario), "--json"]) == 0, capsys.readouterr().err
+        results.append(json.loads(capsys.readouterr().out)["changes"])
+    assert results[0] == results[1] and results[0]["admission"] == "off"
+    scenario = write(tmp_path, "s.yaml", "runs: 2\ncluster: cluster.yaml\nworkload: jobs.csv\nadmission: on")
+    assert main(["whatif", str(scenario)]) == 2
+    assert "admission" in capsys.readouterr().err
