@@ -183,8 +183,8 @@ class FailureLimiter:
     others behind the same address keep working). Bounded: the longest-quiet addresses are forgotten
     first.
 
-    Behind a reverse proxy every client has the proxy's address: run uvicorn with `--forwarded-allow-ips`
-    for the proxy so that the client's own address is used.
+    Behind a reverse proxy every client has the proxy's address: `finetwin api --forwarded-allow-ips` (the
+    proxy's address) makes it the client's own.
     """
 
     MAX_ADDRESSES = 10_000

@@ -15,6 +15,9 @@ class AdvisorSettings(CalibrateSettings):
     # API.
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8080, ge=0, le=65_535)
+    # The reverse proxies whose X-Forwarded-For `finetwin api` believes (comma-separated addresses, or *):
+    # the failed-key limit then counts each client's own address. Unset: uvicorn's default (127.0.0.1).
+    forwarded_allow_ips: str | None = None
     # Periodic work in the API process (refits, standing forecast, recommendations); off in most tests.
     scheduler_enabled: bool = True
     # A request body larger than this is refused (413) before anything reads it (advisor.guards).

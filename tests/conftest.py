@@ -264,11 +264,12 @@ def tcp_listening(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def finetwin_api(env: dict[str, str], log_path: Path) -> Iterator[str]:
-    """`finetwin api` in a process of its own with `env`, its output in `log_path`: its URL once it listens;
-    stopped (SIGTERM) after. For tests that need a real server (a browser, a second process)."""
+def finetwin_api(env: dict[str, str], log_path: Path, *options: str) -> Iterator[str]:
+    """`finetwin api` (with `options`) in a process of its own with `env`, its output in `log_path`: its URL
+    once it listens; stopped (SIGTERM) after. For tests that need a real server (a browser, a second
+    process)."""
     port = free_port()
-    command = [str(Path(sys.executable).with_name("finetwin")), "api", "--port", str(port)]
+    command = [str(Path(sys.executable).with_name("finetwin")), "api", "--port", str(port), *options]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
         try:

@@ -38,6 +38,14 @@ def api(
             help="log every request (off by default: it costs ~15% of the requests per second)",
         ),
     ] = False,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            help="behind a reverse proxy: its addresses (comma-separated, or *), whose X-Forwarded-For is "
+            "believed, so each client has its own failed-key budget (default FINETWIN_FORWARDED_ALLOW_IPS, "
+            "else 127.0.0.1)"
+        ),
+    ] = None,
 ) -> int:
     import uvicorn
 
@@ -51,6 +59,9 @@ def api(
         port=port or settings.api_port,
         log_level="info",
         access_log=access_log,
+        proxy_headers=True,
+        # None: uvicorn's own default (its FORWARDED_ALLOW_IPS variable, else 127.0.0.1).
+        forwarded_allow_ips=forwarded_allow_ips or settings.forwarded_allow_ips,
     )
     return 0
 
