@@ -119,3 +119,56 @@ def test_the_image_installs_the_locked_versions() -> None:
     assert re.search(r"^COPY [^\n]*\bconstraints\.txt\b", dockerfile, re.M), (
         "the lock is copied into the build"
     )
+
+
+def _runs(command: list[str]) -> str:
+    return command[0] if command else ""
+
+
+def test_every_service_that_predicts_sees_the_models_in_use() -> None:
+    """ingest predicts each submitted job with the models in FINETWIN_MODELS_DIR (the live error that
+    triggers drift refits); only the API mounted them, so a deployed stack recorded no live error at all.
+    In Kubernetes no volume was mounted anywhere: the API's models went with its pod."""
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    sources = set()
+    for name in ("ingest", "api"):
+        service = compose["services"][name]
+        models = service["environment"]["FINETWIN_MODELS_DIR"]
+        mounts = [volume.split(":") for volume in service.get("volumes", [])]
+        holding = [source for source, target, *_ in mounts if models.startswith(target.rstrip("/") + "/")]
+        assert holding, f"{name} does not mount {models}"
+        sources.update(holding)
+    assert len(sources) == 1 and sources <= set(compose["volumes"])  # one named volume, shared
+    claims = set()
+    for document in yaml.safe_load_all((DEPLOY / "k8s" / "finetwin.yaml").read_text()):
+        if document["kind"] != "Deployment":
+            continue
+        pod = document["spec"]["template"]["spec"]
+        volumes = {volume["name"]: volume for volume in pod.get("volumes", [])}
+        for container in pod["containers"]:
+            env = {item["name"]: item["value"] for item in container.get("env", [])}
+            models = env.get("FINETWIN_MODELS_DIR")
+            assert models, f"{document['metadata']['name']} names no FINETWIN_MODELS_DIR"
+            mounted = [m["name"] for m in container.get("volumeMounts", []) if m["mountPath"] == models]
+            assert mounted, f"{document['metadata']['name']} mounts nothing at {models}"
+            claims.add(volumes[mounted[0]]["persistentVolumeClaim"]["claimName"])
+    kinds = {
+        d["metadata"]["name"]: d["kind"]
+        for d in yaml.safe_load_all((DEPLOY / "k8s" / "finetwin.yaml").read_text())
+    }
+    assert len(claims) == 1 and kinds[claims.pop()] == "PersistentVolumeClaim"
+
+
+def test_a_service_that_serves_no_api_has_a_health_check_of_its_own() -> None:
+    """The image's HEALTHCHECK polls the API's /healthz: every ingest replica read `unhealthy` forever."""
+    assert "/healthz" in (DEPLOY / "Dockerfile").read_text()
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        if not str(service.get("image", "")).startswith("finetwin") or _runs(service["command"]) == "api":
+            continue
+        check = service.get("healthcheck")
+        assert check is not None, f"{name} inherits the image's check of the API"
+        assert check.get("disable") or "/healthz" not in " ".join(check["test"]), name
+    ingest = compose["services"]["ingest"]
+    port = ingest["command"][ingest["command"].index("--metrics-port") + 1]
+    assert f":{port}/metrics" in " ".join(ingest["healthcheck"]["test"])
