@@ -105,7 +105,8 @@ def ingest(
     metrics_port: Annotated[
         int | None,
         typer.Option(
-            help="serve Prometheus metrics on this port (with --processes N: process i on this port + i)"
+            help="serve Prometheus metrics on this port (with --processes N: process i on this port + i), on "
+            "the address FINETWIN_API_HOST names (127.0.0.1 by default: 0.0.0.0 lets another host scrape)"
         ),
     ] = None,
     processes: Annotated[

@@ -77,9 +77,11 @@ def register(app: typer.Typer) -> None:
         whatif,
         "whatif",
         help="compare a scenario with the baseline forecast (paired seeds)",
-        epilog="SCENARIO.yaml: name, horizon, runs, seed, policy, admission, changes: {nodes: "
-        "[{gpu_model, add|remove}], policy, admission, optimizations: [fast_kernels, roce, fast_moe], "
-        "right_size_batches}; optional cluster: FILE and workload: FILE instead of the live state.",
+        # Brackets escaped: rich read "[fast_kernels, roce, fast_moe]" as a style and printed nothing.
+        epilog="SCENARIO.yaml (docs/input-files.md): name, horizon, interval, runs, seed, policy, admission, "
+        "changes: {nodes: \\[{gpu_model, add|remove, gpus_per_node}], policy, admission, "
+        "optimizations: \\[fast_kernels, roce, fast_moe], right_size_batches}; optional cluster: FILE and "
+        "workload: FILE instead of the live state.",
     )
     add_command(
         app,
@@ -97,13 +99,29 @@ def register(app: typer.Typer) -> None:
 def forecast(
     ctx: typer.Context,
     horizon: Annotated[
-        str | None, typer.Option(help="how far ahead, e.g. 24h (default from settings)")
+        str | None, typer.Option(help="how far ahead, e.g. 24h (default FINETWIN_FORECAST_HORIZON_HOURS: 24)")
     ] = None,
-    interval: Interval = None,
-    runs: Runs = None,
-    seed: EnsembleSeed = None,
-    policy: PolicyChoice = None,
-    admission: AdmissionChoice = None,
+    interval: Annotated[
+        str | None,
+        typer.Option(help="width of one step of the series (default FINETWIN_FORECAST_INTERVAL_MINUTES: 60)"),
+    ] = None,
+    runs: Annotated[
+        int | None, typer.Option(help="seeded runs in the ensemble (default FINETWIN_FORECAST_RUNS: 32)")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="seed of the ensemble (default FINETWIN_FORECAST_SEED: 0)")
+    ] = None,
+    policy: Annotated[
+        PolicyName | None,
+        typer.Option(
+            help="scheduling policy (default FINETWIN_FORECAST_POLICY: fifo; `up` forecasts the cluster it "
+            "replays with backfill, the policy closest to how that cluster schedules)"
+        ),
+    ] = None,
+    admission: Annotated[
+        AdmissionName | None,
+        typer.Option(help="admission control (default FINETWIN_FORECAST_ADMISSION: off)"),
+    ] = None,
     optimize: Optimize = None,
     workers: Workers = None,
     models: ModelsDir = None,
