@@ -12,7 +12,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import validation_message
+from finetwin.commands.options import ModelsDir, validation_message
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 
@@ -25,6 +25,7 @@ def advise(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="JSON or YAML file with one configuration ('-' = stdin)")],
     as_json: Annotated[bool, typer.Option("--json", help="print the whole answer as JSON")] = False,
+    models: ModelsDir = None,
 ) -> int:
     from advisor.advice import advise_job
     from advisor.advice_plan import AdviceError
@@ -43,7 +44,7 @@ def advise(
         request = AdviceRequest.model_validate(raw)
     except ValueError as exc:
         raise CommandError(f"{config}: {validation_message(exc, AdviceRequest)}") from exc
-    directory = settings.resolved_models_dir()
+    directory = models if models is not None else settings.resolved_models_dir()
     try:
         loaded = load_in_use_quickly(ModelRegistry(directory))
     except RegistryError as exc:

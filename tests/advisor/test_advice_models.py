@@ -140,6 +140,12 @@ def test_finetwin_advise_reads_yaml_and_json(
     json_file.write_text(json.dumps(JOB))
     assert main(["advise", str(json_file), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
+    # --models, as every other command that predicts takes it ("No such option" before).
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(tmp_path / "no-models"))
+    assert main(["advise", str(json_file)]) == 2
+    assert "no calibrated models yet in" in capsys.readouterr().err
+    assert main(["advise", str(json_file), "--json", "--models", str(calibrated_models_dir)]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
 
 
 SAFE_JOBS = [
