@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import ModelsDir, models_dir
+from finetwin.commands.options import Json, ModelsDir, models_dir
 from finetwin.errors import CommandError
 from finetwin.numbers import num, pct
 from finetwin.settings import Settings
@@ -42,29 +42,53 @@ def register(app: typer.Typer) -> None:
     app.add_typer(group, name="models")
 
 
-def list_versions(ctx: typer.Context, models: ModelsDir = None) -> int:
+def list_versions(ctx: typer.Context, models: ModelsDir = None, as_json: Json = False) -> int:
     from calibrate.registry import ModelRegistry
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
     versions = registry.list_versions()
+    if as_json:
+        print(json.dumps([_listed(info) for info in versions], indent=2))
+        return 0
     if not versions:
         output.say(f"no model versions in {registry.root}")
         return 0
     rows = []
     for info in versions:
-        m = info.metadata.get("heldout_metrics", {})
+        m, data = info.metadata.get("heldout_metrics", {}), info.metadata.get("data", {})
         rows.append([
             f"{'*' if info.in_use else ' '} {info.version}", info.metadata.get("created_at", ""),
-            info.metadata.get("data", {}).get("n_rows", 0), pct(m.get("throughput_mdape")),
+            data.get("n_rows", 0), _sources(data), pct(m.get("throughput_mdape")),
             pct(m.get("throughput_mape")), num(m.get("failure_balanced_accuracy")),
             pct(m.get("band_coverage")), info.metadata.get("reason", ""),
         ])  # fmt: skip
-    columns = ["  version", "created", ("rows", "right"), ("MdAPE", "right"), ("MAPE", "right"),
-               ("bal.acc", "right"), ("band", "right"), "reason"]  # fmt: skip
+    columns = ["  version", "created", ("rows", "right"), "learned from", ("MdAPE", "right"),
+               ("MAPE", "right"), ("bal.acc", "right"), ("band", "right"), "reason"]  # fmt: skip
     output.show(output.table(columns, rows))
     output.say("* = in use")
     return 0
+
+
+def _sources(data: dict[str, Any]) -> str:
+    """What a version learned from, in a few words: "benchmark", "benchmark + 120 observed", "observed".
+    Every version's reason read "finetwin calibrate", whether or not it learned from observed runs."""
+    by_source = data.get("rows_by_source") or {}
+    benchmark = sum(n for name, n in by_source.items() if str(name).startswith("benchmark"))
+    observed = sum(n for name, n in by_source.items() if not str(name).startswith("benchmark"))
+    parts = (["benchmark"] if benchmark else []) + ([f"{observed:,} observed"] if observed else [])
+    return " + ".join(parts) or "-"
+
+
+def _listed(info: Any) -> dict[str, Any]:
+    """One version as `models list --json` gives it."""
+    metadata = info.metadata
+    return {
+        "version": info.version, "in_use": info.in_use, "created_at": metadata.get("created_at"),
+        "reason": metadata.get("reason"), "rows": metadata.get("data", {}).get("n_rows"),
+        "rows_by_source": metadata.get("data", {}).get("rows_by_source", {}),
+        "heldout_metrics": metadata.get("heldout_metrics", {}),
+    }  # fmt: skip
 
 
 def show(

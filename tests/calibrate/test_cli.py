@@ -192,7 +192,12 @@ def test_calibrate_wrote_a_version_that_models_list_and_show_report(
     models = str(calibrated_models_dir)
     assert main(["models", "list", "--models", models]) == 0
     listing = capsys.readouterr().out
-    assert "* v0001" in listing and " 3983 " in listing
+    assert "* v0001" in listing and " 3983 " in listing and " benchmark " in listing
+    assert main(["models", "list", "--models", models, "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["version"] == "v0001" and listed["in_use"] is True and listed["rows"] == 3983
+    assert listed["rows_by_source"] == {f"benchmark:{sample_csv.name}": 3983}
+    assert listed["heldout_metrics"]["throughput_mdape"] > 0
     assert main(["models", "show", "--models", models]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["version"] == "v0001" and shown["in_use"] is True
@@ -329,3 +334,16 @@ def test_predict_walks_the_trees_at_once_and_never_waits_for_a_compile(
             reference[column].replace("", "nan").astype(float),
         )
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=column)
+
+
+@pytest.mark.parametrize(
+    ("by_source", "said"),
+    [({"benchmark:a.csv": 10}, "benchmark"),
+     ({"benchmark:a.csv": 10, "observed": 1200}, "benchmark + 1,200 observed"),
+     ({"observed": 5}, "5 observed"), ({}, "-")],
+)  # fmt: skip
+def test_models_list_says_what_each_version_learned_from(by_source: dict[str, int], said: str) -> None:
+    """Every version's reason read "finetwin calibrate", with observed runs or without."""
+    from finetwin.commands.models import _sources
+
+    assert _sources({"rows_by_source": by_source}) == said
