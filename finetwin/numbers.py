@@ -61,6 +61,15 @@ def human(figure: str, value: Any) -> str:
     return short(value)
 
 
+def label(figure: str) -> str:
+    """A figure's name as a table row says it, its unit left to the cells `human` writes: `wait_mean_s`
+    (whose cells read "1.2 h") is "wait mean", `energy_kwh` "energy", `failed_gpu_hours` "failed
+    GPU-hours"."""
+    for unit in ("_s", "_kwh"):
+        figure = figure.removesuffix(unit)
+    return figure.replace("gpu_hours", "GPU-hours").replace("_", " ")
+
+
 def signed(figure: str, value: Any) -> str:
     """A difference in the figure's unit, with its sign (+12.0 %, -3.5 min)."""
     if not finite(value):

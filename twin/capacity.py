@@ -404,9 +404,13 @@ def weakest_met_share(row: dict[str, Any]) -> float:
 
 def mark_frontier(rows: list[dict[str, Any]]) -> None:
     """`frontier` is true for each scenario that no other beats: at most its cost (GPU-hours, then energy)
-    and at least its weakest SLO's met share, better in one. Failed scenarios are never on it."""
+    and at least its weakest SLO's met share, better in one. Failed scenarios are never on it, nor those
+    that cannot place every job: they do not serve the workload, and one such, the cheapest of all, was
+    starred as a trade-off worth having."""
     points = [
-        (r["gpu_hours_per_day"], r["energy_kwh_per_day"], weakest_met_share(r)) if "error" not in r else None
+        (r["gpu_hours_per_day"], r["energy_kwh_per_day"], weakest_met_share(r))
+        if "error" not in r and not r.get("unplaceable_share")
+        else None
         for r in rows
     ]
     for r, p in zip(rows, points, strict=True):

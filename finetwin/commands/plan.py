@@ -169,6 +169,8 @@ def _print_plan(doc: dict[str, Any]) -> None:
         f"({doc['tasks']} tasks on {doc['executor']}), confidence {doc['confidence']:.0%}; * = frontier"
     )
     names = doc["slos"]
+    # A scenario that cannot place every job was a "no" without a reason in the table.
+    unplaced = any(row.get("unplaceable_share") for row in doc["scenarios"])
     rows = []
     for k, row in enumerate(doc["scenarios"]):
         nodes = " ".join(f"{_short(gpu)}={n}" for gpu, n in row["nodes"].items())
@@ -182,10 +184,18 @@ def _print_plan(doc: dict[str, Any]) -> None:
             cells.append(f"{short(a['mean'])} [{short(a['p10'])},{short(a['p90'])}] {slo['met_share']:.0%}")
         cells += [short(row["gpu_hours_per_day"]), short(row["energy_kwh_per_day"]),
                   "yes" if row["meets_slos"] else "no"]  # fmt: skip
+        if unplaced:
+            cells.append(f"{row['unplaceable_share'] or 0:.0%}" if "error" not in row else "")
         rows.append(cells)
     columns = ["", ("#", "right"), "nodes", "policy", "admission", *((n, "right") for n in names),
                ("GPU-h/day", "right"), ("kWh/day", "right"), "meets"]  # fmt: skip
+    if unplaced:
+        columns.append(("unplaced", "right"))
     output.show(output.table(columns, rows))
+    output.say(
+        "each SLO: attainment, mean [p10,p90] over the runs, then the share of runs that met it"
+        + ("; unplaced: the jobs no node of the scenario can hold (it then meets no SLO)" if unplaced else "")
+    )
     best = doc["cheapest"]
     if best is None:
         output.say("no scenario meets the SLOs: widen the ranges or relax --confidence")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from finetwin import output
-from finetwin.numbers import finite, human, pct, signed
+from finetwin.numbers import finite, human, label, pct, signed
 from twin.units import duration_text
 
 
@@ -43,9 +43,9 @@ def print_forecast(doc: dict[str, Any]) -> None:
     ]
     output.show(output.table(
         ["figure", ("mean", "right"), ("p10", "right"), ("p90", "right")],
-        [[name, *(human(unit, v[k]) for k in ("mean", "p10", "p90"))] for name, unit, v in rows],
+        [[label(name), *(human(unit, v[k]) for k in ("mean", "p10", "p90"))] for name, unit, v in rows],
     ))  # fmt: skip
-    skewed = [name for name, _, v in rows if _outside(v["mean"], v["p10"], v["p90"])]
+    skewed = [label(name) for name, _, v in rows if _outside(v["mean"], v["p10"], v["p90"])]
     if skewed:
         output.say(
             f"note: the mean of {', '.join(skewed)} lies outside its p10-p90: the runs are skewed (a few "
@@ -77,7 +77,7 @@ def print_whatif(doc: dict[str, Any]) -> None:
         scen = doc["scenario"]["summary"][name]["mean"]
         ci = diff.get("ci95") or [None, None]
         rows.append([
-            name, human(name, base), human(name, scen), signed(name, diff["mean"]),
+            label(name), human(name, base), human(name, scen), signed(name, diff["mean"]),
             f"[{signed(name, ci[0])}, {signed(name, ci[1])}]",
         ])  # fmt: skip
     columns = ["figure", ("baseline", "right"), ("scenario", "right"), ("difference", "right"), "95% CI"]

@@ -124,8 +124,10 @@ def test_the_frontier_and_the_cheapest_by_gpu_hours_then_energy() -> None:
         row(400, 90, [1.0, 1.0], True),  # dearer but better: frontier
     ]
     rows.append(row(150, 60, [0.4, 1.0], False) | {"error": "failed"})
+    # The cheapest of all, but a tenth of its jobs fit on no node: it serves no workload, so no trade-off.
+    rows.append(row(50, 20, [1.0, 1.0], False) | {"unplaceable_share": 0.1})
     mark_frontier(rows)
-    assert [r["frontier"] for r in rows] == [True, False, True, False, True, False]
+    assert [r["frontier"] for r in rows] == [True, False, True, False, True, False, False]
     assert cheapest(rows) is rows[2]
     assert cheapest([rows[0]]) is None
 
@@ -304,3 +306,27 @@ def test_an_unreachable_ray_address_is_a_clear_error_not_a_hang(
     cluster, jobs, _slo = plan_files
     assert main(["simulate", "--cluster", str(cluster), "--workload", str(jobs), "--runs", "2"]) == 2
     assert "cannot reach the Ray cluster" in capsys.readouterr().err
+
+
+def test_the_plan_table_says_what_its_cells_are_and_which_jobs_fit_nowhere(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The SLO cells read "0.24 [0.0833,0.333] 0%" without a legend, and a scenario that could not place a
+    quarter of its jobs read "no" without a reason."""
+    from finetwin.commands.plan import _print_plan
+
+    def scenario(nodes: int, unplaceable: float) -> dict:
+        return {"nodes": {A100: nodes}, "policy": "fifo", "admission": "off", "frontier": unplaceable == 0,
+                "slos": {"wait": {"attainment": {"mean": 0.9, "p10": 0.8, "p90": 1.0}, "met_share": 0.75}},
+                "gpu_hours_per_day": 8.0 * nodes, "energy_kwh_per_day": 3.0 * nodes,
+                "meets_slos": unplaceable == 0, "unplaceable_share": unplaceable}  # fmt: skip
+
+    doc = {"scenarios": [scenario(1, 0.25), scenario(2, 0.0)], "runs": 4, "tasks": 8, "executor": "local",
+           "confidence": 0.9, "slos": ["wait"], "cheapest": None, "failed": []}  # fmt: skip
+    _print_plan(doc)
+    out = capsys.readouterr().out
+    assert "each SLO: attainment, mean [p10,p90] over the runs, then the share of runs that met it" in out
+    assert "unplaced" in out and "25%" in out
+    doc["scenarios"] = [scenario(2, 0.0)]
+    _print_plan(doc)
+    assert "unplaced" not in capsys.readouterr().out  # only where some scenario leaves jobs unplaced

@@ -126,6 +126,9 @@ def test_tables_speak_hours_and_percent_json_keeps_full_precision(
     makespan = doc["summary"]["makespan_s"]["mean"]
     assert makespan > 3600
     assert f"{makespan / 3600:.3g} h" in text  # not "12,610"
+    # The rows say the figure and leave the unit to the cells: "makespan_s" over a cell in hours misled.
+    rows = {line.split("  ")[0].strip() for line in text.splitlines()}
+    assert "makespan" in rows and "wait mean" in rows and not any(row.endswith("_s") for row in rows), rows
     utilization = doc["summary"]["utilization"]["mean"]
     assert f"{100 * utilization:.1f} %" in text
     assert "attained in" in text and "% of intervals" in text
