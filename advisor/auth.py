@@ -287,11 +287,6 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
     return principal
 
 
-async def current_principal(request: Request, key: str | None = Depends(presented_key)) -> Principal:
-    """The caller behind the presented key: 401 when the key is missing or not valid."""
-    return await _authenticate(request, key)
-
-
 def needed_role(request: Request) -> Role:
     """Reads need a viewer, writes an operator, unless the route declares otherwise."""
     route = request.scope.get("route")

@@ -9,7 +9,6 @@ inside the functions so `finetwin --help` stays fast.
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -180,17 +179,3 @@ def api_app(parts: ApiParts) -> FastAPI:
     from advisor.app import create_app
 
     return create_app(parts)
-
-
-def hand_out_first_key(engine: Engine) -> None:
-    """On a store without any API key, create an approver key and print it once on stderr: the user of
-    `finetwin up` needs one to use the dashboard and the API."""
-    from advisor.keys import ensure_first_key
-
-    key = ensure_first_key(engine)
-    if key is not None:
-        print(
-            f"first API key (role approver; shown once, keep it; more with `finetwin keys create`):\n  {key}",
-            file=sys.stderr,
-            flush=True,
-        )

@@ -192,7 +192,7 @@ def _up(
             start = up_replay.replay_start(plan_for, prefix, epoch, engine, settings)
             settings = up_replay.settings_for_replay(settings, start.plan)
         bus = _bus(bootstrap, settings, parts)
-        first_key = ensure_first_key(engine)  # for the banner (the API then finds a key and prints none)
+        first_key = ensure_first_key(engine)  # printed once, in the banner; a store with keys gets none
         topic = settings.telemetry_topic
         ensure_topics(bus, settings, topic)
         # The API's parts first: ingest's drift hook calls the API's refit scheduler (one process).

@@ -242,19 +242,18 @@ def test_only_the_files_the_report_wrote_are_served_and_none_runs(
             assert "script-src 'self'" in policy and "'unsafe-inline'" not in policy, page
 
 
-def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path) -> None:
+    """`up` makes an approver key on a store without any (its banner prints it), and none on one with keys."""
+    from advisor.keys import ensure_first_key
     from finetwin.wiring import api_app as wired_app
-    from finetwin.wiring import api_parts, hand_out_first_key, migrated_engine
+    from finetwin.wiring import api_parts, migrated_engine
 
     settings = advisor_settings(tmp_path)
     engine = migrated_engine(settings)
-    hand_out_first_key(engine)
-    first = capsys.readouterr().err
-    key = first.strip().splitlines()[-1].strip()
-    assert parse_key_id(key) is not None and "approver" in first
+    key = ensure_first_key(engine)
+    assert key is not None and parse_key_id(key) is not None
     parts = api_parts(settings, engine, kafka_bootstrap="127.0.0.1:1")
     assert parts.outbox_relay is not None and parts.outbox_relay.channel.bootstrap == "127.0.0.1:1"  # type: ignore[attr-defined]
-    hand_out_first_key(engine)
-    assert capsys.readouterr().err == ""  # a store with keys gets no new one
+    assert ensure_first_key(engine) is None  # a store with keys gets no new one
     with TestClient(wired_app(api_parts(settings, engine))) as client:
         assert client.get("/v1/recommendations", headers={"X-API-Key": key}).status_code == 200
