@@ -18,9 +18,11 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from advisor.asgi_body import read_as_json
 from advisor.auth import V1_PREFIX
+from advisor.plain_errors import plain_errors
 from twin.executors import ExecutorUnavailable
-from twin.input_errors import causes, did_you_mean, keys_at, plain_message
+from twin.input_errors import causes
 
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -45,43 +47,30 @@ def validation_error_response(
 ) -> JSONResponse:
     """A bad request says what is wrong, field by field, with a 422. The detail names the first five, an
     unknown key first: it usually explains the fields missing beside it (`{"rows": [...]}` for `configs`
-    read as one configuration with seven fields missing, and its `rows` was the eighth error, cut off). An
-    unknown key of the body (`body_model`'s) says which key of its section it stands for, when one is close
-    (`seq_len` -> `tokens_per_sample`). A body sent as something other than JSON (`content_type`) says so."""
-    errors = [
-        {"loc": [str(p) if not isinstance(p, int) else p for p in e.get("loc", ())],
-         "msg": plain_message(e.get("msg", "")) + _key_hint(e, body_model), "type": e.get("type", "")}
-        for e in causes(exc.errors())
-    ]  # fmt: skip
+    read as one configuration with seven fields missing, and its `rows` was the eighth error, cut off). Each
+    error is in plain words (`advisor.plain_errors`): an unknown key of the body (`body_model`'s) says which
+    key of its section it stands for, when one is close (`seq_len` -> `tokens_per_sample`). A body sent as
+    something other than JSON, or with no Content-Type (`content_type`), says which type to send."""
+    errors = plain_errors(causes(exc.errors()), body_model, exc.body)
     first = sorted(errors, key=lambda e: e["type"] != "extra_forbidden")  # stable: otherwise in order
     detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in first[:DETAIL_ERRORS])
     if len(first) > DETAIL_ERRORS:
         detail += f"; and {len(first) - DETAIL_ERRORS} more (in errors)"
-    if body_model is not None and _not_json(content_type) and any(e["loc"] == ["body"] for e in errors):
+    whole_body = any(e["loc"] == ["body"] for e in errors)
+    if body_model is not None and whole_body and not read_as_json(content_type):
         # FastAPI reads such a body as bytes, and said only that they are not an object.
-        detail = (
-            f"the body must be JSON, sent with Content-Type: application/json; this request's is "
-            f"{content_type!r} (curl -d sends application/x-www-form-urlencoded: add -H 'Content-Type: "
-            "application/json')"
-        )
+        detail = _send_json(content_type)
     return JSONResponse(status_code=422, content={"detail": detail or "invalid request", "errors": errors})
 
 
-def _not_json(content_type: str | None) -> bool:
-    """Whether a request's Content-Type makes FastAPI read its body as something other than JSON (none is
-    read as JSON)."""
-    if not content_type:
-        return False
-    media = content_type.split(";", 1)[0].strip().lower()
-    return not (media == "application/json" or (media.startswith("application/") and media.endswith("+json")))
-
-
-def _key_hint(error: Any, body_model: type[BaseModel] | None) -> str:
-    """` (did you mean 'tokens_per_sample'?)` for an unknown key of the body whose section has one like it."""
-    loc = tuple(error.get("loc", ()))
-    if error.get("type") != "extra_forbidden" or body_model is None or loc[:1] != ("body",) or len(loc) < 2:
-        return ""
-    return did_you_mean(str(loc[-1]), keys_at(body_model, loc[1:-1]))
+def _send_json(content_type: str | None) -> str:
+    """The detail for a body FastAPI did not read as JSON because of its Content-Type (or its lack of one)."""
+    sent = f"this request's is {content_type!r}" if content_type else "this request has none"
+    add = "add -H 'Content-Type: application/json'"
+    # curl -d sends a form's type without being asked: the usual way to get here (and not a multipart's).
+    if content_type is not None and "x-www-form-urlencoded" in content_type.lower():
+        add = f"curl -d sends application/x-www-form-urlencoded: {add}"
+    return f"the body must be JSON, sent with Content-Type: application/json; {sent} ({add})"
 
 
 def route_body_model(request: Request) -> type[BaseModel] | None:

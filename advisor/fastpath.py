@@ -3,8 +3,9 @@
 A `POST /v1/advise` whose exact body was answered before under the model version in use, sent with a key
 the key cache verified within its TTL, is answered here from `advisor.answer_cache`, skipping routing,
 validation and dependency solving (which cost most of a cached answer's time). Anything else, including
-every first request, every key the cache does not hold and every invalid key, goes to the app unchanged,
-with the body it sent, so the app's checks and messages apply as they always do.
+every first request, every key the cache does not hold, every invalid key and every body the app would not
+read as JSON (its Content-Type), goes to the app unchanged, with the body it sent, so the app's checks and
+messages apply as they always do.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from fastapi.security.utils import get_authorization_scheme_param
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from advisor.answer_cache import MAX_RAW_KEY_BYTES, version_in_use
-from advisor.asgi_body import read_body, replay
+from advisor.asgi_body import read_as_json, read_body, replay
 from advisor.auth import API_KEY_HEADER, Role
 from advisor.parts import ApiRuntime
 
@@ -56,6 +57,10 @@ class RepeatedAdviceFastPath:
         length = _header(scope, b"content-length")
         if not key or not length or not length.isdigit() or int(length) > MAX_RAW_KEY_BYTES:
             return None, None
+        if not read_as_json(_text(_header(scope, b"content-type"))):
+            # The app refuses a body it does not read as JSON (422, naming the type to send): the same bytes
+            # answered before as JSON must not make it 200 here.
+            return None, None
         found, principal = key_cache.cached(key.decode("latin-1"))
         if not found or principal is None or not principal.role.allows(Role.VIEWER):
             return None, None  # unknown, expired or invalid: the app checks it and says why
@@ -75,6 +80,11 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if header == name:
             return value
     return None
+
+
+def _text(value: bytes | None) -> str | None:
+    """A header's value as Starlette decodes it (latin-1)."""
+    return value.decode("latin-1") if value is not None else None
 
 
 def _bearer_token(authorization: bytes | None) -> bytes | None:

@@ -8,17 +8,24 @@
 Every transition is written to the audit log in the transaction that makes it. Transitions are
 conditional updates (`... WHERE state = 'pending'`), so two approvers racing cannot both win and a
 recommendation that expired a moment ago cannot be approved.
+
+At most one recommendation is pending per target: `propose` claims each target (`claim_targets`) before it
+reads what is pending there, so two proposals for one target, made at the same moment, are made one after
+the other and the second supersedes the first. Without the claim, both read "nothing pending", both were
+inserted, and approving each published the same action twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlmodel import Session, col, select
 
 from advisor import audit_log
@@ -66,6 +73,51 @@ def as_utc(ts: datetime) -> datetime:
     return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
 
 
+# PostgreSQL advisory locks of the two-integer form (their key space is apart from the one-integer locks
+# finetwin.schema takes): this namespace, then a hash of the target.
+_TARGET_LOCK_NAMESPACE = 0x72656373  # "recs"
+
+
+def _target_lock_key(target: str) -> int:
+    """A stable signed 32-bit key per target (Python's hash() differs between processes). Two targets that
+    share a key only wait for each other."""
+    return int.from_bytes(hashlib.sha256(target.encode()).digest()[:4], "big", signed=True)
+
+
+def claim_targets(session: Session, targets: Iterable[str]) -> None:
+    """Hold, until the session's transaction ends, the right to change what is pending for `targets`: a
+    second transaction that claims one of them waits until this one has committed, then reads what it wrote.
+
+    A unique index on pending targets would need a migration of the store's schema; a lock needs none and
+    works on the schema every store already has. Claiming a target twice in one transaction is harmless."""
+    if session.get_bind().dialect.name == "postgresql":
+        # Sorted: two transactions claiming the same targets in different orders cannot deadlock.
+        for key in sorted({_target_lock_key(t) for t in targets}):
+            session.execute(
+                text("SELECT pg_advisory_xact_lock(:namespace, :key)"),
+                {"namespace": _TARGET_LOCK_NAMESPACE, "key": key},
+            )
+        return
+    # SQLite has one writer at a time. Python's sqlite3 runs a SELECT outside any transaction and begins one
+    # only before a write, so the write comes first: this one changes nothing but takes the database's write
+    # lock now (waiting for the writer before, up to the connection's busy timeout), and the reads after it
+    # see everything committed before.
+    session.execute(
+        update(Recommendation).where(col(Recommendation.id) == "").values(state=col(Recommendation.state))
+    )
+
+
+def pending_for(session: Session, target: str, *, now: datetime | None = None) -> Recommendation | None:
+    """The recommendation pending for `target` (at most one: see `claim_targets`), unless its time to live
+    has passed (it is as good as expired: an approval would be refused)."""
+    query = select(Recommendation).where(
+        Recommendation.target == target,
+        Recommendation.state == State.PENDING.value,
+        col(Recommendation.expires_at) > (now or utcnow()),
+    )
+    return session.exec(query.order_by(col(Recommendation.created_at).desc())).first()
+
+
 def propose(
     session: Session,
     proposals: list[Proposal],
@@ -75,7 +127,8 @@ def propose(
     ttl: timedelta,
     now: datetime | None = None,
 ) -> list[Recommendation]:
-    """Record new pending recommendations; each supersedes the pending ones for its target."""
+    """Record new pending recommendations; each supersedes the pending one for its target."""
+    claim_targets(session, [p.target for p in proposals])
     now = now or utcnow()
     created: list[Recommendation] = []
     for proposal in proposals:

@@ -3,13 +3,14 @@
 `POST /v1/plan` (operator) checks the request and the live state at once (a bad range is a 422, no cluster
 a 409), then queues the sweep and answers 202 with the job's id; `GET /v1/plan/{id}` gives its progress and,
 once done, the result (the same document as `finetwin plan --json`). `POST /v1/plan/{id}/recommend` turns
-the sweep's cheapest scenario into a pending recommendation that an approver approves like any other.
+the sweep's cheapest scenario into a pending recommendation that an approver approves like any other; asked
+again (a retry, a second click, six at once) while that recommendation is pending, it answers the same one.
 
-Sweeps run one at a time on a worker thread; each fans out on the local process pool, or on Ray when
-FINETWIN_RAY_ADDRESS is set. Jobs live in the API process's memory (the last MAX_KEPT), not in the store:
-a restart forgets them, and the recommendations made from them are what lasts. A plan running when the API
-stops ends after its tasks in flight, failed with "stopped: ...", rather than holding the API up for the
-rest of its sweep.
+Sweeps run one at a time on a worker thread, at most MAX_QUEUED_PLANS waiting behind it (a 429 beyond); each
+fans out on the local process pool, or on Ray when FINETWIN_RAY_ADDRESS is set. Jobs live in the API process's
+memory (the last MAX_KEPT), not in the store: a restart forgets them, and the recommendations made from them
+are what lasts. A plan running when the API stops ends after its tasks in flight, failed with "stopped: ...",
+rather than holding the API up for the rest of its sweep.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -62,6 +63,15 @@ NO_STATE = 409
 # bounded as a what-if's. Without these, one request (a horizon of 1e308 s, or 100,000 nodes of a type) held
 # every core and grew by GBs a minute, and the API could not stop until its workers were killed.
 MAX_PLAN_JOB_RUNS = 5_000_000
+# Plans waiting behind the running one. Each may be minutes of every core and none can be cancelled, so a
+# client in a loop could queue hours of work; beyond this many a new plan is a 429. A constant rather than a
+# setting: four plans queued is ~12 minutes of work at the largest, and a queue of them helps nobody.
+MAX_QUEUED_PLANS = 4
+PLAN_QUEUE_FULL = 429
+# When to try again: about the time the largest plan allowed takes (MAX_PLAN_JOB_RUNS), by when one of the
+# queued plans has usually started.
+PLAN_QUEUE_RETRY_S = 60
+CAPACITY_TARGET = "capacity"  # every capacity plan acts on the cluster's shape: a newer one supersedes
 
 
 def size_problems(size: SweepSize) -> list[str]:
@@ -113,7 +123,6 @@ class PlanJob:
     done: int = 0
     result: dict[str, Any] | None = None
     error: str | None = None
-    recommended: set[str] = field(default_factory=set)
 
     def out(self, with_result: bool = True) -> PlanOut:
         return PlanOut(
@@ -135,7 +144,18 @@ class PlanJobs:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="finetwin-plan")
 
     def add(self, job: PlanJob) -> None:
+        """Queue `job`, or refuse it with a 429 when MAX_QUEUED_PLANS are waiting already (checked under the
+        lock, so that plans posted at once cannot all slip under the limit)."""
         with self.lock:
+            queued = sum(1 for j in self.jobs.values() if j.status == "queued")
+            if queued >= MAX_QUEUED_PLANS:
+                raise HTTPException(
+                    PLAN_QUEUE_FULL,
+                    f"{queued} capacity plans are queued already (at most {MAX_QUEUED_PLANS} wait behind the "
+                    "one running, and plans cannot be cancelled): wait for one to start (GET /v1/plan) and "
+                    "post this one again",
+                    headers={"Retry-After": str(PLAN_QUEUE_RETRY_S)},
+                )
             self.jobs[job.id] = job
             finished = [j for j in self.jobs.values() if j.status in ("done", "failed")]
             for old in sorted(finished, key=lambda j: j.created_at)[: max(0, len(finished) - MAX_KEPT)]:
@@ -178,7 +198,12 @@ def _run(job: PlanJob, work: Any, runtime: ApiRuntime) -> None:
     status_code=202,
     response_model=PlanOut,
     summary="Start a capacity plan: the cheapest cluster and policy that meets the SLOs (a background job)",
-    responses={409: {"description": "nothing to plan yet (no node up) or the models fail verification"}},
+    responses={
+        409: {"description": "nothing to plan yet (no node up) or the models fail verification"},
+        PLAN_QUEUE_FULL: {
+            "description": f"{MAX_QUEUED_PLANS} plans are queued already; retry after Retry-After seconds"
+        },
+    },
     openapi_extra=access(Role.OPERATOR),
 )
 def post_plan(body: PlanBody, runtime: ApiRuntime = Depends(get_runtime)) -> PlanOut:
@@ -231,6 +256,10 @@ def get_plan(plan_id: str, runtime: ApiRuntime = Depends(get_runtime)) -> PlanOu
 class RecommendOut(BaseModel):
     recommendation_id: str
     title: str
+    created: bool = Field(
+        default=True,
+        description="false: this plan's recommendation was pending already, and this is it (nothing new)",
+    )
 
 
 @router.post(
@@ -253,18 +282,40 @@ def recommend_plan(
     best = job.result["cheapest"]
     if best is None:
         raise HTTPException(NO_STATE, "no scenario of this plan meets the SLOs: nothing to recommend")
+    proposal = _capacity_proposal(plan_id, job.result, best)
     settings: AdvisorSettings = runtime.settings
+    with session_scope(runtime.engine) as session:
+        # Claimed before the look: requests at once for one plan are answered one after the other, and
+        # all but the first find the first one's recommendation.
+        workflow.claim_targets(session, [CAPACITY_TARGET])
+        pending = workflow.pending_for(session, CAPACITY_TARGET)
+        if pending is not None and pending.effect.get("plan_id") == plan_id:
+            return RecommendOut(recommendation_id=pending.id, title=pending.title, created=False)
+        (rec,) = workflow.propose(
+            session,
+            [proposal],
+            actor=principal.actor,
+            # The plan's id is in the effect: `source` is at most 32 characters in the store.
+            source="capacity plan",
+            ttl=timedelta(hours=settings.recommendation_ttl_hours),
+        )
+        rec_id, title = rec.id, rec.title
+    return RecommendOut(recommendation_id=rec_id, title=title)
+
+
+def _capacity_proposal(plan_id: str, result: dict[str, Any], best: dict[str, Any]) -> workflow.Proposal:
+    """The plan's cheapest scenario (`best`) as a recommendation of the cluster's shape."""
     nodes = ", ".join(f"{count} x {gpu}" for gpu, count in best["nodes"].items())
-    proposal = workflow.Proposal(
+    return workflow.Proposal(
         kind="capacity",
-        target="capacity",
+        target=CAPACITY_TARGET,
         title=f"provision {nodes} nodes, schedule {best['policy']}, admission {best['admission']}",
         action={"nodes": best["nodes"], "policy": best["policy"], "admission": best["admission"]},
         effect={
             "metric": "SLOs met in at least the plan's confidence of its runs (capacity plan)",
             "plan_id": plan_id,
-            "confidence": job.result["confidence"],
-            "runs": job.result["runs"],
+            "confidence": result["confidence"],
+            "runs": result["runs"],
             "slos": best["slos"],
             "gpu_hours_per_day": best["gpu_hours_per_day"],
             "energy_kwh_per_day": best["energy_kwh_per_day"],
@@ -272,13 +323,3 @@ def recommend_plan(
         cost=best["gpu_hours_per_day"],
         score=min((s["met_share"] for s in best["slos"].values()), default=1.0),
     )
-    with session_scope(runtime.engine) as session:
-        (rec,) = workflow.propose(
-            session,
-            [proposal],
-            actor=principal.actor,
-            source=f"capacity plan {plan_id}",
-            ttl=timedelta(hours=settings.recommendation_ttl_hours),
-        )
-        rec_id, title = rec.id, rec.title
-    return RecommendOut(recommendation_id=rec_id, title=title)

@@ -110,8 +110,13 @@ def list_recommendations(
             query = query.where(Recommendation.state == state)
             count = count.where(Recommendation.state == state)
         pending_first = (col(Recommendation.state) != workflow.State.PENDING.value).asc()
+        # The id last: rows equal in every other key (one steering run's, made at one instant with equal
+        # scores) otherwise came in any order, so a row could be on two pages of an offset walk, or on none.
         query = query.order_by(
-            pending_first, col(Recommendation.score).desc(), col(Recommendation.created_at).desc()
+            pending_first,
+            col(Recommendation.score).desc(),
+            col(Recommendation.created_at).desc(),
+            col(Recommendation.id),
         )
         rows = list(session.exec(query.offset(offset).limit(limit)))
         return RecommendationPage(

@@ -70,10 +70,13 @@ def _call(
     path: str = "/v1/advise",
     chunks: int = 1,
     authorization: str | None = None,
+    content_type: str | None = "application/json",
 ) -> tuple[int, bytes, Inner]:
     inner = Inner()
     middleware = RepeatedAdviceFastPath(inner, state)
     headers = [(b"content-length", str(len(body)).encode())]
+    if content_type is not None:
+        headers.append((b"content-type", content_type.encode("latin-1")))
     if key is not None:
         headers.append((b"x-api-key", key.encode()))
     if authorization is not None:
@@ -100,7 +103,13 @@ def _call(
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"key": None, "authorization": "Bearer good"}, {"key": None, "authorization": "bearer  good"}],
+    [
+        {},
+        {"key": None, "authorization": "Bearer good"},
+        {"key": None, "authorization": "bearer  good"},
+        {"content_type": "Application/JSON; charset=utf-8"},  # what FastAPI reads as JSON too
+        {"content_type": "application/merge-patch+json"},
+    ],
 )
 def test_a_repeated_body_with_a_verified_key_is_answered_from_the_cache(kwargs: dict) -> None:
     status, content, inner = _call(_state(), chunks=3, **kwargs)
@@ -120,6 +129,12 @@ def test_a_repeated_body_with_a_verified_key_is_answered_from_the_cache(kwargs: 
         ("another model version in use", {}, "v2"),
         ("no model in use", {}, None),
         ("another path", {"path": "/v1/predict"}, "v1"),
+        # What the app does not read as JSON, and refuses (422): the same bytes sent before as JSON must not
+        # make it a 200 here.
+        ("a form's content type", {"content_type": "application/x-www-form-urlencoded"}, "v1"),
+        ("text/plain", {"content_type": "text/plain"}, "v1"),
+        ("no content type", {"content_type": None}, "v1"),
+        ("a content type that does not parse", {"content_type": "json"}, "v1"),
     ],
 )
 def test_everything_else_reaches_the_app_with_its_body(case: str, kwargs: dict, version: str | None) -> None:
@@ -168,6 +183,29 @@ def test_over_http_only_the_repeat_skips_the_app(
     assert wrong.status_code == 401
     reformatted = test_client.post("/v1/advise", content=json.dumps(body, indent=1).encode(), headers=viewer)
     assert reformatted.content == first.content and routed.count("/v1/advise") == 4
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_bytes_answered_as_json_are_still_refused_when_sent_as_another_type(
+    routed_client: tuple[TestClient, list[str]], keys: dict, content_type: str | None
+) -> None:
+    """`curl -d` (a form's type) got a 422 naming the type to send, then a 200 once anyone had sent the same
+    bytes as JSON: the fast path answered from the cache without looking at the Content-Type."""
+    test_client, _routed = routed_client
+    body = {
+        "model_name": "llama3-8b", "method": "lora", "gpu_model": "A100-SXM", "number_gpus": 4,
+        "batch_size": 16, "tokens_per_sample": 4444,
+    }  # fmt: skip
+    raw = json.dumps(body).encode()
+    sent_as = {**keys["viewer"], "Content-Type": content_type} if content_type else keys["viewer"]
+    before = test_client.post("/v1/advise", content=raw, headers=sent_as)
+    assert before.status_code == 422 and "Content-Type: application/json" in before.json()["detail"]
+    as_json = test_client.post(
+        "/v1/advise", content=raw, headers={**keys["viewer"], "Content-Type": "application/json"}
+    )
+    assert as_json.status_code == 200, as_json.text
+    after = test_client.post("/v1/advise", content=raw, headers=sent_as)
+    assert (after.status_code, after.json()) == (before.status_code, before.json())
 
 
 def test_the_fast_path_can_be_turned_off(engine: Engine, settings: Settings, keys: dict) -> None:
