@@ -313,8 +313,17 @@ def _advance(row: dict[str, Any], state: str) -> bool:
 def _earliest(current: datetime | None, ts: datetime) -> datetime:
     if current is None:
         return ts
-    current = current if current.tzinfo is not None else current.replace(tzinfo=UTC)  # SQLite: naive UTC
-    return min(current, ts)
+    return min(_aware(current), ts)
+
+
+def _ended_before(row: dict[str, Any], ts: datetime) -> bool:
+    """Whether the job is over (completed, failed or rejected) and ended before `ts`."""
+    ended = row["ended_at"]
+    return row["state"] in TERMINAL_STATES and ended is not None and _aware(ended) < ts
+
+
+def _aware(stored: datetime) -> datetime:
+    return stored if stored.tzinfo is not None else stored.replace(tzinfo=UTC)  # SQLite: naive UTC
 
 
 class ConflictingEvent(ValueError):
@@ -343,7 +352,12 @@ def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> dict[str, Any] 
         row["node_ids"] = list(payload.node_ids)  # type: ignore[union-attr]
         _advance(row, "running")
     elif kind == "job.progress":
-        # Work done only grows, so the furthest report is the latest one, whatever order they came in.
+        # Work done only grows, so the furthest report is the latest one, whatever order they came in. A
+        # report dated after the job ended is not its progress (a stale agent's, or a clock's error): it
+        # rewrote a finished job's last power, and so the energy recorded for its last interval. One dated
+        # before the end that arrives after it is still the job's, as any event may arrive late.
+        if _ended_before(row, ts):
+            return None
         if row["tokens_processed"] is None or payload.tokens_processed >= row["tokens_processed"]:  # type: ignore[union-attr]
             row["tokens_processed"] = payload.tokens_processed  # type: ignore[union-attr]
             row["last_tokens_per_second"] = payload.tokens_per_second  # type: ignore[union-attr]

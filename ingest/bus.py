@@ -59,7 +59,22 @@ class Record(NamedTuple):
 
 
 class DeliveryFailed(RuntimeError):
-    """The broker did not acknowledge messages sent since the last flush."""
+    """The broker did not acknowledge messages sent since the last flush; `causes`: why, for each."""
+
+    def __init__(self, message: str, causes: Sequence[BaseException] = ()) -> None:
+        super().__init__(message)
+        self.causes = tuple(causes)
+
+
+# A record refused for its size, by the client (over `max_request_size`) or by the broker (over its
+# `message.max.bytes` or the topic's `max.message.bytes`): sending the same record again cannot succeed.
+_TOO_LARGE_ERRORS = ("MessageSizeTooLargeError", "RecordListTooLargeError")
+
+
+def refused_for_size(exc: BaseException) -> bool:
+    """Whether a send or flush failed because a record was too large for the client, broker or topic."""
+    causes = exc.causes if isinstance(exc, DeliveryFailed) else (exc,)
+    return any(type(cause).__name__ in _TOO_LARGE_ERRORS for cause in causes)
 
 
 class CommitRejected(RuntimeError):
@@ -204,9 +219,11 @@ class KafkaBusProducer:
         not acknowledge everything within `timeout_s` (the caller retries: nothing is committed before)."""
         self._producer.flush(timeout=timeout_s)
         if self._failures:
-            first, count = self._failures[0], len(self._failures)
+            failures = list(self._failures)
             self._failures.clear()
-            raise DeliveryFailed(f"{count} message(s) not acknowledged by the broker, first: {first!r}")
+            raise DeliveryFailed(
+                f"{len(failures)} message(s) not acknowledged by the broker, first: {failures[0]!r}", failures
+            )
 
     def close(self) -> None:
         self._producer.close(timeout=CLOSE_TIMEOUT_S)  # what is still unsent was never acknowledged: resent

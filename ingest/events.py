@@ -22,10 +22,11 @@ from pydantic import (
     model_validator,
 )
 
-from twin.domain import Count, Rule
+from twin.cluster import MAX_GPUS_PER_NODE
+from twin.domain import Rule
 from twin.input_errors import causes
 from twin.job_config import DescribedJobConfig
-from twin.limits import EVENT_TIME_WINDOW, StorableText, within_time_window
+from twin.limits import EVENT_TIME_WINDOW, MAX_SIMULATED_SECONDS, StorableText, within_time_window
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anything this big is not one
@@ -37,11 +38,32 @@ MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anyt
 # (ingest.fastparse) states the same bounds.
 
 
-PositiveInt = Count  # as the job configuration counts GPUs
+# Physical ceilings, for the measurements a forecast computes with: far beyond any true reading, so that none
+# is refused, yet small enough that what the twin derives from them stays finite (runtime x rate, GPUs x
+# watts x seconds). Without them one report of 1e200 s at 1e200 tokens/s overflowed PostgreSQL's product and
+# failed every forecast, and one of 1e308 W made the forecast's energy NaN.
+# A run lasts at most ten years: no event outside that window of now is accepted either.
+MAX_RUN_SECONDS = MAX_SIMULATED_SECONDS
+# A job processes at most a billion tokens a second: the benchmark's fastest job (32 GPUs) did 560,000, and
+# a thousandfold more is more than any cluster fine-tunes at. Samples and steps are never more than tokens.
+MAX_TOKENS_PER_SECOND = 1e9
+# Power is reported per GPU (the energy is GPUs x watts x seconds): 10 kW is ten times the board power of the
+# largest GPU made (about 1 kW), so even a node's power reported by mistake as a GPU's is not refused.
+MAX_GPU_POWER_WATTS = 10_000.0
+
+
+# A node holds at most as many GPUs as a cluster file's node may (twin.cluster): a report of 2^31 - 1 made
+# every forecast allocate per GPU until memory ran out.
+GpuCount = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE, strict=True)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Percent = Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)]
+RunSeconds = Annotated[float, Field(gt=0, le=MAX_RUN_SECONDS, allow_inf_nan=False)]
+SecondsIntoRun = Annotated[float, Field(ge=0, le=MAX_RUN_SECONDS, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=0, le=MAX_TOKENS_PER_SECOND, allow_inf_nan=False)]
+PositiveRate = Annotated[float, Field(gt=0, le=MAX_TOKENS_PER_SECOND, allow_inf_nan=False)]
+Watts = Annotated[float, Field(ge=0, le=MAX_GPU_POWER_WATTS, allow_inf_nan=False)]
 Text = StorableText
 
 
@@ -70,19 +92,19 @@ class JobStarted(_Payload):
 
 class JobProgress(_Payload):
     tokens_processed: NonNegativeFloat
-    tokens_per_second: NonNegativeFloat
+    tokens_per_second: Rate
     gpu_memory_peak_pct: Percent | None = None
-    power_watts: NonNegativeFloat | None = None
+    power_watts: Watts | None = None  # per GPU
 
 
 class JobCompleted(_Payload):
     """One observed run: the measured columns of a benchmark row."""
 
-    train_runtime: PositiveFloat
-    dataset_tokens_per_second: PositiveFloat
-    train_tokens_per_second: NonNegativeFloat | None = None
-    train_samples_per_second: NonNegativeFloat | None = None
-    train_steps_per_second: NonNegativeFloat | None = None
+    train_runtime: RunSeconds
+    dataset_tokens_per_second: PositiveRate
+    train_tokens_per_second: Rate | None = None
+    train_samples_per_second: Rate | None = None
+    train_steps_per_second: Rate | None = None
     model_load_time: Finite | None = None
     gpu_memory_utilization_avg: Percent | None = None
     gpu_memory_utilization_min: Percent | None = None
@@ -93,9 +115,9 @@ class JobCompleted(_Payload):
     gpu_compute_utilization_max: Percent | None = None
     cpu_compute_utilization: Percent | None = None
     cpu_memory_utilization: Percent | None = None
-    gpu_power_watts_avg: NonNegativeFloat | None = None
-    gpu_power_watts_min: NonNegativeFloat | None = None
-    gpu_power_watts_max: NonNegativeFloat | None = None
+    gpu_power_watts_avg: Watts | None = None
+    gpu_power_watts_min: Watts | None = None
+    gpu_power_watts_max: Watts | None = None
     gpu_power_percent_avg: Percent | None = None
     gpu_power_percent_max: Percent | None = None
 
@@ -105,14 +127,14 @@ MEASURED_FIELDS: tuple[str, ...] = tuple(JobCompleted.model_fields)
 
 class JobFailed(_Payload):
     reason: Literal["oom", "other"]
-    seconds_into_run: NonNegativeFloat
+    seconds_into_run: SecondsIntoRun
     message: Text | None = Field(default=None, max_length=2000)
 
 
 class NodeStatus(_Payload):
     node_id: Text = Field(min_length=1, max_length=200)
     gpu_model: Text = Field(min_length=1, max_length=100)
-    gpu_count: PositiveInt
+    gpu_count: GpuCount
     status: Literal["up", "down", "drain"]
 
 
@@ -249,10 +271,28 @@ def _parse_event(raw: bytes | str) -> Event:
         return _EVENT_ADAPTER.validate_python(document)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'][1:]) or '(envelope)'}: {err['msg']}"
+            f"{'.'.join(str(p) for p in err['loc'][1:]) or '(envelope)'}: {_message(err)}"
             for err in causes(exc.errors(include_url=False))[:5]
         )
         raise InvalidEvent("schema", problems) from None
+
+
+def _message(error: Any) -> str:
+    """pydantic's message for one error, with a text's length in characters, and how long it was. A length
+    bound declared on top of StorableText's validator (model_name and gpu_model in twin.domain; tenant,
+    job_id, message here) is checked by pydantic's generic rule, which said "Value should have at most 200
+    items after validation"; a plain string's bound (node_id) said "String should have at most 200
+    characters": both now read alike."""
+    kind, text, context = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind in ("too_long", "string_too_long") and isinstance(text, str) and "max_length" in context:
+        return f"String should have at most {_characters(context['max_length'])}, not {len(text):,}"
+    if kind in ("too_short", "string_too_short") and isinstance(text, str) and "min_length" in context:
+        return f"String should have at least {_characters(context['min_length'])}"
+    return str(error["msg"])
+
+
+def _characters(count: int) -> str:
+    return f"{count} character{'' if count == 1 else 's'}"
 
 
 def new_event(

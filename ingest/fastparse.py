@@ -26,18 +26,31 @@ from typing import Annotated, ClassVar, Literal, get_args
 import msgspec
 from msgspec import Meta, Struct
 
-from ingest.events import MAX_MESSAGE_BYTES
+from ingest.events import (
+    MAX_GPU_POWER_WATTS,
+    MAX_MESSAGE_BYTES,
+    MAX_RUN_SECONDS,
+    MAX_TOKENS_PER_SECOND,
+)
+from twin.cluster import MAX_GPUS_PER_NODE
 from twin.domain import MAX_TIME_LIMIT_S, Method, Rule
 from twin.limits import STORE_INT_MAX, time_window
 
-# The bounds of `ingest.events`, from the same constants (twin.limits). `allow_inf_nan=False` needs no
-# counterpart: msgspec never decodes a JSON number to inf or nan (1e400 is "out of range").
+# The bounds of `ingest.events`, from the same constants (twin.limits, twin.cluster, and the physical ceilings
+# of ingest.events). `allow_inf_nan=False` needs no counterpart: msgspec never decodes a JSON number to inf or
+# nan (1e400 is "out of range").
 PositiveInt = Annotated[int, Meta(ge=1, le=STORE_INT_MAX)]  # msgspec ints are strict, as pydantic's here
 NonNegativeInt = Annotated[int, Meta(ge=0, le=STORE_INT_MAX)]
+GpuCount = Annotated[int, Meta(ge=1, le=MAX_GPUS_PER_NODE)]
 PositiveFloat = Annotated[float, Meta(gt=0)]
 TimeLimit = Annotated[float, Meta(gt=0, le=MAX_TIME_LIMIT_S)]
 NonNegativeFloat = Annotated[float, Meta(ge=0)]
 Percent = Annotated[float, Meta(ge=0, le=1000)]
+RunSeconds = Annotated[float, Meta(gt=0, le=MAX_RUN_SECONDS)]
+SecondsIntoRun = Annotated[float, Meta(ge=0, le=MAX_RUN_SECONDS)]
+Rate = Annotated[float, Meta(ge=0, le=MAX_TOKENS_PER_SECOND)]
+PositiveRate = Annotated[float, Meta(gt=0, le=MAX_TOKENS_PER_SECOND)]
+Watts = Annotated[float, Meta(ge=0, le=MAX_GPU_POWER_WATTS)]
 # Lengths count characters, as pydantic's do. Text the store cannot hold: a NUL can only reach a JSON string
 # as the escape \u0000, which `decode_event` looks for in the raw message (one scan of its bytes costs a
 # fraction of a regular expression per field); a lone surrogate msgspec refuses itself.
@@ -101,17 +114,17 @@ class JobStarted(_Payload, frozen=True):
 
 class JobProgress(_Payload, frozen=True):
     tokens_processed: NonNegativeFloat
-    tokens_per_second: NonNegativeFloat
+    tokens_per_second: Rate
     gpu_memory_peak_pct: Percent | None = None
-    power_watts: NonNegativeFloat | None = None
+    power_watts: Watts | None = None
 
 
 class JobCompleted(_Payload, frozen=True):
-    train_runtime: PositiveFloat
-    dataset_tokens_per_second: PositiveFloat
-    train_tokens_per_second: NonNegativeFloat | None = None
-    train_samples_per_second: NonNegativeFloat | None = None
-    train_steps_per_second: NonNegativeFloat | None = None
+    train_runtime: RunSeconds
+    dataset_tokens_per_second: PositiveRate
+    train_tokens_per_second: Rate | None = None
+    train_samples_per_second: Rate | None = None
+    train_steps_per_second: Rate | None = None
     # Unconstrained in the contract, so pydantic takes inf and nan here; msgspec cannot decode them from JSON,
     # which only sends such messages to the slow path.
     model_load_time: float | None = None
@@ -124,23 +137,23 @@ class JobCompleted(_Payload, frozen=True):
     gpu_compute_utilization_max: Percent | None = None
     cpu_compute_utilization: Percent | None = None
     cpu_memory_utilization: Percent | None = None
-    gpu_power_watts_avg: NonNegativeFloat | None = None
-    gpu_power_watts_min: NonNegativeFloat | None = None
-    gpu_power_watts_max: NonNegativeFloat | None = None
+    gpu_power_watts_avg: Watts | None = None
+    gpu_power_watts_min: Watts | None = None
+    gpu_power_watts_max: Watts | None = None
     gpu_power_percent_avg: Percent | None = None
     gpu_power_percent_max: Percent | None = None
 
 
 class JobFailed(_Payload, frozen=True):
     reason: Literal["oom", "other"]
-    seconds_into_run: NonNegativeFloat
+    seconds_into_run: SecondsIntoRun
     message: Text2000 | None = None
 
 
 class NodeStatus(_Payload, frozen=True):
     node_id: Name
     gpu_model: GpuModel
-    gpu_count: PositiveInt
+    gpu_count: GpuCount
     status: Literal["up", "down", "drain"]
 
 

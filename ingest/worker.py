@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import gc
+import hashlib
+import itertools
 import json
 import logging
 import threading
@@ -34,7 +36,14 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ingest.apply import AnyEvent, ApplyResult, BatchHook, ConflictingEvent, apply_events
-from ingest.bus import BusConsumer, BusProducer, CommitRejected, Message, UndecodableBatch
+from ingest.bus import (
+    BusConsumer,
+    BusProducer,
+    CommitRejected,
+    Message,
+    UndecodableBatch,
+    refused_for_size,
+)
 from ingest.events import InvalidEvent, parse_event
 from ingest.fastparse import NotFast, decode_event
 from twin.limits import DEFAULT_MAX_CLOCK_SKEW
@@ -83,33 +92,105 @@ class WorkerStats:
     batches: int = 0
 
 
+# A dead-letter record's largest value. Kafka refuses a record over its broker's `message.max.bytes` and its
+# topic's `max.message.bytes`, by default 1,048,588 bytes (1 MiB + 12), and the worker then retried the batch
+# forever without committing: the partition stalled behind one bad message. A record carries its original
+# through JSON, where a control byte is escaped to 6 (`\u0001`) and bytes that are not UTF-8 grow by a third
+# (base64), so a 175 KB message made a record over the limit. 900,000 leaves room under it for the key
+# (at most MAX_DEAD_LETTER_KEY_BYTES) and Kafka's own framing of the record and its batch (under 100 bytes).
+MAX_DEAD_LETTER_BYTES = 900_000
+# What a record is cut to when the broker refuses even that, for its size (a DLQ topic created with a smaller
+# `max.message.bytes`): any event (a few hundred bytes) is still carried whole, with its reason.
+FALLBACK_DEAD_LETTER_BYTES = 16 * 1024
+# A key is kept up to this size: a job or node id (the key producers send) is at most 200 characters.
+MAX_DEAD_LETTER_KEY_BYTES = 4096
+# The reason is cut to this many characters (escaped in JSON: at most 12 bytes each): a detail repeats what
+# it refused (an unknown `type` of 200 KB), and that repetition must not be what breaks the size bound.
+MAX_DETAIL_CHARS = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     message: Message
     kind: str  # one of DEAD_LETTER_KINDS
     detail: str
 
-    def record(self) -> bytes:
-        """The dead-letter value: why, where the message came from, and the message itself, untouched."""
+    @property
+    def key(self) -> bytes | None:
+        """The original key, which keeps a job's dead letters in one partition; None if it is too long to
+        send under the size bound (the record then says how long it was)."""
+        key = self.message.key
+        return key if key is None or len(key) <= MAX_DEAD_LETTER_KEY_BYTES else None
+
+    def record(self, max_bytes: int = MAX_DEAD_LETTER_BYTES) -> bytes:
+        """The dead-letter value: why, where the message came from, and the message itself, untouched when
+        the record fits in `max_bytes`; otherwise as much of its start as fits (`truncated`). Either
+        way the record says the original's size and SHA-256."""
         value = self.message.value or b""  # a tombstone (no value) is dead-lettered as empty
-        try:
-            original, encoding = value.decode("utf-8"), "text"
-        except UnicodeDecodeError:
-            original, encoding = base64.b64encode(value).decode("ascii"), "base64"
-        return json.dumps({
+        about = self._about(value)
+        whole = _record_json(about, value, truncated=False)
+        if len(whole) <= max_bytes:
+            return whole
+        return _cut_record(about, value, max_bytes)
+
+    def _about(self, value: bytes) -> dict[str, object]:
+        """Every field of the record but the original's text and encoding."""
+        detail = self.detail
+        if len(detail) > MAX_DETAIL_CHARS:
+            detail = f"{detail[:MAX_DETAIL_CHARS]}... (cut: {len(detail):,} characters in all)"
+        about: dict[str, object] = {
             "kind": self.kind,
-            "detail": self.detail,
+            "detail": detail,
             "topic": self.message.topic,
             "partition": self.message.partition,
             "offset": self.message.offset,
-            "encoding": encoding,
-            "original": original,
+            "original_bytes": len(value),
+            "original_sha256": hashlib.sha256(value).hexdigest(),
             "dead_lettered_at": datetime.now(UTC).isoformat(),
-        }).encode()  # fmt: skip
+        }
+        key = self.message.key
+        if key is not None and self.key is None:
+            about["key_dropped_bytes"] = len(key)
+        return about
+
+
+def _record_json(about: dict[str, object], original: bytes, *, truncated: bool) -> bytes:
+    try:
+        text, encoding = original.decode("utf-8"), "text"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(original).decode("ascii"), "base64"
+    return json.dumps(about | {"encoding": encoding, "original": text, "truncated": truncated}).encode()
+
+
+def _cut_record(about: dict[str, object], value: bytes, max_bytes: int) -> bytes:
+    """The record with a start of `value` that fits in `max_bytes`. How much a start grows in JSON depends on
+    what it holds (6 times for control bytes, a third for base64), so the second try shrinks it by how much it
+    grew (exact when it grows evenly, as those do) and any further one halves it: at most six tries, each a
+    `json.dumps` of under a megabyte."""
+    budget = max(max_bytes - len(_record_json(about, b"", truncated=True)), 0)
+    size = min(len(value), budget)
+    for attempt in itertools.count():
+        record = _record_json(about, value[: _character_start(value, size)], truncated=True)
+        if len(record) <= max_bytes or size == 0:  # at 0, only a limit below the record's own fields
+            return record
+        grown = len(record) - (max_bytes - budget)  # what the start took in the record: more than budget
+        # The slack: "base64" is a longer name than "text", and base64 rounds up to 4 characters.
+        size = size * (budget - 16) // grown if attempt == 0 else size // 2
+    raise AssertionError("unreachable")
+
+
+def _character_start(value: bytes, size: int) -> int:
+    """`size`, moved back (by at most 3 bytes) to the start of a UTF-8 character, so that a start of UTF-8
+    text is still text, not base64."""
+    end = size
+    while end > max(size - 3, 0) and end < len(value) and value[end] & 0xC0 == 0x80:
+        end -= 1
+    return end
 
 
 def read_dead_letter(value: bytes) -> tuple[dict[str, object], bytes]:
-    """A dead-letter record and the original message bytes it carries."""
+    """A dead-letter record and the original message bytes it carries (only their start if `truncated`:
+    then `original_bytes` and `original_sha256` describe the whole)."""
     record = json.loads(value)
     original = str(record["original"])
     raw = base64.b64decode(original) if record["encoding"] == "base64" else original.encode("utf-8")
@@ -285,7 +366,7 @@ class IngestWorker:
             return False
         result, refused = applied
         dead = batch.dead + refused
-        if dead and self._retry(stop, "sending dead letters", lambda: self._dead_letter(dead)) is None:
+        if dead and not self._send_dead_letters(dead, stop):
             return False
         if self._retry(stop, "committing offsets", lambda: self._commit(batch.messages)) is None:
             return False
@@ -330,9 +411,29 @@ class IngestWorker:
         )  # fmt: skip
         return merged, refused_first + refused_second
 
-    def _dead_letter(self, dead: Sequence[DeadLetter]) -> bool:
+    def _send_dead_letters(self, dead: Sequence[DeadLetter], stop: threading.Event) -> bool:
+        """Send the batch's dead letters until the broker takes them all (False if `stop` came first). When
+        the broker refuses a record for its size (a DLQ topic whose `max.message.bytes` is below the records'
+        bound), they are sent again cut to FALLBACK_DEAD_LETTER_BYTES: sent as they were, they were refused
+        forever, and nothing after them was committed."""
+        limit = MAX_DEAD_LETTER_BYTES
+
+        def send() -> bool:
+            nonlocal limit
+            try:
+                return self._dead_letter(dead, limit)
+            except Exception as exc:
+                if refused_for_size(exc) and limit > FALLBACK_DEAD_LETTER_BYTES:
+                    limit = FALLBACK_DEAD_LETTER_BYTES
+                    log.warning("the broker refused a dead letter for its size: sending the batch's cut to "
+                                "%d bytes (the original's size and SHA-256 kept)", limit)  # fmt: skip
+                raise
+
+        return self._retry(stop, "sending dead letters", send) is not None
+
+    def _dead_letter(self, dead: Sequence[DeadLetter], max_bytes: int = MAX_DEAD_LETTER_BYTES) -> bool:
         for letter in dead:
-            self.producer.send(self.dlq_topic, letter.record(), letter.message.key)
+            self.producer.send(self.dlq_topic, letter.record(max_bytes), letter.key)
         self.producer.flush()  # raises if any was not acknowledged: then all are sent again
         return True
 

@@ -133,13 +133,24 @@ def load_cluster(path: str | Path) -> Cluster:
 
 
 def cluster_from_inventory(rows: Iterable[tuple[str, str, int, str]]) -> Cluster:
-    """From the store's nodes as (node_id, gpu_model, gpu_count, status): only nodes that are `up` serve."""
+    """From the store's nodes as (node_id, gpu_model, gpu_count, status): only nodes that are `up` serve, and
+    of those only nodes of at most MAX_GPUS_PER_NODE GPUs (`oversized_nodes` names the others)."""
     nodes = [
         NodeSpec(node_id, canonical_gpu_name(model), int(count))
         for node_id, model, count, status in rows
-        if status == "up" and int(count) > 0
+        if status == "up" and 0 < int(count) <= MAX_GPUS_PER_NODE
     ]
     return Cluster(tuple(sorted(nodes, key=lambda n: n.node_id)))
+
+
+def oversized_nodes(rows: Iterable[tuple[str, str, int, str]]) -> list[tuple[str, int]]:
+    """The nodes that are `up` with more GPUs than MAX_GPUS_PER_NODE, as (node_id, gpu_count), by id: left out
+    of the cluster. Stored before telemetry bounded the count, a node of 2^31 - 1 GPUs made every forecast
+    allocate per GPU until memory ran out; a count that large is a faulty report, not a node."""
+    return sorted(
+        (node_id, int(count)) for node_id, _, count, status in rows
+        if status == "up" and int(count) > MAX_GPUS_PER_NODE
+    )  # fmt: skip
 
 
 def gpu_tdp_watts(gpu_model: str) -> float:

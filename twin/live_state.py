@@ -7,6 +7,7 @@ inputs' notes; a job without its work (dataset tokens) gets the median work of t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -16,7 +17,7 @@ from sqlmodel import Session, col, select
 
 from twin.arrivals import fit_arrivals
 from twin.clock import TwinClock, as_utc, twin_clock, window_start
-from twin.cluster import cluster_from_inventory
+from twin.cluster import MAX_GPUS_PER_NODE, cluster_from_inventory, oversized_nodes
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
 from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
@@ -133,18 +134,19 @@ def load_live_inputs(
             col(Job.submitted_at), col(Job.job_id)
         ))  # fmt: skip
         # The work of the jobs read above only: every observed run of the record was read for each forecast.
-        observed_work = dict(
-            session.exec(
-                select(ObservedRun.job_id, ObservedRun.dataset_tokens_per_second * ObservedRun.train_runtime)
-                .join(Job, col(Job.job_id) == col(ObservedRun.job_id))
-                .where(
-                    Job.cluster_id == cluster_id,
-                    is_active | in_window,
-                    col(ObservedRun.dataset_tokens_per_second).is_not(None),
-                    col(ObservedRun.train_runtime).is_not(None),
-                )
-            ).all()
-        )
+        # Multiplied here, not in SQL: a run stored before telemetry bounded its values (1e200 s at 1e200
+        # tokens/s) overflowed PostgreSQL's product, and failed every forecast until it left the window.
+        runs = session.exec(
+            select(ObservedRun.job_id, ObservedRun.dataset_tokens_per_second, ObservedRun.train_runtime)
+            .join(Job, col(Job.job_id) == col(ObservedRun.job_id))
+            .where(
+                Job.cluster_id == cluster_id,
+                is_active | in_window,
+                col(ObservedRun.dataset_tokens_per_second).is_not(None),
+                col(ObservedRun.train_runtime).is_not(None),
+            )
+        ).all()
+        observed_work = {job_id: rate * runtime for job_id, rate, runtime in runs}
         failures = newest_failure_times(session, cluster_id)
     return inputs_from_rows(
         StoreRows(nodes, active, history, observed_work, failures),
@@ -181,11 +183,13 @@ class StoreRows:
 
 
 def job_work(job: JobRecord, observed_work: dict[str, float]) -> float | None:
-    """A job's work in dataset tokens: as declared at submission, else what its finished run processed."""
-    if job.dataset_tokens and job.dataset_tokens > 0:
+    """A job's work in dataset tokens: as declared at submission, else what its finished run processed. Only
+    a finite amount is work: a run's rate times its runtime can overflow to inf (1e200 x 1e200, stored before
+    telemetry bounded both), and a forecast then assumed "inf tokens" for every job of unknown work."""
+    if job.dataset_tokens and job.dataset_tokens > 0 and math.isfinite(job.dataset_tokens):
         return float(job.dataset_tokens)
     seen = observed_work.get(job.job_id)
-    return float(seen) if seen and seen > 0 else None
+    return float(seen) if seen and seen > 0 and math.isfinite(seen) else None
 
 
 def typical_work(history: list[JobRecord], observed_work: dict[str, float]) -> float | None:
@@ -193,6 +197,15 @@ def typical_work(history: list[JobRecord], observed_work: dict[str, float]) -> f
     known work (None when no job of the window has one)."""
     known = [w for w in (job_work(j, observed_work) for j in history) if w is not None]
     return float(np.median(known)) if known else None
+
+
+def _oversized_note(oversized: list[tuple[str, int]]) -> str:
+    named = ", ".join(f"{node_id!r} ({count:,} GPUs)" for node_id, count in oversized[:3])
+    more = f" and {len(oversized) - 3} more" if len(oversized) > 3 else ""
+    return (
+        f"{len(oversized)} node(s) up left out: they report more than {MAX_GPUS_PER_NODE} GPUs, more than a "
+        f"node holds: {named}{more}"
+    )
 
 
 def inputs_from_rows(
@@ -207,11 +220,16 @@ def inputs_from_rows(
     nodes, active, history, observed_work, failures = (
         rows.nodes, rows.active, rows.history, rows.observed_work, rows.failures[:MAX_FAILURE_TIMES]
     )  # fmt: skip
-    cluster = cluster_from_inventory((n.node_id, n.gpu_model, n.gpu_count, n.status) for n in nodes)
+    inventory = [(n.node_id, n.gpu_model, n.gpu_count, n.status) for n in nodes]
+    cluster = cluster_from_inventory(inventory)
+    oversized = oversized_nodes(inventory)
     if not cluster.nodes:
         raise NoClusterError(
             f"no node of cluster {cluster_id!r} is up in the store (node.status telemetry): nothing to model"
+            + (f" ({_oversized_note(oversized)})" if oversized else "")
         )
+    if oversized:
+        notes.append(_oversized_note(oversized))
 
     known_typical = typical_work(history, observed_work)
     typical = known_typical or DEFAULT_WORK_TOKENS

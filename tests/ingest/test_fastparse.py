@@ -6,6 +6,7 @@ reasons. Checked on generated messages, good and bad, from the envelope down to 
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -17,11 +18,20 @@ from pydantic import BaseModel
 
 from ingest import events as contract
 from ingest import fastparse as fast
-from ingest.events import EVENT_TYPES, MEASURED_FIELDS, InvalidEvent, parse_event
+from ingest.events import (
+    EVENT_TYPES,
+    MAX_GPU_POWER_WATTS,
+    MAX_RUN_SECONDS,
+    MAX_TOKENS_PER_SECOND,
+    MEASURED_FIELDS,
+    InvalidEvent,
+    parse_event,
+)
 from ingest.fastparse import NotFast, decode_event
 from ingest.replay import ReplayPlan
 from ingest.worker import parse_message
 from tests.ingest.conftest import same_event
+from twin.cluster import MAX_GPUS_PER_NODE
 from twin.domain import Rule
 from twin.limits import STORE_INT_MAX
 
@@ -121,6 +131,20 @@ percents = st.floats(min_value=0, max_value=1000, allow_nan=False)
 optional = st.one_of(st.none(), names)
 
 
+def up_to(ceiling: float) -> st.SearchStrategy[Any]:
+    """Amounts from 0 to a physical ceiling of the contract, the ceiling itself included."""
+    return st.one_of(
+        st.floats(min_value=0, max_value=ceiling),
+        st.integers(0, int(ceiling)),
+        st.sampled_from([0.0, ceiling]),
+    )
+
+
+def past(ceiling: float) -> st.SearchStrategy[Any]:
+    """Amounts just past a physical ceiling, and far past it (what overflowed the store's arithmetic)."""
+    return st.sampled_from([math.nextafter(ceiling, math.inf), int(ceiling) + 1, ceiling * 10, 1e200, 1e308])
+
+
 def too_long(limit: int) -> st.SearchStrategy[str]:
     return st.sampled_from(["x" * (limit + 1), "é" * (limit + 1), "😀" * (limit + 1)])
 
@@ -136,6 +160,13 @@ WRONG_AMOUNT = st.sampled_from(
 WRONG_PERCENT = st.sampled_from([-1e-9, 1000.0000001, 1001, 1e6, "50", True, float("nan")])
 WRONG_NAME = st.one_of(st.sampled_from(["", 1, None, ["a"]]), too_long(200))
 WRONG_FLAG = st.sampled_from([0, 1, "false", "yes", None])
+# Within the physical ceilings of the contract (ingest.events), and past them.
+RATES, WRONG_RATE = up_to(MAX_TOKENS_PER_SECOND), st.one_of(WRONG_AMOUNT, past(MAX_TOKENS_PER_SECOND))
+WATTS, WRONG_WATTS = up_to(MAX_GPU_POWER_WATTS), st.one_of(WRONG_AMOUNT, past(MAX_GPU_POWER_WATTS))
+RUN_SECONDS = up_to(MAX_RUN_SECONDS)
+WRONG_RUN_SECONDS = st.one_of(WRONG_POSITIVE, past(MAX_RUN_SECONDS))
+GPUS_OF_A_NODE = st.integers(1, MAX_GPUS_PER_NODE)
+WRONG_GPUS_OF_A_NODE = st.one_of(WRONG_COUNT, st.just(MAX_GPUS_PER_NODE + 1))
 
 # Each payload field: how to write it right, and how to get it wrong.
 PAYLOADS: dict[str, dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]]] = {
@@ -163,28 +194,30 @@ PAYLOADS: dict[str, dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[An
         ),
     },
     "job.progress": {
-        "tokens_processed": (amounts, WRONG_AMOUNT), "tokens_per_second": (amounts, WRONG_AMOUNT),
+        "tokens_processed": (amounts, WRONG_AMOUNT), "tokens_per_second": (RATES, WRONG_RATE),
         "gpu_memory_peak_pct": (st.one_of(st.none(), percents), WRONG_PERCENT),
-        "power_watts": (st.one_of(st.none(), amounts), WRONG_AMOUNT),
+        "power_watts": (st.one_of(st.none(), WATTS), WRONG_WATTS),
     },
     "job.completed": {
-        "train_runtime": (amounts, WRONG_POSITIVE), "dataset_tokens_per_second": (amounts, WRONG_POSITIVE),
-        **{f"train_{n}_per_second": (st.one_of(st.none(), amounts), WRONG_AMOUNT)
+        "train_runtime": (RUN_SECONDS, WRONG_RUN_SECONDS),
+        "dataset_tokens_per_second": (RATES, st.one_of(WRONG_POSITIVE, past(MAX_TOKENS_PER_SECOND))),
+        **{f"train_{n}_per_second": (st.one_of(st.none(), RATES), WRONG_RATE)
            for n in ("tokens", "samples", "steps")},
         "model_load_time": (st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)),
                             st.sampled_from([float("inf"), float("nan"), "1", True])),
         **{name: (st.one_of(st.none(), percents), WRONG_PERCENT) for name in MEASURED_FIELDS
            if "utilization" in name or "percent" in name},
-        **{name: (st.one_of(st.none(), amounts), WRONG_AMOUNT) for name in MEASURED_FIELDS
+        **{name: (st.one_of(st.none(), WATTS), WRONG_WATTS) for name in MEASURED_FIELDS
            if "watts" in name},
     },
     "job.failed": {
         "reason": (st.sampled_from(["oom", "other"]), st.sampled_from(["OOM", "", "oom ", None])),
-        "seconds_into_run": (amounts, WRONG_AMOUNT), "message": (optional, too_long(2000)),
+        "seconds_into_run": (RUN_SECONDS, st.one_of(WRONG_AMOUNT, past(MAX_RUN_SECONDS))),
+        "message": (optional, too_long(2000)),
     },
     "node.status": {
         "node_id": (names, WRONG_NAME), "gpu_model": (names, st.one_of(WRONG_NAME, too_long(100))),
-        "gpu_count": (counts, WRONG_COUNT),
+        "gpu_count": (GPUS_OF_A_NODE, WRONG_GPUS_OF_A_NODE),
         "status": (st.sampled_from(["up", "down", "drain"]), st.sampled_from(["gone", "UP", None])),
     },
 }  # fmt: skip

@@ -19,6 +19,7 @@ from ingest.events import InvalidEvent, JobSubmitted, NodeStatus, new_event, par
 from ingest.worker import IngestWorker, parse_message, read_dead_letter
 from tests.conftest import unique
 from tests.ingest.conftest import new_topic, produce, read_topic, store_count, worker_thread
+from twin.cluster import MAX_GPUS_PER_NODE
 from twin.limits import STORE_INT_MAX
 from twin.store import Job, Node, TelemetryEvent
 
@@ -120,11 +121,12 @@ def test_a_schema_detail_names_the_cause_not_what_followed_from_it() -> None:
 
 
 def test_the_bounds_themselves_are_accepted() -> None:
-    """The largest integer the store holds, and times just inside the window, are events."""
+    """The largest integer the store holds, the most GPUs a node holds, and times just inside the window, are
+    events."""
     now = datetime.now(UTC)
     for raw in (
         submitted(number_gpus=STORE_INT_MAX, batch_size=STORE_INT_MAX, fast_moe=STORE_INT_MAX),
-        node_status("n", "up", now, gpu_count=STORE_INT_MAX),
+        node_status("n", "up", now, gpu_count=MAX_GPUS_PER_NODE),
         json.dumps(document(ts=(now - timedelta(days=3600)).isoformat())).encode(),
         json.dumps(document(ts=(now + timedelta(days=3600)).isoformat())).encode(),
     ):

@@ -302,8 +302,8 @@ def test_the_forecast_table_notes_a_mean_outside_its_band(capsys: pytest.Capture
     }  # fmt: skip
     print_forecast(doc)
     text = capsys.readouterr().out
-    assert "note: the mean of makespan_s lies outside its p10-p90" in " ".join(text.split())
-    assert "wait_mean_s" not in text.split("note:")[1]  # only the skewed figure is named
+    assert "note: the mean of makespan lies outside its p10-p90" in " ".join(text.split())
+    assert "wait mean" not in text.split("note:")[1]  # only the skewed figure is named
     assert "6.39 h" in text  # 23,000 s as hours
 
 
