@@ -1,5 +1,6 @@
 """Durations as people write them: `90s`, `30m`, `24h`, `7d`, `1w`, plain seconds, several parts (`1h30m`,
-`1d 12h`, as Go and Prometheus write them) and the units' words (`6 hours`, `90 minutes`, `2 days`)."""
+`1d 12h`, as Go and Prometheus write them), the units' words (`6 hours`, `90 minutes`, `2 days`) and ISO 8601
+(`PT1H`, `P1D`, as FINETWIN_MAX_CLOCK_SKEW takes them)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
 _PARTS = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*[a-z]+[\s,]*)+$", re.IGNORECASE)
 _LONGEST_TEXT = 100
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)", re.IGNORECASE)
+# ISO 8601 without years and months (not a fixed length): P1W, P1D, PT1H30M, P1DT12H, PT0.5S.
+_ISO_8601 = re.compile(
+    r"^\s*P(?=.*\d)(?:(\d+(?:\.\d+)?)W)?(?:(\d+(?:\.\d+)?)D)?"
+    r"(?:T(?=\d)(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?(?:(\d+(?:\.\d+)?)S)?)?\s*$",
+    re.IGNORECASE,
+)
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -46,6 +53,10 @@ def _seconds_in(text: str) -> float | None:
     """The seconds a duration's text says, or None where it is not one (a unit nobody knows included)."""
     if len(text) > _LONGEST_TEXT:
         return None
+    iso = _ISO_8601.match(text)
+    if iso:
+        parts = (float(part) if part else 0.0 for part in iso.groups())
+        return sum(n * _UNITS[unit] for n, unit in zip(parts, "wdhms", strict=True))
     bare = _NUMBER.match(text)
     if bare:
         return float(bare.group(1))

@@ -33,6 +33,8 @@ def create(
     from advisor.keys import create_api_key
     from finetwin.wiring import migrated_engine
 
+    if name is not None and not name.strip():  # it became "viewer key" without a word
+        raise CommandError("--name is empty: give who or what uses the key, or leave --name out")
     engine = migrated_engine(ctx.obj)
     key = create_api_key(engine, Role(role), name=name or f"{role} key", actor="cli")
     print(key)

@@ -155,6 +155,12 @@ def test_names_are_printed_as_they_are_never_as_markup_or_terminal_codes(
     listed = capsys.readouterr().out
     assert "[/bold] x [red]RED" in listed and "deploy-bot [prod]" in listed, listed
     assert "\x1b" not in listed and "red\\x1b[31mtext" in listed, listed
+    # An empty name became "viewer key" without a word: it is refused, and no key is made.
+    for empty in ("", "   "):
+        assert main(["keys", "create", "--role", "viewer", "--name", empty]) == 2
+        assert "--name is empty" in capsys.readouterr().err
+    assert main(["keys", "list"]) == 0
+    assert capsys.readouterr().out.count("viewer key") == 0
 
 
 def test_the_dashboard_is_open_and_serves_only_its_own_files(client: TestClient) -> None:

@@ -28,13 +28,24 @@ from twin.units import duration_text, parse_duration
         ("1 min", 60.0),
         ("45 secs", 45.0),
         ("2 weeks", 1209600.0),
+        # ISO 8601, as FINETWIN_MAX_CLOCK_SKEW takes it (`?since=P1D` was refused).
+        ("PT1H", 3600.0),
+        ("P1D", 86400.0),
+        ("P1DT12H", 129600.0),
+        ("PT1H30M", 5400.0),
+        ("P2W", 1209600.0),
+        ("pt0.5s", 0.5),
     ],
 )
 def test_durations_in_the_ways_people_write_them(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["6 months", "h", "", "6 hrz", "-5m", "1h30", "m30", "1h 30m tomorrow"])
+@pytest.mark.parametrize(
+    "text",
+    ["6 months", "h", "", "6 hrz", "-5m", "1h30", "m30", "1h 30m tomorrow"]
+    + ["P", "PT", "P1M", "P1Y", "PT1H2D"],  # ISO 8601's months and years are no fixed length
+)
 def test_what_is_not_a_duration_is_refused_with_examples(text: str) -> None:
     examples = r"\(use e\.g\. 90s, 30m, 24h, 7d, 1h30m or 6 hours\)"
     with pytest.raises(ValueError, match=rf"not a duration: .* {examples}"):
