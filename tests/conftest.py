@@ -30,21 +30,30 @@ from ingest.broker import BrokerUnavailable, EmbeddedBroker, free_port, port_ope
 from tests.services import docker_available, session_services, start_kafka_container, start_postgres_container
 from twin.db import make_engine
 
+_MADE_HERE = "PYTEST_FINETWIN_MADE_"  # + variable: the directory a test session made for it, not the caller
 
-def _session_dir(variable: str, prefix: str) -> None:
+
+def _session_dir(variable: str, prefix: str, per_worker: bool = False) -> None:
     """`variable` names a directory of this test session's own, made here unless the caller set it, and
-    removed when the session's process exits (the commands the tests start as processes have ended then)."""
-    if variable in os.environ:
+    removed when the session's process exits (the commands the tests start as processes have ended then).
+
+    Under pytest-xdist the workers inherit the environment of the process that started them, which made one
+    already; `per_worker` gives each worker a directory of its own instead of that one."""
+    value = os.environ.get(variable)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if value is not None and not (per_worker and worker and value == os.environ.get(_MADE_HERE + variable)):
         return
-    made = tempfile.mkdtemp(prefix=prefix)
-    os.environ[variable] = made
+    made = tempfile.mkdtemp(prefix=f"{prefix}{worker}-" if worker else prefix)
+    os.environ[variable] = os.environ[_MADE_HERE + variable] = made
     atexit.register(shutil.rmtree, made, ignore_errors=True)
 
 
-# Tests never touch the user's data directory (twin.settings.default_data_dir): one per test session,
-# inherited by the commands the tests start as processes.
-_session_dir("FINETWIN_DATA_DIR", "finetwin-test-data-")
-# Nor its cache: the native trees (calibrate.native_trees) compiled during a session stay in the session's.
+# Tests never touch the user's data directory (twin.settings.default_data_dir): one per test session (per
+# worker: two tests writing the default store at once would each see the other's jobs), inherited by the
+# commands the tests start as processes.
+_session_dir("FINETWIN_DATA_DIR", "finetwin-test-data-", per_worker=True)
+# Nor its cache: the native trees (calibrate.native_trees) compiled during a session stay in the session's,
+# shared by its workers (calibrate.native_trees builds each one once, whoever asks first).
 _session_dir("FINETWIN_CACHE_DIR", "finetwin-test-cache-")
 
 # Off for pydantic's words for false, as the product reads its yes/no settings (`no` turned it on).

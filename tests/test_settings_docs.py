@@ -32,6 +32,7 @@ PLAIN = {
     "FINETWIN_OWNER_PASSWORD": "deploy/postgres/roles.sql",
     "FINETWIN_SERVICE_PASSWORD": "deploy/postgres/roles.sql",
     "FINETWIN_UNLOCKED": "scripts/bootstrap.sh",
+    "FINETWIN_TEST_WORKERS": "scripts/test",
     "FINETWIN_REQUIRE_SERVICES": "tests/conftest.py",
     "FINETWIN_TEST_BROKER": "tests/services.py",
     "FINETWIN_TEST_POSTGRES": "tests/services.py",
