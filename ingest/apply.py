@@ -43,8 +43,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from ingest.bulk import insert_new_rows, insert_rows, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
+from twin import job_fold
 from twin.db import in_chunks
-from twin.store import JOB_STATE_RANK, TERMINAL_STATES, Job, Node, ObservedRun, TelemetryEvent
+from twin.store import Job, Node, ObservedRun, TelemetryEvent
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ NODES: Table = Node.__table__  # type: ignore[attr-defined]
 EVENT_COLUMNS: tuple[str, ...] = tuple(c.name for c in EVENTS.columns)
 JOB_COLUMNS: tuple[str, ...] = tuple(c.name for c in JOBS.columns)
 _ZERO = timedelta(0)
+_NOTHING_MEASURED = dict.fromkeys(MEASURED_FIELDS)  # a failed run's measured columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,14 +234,11 @@ def _apply_job_events(
     current = _lock_jobs(connection, job_ids)
     stored = {job_id: dict(row) for job_id, row in current.items()}  # as they were, to see what changed
     new_ids = [job_id for job_id in job_ids if job_id not in current]
-    runs: list[dict[str, Any]] = []
+    runs: dict[str, dict[str, Any] | None] = {}
     merged: dict[str, dict[str, Any]] = {}
     for job_id in job_ids:
         row = current.get(job_id) or _empty_job(job_id, job_events[job_id][0].cluster_id)
-        for event in job_events[job_id]:
-            run = _fold(row, event, stamp)
-            if run is not None:
-                runs.append(run)
+        _fold_job(connection, row, job_events[job_id], stamp, runs)
         row["updated_at"] = now
         merged[job_id] = row
     if new_ids:
@@ -250,29 +249,75 @@ def _apply_job_events(
             _refold_raced_jobs(connection, raced, job_events, merged, runs, now, stamp)
     existing = [merged[job_id] for job_id in job_ids if job_id in stored]
     if existing:
-        # Only the columns some event changed: a batch of progress reports rewrites 5 columns, not 33.
+        # Only the columns some event changed: a batch of progress reports rewrites 6 columns, not 35.
         changed = {
             name for row in existing for name, value in row.items() if value != stored[row["job_id"]][name]
         }
         names = tuple(name for name in JOB_COLUMNS if name in changed)
         _update_dicts(connection, JOBS, "job_id", names, existing, "changed")
     if runs:
-        _insert_new_dicts(connection, RUNS, runs, "job_id")  # a run another worker recorded first stays
+        _record_runs(connection, runs)
+
+
+def _record_runs(connection: Connection, runs: dict[str, dict[str, Any] | None]) -> None:
+    """The run of the terminal event that now ends each job: one dated before the job's stored end
+    replaces the run recorded for it, and a rejection leaves the job none (twin.job_fold)."""
+    recorded = [run for run in runs.values() if run is not _NO_RUN]
+    if recorded:
+        measured = [name for name in recorded[0] if name != "job_id"]
+        _insert_dicts(
+            connection, RUNS, recorded,
+            lambda insert: insert.on_conflict_do_update(
+                index_elements=["job_id"], set_={name: insert.excluded[name] for name in measured}
+            ),
+            "replace",
+        )  # fmt: skip
+    rejected = [job_id for job_id, run in runs.items() if run is _NO_RUN]
+    for chunk in in_chunks(rejected):
+        connection.execute(sqlalchemy.delete(RUNS).where(RUNS.c.job_id.in_(chunk)))
+
+
+def _fold_job(
+    connection: Connection, row: dict[str, Any], events: list[AnyEvent], stamp: Stamp,
+    runs: dict[str, dict[str, Any] | None],
+) -> None:  # fmt: skip
+    """Fold `events` into the job's row; the run of a terminal event that now ends the job into `runs`
+    (_NO_RUN for a rejection)."""
+    for event in events:
+        run = _fold(row, event, stamp)
+        if run is not _NOT_ENDED:
+            runs[row["job_id"]] = run
+    if job_fold.progress_after_end(row):
+        _refold_progress(connection, row)
+
+
+def _refold_progress(connection: Connection, row: dict[str, Any]) -> None:
+    """The job's progress again, from its stored reports dated by its end: the one it held came before an
+    earlier end did. (Rare: a terminal event delivered after a report dated later than it.)"""
+    job_fold.forget_progress(row)
+    reports = connection.execute(
+        select(EVENTS.c.ts, EVENTS.c.payload).where(
+            EVENTS.c.job_id == row["job_id"], EVENTS.c.type == "job.progress", EVENTS.c.ts <= row["ended_at"]
+        )
+    )
+    for ts, payload in reports:
+        job_fold.fold_progress(
+            row, job_fold.aware(ts), payload["tokens_processed"], payload["tokens_per_second"],
+            payload.get("gpu_memory_peak_pct"), payload.get("power_watts"),
+        )  # fmt: skip
 
 
 def _refold_raced_jobs(
     connection: Connection, raced: list[str], job_events: dict[str, list[AnyEvent]],
-    merged: dict[str, dict[str, Any]], runs: list[dict[str, Any]], now: datetime, stamp: Stamp,
+    merged: dict[str, dict[str, Any]], runs: dict[str, dict[str, Any] | None], now: datetime, stamp: Stamp,
 ) -> None:  # fmt: skip
-    runs[:] = [run for run in runs if run["job_id"] not in set(raced)]
+    for job_id in raced:
+        runs.pop(job_id, None)
     current = _lock_jobs(connection, raced)
     rows = []
     for job_id in raced:
         row = current[job_id]
-        for event in job_events[job_id]:
-            run = _fold(row, event, stamp)
-            if run is not None:
-                runs.append(run)
+        _fold_job(connection, row, job_events[job_id], stamp, runs)
         row["updated_at"] = now
         merged[job_id] = row
         rows.append(row)
@@ -301,38 +346,20 @@ def _empty_job(job_id: str, cluster_id: str) -> dict[str, Any]:
     return row
 
 
-def _advance(row: dict[str, Any], state: str) -> bool:
-    """Move the job to `state` unless it is already as far along; a terminal state is final."""
-    current = row["state"] or "unknown"
-    if current in TERMINAL_STATES or JOB_STATE_RANK[state] <= JOB_STATE_RANK.get(current, 0):
-        return False
-    row["state"] = state
-    return True
-
-
-def _earliest(current: datetime | None, ts: datetime) -> datetime:
-    if current is None:
-        return ts
-    return min(_aware(current), ts)
-
-
-def _ended_before(row: dict[str, Any], ts: datetime) -> bool:
-    """Whether the job is over (completed, failed or rejected) and ended before `ts`."""
-    ended = row["ended_at"]
-    return row["state"] in TERMINAL_STATES and ended is not None and _aware(ended) < ts
-
-
-def _aware(stored: datetime) -> datetime:
-    return stored if stored.tzinfo is not None else stored.replace(tzinfo=UTC)  # SQLite: naive UTC
-
-
 class ConflictingEvent(ValueError):
     """A valid event the store's job contradicts: another cluster's job of the same id, or a configuration
     other than the one the job was submitted with. The worker dead-letters it (`conflict`), alone."""
 
 
-def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> dict[str, Any] | None:
-    """Apply one event to a job row in place; returns the observed run it completes, if any. Raises
+# What `_fold` says of a terminal event that now ends the job: the observed run it records, or that the job
+# has none (a rejection ended it, in place of a run recorded before).
+_NO_RUN = None
+_NOT_ENDED = object()  # the event did not end the job (or was not a terminal event)
+
+
+def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> Any:
+    """Apply one event to a job row in place, by the rules of `twin.job_fold`. A terminal event that now
+    ends the job returns the job's observed run (_NO_RUN for a rejection); any other, `_NOT_ENDED`. Raises
     ConflictingEvent for an event the job contradicts: folded in, it rewrote a finished job's configuration
     (so its measured run was credited to another configuration) or merged two clusters' jobs."""
     ts = stamp(event.ts)
@@ -344,48 +371,32 @@ def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> dict[str, Any] 
             "job id names one job across clusters"
         )
     if kind == "job.submitted":
-        _fill_in_configuration(row, _payload_fields(payload))
-        row["submitted_at"] = _earliest(row["submitted_at"], ts)
-        _advance(row, "submitted")
+        submitted = _payload_fields(payload)
+        _refuse_another_configuration(row, submitted)
+        job_fold.fold_submitted(row, ts, submitted)
     elif kind == "job.started":
-        row["started_at"] = _earliest(row["started_at"], ts)
-        row["node_ids"] = list(payload.node_ids)  # type: ignore[union-attr]
-        _advance(row, "running")
+        job_fold.fold_started(row, ts, payload.node_ids)  # type: ignore[union-attr]
     elif kind == "job.progress":
-        # Work done only grows, so the furthest report is the latest one, whatever order they came in. A
-        # report dated after the job ended is not its progress (a stale agent's, or a clock's error): it
-        # rewrote a finished job's last power, and so the energy recorded for its last interval. One dated
-        # before the end that arrives after it is still the job's, as any event may arrive late.
-        if _ended_before(row, ts):
-            return None
-        if row["tokens_processed"] is None or payload.tokens_processed >= row["tokens_processed"]:  # type: ignore[union-attr]
-            row["tokens_processed"] = payload.tokens_processed  # type: ignore[union-attr]
-            row["last_tokens_per_second"] = payload.tokens_per_second  # type: ignore[union-attr]
-            row["last_gpu_memory_peak_pct"] = payload.gpu_memory_peak_pct  # type: ignore[union-attr]
-            row["last_power_watts"] = payload.power_watts  # type: ignore[union-attr]
-    elif kind == "job.rejected":
-        if _advance(row, "rejected"):
-            row.update(outcome="rejected", rule=str(payload.rule), ended_at=ts)  # type: ignore[union-attr]
-    elif kind == "job.completed":
-        if _advance(row, "completed"):
-            row.update(outcome="valid", ended_at=ts)
-            measured = _payload_fields(payload)
-            return {"job_id": row["job_id"], "is_valid": 1, "observed_at": ts, **measured}
-    elif kind == "job.failed" and _advance(row, "failed"):
-        row.update(
-            outcome="runtime", ended_at=ts, failure_reason=payload.reason,  # type: ignore[union-attr]
-            failed_after_s=payload.seconds_into_run,  # type: ignore[union-attr]
+        job_fold.fold_progress(
+            row, ts, payload.tokens_processed, payload.tokens_per_second,  # type: ignore[union-attr]
+            payload.gpu_memory_peak_pct, payload.power_watts,  # type: ignore[union-attr]
         )  # fmt: skip
-        return {"job_id": row["job_id"], "is_valid": 0, "observed_at": ts, **dict.fromkeys(MEASURED_FIELDS)}
-    return None
+    elif kind == "job.rejected":
+        if job_fold.fold_terminal(row, kind, ts, event.event_id, {"rule": str(payload.rule)}):  # type: ignore[union-attr]
+            return _NO_RUN
+    elif kind == "job.completed":
+        if job_fold.fold_terminal(row, kind, ts, event.event_id, {}):
+            return {"job_id": row["job_id"], "is_valid": 1, "observed_at": ts, **_payload_fields(payload)}
+    elif kind == "job.failed":
+        failure = {"failure_reason": payload.reason, "failed_after_s": payload.seconds_into_run}  # type: ignore[union-attr]
+        if job_fold.fold_terminal(row, kind, ts, event.event_id, failure):
+            return {"job_id": row["job_id"], "is_valid": 0, "observed_at": ts, **_NOTHING_MEASURED}
+    return _NOT_ENDED
 
 
-def _fill_in_configuration(row: dict[str, Any], submitted: dict[str, Any]) -> None:
-    """The job's configuration from a `job.submitted`: all of it the first time, then only what is still
-    missing. A field it already holds is never changed, nor blanked by one a later submission leaves out."""
-    if row["model_name"] is None:  # not submitted before (a row another event made first)
-        row.update(submitted)
-        return
+def _refuse_another_configuration(row: dict[str, Any], submitted: dict[str, Any]) -> None:
+    """A job's configuration does not change once submitted: a field it holds may only be sent again as is
+    (a later submission may fill in what is still missing, or leave out what it holds)."""
     changed = [
         name for name, value in submitted.items()
         if value is not None and row[name] is not None and not _same_value(row[name], value)
@@ -396,7 +407,6 @@ def _fill_in_configuration(row: dict[str, Any], submitted: dict[str, Any]) -> No
             f"job {row['job_id']!r} was submitted before with another configuration ({said}): a job's "
             "configuration does not change once submitted; send the new one under a job id of its own"
         )
-    row.update({name: value for name, value in submitted.items() if row[name] is None and value is not None})
 
 
 def _same_value(stored: Any, sent: Any) -> bool:
@@ -413,9 +423,11 @@ def _same_value(stored: Any, sent: Any) -> bool:
 
 def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp: Stamp) -> None:
     """Upsert each node's latest status; `updated_at` is the status's own time, so an older report that
-    arrives late does not overwrite a newer one. A stored status dated after the database's clock (stored
-    before ingest refused such times, or from a clock running ahead within the allowed skew) outranks
-    nothing: any report replaces it, else it would pin the node's state until that time came."""
+    arrives late does not overwrite a newer one. Of two reports of the same time, the larger (status, GPUs,
+    model) stands, whichever came first, as the rebuilt state keeps it (twin.rebuild). A stored status dated
+    after the database's clock (stored before ingest refused such times, or from a clock running ahead
+    within the allowed skew) outranks nothing: any report replaces it, else it would pin the node's state
+    until that time came."""
     latest: dict[str, dict[str, Any]] = {}
     for event in events:
         payload = event.payload
@@ -428,7 +440,7 @@ def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp
             "updated_at": stamp(event.ts),
         }
         before = latest.get(row["node_id"])
-        if before is None or row["updated_at"] >= before["updated_at"]:
+        if before is None or _node_key(row) >= _node_key(before):
             latest[row["node_id"]] = row
     updated = ("cluster_id", "gpu_model", "gpu_count", "status", "updated_at")
     in_the_future = NODES.c.updated_at > _soon(connection)
@@ -437,10 +449,18 @@ def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp
         lambda insert: insert.on_conflict_do_update(
             index_elements=["node_id"],
             set_={name: insert.excluded[name] for name in updated},
-            where=(NODES.c.updated_at <= insert.excluded.updated_at) | in_the_future,
+            where=(_node_key_sql(NODES.c) <= _node_key_sql(insert.excluded)) | in_the_future,
         ),
         "upsert-newer",
     )  # fmt: skip
+
+
+def _node_key(row: dict[str, Any]) -> tuple[datetime, str, int, str]:
+    return (row["updated_at"], row["status"], row["gpu_count"], row["gpu_model"])
+
+
+def _node_key_sql(columns: Any) -> Any:  # _node_key, in SQL
+    return sqlalchemy.tuple_(columns.updated_at, columns.status, columns.gpu_count, columns.gpu_model)
 
 
 def _soon(connection: Connection) -> Any:

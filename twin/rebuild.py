@@ -2,10 +2,11 @@
 
 The `jobs` and `nodes` tables hold the present; a backtest needs the past. Every event the store applied is
 kept (`telemetry_events`), so folding the events dated at or before T gives the jobs, nodes, observed work
-and failure times of that moment, by the same rules ingest applies them (`ingest.apply`): a job's
-submission and start are its earliest reports, its progress the furthest one, its state never moves back,
-the first terminal event ends it, a node's status is its latest report. Events are folded in event-time
-order, so how late each was delivered does not matter.
+and failure times of that moment, by the rules ingest applies them with (`twin.job_fold`): a job's
+submission and start are its earliest reports, its progress the furthest one dated by its end, its state
+never moves back, the earliest terminal event ends it, a node's status is its latest report. Those rules
+make a job's row a function of its events, whatever order they were delivered in, so the state rebuilt at
+T is the row the store held at T.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
+from twin import job_fold
 from twin.clock import as_utc, window_start
 from twin.live_state import StoreRows, newest_failure_times
-from twin.store import JOB_STATE_RANK, NODE_STATUS, NODE_STATUS_ONLY, Job, JobRecord, Node, TelemetryEvent
+from twin.store import NODE_STATUS, NODE_STATUS_ONLY, Job, JobRecord, Node, TelemetryEvent
 
-_JOB_FIELDS = frozenset(Job.model_fields) - {"job_id", "cluster_id", "state", "outcome", "updated_at"}
-_TERMINAL = {"job.rejected": "rejected", "job.completed": "completed", "job.failed": "failed"}
+_EMPTY_JOB: dict[str, Any] = {**dict.fromkeys(Job.model_fields), "state": "unknown"}
 
 
 @dataclass
@@ -45,11 +46,12 @@ class RebuiltState:
         return StoreRows(self.nodes, active, history, self.observed_work, list(self.failures))
 
 
-StoredEvent = tuple[str, datetime, str | None, Mapping[str, Any]]  # type, ts, job id, payload
+StoredEvent = tuple[str, str, datetime, str | None, Mapping[str, Any]]  # event id, type, ts, job id, payload
 
 
 def stored_events(engine: Engine, cluster_id: str, until: datetime) -> list[StoredEvent]:
-    """(type, ts, job id, payload) of the cluster's events dated at or before `until`, in event-time order."""
+    """(event id, type, ts, job id, payload) of the cluster's events dated at or before `until`, in
+    event-time order."""
     with Session(engine) as session:
         return _read_events(
             session, TelemetryEvent.cluster_id == cluster_id, col(TelemetryEvent.ts) <= as_utc(until)
@@ -105,18 +107,26 @@ def backtest_states(
         node_history = _read_events(session, of_cluster, NODE_STATUS_ONLY, col(TelemetryEvent.ts) < read_from)
         failures = newest_failure_times(session, cluster_id, at)
     wanted = {job_id for job_id, *_ in open_at} | set(in_window)
-    kept = node_history + [e for e in events if e[2] is None or e[2] in wanted]
+    kept = node_history + [e for e in events if e[3] is None or e[3] in wanted]
     before = replace(fold_events(kept, cluster_id, at), failures=[f for f in failures if f is not None])
     return BacktestStates(since, before, fold_events(kept, cluster_id, end))
 
 
 def _read_events(session: Session, *conditions: Any) -> list[StoredEvent]:
     rows = session.exec(
-        select(TelemetryEvent.type, TelemetryEvent.ts, TelemetryEvent.job_id, TelemetryEvent.payload)
+        select(
+            TelemetryEvent.event_id,
+            TelemetryEvent.type,
+            TelemetryEvent.ts,
+            TelemetryEvent.job_id,
+            TelemetryEvent.payload,
+        )
         .where(*conditions)
         .order_by(col(TelemetryEvent.ts))
     ).all()
-    return [(kind, as_utc(ts), job_id, payload) for kind, ts, job_id, payload in rows]
+    return [
+        (str(event_id), kind, as_utc(ts), job_id, payload) for event_id, kind, ts, job_id, payload in rows
+    ]
 
 
 def rebuild_at(engine: Engine, cluster_id: str, at: datetime) -> RebuiltState:
@@ -125,67 +135,72 @@ def rebuild_at(engine: Engine, cluster_id: str, at: datetime) -> RebuiltState:
 
 
 def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) -> RebuiltState:
-    """The state after the events dated at or before `at`, folded in event-time order."""
-    ordered = sorted((e for e in events if e[1] <= at), key=lambda e: e[1])
-    jobs: dict[str, JobRecord] = {}
+    """The state after the events dated at or before `at`, folded in event-time order by the store's rules
+    (`twin.job_fold`)."""
+    ordered = sorted((e for e in events if e[2] <= at), key=lambda e: e[2])
+    jobs: dict[str, dict[str, Any]] = {}
     nodes: dict[str, Node] = {}
     work: dict[str, float] = {}
     power: dict[str, float] = {}
-    failed: list[tuple[datetime, float]] = []
-    for kind, ts, job_id, payload in ordered:
+    failed: dict[str, tuple[datetime, float]] = {}
+    for event_id, kind, ts, job_id, payload in ordered:
         if kind == NODE_STATUS:
-            node_id = str(payload["node_id"])
-            nodes[node_id] = Node(
-                node_id=node_id, cluster_id=cluster_id, gpu_model=payload["gpu_model"],
-                gpu_count=int(payload["gpu_count"]), status=payload["status"], updated_at=ts,
-            )  # fmt: skip
+            _fold_node(nodes, cluster_id, ts, payload)
             continue
         if job_id is None:
             continue
         job = jobs.get(job_id)
         if job is None:
-            job = JobRecord(job_id=job_id, cluster_id=cluster_id, state="unknown", updated_at=ts)
-            jobs[job_id] = job
-        job.updated_at = ts
+            job = jobs[job_id] = {**_EMPTY_JOB, "job_id": job_id, "cluster_id": cluster_id}
+        job["updated_at"] = ts
         if kind == "job.submitted":
-            for name, value in payload.items():
-                if name in _JOB_FIELDS:
-                    setattr(job, name, value)
-            job.submitted_at = job.submitted_at or ts
-            _advance(job, "submitted")
+            job_fold.fold_submitted(job, ts, payload)
         elif kind == "job.started":
-            job.started_at = job.started_at or ts
-            job.node_ids = list(payload.get("node_ids") or [])
-            _advance(job, "running")
+            job_fold.fold_started(job, ts, payload.get("node_ids") or [])
         elif kind == "job.progress":
-            done = payload.get("tokens_processed")
-            if done is not None and (job.tokens_processed is None or done >= job.tokens_processed):
-                job.tokens_processed = done
-                job.last_tokens_per_second = payload.get("tokens_per_second")
-                job.last_gpu_memory_peak_pct = payload.get("gpu_memory_peak_pct")
-                job.last_power_watts = payload.get("power_watts")
-        elif kind in _TERMINAL and _advance(job, _TERMINAL[kind]):
-            job.ended_at = ts
-            if kind == "job.rejected":
-                job.outcome, job.rule = "rejected", str(payload.get("rule"))
-            elif kind == "job.completed":
-                job.outcome = "valid"
+            job_fold.fold_progress(
+                job, ts, payload["tokens_processed"], payload["tokens_per_second"],
+                payload.get("gpu_memory_peak_pct"), payload.get("power_watts"),
+            )  # fmt: skip
+        elif kind in job_fold.TERMINAL_EVENTS:
+            values = _outcome_values(kind, payload)
+            if not job_fold.fold_terminal(job, kind, ts, event_id, values):
+                continue
+            for measured in (work, power, failed):
+                measured.pop(job_id, None)
+            if kind == "job.completed":
                 tps, runtime = payload.get("dataset_tokens_per_second"), payload.get("train_runtime")
                 if tps and runtime:
                     work[job_id] = float(tps) * float(runtime)
                 if payload.get("gpu_power_watts_avg"):
                     power[job_id] = float(payload["gpu_power_watts_avg"])
-            else:
-                job.outcome, job.failure_reason = "runtime", payload.get("reason")
-                job.failed_after_s = payload.get("seconds_into_run")
-                if job.failed_after_s is not None:
-                    failed.append((ts, float(job.failed_after_s)))
-    failures = [seconds for _, seconds in sorted(failed, key=lambda f: f[0], reverse=True)]
-    return RebuiltState(at, jobs, [nodes[k] for k in sorted(nodes)], work, power, failures)
+            elif kind == "job.failed" and values["failed_after_s"] is not None:
+                failed[job_id] = (ts, float(values["failed_after_s"]))
+    failures = [seconds for _, seconds in sorted(failed.values(), key=lambda f: f[0], reverse=True)]
+    records = {job_id: JobRecord(**row) for job_id, row in jobs.items()}
+    return RebuiltState(at, records, [nodes[k] for k in sorted(nodes)], work, power, failures)
 
 
-def _advance(job: JobRecord, state: str) -> bool:
-    if JOB_STATE_RANK[state] > JOB_STATE_RANK.get(job.state, 0):
-        job.state = state
-        return True
-    return False
+def _outcome_values(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    if kind == "job.rejected":
+        return {"rule": str(payload.get("rule"))}
+    if kind == "job.failed":
+        return {"failure_reason": payload.get("reason"), "failed_after_s": payload.get("seconds_into_run")}
+    return {}
+
+
+def _fold_node(nodes: dict[str, Node], cluster_id: str, ts: datetime, payload: Mapping[str, Any]) -> None:
+    """A node is its latest report; of two at the same time, the larger (status, GPUs, model), as the store
+    keeps it (ingest.apply)."""
+    node_id = str(payload["node_id"])
+    report = Node(
+        node_id=node_id, cluster_id=cluster_id, gpu_model=payload["gpu_model"],
+        gpu_count=int(payload["gpu_count"]), status=payload["status"], updated_at=ts,
+    )  # fmt: skip
+    before = nodes.get(node_id)
+    if before is None or _node_key(report) >= _node_key(before):
+        nodes[node_id] = report
+
+
+def _node_key(node: Node) -> tuple[datetime, str, int, str]:
+    return (as_utc(node.updated_at), node.status, node.gpu_count, node.gpu_model)

@@ -97,6 +97,8 @@ class Job(SQLModel, table=True):
     submitted_at: datetime | None = timestamp_field(nullable=True)
     started_at: datetime | None = timestamp_field(nullable=True)
     ended_at: datetime | None = timestamp_field(nullable=True)
+    # The terminal event that ended the job (of two at the same time, the one that ends it: twin.job_fold).
+    ended_by: str | None = Field(default=None, max_length=36)
     node_ids: list[str] | None = Field(default=None, sa_column=Column(JSON))
     rule: str | None = Field(default=None, max_length=64)
     failure_reason: str | None = Field(default=None, max_length=16)
@@ -105,6 +107,7 @@ class Job(SQLModel, table=True):
     last_tokens_per_second: float | None = None
     last_gpu_memory_peak_pct: float | None = None
     last_power_watts: float | None = None
+    progress_at: datetime | None = timestamp_field(nullable=True)  # the time of the progress above
     updated_at: datetime = timestamp_field(nullable=False)
 
 
