@@ -23,6 +23,9 @@ class NodeSpec:
     node_id: str
     gpu_model: str  # the benchmark's spelling when the type is known
     gpus: int
+    # Draining (`node.status` drain): it runs the jobs on it to their end and takes no new one, so its GPUs
+    # serve no one else and count in no capacity (as `twin.actuals` counts the GPUs that are up).
+    draining: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +38,22 @@ class Cluster:
         return sorted({n.gpu_model for n in self.nodes})
 
     def gpus_by_model(self) -> dict[str, int]:
+        """The GPUs that serve (of nodes not draining), by type: every type present, 0 where all drain."""
         totals: dict[str, int] = dict.fromkeys(self.gpu_models, 0)
         for node in self.nodes:
-            totals[node.gpu_model] += node.gpus
+            if not node.draining:
+                totals[node.gpu_model] += node.gpus
         return totals
 
     @property
     def total_gpus(self) -> int:
-        return sum(n.gpus for n in self.nodes)
+        """The GPUs that serve (of nodes not draining)."""
+        return sum(n.gpus for n in self.nodes if not n.draining)
+
+    @property
+    def draining(self) -> int:
+        """How many nodes drain."""
+        return sum(n.draining for n in self.nodes)
 
     def with_nodes_added(self, gpu_model: str, count: int, gpus_per_node: int = GPUS_PER_NODE) -> Cluster:
         if count < 0 or gpus_per_node <= 0:
@@ -132,24 +143,29 @@ def load_cluster(path: str | Path) -> Cluster:
     return cluster_from_spec(spec, str(path))
 
 
+SERVING_STATUSES = ("up", "drain")  # a node down serves no job, not even the ones it ran
+
+
 def cluster_from_inventory(rows: Iterable[tuple[str, str, int, str]]) -> Cluster:
-    """From the store's nodes as (node_id, gpu_model, gpu_count, status): only nodes that are `up` serve, and
-    of those only nodes of at most MAX_GPUS_PER_NODE GPUs (`oversized_nodes` names the others)."""
+    """From the store's nodes as (node_id, gpu_model, gpu_count, status): the nodes that are up, and those
+    that drain (for the jobs running on them), of at most MAX_GPUS_PER_NODE GPUs (`oversized_nodes` names
+    the others)."""
     nodes = [
-        NodeSpec(node_id, canonical_gpu_name(model), int(count))
+        NodeSpec(node_id, canonical_gpu_name(model), int(count), draining=status == "drain")
         for node_id, model, count, status in rows
-        if status == "up" and 0 < int(count) <= MAX_GPUS_PER_NODE
+        if status in SERVING_STATUSES and 0 < int(count) <= MAX_GPUS_PER_NODE
     ]
     return Cluster(tuple(sorted(nodes, key=lambda n: n.node_id)))
 
 
 def oversized_nodes(rows: Iterable[tuple[str, str, int, str]]) -> list[tuple[str, int]]:
-    """The nodes that are `up` with more GPUs than MAX_GPUS_PER_NODE, as (node_id, gpu_count), by id: left out
-    of the cluster. Stored before telemetry bounded the count, a node of 2^31 - 1 GPUs made every forecast
-    allocate per GPU until memory ran out; a count that large is a faulty report, not a node."""
+    """The nodes that are up (or drain) with more GPUs than MAX_GPUS_PER_NODE, as (node_id, gpu_count), by
+    id: left out of the cluster. Stored before telemetry bounded the count, a node of 2^31 - 1 GPUs made
+    every forecast allocate per GPU until memory ran out; a count that large is a faulty report, not a
+    node."""
     return sorted(
         (node_id, int(count)) for node_id, _, count, status in rows
-        if status == "up" and int(count) > MAX_GPUS_PER_NODE
+        if status in SERVING_STATUSES and int(count) > MAX_GPUS_PER_NODE
     )  # fmt: skip
 
 

@@ -223,7 +223,7 @@ def inputs_from_rows(
     inventory = [(n.node_id, n.gpu_model, n.gpu_count, n.status) for n in nodes]
     cluster = cluster_from_inventory(inventory)
     oversized = oversized_nodes(inventory)
-    if not cluster.nodes:
+    if not cluster.total_gpus:
         raise NoClusterError(
             f"no node of cluster {cluster_id!r} is up in the store (node.status telemetry): nothing to model"
             + (f" ({_oversized_note(oversized)})" if oversized else "")
@@ -235,12 +235,20 @@ def inputs_from_rows(
     typical = known_typical or DEFAULT_WORK_TOKENS
     imputed = 0
 
+    if cluster.draining:
+        notes.append(
+            f"{cluster.draining} node(s) draining: they run their jobs to the end and take no new one"
+        )
+    down = {n.node_id for n in nodes if n.status == "down"}
     current = _Rows()
-    skipped = 0
+    skipped = lost = 0
     for job in sorted(active, key=lambda j: (utc(j.submitted_at) if j.submitted_at else now, j.job_id)):
         config = job_config(job)
         if config is None:
             skipped += 1
+            continue
+        if job.state == "running" and down.intersection(job.node_ids or ()):
+            lost += 1  # its node went down: it is not running, and telemetry will say how it ended
             continue
         work = job_work(job, observed_work)
         if work is None:
@@ -254,10 +262,13 @@ def inputs_from_rows(
                 tokens_done=job.tokens_processed,
                 tokens_per_second=job.last_tokens_per_second,
                 power_w=job.last_power_watts,  # as reported: the plan keeps only a measured one
+                node_ids=tuple(job.node_ids or ()),
             )
         current.add(job.job_id, min((submitted - now).total_seconds(), 0.0), config, work, running)
     if skipped:
         notes.append(f"{skipped} queued or running job(s) left out: their configuration is not known yet")
+    if lost:
+        notes.append(f"{lost} running job(s) left out: a node they ran on is down")
 
     mix = _Rows()
     submitted_at: list[datetime] = []

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
 import numpy as np
@@ -288,6 +288,8 @@ class JobPlan:
     # How long it would hold its GPUs had it run to completion: hold_s, except for a job drawn to fail, whose
     # drawn run stands here. None where the plan does not draw runs (a truth replayed from measured times).
     run_s: np.ndarray | None = None
+    # The nodes each running job runs on, by the plan's index, where telemetry named them.
+    nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.job_ids)
@@ -331,6 +333,12 @@ def within_range(
     return np.clip(tokens_per_s, p50 * np.exp(low), p50 * np.exp(high))
 
 
+def running_nodes(workload: Workload, order: np.ndarray) -> dict[int, tuple[str, ...]]:
+    """The nodes of each running job that telemetry placed, by its index in the plan (`order`)."""
+    position = {int(row): i for i, row in enumerate(order)}
+    return {position[row]: state.node_ids for row, state in workload.running.items() if state.node_ids}
+
+
 def pool_index(workload: Workload, cluster: Cluster) -> tuple[np.ndarray, list[str], np.ndarray]:
     """Each job's GPU pool (index into the cluster's GPU models; -1 = none) and whether it can ever fit."""
     pools = cluster.gpu_models
@@ -340,13 +348,18 @@ def pool_index(workload: Workload, cluster: Cluster) -> tuple[np.ndarray, list[s
         (index.get(g, -1) if g else default for g in workload.gpu_models), dtype=np.int64, count=len(workload)
     )
     capacity = np.zeros(len(pools) + 1, dtype=np.int64)
-    for node in cluster.nodes:
-        capacity[index[node.gpu_model]] += node.gpus
-    largest = np.zeros(len(pools) + 1, dtype=np.int64)
-    for node in cluster.nodes:
-        largest[index[node.gpu_model]] = max(largest[index[node.gpu_model]], node.gpus)
+    for name, gpus in cluster.gpus_by_model().items():  # a draining node's GPUs serve no new job
+        capacity[index[name]] = gpus
     # Up to a node's size it needs one node; beyond, whole nodes of the pool (their GPUs added up).
     fits = (pool >= 0) & (workload.gpus <= capacity[pool]) & (workload.gpus >= 1)
+    # A running job fits where it runs, a draining node included.
+    sizes = {n.node_id: (n.gpu_model, n.gpus) for n in cluster.nodes}
+    for row, state in workload.running.items():
+        if pool[row] < 0 or not state.node_ids:
+            continue
+        held = [sizes.get(node_id, ("", 0)) for node_id in state.node_ids]
+        if all(model == pools[pool[row]] for model, _ in held):
+            fits[row] |= 1 <= workload.gpus[row] <= sum(gpus for _, gpus in held)
     return pool, pools, fits
 
 
@@ -463,6 +476,7 @@ def build_plan(
         reject=reject[order],
         elapsed_s=elapsed[order],
         run_s=if_run[order],
+        nodes=running_nodes(workload, order),
     )
 
 

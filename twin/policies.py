@@ -36,7 +36,9 @@ class Policy(StrEnum):
 
 
 class Placement:
-    """Free GPUs per node, indexed for best fit: per pool, nodes bucketed by their free GPU count."""
+    """Free GPUs per node, indexed for best fit: per pool, nodes bucketed by their free GPU count. A draining
+    node is in none of the indexes: it holds the jobs placed on it when the run starts (`take`), and its GPUs
+    free up for no one."""
 
     def __init__(self, cluster: Cluster) -> None:
         pools = cluster.gpu_models
@@ -44,20 +46,35 @@ class Placement:
         self.node_ids = [n.node_id for n in cluster.nodes]
         self.node_pool = [index[n.gpu_model] for n in cluster.nodes]
         self.capacity = [n.gpus for n in cluster.nodes]
+        self.draining = [n.draining for n in cluster.nodes]
         self.free = list(self.capacity)
         self.largest = [0] * len(pools)
         self.free_total = [0] * len(pools)
         self.pool_nodes: list[list[int]] = [[] for _ in pools]
-        for node, p in enumerate(self.node_pool):
+        serving = [node for node, draining in enumerate(self.draining) if not draining]
+        for node in serving:
+            p = self.node_pool[node]
             self.largest[p] = max(self.largest[p], self.capacity[node])
             self.free_total[p] += self.capacity[node]
             self.pool_nodes[p].append(node)
         # dicts as insertion-ordered sets: the choice among equal nodes is deterministic.
         self.buckets: list[list[dict[int, None]]] = [[{} for _ in range(m + 1)] for m in self.largest]
         self.whole: list[dict[int, None]] = [{} for _ in pools]
-        for node, p in enumerate(self.node_pool):
+        for node in serving:
+            p = self.node_pool[node]
             self.buckets[p][self.capacity[node]][node] = None
             self.whole[p][node] = None
+
+    def take(self, alloc: Alloc) -> bool:
+        """Takes these GPUs of these nodes (where a running job is), or nothing when they are not all free."""
+        if any(gpus > self.free[node] for node, gpus in alloc):
+            return False
+        for node, gpus in alloc:
+            if self.draining[node]:
+                self.free[node] -= gpus
+            else:
+                self._take(node, self.node_pool[node], gpus)
+        return True
 
     def place(self, pool: int, gpus: int, avoid: set[int] | frozenset[int] | None = None) -> Alloc | None:
         """Takes GPUs for a job and returns where, or None (nothing taken) when it does not fit now."""
@@ -89,6 +106,9 @@ class Placement:
 
     def release(self, alloc: Alloc) -> None:
         for node, gpus in alloc:
+            if self.draining[node]:
+                self.free[node] += gpus  # for no one
+                continue
             pool = self.node_pool[node]
             free = self.free[node]
             del self.buckets[pool][free][node]
@@ -129,9 +149,13 @@ class Scheduler:
     def queued(self) -> int:
         return sum(len(q) for q in self.queues)
 
-    def start_now(self, job: int, now: float) -> Alloc | None:
-        """Places a job that is already running when the simulation starts (it does not queue)."""
-        alloc = self.placement.place(self.pool[job], self.gpus[job])
+    def start_now(self, job: int, now: float, where: Alloc | None = None) -> Alloc | None:
+        """Places a job that is already running when the simulation starts (it does not queue): on the GPUs
+        it runs on (`where`) when they are free, else wherever it fits."""
+        if where is not None and self.placement.take(where):
+            alloc: Alloc | None = where
+        else:
+            alloc = self.placement.place(self.pool[job], self.gpus[job])
         if alloc is not None:
             self._started(job, alloc, now)
         return alloc

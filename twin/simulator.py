@@ -65,6 +65,7 @@ class Simulator:
         self.env = env
         self.plan = plan
         self.placement = Placement(cluster)
+        self.node_index = {node_id: node for node, node_id in enumerate(self.placement.node_ids)}
         self.scheduler = make_scheduler(
             policy,
             self.placement,
@@ -85,8 +86,8 @@ class Simulator:
     def run(self, until: float | None = None) -> SimResult:
         env, plan = self.env, self.plan
         for job in np.flatnonzero(~np.isnan(plan.elapsed_s) & (plan.reject == Reject.NONE)).tolist():
-            # Already running when the simulation starts: placed first, before anything queued.
-            alloc = self.scheduler.start_now(job, env.now)
+            # Already running when the simulation starts: placed first, before anything queued, where it runs.
+            alloc = self.scheduler.start_now(job, env.now, self._where(job))
             if alloc is not None:
                 self._launch(job, alloc, env.now - float(plan.elapsed_s[job]))
         env.process(self._arrivals())
@@ -102,6 +103,20 @@ class Simulator:
             if isinstance(self.scheduler, BackfillScheduler)
             else None,
         )
+
+    def _where(self, job: int) -> Alloc | None:
+        """The GPUs a running job holds, its GPUs split evenly over the nodes telemetry named (the first
+        ones take the remainder); None when it named none, or one the cluster does not have in its pool."""
+        named = self.plan.nodes.get(job)
+        if not named:
+            return None
+        index = self.node_index
+        nodes = [index.get(node_id, -1) for node_id in named]
+        pool = int(self.plan.pool[job])
+        if -1 in nodes or any(self.placement.node_pool[node] != pool for node in nodes):
+            return None
+        share, extra = divmod(int(self.plan.gpus[job]), len(nodes))
+        return tuple((node, share + (k < extra)) for k, node in enumerate(nodes) if share + (k < extra))
 
     def _arrivals(self) -> Iterator[simpy.Event]:
         env = self.env

@@ -72,6 +72,7 @@ class RunningState:
     tokens_done: float | None = None
     tokens_per_second: float | None = None  # last observed; better than a prediction for the rest of the run
     power_w: float | None = None  # per GPU, last observed: likewise, for the rest of its run (if > 0)
+    node_ids: tuple[str, ...] = ()  # where it runs, as telemetry said: it stays there
 
 
 @dataclass

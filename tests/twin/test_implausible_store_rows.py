@@ -79,4 +79,5 @@ def test_the_inventory_keeps_nodes_up_to_the_bound() -> None:
         ("c", A100, HUGE, "drain"), ("d", A100, 0, "up"),
     ]  # fmt: skip
     assert [n.node_id for n in cluster_from_inventory(rows).nodes] == ["a"]
-    assert oversized_nodes(rows) == [("b", MAX_GPUS_PER_NODE + 1)]
+    # A draining node serves its running jobs, so it is bounded as a node that is up.
+    assert oversized_nodes(rows) == [("b", MAX_GPUS_PER_NODE + 1), ("c", HUGE)]
