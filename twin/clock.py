@@ -10,10 +10,10 @@ is the better "now" (a quiet cluster sends nothing for minutes, and time still p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from twin.limits import time_window
 from twin.store import TelemetryEvent
@@ -98,8 +98,42 @@ def twin_clock(
 ) -> TwinClock:
     wall = as_utc(wall or datetime.now(UTC))
     earliest, latest = telemetry_span(engine, cluster_id, wall)
+    if latest is not None and (latest - wall).total_seconds() > tolerance_s:
+        latest = _corroborated_latest(engine, cluster_id, wall, tolerance_s, latest)
     now, source = choose_now(wall, latest, tolerance_s)
     return TwinClock(now=now, source=source, wall=wall, telemetry_latest=latest, telemetry_earliest=earliest)
+
+
+# How many events must be dated ahead of the wall clock for the twin to believe the telemetry runs ahead.
+CORROBORATING_EVENTS = 3
+
+
+def _corroborated_latest(
+    engine: Engine, cluster_id: str, wall: datetime, tolerance_s: float, latest: datetime
+) -> datetime | None:
+    """The newest event time, when the telemetry runs ahead of the wall clock: a replay's timeline does, and
+    then CORROBORATING_EVENTS events at least are ahead; one event from a clock that runs ahead (ingest
+    accepts up to FINETWIN_MAX_CLOCK_SKEW, an hour) is not the cluster's time. It set the twin's clock up to
+    an hour ahead, and the intervals in between were scored against a store that had nothing for them yet.
+    Then the newest event time not ahead."""
+    ahead = wall + timedelta(seconds=tolerance_s)
+    lowest, highest = time_window(wall)
+    in_cluster = (TelemetryEvent.cluster_id == cluster_id, TelemetryEvent.ts <= highest)  # type: ignore[operator]
+    with Session(engine) as session:
+        corroborating = session.exec(
+            select(TelemetryEvent.ts).where(*in_cluster)
+            .order_by(col(TelemetryEvent.ts).desc()).offset(CORROBORATING_EVENTS - 1).limit(1)
+        ).first()  # fmt: skip
+        if corroborating is not None and as_utc(corroborating) > ahead:
+            return latest
+        newest = session.exec(
+            select(func.max(TelemetryEvent.ts)).where(
+                TelemetryEvent.cluster_id == cluster_id,
+                TelemetryEvent.ts >= lowest,  # type: ignore[operator]
+                TelemetryEvent.ts <= ahead,  # type: ignore[operator]
+            )
+        ).one()
+    return as_utc(newest) if newest is not None else None
 
 
 def window_start(engine: Engine, cluster_id: str, since: datetime, now: datetime) -> datetime:

@@ -114,3 +114,23 @@ def test_a_quiet_spell_shorter_than_the_window_is_history(engine: Engine) -> Non
     assert window_start(engine, "default", start, NOW) == start
     inputs = load_live_inputs(engine, lookback=timedelta(days=7))
     assert inputs.arrivals is not None and inputs.arrivals.daily_jobs == pytest.approx(52 / 7)
+
+
+def test_one_event_from_a_clock_running_ahead_does_not_move_the_twins_clock(engine: Engine) -> None:
+    """A live cluster at the wall clock, and one event dated 50 minutes ahead (ingest accepts up to an hour):
+    it moved the twin's clock 50 minutes ahead, and the intervals in between were scored against nothing.
+    A replay's timeline ahead of the wall clock has many events there, and the twin follows it."""
+    wall = NOW
+    add_events(engine, [wall - timedelta(minutes=m) for m in (30, 12, 2)])
+    add_events(engine, [wall + timedelta(minutes=50)])
+    clock = twin_clock(engine, wall=wall)
+    assert (clock.source, clock.now, clock.telemetry_latest) == (WALL, wall, wall - timedelta(minutes=2))
+    add_events(engine, [wall + timedelta(minutes=m) for m in (20, 40)])  # now three events are ahead
+    clock = twin_clock(engine, wall=wall)
+    assert (clock.source, clock.now) == (TELEMETRY, wall + timedelta(minutes=50))
+
+
+def test_a_store_whose_only_events_are_ahead_waits_for_them_to_be_corroborated(engine: Engine) -> None:
+    add_events(engine, [NOW + timedelta(minutes=50)])
+    clock = twin_clock(engine, wall=NOW)
+    assert (clock.source, clock.now, clock.telemetry_latest) == (WALL, NOW, None)
