@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlalchemy import Engine
 
 from advisor.settings import AdvisorSettings
+from advisor.single_flight import SingleFlight
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
@@ -84,6 +85,7 @@ class ApiRuntime:
     batcher: Batcher[Any, tuple[str, bytes]] | None = None  # set by create_app (it calls back into this)
     relay: RelayThread | None = None  # started by the lifespan when there is an outbox relay
     last_steering: dict[str, Any] | None = None  # the last steering run's outcome, for the dashboard
+    steering: SingleFlight[Any] = field(default_factory=SingleFlight)  # one steering run at a time
     forecast_lock: threading.Lock = field(default_factory=threading.Lock)  # the standing forecast's
     # A forecast computed for a reader when no fresh standing one is stored: (monotonic time, document).
     unstored_forecast: tuple[float, dict[str, Any]] | None = None

@@ -22,6 +22,7 @@ from advisor.deps import get_runtime, get_settings
 from advisor.parts import ApiRuntime, ShuttingDown
 from advisor.records import OutboxMessage, Recommendation
 from advisor.settings import AdvisorSettings
+from advisor.single_flight import Outcome
 from advisor.steering import SteeringResult, SteeringUnavailable, run_steering
 from advisor.timestamps import UtcDatetime
 from twin.db import session_scope
@@ -241,15 +242,20 @@ def run_now(
     runtime: ApiRuntime = Depends(get_runtime), principal: Principal = Depends(require_role(Role.OPERATOR))
 ) -> RunOut:
     try:
-        result = _steer(runtime, actor=principal.actor, source="on-demand")
+        outcome = _steer(runtime, actor=principal.actor, source="on-demand")
     except SteeringUnavailable as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from exc
     except ShuttingDown as exc:
         raise HTTPException(status_code=503, detail=str(exc)) from exc
-    _remember(runtime, result)
+    result = outcome.value
+    notes = list(result.notes)
+    if outcome.joined:
+        notes.insert(0, "a steering run was already under way: this is its outcome")
+    else:
+        _remember(runtime, result)
     with Session(runtime.engine) as session:
         recs = [_out(session, r) for r in result.recommendations]
-    return RunOut(evaluated=result.evaluated, recommended=len(recs), recommendations=recs, notes=result.notes)
+    return RunOut(evaluated=result.evaluated, recommended=len(recs), recommendations=recs, notes=notes)
 
 
 # --- the scheduled expiry and steering (put on the scheduler by the lifespan) ------------------------------
@@ -274,10 +280,13 @@ def _expire_job(engine: Engine) -> None:
         log.info("expired %d recommendations", len(expired))
 
 
-def _steer(runtime: ApiRuntime, *, actor: str, source: str) -> SteeringResult:
-    return run_steering(
-        runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source,
-        progress=runtime.check_stopping,
+def _steer(runtime: ApiRuntime, *, actor: str, source: str) -> Outcome[SteeringResult]:
+    """A steering run, or the outcome of the one under way (advisor.single_flight)."""
+    return runtime.steering.run(
+        lambda: run_steering(
+            runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source,
+            progress=runtime.check_stopping,
+        )
     )  # fmt: skip
 
 
@@ -301,7 +310,7 @@ def _steering_job(runtime: ApiRuntime) -> None:
         if since < settings.steering_interval_minutes * 60.0 or wall < settings.steering_min_wall_seconds:
             return
     try:
-        result = _steer(runtime, actor="system", source="schedule")
+        outcome = _steer(runtime, actor="system", source="schedule")
     except ShuttingDown:
         log.info("scheduled steering abandoned: the API is stopping")
         return
@@ -314,6 +323,9 @@ def _steering_job(runtime: ApiRuntime) -> None:
     except Exception:  # the scheduler must keep running; the next tick tries again
         log.exception("scheduled steering failed")
         return
+    if outcome.joined:
+        return  # an operator's run, remembered by its request
+    result = outcome.value
     _remember(runtime, result, clock.now)
     log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))
 
