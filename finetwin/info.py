@@ -44,15 +44,37 @@ def describe(settings: Settings, *, with_counts: bool) -> None:
     output.say("  (FINETWIN_DATA_DIR moves the data directory; FINETWIN_DATABASE_URL names another store)")
 
 
-def _counts(settings: Settings) -> dict[str, str]:
+def description(settings: Settings) -> dict[str, object]:
+    """What `finetwin info --json` prints: the same facts, as values a script reads without parsing."""
     from calibrate.registry import ModelRegistry
 
-    registry = ModelRegistry(settings.resolved_models_dir())
+    data_dir, models = settings.data_dir.resolve(), settings.resolved_models_dir().resolve()
+    registry = ModelRegistry(models)
     versions = registry.list_versions() if registry.root.exists() else []
     in_use = next((info.version for info in versions if info.in_use), None)
-    counts = {"model versions": f"{len(versions)}" + (f", {in_use} in use" if in_use else "")}
+    trees = None
     if in_use is not None:
         from calibrate import serving
 
-        counts["trees"] = serving.engine_of_in_use(registry) or "none"
+        trees = serving.engine_of_in_use(registry)
+    store = settings.store_description()
+    return {
+        "version": finetwin_version(),
+        "data_dir": str(data_dir),
+        "data_dir_exists": data_dir.exists(),
+        "store": store,
+        "store_exists": bool(settings.database_url) or Path(store).exists(),
+        "models_dir": str(models),
+        "model_versions": len(versions),
+        "model_in_use": in_use,
+        "trees": trees,
+    }
+
+
+def _counts(settings: Settings) -> dict[str, str]:
+    described = description(settings)
+    in_use = described["model_in_use"]
+    counts = {"model versions": f"{described['model_versions']}" + (f", {in_use} in use" if in_use else "")}
+    if in_use is not None:
+        counts["trees"] = str(described["trees"] or "none")
     return counts

@@ -80,3 +80,28 @@ def test_advise_without_models_says_where_it_looked(
     assert main(["advise", str(config)]) == 2
     error = one_line(capsys.readouterr().err)
     assert f"no calibrated models yet in {tmp_path / 'data' / 'models'}" in error, error
+
+
+def test_info_and_keys_list_speak_json_for_scripts(
+    registry_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A script asked `finetwin info` which model is in use, or `keys list` which keys are live, by parsing
+    a table drawn for a terminal."""
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(registry_copy))
+    assert main(["info", "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["data_dir"] == str((tmp_path / "data").resolve())
+    assert (described["model_versions"], described["model_in_use"]) == (1, "v0001")
+    assert described["store_exists"] is False and described["store"].endswith("finetwin.db")
+    assert main(["keys", "create", "--role", "operator", "--name", "ci"]) == 0
+    assert main(["keys", "create", "--role", "viewer", "--name", "gone"]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--json"]) == 0
+    gone = next(key["id"] for key in json.loads(capsys.readouterr().out) if key["name"] == "gone")
+    assert main(["keys", "revoke", gone]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--json"]) == 0
+    listed = {key["name"]: key for key in json.loads(capsys.readouterr().out)}
+    assert (listed["ci"]["role"], listed["ci"]["revoked_at"]) == ("operator", None)
+    assert listed["gone"]["revoked_at"] is not None
+    assert listed["ci"]["created_at"].endswith("+00:00")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import typer
 
 from finetwin import output
 from finetwin.commands import add_command
+from finetwin.commands.options import Json
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 
@@ -41,7 +44,7 @@ def create(
     return 0
 
 
-def list_keys(ctx: typer.Context) -> int:
+def list_keys(ctx: typer.Context, as_json: Json = False) -> int:
     from sqlmodel import Session, col, select
 
     from advisor.records import ApiKey
@@ -51,12 +54,24 @@ def list_keys(ctx: typer.Context) -> int:
     engine = migrated_engine(settings)
     with Session(engine) as session:
         rows = list(session.exec(select(ApiKey).order_by(col(ApiKey.created_at))))
+    if as_json:
+        listed = [
+            {"id": row.key_id, "role": row.role, "name": row.name, "created_at": _iso(row.created_at),
+             "revoked_at": _iso(row.revoked_at) if row.revoked_at else None}
+            for row in rows
+        ]  # fmt: skip
+        print(json.dumps(listed, indent=2))
+        return 0
     output.show(output.table(
         ["id", "role", "created", "revoked", "name"],
         [[row.key_id, row.role, f"{row.created_at:%Y-%m-%d %H:%M:%S}",
           row.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if row.revoked_at else "-", row.name] for row in rows],
     ))  # fmt: skip
     return 0
+
+
+def _iso(ts: datetime) -> str:
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).isoformat()  # SQLite: naive UTC
 
 
 def revoke(
