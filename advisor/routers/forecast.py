@@ -33,6 +33,7 @@ from pydantic import Field, StrictInt
 from advisor.auth import Role, access
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime, ShuttingDown
+from advisor.routers.skill_schemas import SkillOut
 from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from calibrate.registry import RegistryError
@@ -310,6 +311,7 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
 
 @router.get(
     "/v1/forecast/skill",
+    response_model=SkillOut,
     summary="How the stored forecasts did: per figure, error and p10-p90 coverage over the scored intervals",
 )
 def get_skill(

@@ -241,6 +241,14 @@ def test_skill_over_http_prometheus_and_the_cli(
         served = client.get("/v1/forecast/skill", headers=headers).json()
         assert served["figures"] == expected["figures"] and served["scored"] == 1
         assert "clock" in served
+        # Typed in the OpenAPI document, down to each figure's fields (it was any object).
+        openapi = client.get("/openapi.json").json()
+        schemas = openapi["components"]["schemas"]
+        answer = openapi["paths"]["/v1/forecast/skill"]["get"]["responses"]["200"]
+        assert answer["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/SkillOut"}
+        figure = set(schemas["FigureSkillOut"]["properties"])
+        assert figure == set(next(iter(expected["figures"].values()))), "the schema and the answer differ"
+        assert set(schemas["ClockOut"]["properties"]) == set(served["clock"])
         since = client.get("/v1/forecast/skill", params={"since": "2025-03-01T00:30:00Z"}, headers=headers)
         assert since.json()["figures"]["utilization"]["n"] == 1
         bad = client.get("/v1/forecast/skill", params={"since": "last tuesday"}, headers=headers)
