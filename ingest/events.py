@@ -26,7 +26,13 @@ from twin.cluster import MAX_GPUS_PER_NODE
 from twin.domain import Rule
 from twin.input_errors import causes
 from twin.job_config import DescribedJobConfig
-from twin.limits import EVENT_TIME_WINDOW, MAX_SIMULATED_SECONDS, StorableText, within_time_window
+from twin.limits import (
+    EVENT_TIME_WINDOW,
+    MAX_GPU_POWER_WATTS,
+    MAX_SIMULATED_SECONDS,
+    StorableText,
+    within_time_window,
+)
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anything this big is not one
@@ -44,12 +50,10 @@ MAX_MESSAGE_BYTES = 256 * 1024  # a telemetry event is a few hundred bytes; anyt
 # failed every forecast, and one of 1e308 W made the forecast's energy NaN.
 # A run lasts at most ten years: no event outside that window of now is accepted either.
 MAX_RUN_SECONDS = MAX_SIMULATED_SECONDS
+# Power per GPU: twin.limits.MAX_GPU_POWER_WATTS (the twin reads stored power back within it too).
 # A job processes at most a billion tokens a second: the benchmark's fastest job (32 GPUs) did 560,000, and
 # a thousandfold more is more than any cluster fine-tunes at. Samples and steps are never more than tokens.
 MAX_TOKENS_PER_SECOND = 1e9
-# Power is reported per GPU (the energy is GPUs x watts x seconds): 10 kW is ten times the board power of the
-# largest GPU made (about 1 kW), so even a node's power reported by mistake as a GPU's is not refused.
-MAX_GPU_POWER_WATTS = 10_000.0
 
 
 # A node holds at most as many GPUs as a cluster file's node may (twin.cluster): a report of 2^31 - 1 made

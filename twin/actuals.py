@@ -22,6 +22,7 @@ from twin.clock import as_utc
 from twin.cluster import gpu_tdp_watts
 from twin.db import in_chunks
 from twin.domain import canonical_gpu_name
+from twin.limits import plausible_power
 from twin.plan import DEFAULT_POWER_FRACTION
 from twin.run_metrics import integrate_on_bins
 from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
@@ -90,8 +91,8 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
     gpu_models = [canonical_gpu_name(j.gpu_model) if j.gpu_model else "" for j in jobs]
 
     def power(job: JobRecord, gpu_model: str) -> float:
-        watts = measured.get(job.job_id) or job.last_power_watts
-        return float(watts) if watts and watts > 0 else gpu_tdp_watts(gpu_model) * DEFAULT_POWER_FRACTION
+        watts = plausible_power(measured.get(job.job_id)) or plausible_power(job.last_power_watts)
+        return watts or gpu_tdp_watts(gpu_model) * DEFAULT_POWER_FRACTION
 
     return JobTimes(
         origin=since,

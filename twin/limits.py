@@ -33,6 +33,20 @@ DEFAULT_MAX_CLOCK_SKEW = timedelta(hours=1)
 # (or a job arriving at 1e308 s) asked numpy for 745 GiB. Ten years of hourly intervals fit.
 MAX_SIMULATED_SECONDS = EVENT_TIME_WINDOW.total_seconds()
 MAX_SERIES_INTERVALS = 100_000
+# Power is reported per GPU (the energy is GPUs x watts x seconds): 10 kW is ten times the board power of the
+# largest GPU made (about 1 kW), so even a node's power reported by mistake as a GPU's is not refused.
+MAX_GPU_POWER_WATTS = 10_000.0
+
+
+def plausible_power(watts: float | None) -> float | None:
+    """A power per GPU the twin computes energy with: a positive one within MAX_GPU_POWER_WATTS, else None
+    (then the twin assumes one). Telemetry is bounded where it enters; a row stored before it was (1e308 W)
+    made every interval's energy NaN."""
+    if watts is None or not 0 < watts <= MAX_GPU_POWER_WATTS:  # NaN fails both comparisons
+        return None
+    return float(watts)
+
+
 # Runs of one ensemble (what-if, plan, forecast, backtest): a billion grew by 100 MB/s until memory ran out.
 MAX_ENSEMBLE_RUNS = 256
 # Seeds numpy's generators take: a non-negative integer (a 64-bit one, as the API's bodies are bounded).

@@ -20,6 +20,7 @@ from twin.clock import TwinClock, as_utc, twin_clock, window_start
 from twin.cluster import MAX_GPUS_PER_NODE, cluster_from_inventory, oversized_nodes
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
+from twin.limits import plausible_power
 from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
 from twin.workload import RunningState, Workload, catalog_key
 
@@ -261,7 +262,7 @@ def inputs_from_rows(
                 elapsed_s=max((now - started).total_seconds(), 0.0),
                 tokens_done=job.tokens_processed,
                 tokens_per_second=job.last_tokens_per_second,
-                power_w=job.last_power_watts,  # as reported: the plan keeps only a measured one
+                power_w=plausible_power(job.last_power_watts),  # the plan keeps only a measured one
                 node_ids=tuple(job.node_ids or ()),
             )
         current.add(job.job_id, min((submitted - now).total_seconds(), 0.0), config, work, running)

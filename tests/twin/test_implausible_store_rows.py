@@ -81,3 +81,30 @@ def test_the_inventory_keeps_nodes_up_to_the_bound() -> None:
     assert [n.node_id for n in cluster_from_inventory(rows).nodes] == ["a"]
     # A draining node serves its running jobs, so it is bounded as a node that is up.
     assert oversized_nodes(rows) == [("b", MAX_GPUS_PER_NODE + 1), ("c", HUGE)]
+
+
+def test_power_stored_before_it_was_bounded_leaves_energy_finite(engine: Engine) -> None:
+    """A progress report of 1e308 W a GPU and an observed run of 1e308 W, stored before ingest bounded power,
+    made an interval's recorded energy and the forecast's energy inf or NaN, and dropped energy from the
+    skill report without a word. The twin now reads such a power as none, and assumes one."""
+    from twin.actuals import actual_series, load_job_times
+
+    with session_scope(engine) as session:
+        session.add(node("n0", 8))
+        ended = NOW - timedelta(minutes=30)
+        session.add(job("done", "completed", NOW - timedelta(hours=2), started_at=NOW - timedelta(hours=2),
+                        ended_at=ended, last_power_watts=1e308))  # fmt: skip
+        session.flush()
+        session.add(ObservedRun(job_id="done", is_valid=1, observed_at=ended, train_runtime=5400.0,
+                                dataset_tokens_per_second=1e3, gpu_power_watts_avg=1e308))  # fmt: skip
+        session.add(job("running", "running", NOW - timedelta(hours=1), started_at=NOW - timedelta(hours=1),
+                        last_power_watts=1e308, dataset_tokens=2e12))  # fmt: skip
+    times = load_job_times(engine, "default", NOW - timedelta(hours=3), NOW)
+    energy = actual_series(times, [0.0, 3600.0, 7200.0, 10800.0])["energy_kwh"]
+    assert all(math.isfinite(e) for e in energy) and energy.sum() > 0
+    # Two A100s at 75 % of their 400 W board power, for 1.5 h and 1 h: 2.25 kWh.
+    assert energy.sum() == pytest.approx(2 * 400 * 0.75 * 2.5 / 1000)
+    inputs = load_live_inputs(engine, now=NOW, lookback=timedelta(days=1))
+    assert inputs.workload.running[0].power_w is None
+    doc = forecast(inputs, FallbackModels(), OPTIONS)
+    assert math.isfinite(doc["summary"]["energy_kwh"]["mean"]) and doc["summary"]["energy_kwh"]["mean"] > 0
