@@ -8,6 +8,7 @@ from sqlmodel import Session, func, select
 
 from advisor.deps import get_session
 from advisor.timestamps import UtcDatetime
+from twin.cluster import MAX_GPUS_PER_NODE
 from twin.domain import canonical_gpu_name
 from twin.store import Job, Node
 
@@ -24,9 +25,10 @@ class NodeOut(BaseModel):
 
 class GpuPool(BaseModel):
     gpu_model: str
-    nodes_up: int
+    nodes_up: int  # as the twin counts them: a node reporting more GPUs than a node holds is not one
     gpus_up: int
     gpus_busy: int
+    nodes_draining: int = 0  # running their jobs to the end, taking no new one (not in `gpus_up`)
 
 
 class ClusterOut(BaseModel):
@@ -58,9 +60,13 @@ def cluster(session: Session = Depends(get_session)) -> ClusterOut:
 
     for node in nodes:
         pool = pool_of(node.gpu_model)
+        if node.gpu_count > MAX_GPUS_PER_NODE:  # stored before telemetry bounded it (twin.cluster)
+            continue
         if node.status == "up":
             pool.nodes_up += 1
             pool.gpus_up += node.gpu_count
+        elif node.status == "drain":
+            pool.nodes_draining += 1
     for gpu, count in busy.items():
         if gpu is not None:
             pool_of(gpu).gpus_busy += int(count)

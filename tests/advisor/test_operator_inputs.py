@@ -269,8 +269,25 @@ def test_gpu_names_as_a_cluster_reports_them_are_one_type(
         assert page["total"] == 5, (spelling, page)
     cluster = client.get("/v1/cluster", headers=keys["viewer"]).json()
     assert cluster["pools"] == [
-        {"gpu_model": "NVIDIA-A100-SXM4-80GB", "nodes_up": 2, "gpus_up": 16, "gpus_busy": 24}
-    ]
+        {"gpu_model": "NVIDIA-A100-SXM4-80GB", "nodes_up": 2, "gpus_up": 16, "gpus_busy": 24,
+         "nodes_draining": 0}
+    ]  # fmt: skip
     assert {n["gpu_model"] for n in cluster["nodes"]} == {"NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"}
     nodes = [line for line in client.get("/metrics").text.splitlines() if line.startswith("finetwin_nodes{")]
     assert nodes == ['finetwin_nodes{gpu_model="NVIDIA-A100-SXM4-80GB",status="up"} 2.0'], nodes
+
+
+def test_the_pools_count_nodes_as_the_twin_does(client: TestClient, engine: Engine, keys: dict) -> None:
+    """A node stored before telemetry bounded its GPUs (2^31 - 1) made the pool's `gpus_up` that large, which
+    the twin leaves out; a draining node is counted apart, its GPUs in no capacity (twin.cluster)."""
+    from twin.db import session_scope
+    from twin.store import Node, utcnow
+
+    nodes = (("a", 8, "up"), ("b", 8, "drain"), ("c", 8, "down"), ("huge", 2**31 - 1, "up"))
+    with session_scope(engine) as session:
+        for node_id, gpus, status in nodes:
+            session.add(Node(node_id=node_id, gpu_model="NVIDIA-A100-SXM4-80GB", gpu_count=gpus,
+                             status=status, updated_at=utcnow()))  # fmt: skip
+    pools = client.get("/v1/cluster", headers=keys["viewer"]).json()["pools"]
+    assert pools == [{"gpu_model": "NVIDIA-A100-SXM4-80GB", "nodes_up": 1, "gpus_up": 8, "gpus_busy": 0,
+                      "nodes_draining": 1}]  # fmt: skip
