@@ -112,10 +112,12 @@ def test_plan_command_with_ray_prints_what_the_local_pool_prints(
 
 
 def pin_the_twins_clock(engine: Engine) -> None:
-    """One telemetry event a day ahead of the seed: the twin's clock reads the telemetry (it disagrees with
-    the wall clock), so two plans a few seconds apart start from the same instant and the same state."""
+    """Telemetry a day ahead of the seed: the twin's clock reads the telemetry (it disagrees with the wall
+    clock), so two plans a few seconds apart start from the same instant and the same state. As many events
+    as the twin needs to believe telemetry ahead of the wall clock (one alone is a clock running ahead)."""
     from sqlmodel import Session, func, select
 
+    from twin.clock import CORROBORATING_EVENTS
     from twin.db import session_scope
     from twin.store import Job, TelemetryEvent
 
@@ -123,12 +125,13 @@ def pin_the_twins_clock(engine: Engine) -> None:
         seeded = session.exec(select(func.max(Job.updated_at))).one()
     ts = seeded + timedelta(days=1)
     with session_scope(engine) as session:
-        session.add(
-            TelemetryEvent(
-                event_id=str(uuid.uuid4()), type="node.status", ts=ts, cluster_id="default",
-                payload={}, received_at=ts,
-            )
-        )  # fmt: skip
+        for _ in range(CORROBORATING_EVENTS):
+            session.add(
+                TelemetryEvent(
+                    event_id=str(uuid.uuid4()), type="node.status", ts=ts, cluster_id="default",
+                    payload={}, received_at=ts,
+                )
+            )  # fmt: skip
 
 
 def test_the_api_runs_a_plan_on_ray_when_the_address_is_set(
