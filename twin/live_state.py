@@ -263,7 +263,7 @@ def inputs_from_rows(
                 tokens_done=job.tokens_processed,
                 tokens_per_second=job.last_tokens_per_second,
                 power_w=plausible_power(job.last_power_watts),  # the plan keeps only a measured one
-                node_ids=tuple(job.node_ids or ()),
+                node_ids=tuple(dict.fromkeys(job.node_ids or ())),  # a node named twice is one node
             )
         current.add(job.job_id, min((submitted - now).total_seconds(), 0.0), config, work, running)
     if skipped:

@@ -67,7 +67,10 @@ class Placement:
 
     def take(self, alloc: Alloc) -> bool:
         """Takes these GPUs of these nodes (where a running job is), or nothing when they are not all free."""
-        if any(gpus > self.free[node] for node, gpus in alloc):
+        wanted: dict[int, int] = {}
+        for node, gpus in alloc:
+            wanted[node] = wanted.get(node, 0) + gpus
+        if any(gpus > self.free[node] for node, gpus in wanted.items()):
             return False
         for node, gpus in alloc:
             if self.draining[node]:

@@ -103,3 +103,14 @@ def test_the_live_state_keeps_jobs_on_draining_nodes_and_leaves_out_those_on_dow
     assert inputs.cluster.total_gpus == 8 and inputs.cluster.draining == 1
     assert any("1 node(s) draining" in note for note in inputs.notes), inputs.notes
     assert any("1 running job(s) left out: a node they ran on is down" in note for note in inputs.notes)
+
+
+def test_a_running_job_that_names_a_node_twice_takes_no_more_than_it_holds() -> None:
+    """16 GPUs "on" one 8-GPU node named twice: the node cannot hold it, so the job is placed as it fits
+    (it took the node's 8 GPUs twice, and left the node at -8 free)."""
+    from twin.policies import Placement
+
+    placement = Placement(Cluster((NodeSpec("a", A100, 8), NodeSpec("b", A100, 8))))
+    assert placement.take(((0, 8), (0, 8))) is False
+    assert placement.free == [8, 8]
+    assert placement.take(((0, 4), (1, 4))) is True and placement.free == [4, 4]
