@@ -354,7 +354,7 @@ def run_backtest(
             "runs": runs,
             "seed": seed,
             "models": model_source,
-            "cluster": {"nodes": len(cluster.nodes), "gpus_by_model": cluster.gpus_by_model()},
+            "cluster": cluster.describe(),
             "energy_jobs": int(measured.sum()),  # the jobs energy is compared on (measured power)
             "truth_outcomes": {
                 label: int((truth.outcome[rows] == code).sum())

@@ -55,6 +55,10 @@ class Cluster:
         """How many nodes drain."""
         return sum(n.draining for n in self.nodes)
 
+    def describe(self) -> dict[str, object]:
+        """What a forecast or backtest document says of the cluster it started from."""
+        return {"nodes": len(self.nodes), "draining": self.draining, "gpus_by_model": self.gpus_by_model()}
+
     def with_nodes_added(self, gpu_model: str, count: int, gpus_per_node: int = GPUS_PER_NODE) -> Cluster:
         if count < 0 or gpus_per_node <= 0:
             raise ClusterFormatError(f"cannot add {count} nodes of {gpus_per_node} GPUs")

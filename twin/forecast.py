@@ -99,7 +99,7 @@ def describe(inputs: TwinInputs, options: ForecastOptions, model_source: str) ->
         "optimizations": sorted(str(o) for o in options.plan.optimizations),
         "right_size_batches": options.plan.right_size_batches,
         "models": model_source,
-        "cluster": {"nodes": len(inputs.cluster.nodes), "gpus_by_model": inputs.cluster.gpus_by_model()},
+        "cluster": inputs.cluster.describe(),
         "known_jobs": {
             "total": len(inputs.workload),
             "running": len(inputs.workload.running),

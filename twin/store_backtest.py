@@ -140,7 +140,7 @@ def backtest_from_store(
             "seed": seed,
             "policy": str(policy),
             "models": model_source,
-            "cluster": {"nodes": len(inputs.cluster.nodes), "gpus_by_model": inputs.cluster.gpus_by_model()},
+            "cluster": inputs.cluster.describe(),
             "observed_failure_times": len(before.failures),
             "notes": inputs.notes,
             "figures": figures,

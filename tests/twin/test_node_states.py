@@ -15,11 +15,13 @@ from finetwin.schema import migrate
 from tests.twin.conftest import A100
 from twin.cluster import Cluster, NodeSpec, cluster_from_inventory
 from twin.db import make_engine, session_scope
+from twin.forecast import ForecastOptions, forecast
 from twin.live_state import load_live_inputs
 from twin.plan import Reject, build_plan, prepare_catalog
 from twin.policies import Policy
 from twin.simulator import End, simulate
 from twin.store import Job, Node
+from twin.uncalibrated import FallbackModels
 from twin.workload import RunningState, Workload
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -103,6 +105,9 @@ def test_the_live_state_keeps_jobs_on_draining_nodes_and_leaves_out_those_on_dow
     assert inputs.cluster.total_gpus == 8 and inputs.cluster.draining == 1
     assert any("1 node(s) draining" in note for note in inputs.notes), inputs.notes
     assert any("1 running job(s) left out: a node they ran on is down" in note for note in inputs.notes)
+    document = forecast(inputs, FallbackModels(), ForecastOptions(horizon_s=3600.0, runs=2, workers=1))
+    assert document["cluster"] == {"nodes": 2, "draining": 1, "gpus_by_model": {A100: 8}}
+    assert document["summary"]["jobs_rejected"]["mean"] == 0  # the job on b runs on, where it runs
 
 
 def test_a_running_job_that_names_a_node_twice_takes_no_more_than_it_holds() -> None:
