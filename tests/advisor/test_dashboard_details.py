@@ -177,6 +177,20 @@ def test_the_tables_say_what_they_show(api_server: dict, browser) -> None:  # ty
     steering = page.locator(f"#recs tr:has(td[data-recommendation='{recs['add_nodes']}']) td")
     assert steering.nth(1).inner_text().startswith("+20.0 pts attainment")
     assert steering.nth(2).inner_text() == "+192 added"
+    # At 1400 px no panel scrolls sideways: everything fits.
+    scrolling = page.evaluate(
+        "() => [...document.querySelectorAll('.panel')]"
+        ".filter(p => p.scrollWidth > p.clientWidth).map(p => p.id)"
+    )
+    assert scrolling == [], scrolling
+    # On a phone (375 px) the page is as wide as the screen: it was 576 px, every panel past its right edge.
+    # A table wider than its panel scrolls inside the panel.
+    page.set_viewport_size({"width": 375, "height": 800})
+    widths = page.evaluate(
+        "() => [document.documentElement.scrollWidth, window.innerWidth,"
+        " Math.max(...[...document.querySelectorAll('.panel')].map(p => p.getBoundingClientRect().right))]"
+    )
+    assert widths[0] == widths[1] == 375 and widths[2] <= 375, widths
 
 
 def test_rejecting_asks_for_the_key_unechoed_and_a_comment(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
