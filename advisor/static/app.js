@@ -110,12 +110,38 @@ function bandChart(name, canvasId, labels, spread, scale, y = {}) {
 
 function draw(name, canvasId, type, data, options) {
   const base = { animation: false, responsive: true, maintainAspectRatio: false };
+  const canvas = document.getElementById(canvasId);
+  describeChart(canvas, type, data);
   if (charts[name]) {
     charts[name].data = data;
     charts[name].update();
     return;
   }
-  charts[name] = new Chart(document.getElementById(canvasId), { type, data, options: Object.assign(base, options) });
+  charts[name] = new Chart(canvas, { type, data, options: Object.assign(base, options) });
+}
+
+// A chart is pixels: a screen reader found nothing in it. The canvas is an image whose label says what it
+// shows, in words: its caption, then each line's first and last value and its range, or each bar's value.
+function describeChart(canvas, type, data) {
+  const caption = canvas.closest("figure")?.querySelector("figcaption")?.textContent || "chart";
+  const number = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3).replace(/\.?0+$/, ""));
+  const parts = [];
+  // A band chart's datasets are p90, p10 and mean (then what happened): said the other way round.
+  const datasets = type === "line" ? [...data.datasets].reverse() : data.datasets;
+  for (const dataset of datasets) {
+    const values = dataset.data.filter((v) => typeof v === "number" && Number.isFinite(v));
+    if (type === "bar") {
+      const bars = data.labels.map((label, i) => [label, dataset.data[i]]).filter(([, v]) => typeof v === "number");
+      if (bars.length) parts.push(`${dataset.label}: ${bars.map(([l, v]) => `${l} ${number(v)}`).join(", ")}`);
+    } else if (type === "scatter") {
+      if (dataset.data.length) parts.push(`${dataset.label}: ${dataset.data.length} points`);
+    } else if (values.length) {
+      parts.push(`${dataset.label} from ${number(values[0])} to ${number(values[values.length - 1])}` +
+        ` (lowest ${number(Math.min(...values))}, highest ${number(Math.max(...values))})`);
+    }
+  }
+  canvas.setAttribute("role", "img");
+  canvas.setAttribute("aria-label", `${caption}: ${parts.length ? parts.join("; ") : "no data yet"}`);
 }
 
 async function loadForecast() {

@@ -177,6 +177,13 @@ def test_the_tables_say_what_they_show(api_server: dict, browser) -> None:  # ty
     steering = page.locator(f"#recs tr:has(td[data-recommendation='{recs['add_nodes']}']) td")
     assert steering.nth(1).inner_text().startswith("+20.0 pts attainment")
     assert steering.nth(2).inner_text() == "+192 added"
+    # Each chart is an image whose label says what it shows, in words (a screen reader found nothing).
+    queue = page.get_attribute("#chart-queue", "aria-label") or ""
+    assert page.get_attribute("#chart-queue", "role") == "img"
+    assert queue.startswith("Queue length (mean, p10-p90): mean from "), queue
+    assert "(lowest " in queue and "highest " in queue, queue
+    slo = page.get_attribute("#chart-slo", "aria-label") or ""
+    assert slo.startswith("SLO attainment") and "mean attainment %: " in slo, slo
     # At 1400 px no panel scrolls sideways: everything fits.
     scrolling = page.evaluate(
         "() => [...document.querySelectorAll('.panel')]"
