@@ -19,16 +19,12 @@ def finetwin_version() -> str:
 
 def facts(settings: Settings) -> dict[str, str]:
     """Each line of the description: name -> value (paths absolute, a missing one marked)."""
-    data_dir = settings.data_dir.resolve()
-    store = settings.store_description()
-    if not settings.database_url and not Path(store).exists():
-        store += " (not created yet)"
-    models = settings.resolved_models_dir().resolve()
+    found = description(settings, with_counts=False)
     return {
-        "version": finetwin_version(),
-        "data directory": f"{data_dir}{'' if data_dir.exists() else ' (not created yet)'}",
-        "store": store,
-        "models": f"{models}{'' if models.exists() else ' (none yet)'}",
+        "version": str(found["version"]),
+        "data directory": f"{found['data_dir']}{'' if found['data_dir_exists'] else ' (not created yet)'}",
+        "store": f"{found['store']}{'' if found['store_exists'] else ' (not created yet)'}",
+        "models": f"{found['models_dir']}{'' if found['models_dir_exists'] else ' (none yet)'}",
     }
 
 
@@ -44,11 +40,28 @@ def describe(settings: Settings, *, with_counts: bool) -> None:
     output.say("  (FINETWIN_DATA_DIR moves the data directory; FINETWIN_DATABASE_URL names another store)")
 
 
-def description(settings: Settings) -> dict[str, object]:
-    """What `finetwin info --json` prints: the same facts, as values a script reads without parsing."""
+def description(settings: Settings, *, with_counts: bool = True) -> dict[str, object]:
+    """What `finetwin info --json` prints, as values a script reads without parsing: where the data, the
+    store and the models are, and (with counts) the model versions and how this machine runs the trees."""
+    data_dir, models = settings.data_dir.resolve(), settings.resolved_models_dir().resolve()
+    store = settings.store_description()
+    found: dict[str, object] = {
+        "version": finetwin_version(),
+        "data_dir": str(data_dir),
+        "data_dir_exists": data_dir.exists(),
+        "store": store,
+        "store_exists": bool(settings.database_url) or Path(store).exists(),
+        "models_dir": str(models),
+        "models_dir_exists": models.exists(),
+    }
+    if with_counts:
+        found.update(_registry(models))
+    return found
+
+
+def _registry(models: Path) -> dict[str, object]:
     from calibrate.registry import ModelRegistry
 
-    data_dir, models = settings.data_dir.resolve(), settings.resolved_models_dir().resolve()
     registry = ModelRegistry(models)
     versions = registry.list_versions() if registry.root.exists() else []
     in_use = next((info.version for info in versions if info.in_use), None)
@@ -57,22 +70,11 @@ def description(settings: Settings) -> dict[str, object]:
         from calibrate import serving
 
         trees = serving.engine_of_in_use(registry)
-    store = settings.store_description()
-    return {
-        "version": finetwin_version(),
-        "data_dir": str(data_dir),
-        "data_dir_exists": data_dir.exists(),
-        "store": store,
-        "store_exists": bool(settings.database_url) or Path(store).exists(),
-        "models_dir": str(models),
-        "model_versions": len(versions),
-        "model_in_use": in_use,
-        "trees": trees,
-    }
+    return {"model_versions": len(versions), "model_in_use": in_use, "trees": trees}
 
 
 def _counts(settings: Settings) -> dict[str, str]:
-    described = description(settings)
+    described = _registry(settings.resolved_models_dir().resolve())
     in_use = described["model_in_use"]
     counts = {"model versions": f"{described['model_versions']}" + (f", {in_use} in use" if in_use else "")}
     if in_use is not None:

@@ -44,6 +44,7 @@ from ingest.bulk import insert_new_rows, insert_rows, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
 from twin import job_fold
+from twin.clock import as_utc
 from twin.db import in_chunks
 from twin.store import Job, Node, ObservedRun, TelemetryEvent
 
@@ -302,7 +303,7 @@ def _refold_progress(connection: Connection, row: dict[str, Any]) -> None:
     )
     for ts, payload in reports:
         job_fold.fold_progress(
-            row, job_fold.aware(ts), payload["tokens_processed"], payload["tokens_per_second"],
+            row, as_utc(ts), payload["tokens_processed"], payload["tokens_per_second"],
             payload.get("gpu_memory_peak_pct"), payload.get("power_watts"),
         )  # fmt: skip
 
@@ -381,16 +382,15 @@ def _fold(row: dict[str, Any], event: AnyEvent, stamp: Stamp) -> Any:
             row, ts, payload.tokens_processed, payload.tokens_per_second,  # type: ignore[union-attr]
             payload.gpu_memory_peak_pct, payload.power_watts,  # type: ignore[union-attr]
         )  # fmt: skip
-    elif kind == "job.rejected":
-        if job_fold.fold_terminal(row, kind, ts, event.event_id, {"rule": str(payload.rule)}):  # type: ignore[union-attr]
-            return _NO_RUN
-    elif kind == "job.completed":
-        if job_fold.fold_terminal(row, kind, ts, event.event_id, {}):
-            return {"job_id": row["job_id"], "is_valid": 1, "observed_at": ts, **_payload_fields(payload)}
-    elif kind == "job.failed":
-        failure = {"failure_reason": payload.reason, "failed_after_s": payload.seconds_into_run}  # type: ignore[union-attr]
-        if job_fold.fold_terminal(row, kind, ts, event.event_id, failure):
+    elif kind in job_fold.TERMINAL_EVENTS:
+        fields = _payload_fields(payload)
+        if not job_fold.fold_terminal(row, kind, ts, event.event_id, job_fold.outcome_values(kind, fields)):
+            return _NOT_ENDED
+        if kind == "job.completed":
+            return {"job_id": row["job_id"], "is_valid": 1, "observed_at": ts, **fields}
+        if kind == "job.failed":
             return {"job_id": row["job_id"], "is_valid": 0, "observed_at": ts, **_NOTHING_MEASURED}
+        return _NO_RUN
     return _NOT_ENDED
 
 

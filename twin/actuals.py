@@ -19,13 +19,11 @@ from sqlalchemy import Engine, or_
 from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
-from twin.cluster import gpu_tdp_watts
 from twin.db import in_chunks
 from twin.domain import canonical_gpu_name
-from twin.limits import plausible_power
-from twin.plan import DEFAULT_POWER_FRACTION
+from twin.plan import recorded_power_w
 from twin.run_metrics import integrate_on_bins
-from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
+from twin.store import JOB_ROWS, Job, Node, ObservedRun, job_records
 from twin.units import JOULES_PER_KWH
 
 OVERALL_FIGURES = (
@@ -90,10 +88,6 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
         by_type[name] = by_type.get(name, 0) + int(node.gpu_count)
     gpu_models = [canonical_gpu_name(j.gpu_model) if j.gpu_model else "" for j in jobs]
 
-    def power(job: JobRecord, gpu_model: str) -> float:
-        watts = plausible_power(measured.get(job.job_id)) or plausible_power(job.last_power_watts)
-        return watts or gpu_tdp_watts(gpu_model) * DEFAULT_POWER_FRACTION
-
     return JobTimes(
         origin=since,
         submitted=np.array([_seconds(j.submitted_at, since) for j in jobs], dtype=float),
@@ -101,7 +95,13 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
         ended=np.array([_seconds(j.ended_at, since) for j in jobs], dtype=float),
         gpus=np.array([j.number_gpus or 0 for j in jobs], dtype=float),
         gpu_models=gpu_models,
-        power_w=np.array([power(j, g) for j, g in zip(jobs, gpu_models, strict=True)], dtype=float),
+        power_w=np.array(
+            [
+                recorded_power_w(measured.get(j.job_id), j.last_power_watts, g)
+                for j, g in zip(jobs, gpu_models, strict=True)
+            ],
+            dtype=float,
+        ),
         completed=np.array([j.state == "completed" for j in jobs], dtype=bool),
         failed=np.array([j.state == "failed" for j in jobs], dtype=bool),
         rejected=np.array([j.state == "rejected" for j in jobs], dtype=bool),

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from twin.clock import as_utc
 from twin.store import JOB_STATE_RANK, TERMINAL_STATES
 
 TERMINAL_EVENTS = {"job.rejected": "rejected", "job.failed": "failed", "job.completed": "completed"}
@@ -33,10 +34,6 @@ _OUTCOMES = {"rejected": "rejected", "failed": "runtime", "completed": "valid"}
 _TIE_RANK = {"rejected": 0, "failed": 1, "completed": 2}  # at the same instant, the more pessimistic ends it
 _LONG_AGO = datetime.min.replace(tzinfo=UTC)  # the time of progress stored before its time was kept
 _PROGRESS = ("tokens_processed", "last_tokens_per_second", "last_gpu_memory_peak_pct", "last_power_watts")
-
-
-def aware(ts: datetime) -> datetime:
-    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)  # SQLite: naive UTC
 
 
 def advance(row: dict[str, Any], state: str) -> None:
@@ -55,7 +52,7 @@ def fold_submitted(row: dict[str, Any], ts: datetime, fields: Mapping[str, Any])
         for name, value in fields.items():
             if value is not None and row.get(name, value) is None:
                 row[name] = value
-    if row["submitted_at"] is None or ts < aware(row["submitted_at"]):
+    if row["submitted_at"] is None or ts < as_utc(row["submitted_at"]):
         row["submitted_at"] = ts
     advance(row, "submitted")
 
@@ -63,7 +60,7 @@ def fold_submitted(row: dict[str, Any], ts: datetime, fields: Mapping[str, Any])
 def fold_started(row: dict[str, Any], ts: datetime, node_ids: Sequence[str]) -> None:
     started = row["started_at"]
     nodes = list(node_ids)
-    if started is None or ts < aware(started) or (ts == aware(started) and nodes > (row["node_ids"] or [])):
+    if started is None or ts < as_utc(started) or (ts == as_utc(started) and nodes > (row["node_ids"] or [])):
         row["started_at"], row["node_ids"] = ts, nodes
     advance(row, "running")
 
@@ -73,7 +70,7 @@ def fold_progress(
 ) -> None:
     """A progress report dated after the job ended is not its progress (a stale agent's, or a clock's
     error: it rewrote a finished job's last power, and so the energy of its last interval)."""
-    if row["state"] in TERMINAL_STATES and row["ended_at"] is not None and ts > aware(row["ended_at"]):
+    if row["state"] in TERMINAL_STATES and row["ended_at"] is not None and ts > as_utc(row["ended_at"]):
         return
     if row["tokens_processed"] is not None:
         stored = _progress_key(
@@ -89,7 +86,7 @@ def fold_progress(
 
 
 def _stored_progress_at(row: dict[str, Any]) -> datetime:
-    return _LONG_AGO if row["progress_at"] is None else aware(row["progress_at"])
+    return _LONG_AGO if row["progress_at"] is None else as_utc(row["progress_at"])
 
 
 def _progress_key(
@@ -107,7 +104,7 @@ def fold_terminal(
     and `failed_after_s` for a failure."""
     state = TERMINAL_EVENTS[kind]
     if row["state"] in TERMINAL_STATES and row["ended_at"] is not None:
-        ended_at = aware(row["ended_at"])
+        ended_at = as_utc(row["ended_at"])
         if ts > ended_at:
             return False
         if ts == ended_at:
@@ -127,11 +124,20 @@ def _id_value(event_id: uuid.UUID | str | None) -> int:
     return event_id.int if isinstance(event_id, uuid.UUID) else uuid.UUID(event_id).int
 
 
+def outcome_values(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The outcome's columns a terminal event sets (`fold_terminal`'s `values`), from its payload's fields."""
+    if kind == "job.rejected":
+        return {"rule": str(payload["rule"])}
+    if kind == "job.failed":
+        return {"failure_reason": payload["reason"], "failed_after_s": payload["seconds_into_run"]}
+    return {}
+
+
 def progress_after_end(row: dict[str, Any]) -> bool:
     """Whether the row's progress is dated after the job's end: it came before an earlier end did, and the
     job's progress must be folded again from its reports dated by the end."""
     at = row["progress_at"]
-    return at is not None and row["ended_at"] is not None and aware(at) > aware(row["ended_at"])
+    return at is not None and row["ended_at"] is not None and as_utc(at) > as_utc(row["ended_at"])
 
 
 def forget_progress(row: dict[str, Any]) -> None:

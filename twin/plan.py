@@ -47,6 +47,7 @@ from twin.config_changes import (
 )
 from twin.domain import JobConfig, config_rule
 from twin.families import ERROR_QUANTILE_LEVELS, family_of
+from twin.limits import plausible_power
 from twin.protocols import (
     ErrorCorrelationModel,
     ErrorDistributionModel,
@@ -61,6 +62,19 @@ from twin.workload import NO_CONFIG, Workload
 
 # A job with a fixed duration and no configuration draws this fraction of its GPUs' board power.
 DEFAULT_POWER_FRACTION = 0.75
+
+
+def recorded_power_w(measured: float | None, reported: float | None, gpu_model: str) -> float:
+    """The power per GPU a job drew, as the store recorded it: its run's measured average, else its last
+    reported power, else what the twin assumes (DEFAULT_POWER_FRACTION of its GPUs' board power). A power
+    beyond the plausible (`twin.limits.plausible_power`: 1e308 W stored before ingest bounded it) is none."""
+    return (
+        plausible_power(measured)
+        or plausible_power(reported)
+        or gpu_tdp_watts(gpu_model) * DEFAULT_POWER_FRACTION
+    )
+
+
 # When no runtime failure has been observed yet: out-of-memory shows up after the model loads, within the
 # first training steps; a uniform 1-10 minutes until observed failure times replace it.
 DEFAULT_FAILURE_TIMES_S = np.array([60.0, 600.0])

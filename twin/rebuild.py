@@ -163,7 +163,7 @@ def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) ->
                 payload.get("gpu_memory_peak_pct"), payload.get("power_watts"),
             )  # fmt: skip
         elif kind in job_fold.TERMINAL_EVENTS:
-            values = _outcome_values(kind, payload)
+            values = job_fold.outcome_values(kind, payload)
             if not job_fold.fold_terminal(job, kind, ts, event_id, values):
                 continue
             for measured in (work, power, failed):
@@ -179,14 +179,6 @@ def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) ->
     failures = [seconds for _, seconds in sorted(failed.values(), key=lambda f: f[0], reverse=True)]
     records = {job_id: JobRecord(**row) for job_id, row in jobs.items()}
     return RebuiltState(at, records, [nodes[k] for k in sorted(nodes)], work, power, failures)
-
-
-def _outcome_values(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-    if kind == "job.rejected":
-        return {"rule": str(payload.get("rule"))}
-    if kind == "job.failed":
-        return {"failure_reason": payload.get("reason"), "failed_after_s": payload.get("seconds_into_run")}
-    return {}
 
 
 def _fold_node(nodes: dict[str, Node], cluster_id: str, ts: datetime, payload: Mapping[str, Any]) -> None:

@@ -28,13 +28,11 @@ import numpy as np
 from sqlalchemy import Engine
 
 from twin.clock import as_utc, telemetry_span
-from twin.cluster import gpu_tdp_watts
 from twin.ensemble import relative_error, run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.jsonsafe import json_safe
-from twin.limits import plausible_power
 from twin.live_state import DEFAULT_WORK_TOKENS, _Rows, inputs_from_rows, job_config, typical_work
-from twin.plan import DEFAULT_POWER_FRACTION, JobPlan, Reject, pool_index
+from twin.plan import JobPlan, Reject, pool_index, recorded_power_w
 from twin.policies import Policy
 from twin.protocols import JobModels
 from twin.rebuild import BacktestStates, RebuiltState, backtest_states
@@ -254,5 +252,4 @@ def _seconds_from(origin: datetime) -> Callable[[datetime | None], float]:
 
 
 def _power(state: RebuiltState, job: Any) -> float:
-    watts = plausible_power(state.observed_power_w.get(job.job_id)) or plausible_power(job.last_power_watts)
-    return watts or gpu_tdp_watts(job.gpu_model or "") * DEFAULT_POWER_FRACTION
+    return recorded_power_w(state.observed_power_w.get(job.job_id), job.last_power_watts, job.gpu_model or "")

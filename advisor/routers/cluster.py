@@ -8,7 +8,7 @@ from sqlmodel import Session, func, select
 
 from advisor.deps import get_session
 from advisor.timestamps import UtcDatetime
-from twin.cluster import MAX_GPUS_PER_NODE
+from twin.cluster import cluster_from_inventory
 from twin.domain import canonical_gpu_name
 from twin.store import Job, Node
 
@@ -59,14 +59,16 @@ def cluster(session: Session = Depends(get_session)) -> ClusterOut:
         return pools.setdefault(name, GpuPool(gpu_model=name, nodes_up=0, gpus_up=0, gpus_busy=0))
 
     for node in nodes:
-        pool = pool_of(node.gpu_model)
-        if node.gpu_count > MAX_GPUS_PER_NODE:  # stored before telemetry bounded it (twin.cluster)
-            continue
-        if node.status == "up":
-            pool.nodes_up += 1
-            pool.gpus_up += node.gpu_count
-        elif node.status == "drain":
+        pool_of(node.gpu_model)  # every type a node reports has a pool, whatever its nodes' state
+    # The nodes that serve, as the twin reads them (twin.cluster): one reporting more GPUs than a node holds
+    # (stored before telemetry bounded it) is not one; a draining node's GPUs serve no new job.
+    for spec in cluster_from_inventory((n.node_id, n.gpu_model, n.gpu_count, n.status) for n in nodes).nodes:
+        pool = pool_of(spec.gpu_model)
+        if spec.draining:
             pool.nodes_draining += 1
+        else:
+            pool.nodes_up += 1
+            pool.gpus_up += spec.gpus
     for gpu, count in busy.items():
         if gpu is not None:
             pool_of(gpu).gpus_busy += int(count)

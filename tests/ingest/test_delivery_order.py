@@ -9,7 +9,6 @@ live twin (the store) and a backtest (the rebuild) see the same cluster.
 
 from __future__ import annotations
 
-import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,6 +30,7 @@ from ingest.events import (
     NodeStatus,
     new_event,
 )
+from tests.twin.test_store_backtest import apply_shuffled
 from twin.db import make_engine
 from twin.domain import Rule
 from twin.rebuild import rebuild_at
@@ -127,14 +127,8 @@ def _utc(value: Any) -> Any:
 
 
 def deliver(engine: Engine, sent: list[Any], seed: int) -> None:
-    """In a shuffled order, in batches of random size, some events twice."""
-    rng = random.Random(seed)
-    order = sent + rng.sample(sent, len(sent) // 3)
-    rng.shuffle(order)
-    while order:
-        size = rng.randint(1, 4)
-        apply_events(engine, order[:size])
-        order = order[size:]
+    """In a shuffled order, in batches of 1-4 (a dozen events still arrive in many orders), a third twice."""
+    apply_shuffled(engine, sent, seed, max_batch=4, repeated=1 / 3)
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,16 @@ COMPARED = (
 )  # fmt: skip
 
 
-def apply_shuffled(engine: Engine, events: list, seed: int) -> None:
-    """Delivered out of order, in batches of random size, each event once or twice (at least once)."""
+def apply_shuffled(
+    engine: Engine, events: list, seed: int, *, max_batch: int = 40, repeated: float = 0.2
+) -> None:
+    """Delivered out of order, in batches of 1 to `max_batch`, each event once, a share `repeated` of them
+    twice."""
     rng = random.Random(seed)
-    shuffled = events + rng.sample(events, len(events) // 5)
+    shuffled = events + rng.sample(events, int(len(events) * repeated))
     rng.shuffle(shuffled)
     while shuffled:
-        size = rng.randint(1, 40)
+        size = rng.randint(1, max_batch)
         apply_events(engine, shuffled[:size])
         shuffled = shuffled[size:]
 
