@@ -28,12 +28,12 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import Field, StrictInt
+from pydantic import BaseModel, Field, StrictInt
 
 from advisor.auth import Role, access
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime, ShuttingDown
-from advisor.routers.skill_schemas import SkillOut
+from advisor.routers.forecast_schemas import ForecastOut, SkillOut, VsActualOut, WhatIfOut
 from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from calibrate.registry import RegistryError
@@ -237,6 +237,12 @@ def schedule_standing_forecast(runtime: ApiRuntime) -> None:
     )
 
 
+def _documented(schema: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The answer's schema in the OpenAPI document, without validating each answer against it
+    (`advisor.routers.forecast_schemas` says why)."""
+    return {200: {"model": schema, "description": schema.__doc__ or "the answer"}}
+
+
 _NO_STATE_RESPONSE: dict[int | str, dict[str, Any]] = {
     409: {"description": "nothing to forecast yet (no node up) or the models fail verification"}
 }
@@ -248,7 +254,8 @@ _NO_STATE_RESPONSE: dict[int | str, dict[str, Any]] = {
     description="The stored standing forecast while it is fresh (two periods of the twin's clock); "
     "otherwise one computed for the asking, not stored. A GET never writes: operators refresh with "
     "POST /v1/forecast/refresh.",
-    responses=_NO_STATE_RESPONSE,
+    response_model=None,
+    responses=_documented(ForecastOut) | _NO_STATE_RESPONSE,
 )
 def get_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
     settings: AdvisorSettings = runtime.settings
@@ -276,7 +283,10 @@ def get_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
     "/v1/forecast/refresh",
     summary="Compute and store a new standing forecast now (operator; at most one per "
     "FINETWIN_FORECAST_REFRESH_MIN_SECONDS)",
-    responses=_NO_STATE_RESPONSE | {REFRESH_BUSY: {"description": "refreshed moments ago, or refreshing"}},
+    response_model=None,
+    responses=_documented(ForecastOut)
+    | _NO_STATE_RESPONSE
+    | {REFRESH_BUSY: {"description": "refreshed moments ago, or refreshing"}},
 )
 def refresh_forecast(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
     settings: AdvisorSettings = runtime.settings
@@ -331,7 +341,8 @@ def get_skill(
 @router.get(
     "/v1/forecast/vs-actual",
     summary="A stored forecast's bands with what then happened, per figure, and its age on the twin's clock",
-    responses={404: {"description": "no stored forecast yet"}},
+    response_model=None,
+    responses=_documented(VsActualOut) | {404: {"description": "no stored forecast yet"}},
 )
 def get_forecast_vs_actual(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
     settings: AdvisorSettings = runtime.settings
@@ -347,7 +358,8 @@ def get_forecast_vs_actual(runtime: ApiRuntime = Depends(get_runtime)) -> dict[s
 @router.post(
     "/v1/whatif",
     summary="A scenario against the baseline forecast on paired seeds: each difference with its interval",
-    responses=_NO_STATE_RESPONSE,
+    response_model=None,
+    responses=_documented(WhatIfOut) | _NO_STATE_RESPONSE,
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
 async def post_whatif(
