@@ -3,7 +3,8 @@
 A steering run evaluates every candidate action with the twin's ensemble: about 40 s of both cores. Two
 operators pressing "run steering now", or one pressing it while the scheduled run is under way, ran it twice
 at once, each at half speed, to the same answer. Whoever asks while a run is under way now waits for that
-run and gets its outcome (its result, or the exception it raised).
+run and gets its outcome (its result, or the exception it raised) — or, with `start`, does not wait: the
+run goes on in a thread of its own and the caller learns what is under way (`under_way`), to look again.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -23,7 +24,8 @@ class Outcome(Generic[T]):
 
 
 class _Run(Generic[T]):
-    def __init__(self) -> None:
+    def __init__(self, about: dict[str, Any]) -> None:
+        self.about = about
         self.done = threading.Event()
         self.value: T | None = None
         self.error: BaseException | None = None
@@ -35,32 +37,58 @@ class SingleFlight(Generic[T]):
         self._run: _Run[T] | None = None
         self.callers = 0  # of the run under way, its own caller included (0 when none is)
 
-    def run(self, job: Callable[[], T]) -> Outcome[T]:
-        with self._lock:
-            current = self._run
-            self.callers += 1
-            self._lock.notify_all()
-            if current is None:
-                current = self._run = _Run()
-                joined = False
-            else:
-                joined = True
+    def run(self, job: Callable[[], T], about: dict[str, Any] | None = None) -> Outcome[T]:
+        """`job`'s outcome, run here unless a run is under way, whose outcome it then waits for. `about`:
+        what `under_way` says of the run while it lasts (who started it, when)."""
+        current, joined = self._join_or_begin(about)
         if not joined:
-            try:
-                current.value = job()
-            except BaseException as exc:
-                current.error = exc
-            finally:
-                with self._lock:
-                    self._run = None
-                    self.callers = 0
-                current.done.set()
+            self._execute(current, job)
         current.done.wait()
         if current.error is not None:
             raise current.error
         return Outcome(current.value, joined)  # type: ignore[arg-type]
 
+    def start(self, job: Callable[[], T], about: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+        """`job` begun in a thread of its own, unless a run is under way; returns immediately with what
+        is under way (`about` of whichever run) and whether it was already (True: `job` is not run). The
+        outcome is the job's own business: nobody waits for it here."""
+        current, joined = self._join_or_begin(about)
+        if joined:
+            with self._lock:
+                self.callers -= 1  # it asked and left: it does not wait for the outcome
+        else:
+            worker = threading.Thread(target=self._execute, args=(current, job), name="single-flight")
+            worker.daemon = True  # a run abandoned at exit is stopped by the job's own checks, not joined
+            worker.start()
+        return current.about, joined
+
+    def under_way(self) -> dict[str, Any] | None:
+        """`about` of the run under way; None when none is."""
+        with self._lock:
+            return None if self._run is None else self._run.about
+
     def wait_for_callers(self, count: int, timeout_s: float) -> bool:
         """Whether `count` callers share the run under way within `timeout_s` (for tests)."""
         with self._lock:
             return self._lock.wait_for(lambda: self.callers >= count, timeout_s)
+
+    def _join_or_begin(self, about: dict[str, Any] | None) -> tuple[_Run[T], bool]:
+        with self._lock:
+            current = self._run
+            self.callers += 1
+            self._lock.notify_all()
+            if current is not None:
+                return current, True
+            current = self._run = _Run(dict(about or {}))
+            return current, False
+
+    def _execute(self, current: _Run[T], job: Callable[[], T]) -> None:
+        try:
+            current.value = job()
+        except BaseException as exc:
+            current.error = exc
+        finally:
+            with self._lock:
+                self._run = None
+                self.callers = 0
+            current.done.set()

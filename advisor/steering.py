@@ -283,17 +283,21 @@ def why_nothing(evaluated: list[tuple[Candidate, dict[str, Any]]]) -> str:
     )
 
 
-def run_steering(
-    engine: Engine, settings: AdvisorSettings, models_in_use: Any, *, actor: str, source: str,
-    progress: Callable[[], object] | None = None,
-) -> SteeringResult:  # fmt: skip
-    """Load the live state and the models in use (`get() -> (version, models) | None`), evaluate the
-    candidates, record the helpful ones. `progress`: called after every ensemble run (it may raise to
-    stop the run)."""
+@dataclass(frozen=True)
+class SteeringInputs:
+    """What a steering run starts from: the SLOs in force, the models in use and the live state."""
+
+    slos: SloSet
+    models: Any
+    inputs: TwinInputs
+
+
+def prepare_steering(engine: Engine, settings: AdvisorSettings, models_in_use: Any) -> SteeringInputs:
+    """The SLOs, the models in use (`get() -> (version, models) | None`) and the live state; raises
+    `SteeringUnavailable` (why) when steering cannot run. Quick: a caller learns at once what stops a run."""
     from twin.live_state import NoClusterError, load_live_inputs
     from twin.slo_attainment import SloFormatError
 
-    began = time.perf_counter()
     try:
         slos = current_slos(engine, settings).slos
     except SloFormatError as exc:
@@ -307,9 +311,21 @@ def run_steering(
         )
     except NoClusterError as exc:
         raise SteeringUnavailable(str(exc)) from None
+    return SteeringInputs(slos, models, inputs)
+
+
+def run_steering(
+    engine: Engine, settings: AdvisorSettings, models_in_use: Any, *, actor: str, source: str,
+    progress: Callable[[], object] | None = None, prepared: SteeringInputs | None = None,
+) -> SteeringResult:  # fmt: skip
+    """Evaluate the candidates from `prepared` (else `prepare_steering`'s), record the helpful ones.
+    `progress`: called after every ensemble run (it may raise to stop the run)."""
+    began = time.perf_counter()
+    start = prepared or prepare_steering(engine, settings, models_in_use)
+    inputs, slos = start.inputs, start.slos
     options = baseline_options(settings)
     found = candidates(inputs, options)
-    evaluated = evaluate(inputs, models, options, slos, found, progress)
+    evaluated = evaluate(inputs, start.models, options, slos, found, progress)
     chosen = proposals(evaluated, options.runs)
     with session_scope(engine) as session:
         recorded = workflow.propose(

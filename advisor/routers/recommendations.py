@@ -8,10 +8,12 @@ the application gave it a Kafka) publishes it, woken by the approval.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 from sqlmodel import Session, col, func, select
@@ -23,7 +25,13 @@ from advisor.parts import ApiRuntime, ShuttingDown
 from advisor.records import OutboxMessage, Recommendation
 from advisor.settings import AdvisorSettings
 from advisor.single_flight import Outcome
-from advisor.steering import SteeringResult, SteeringUnavailable, run_steering
+from advisor.steering import (
+    SteeringInputs,
+    SteeringResult,
+    SteeringUnavailable,
+    prepare_steering,
+    run_steering,
+)
 from advisor.timestamps import UtcDatetime
 from twin.db import session_scope
 
@@ -85,6 +93,21 @@ class RunOut(BaseModel):
     notes: list[str]
 
 
+class SteeringUnderWay(BaseModel):
+    started_at: str = Field(description="when it began, wall clock, RFC 3339")
+    actor: str = Field(description="who started it (`system`: the schedule)")
+    source: str = Field(description="on-demand or schedule")
+
+
+class RunStarted(BaseModel):
+    """A steering run under way, to follow at `poll`: its outcome is the last run's there once
+    `under_way` is null."""
+
+    under_way: SteeringUnderWay
+    joined: bool = Field(description="true: it was already under way (this request started nothing)")
+    poll: str = Field(description="where its outcome will be: GET it until `under_way` is null")
+
+
 def _out(session: Session, rec: Recommendation) -> RecommendationOut:
     out = RecommendationOut.model_validate(rec)
     if rec.state == workflow.State.APPROVED.value:
@@ -136,14 +159,15 @@ def list_recommendations(
 def last_steering(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
     settings: AdvisorSettings = runtime.settings
     last = runtime.last_steering
+    under_way = {"under_way": runtime.steering.under_way()}  # a run now, whose outcome replaces this one
     if last is None:
         return {
             "ran": False,
             "why_none": "steering has not run yet: it runs every "
             f"{settings.steering_interval_minutes:g} min of telemetry time, at most every "
             f"{settings.steering_min_wall_seconds:g} s, once a model is in use and SLOs are declared",
-        }
-    return last
+        } | under_way
+    return last | under_way
 
 
 @router.get(
@@ -229,18 +253,39 @@ def reject(
     return out
 
 
+STEERING_POLL = "/v1/recommendations/steering"
+RESPOND_ASYNC = "respond-async"
+
+
+def _prefers_async(prefer: str | None) -> bool:
+    """Whether the request's `Prefer` header (RFC 7240) asks for `respond-async`."""
+    if not prefer:
+        return False
+    return any(p.split(";")[0].strip().lower() == RESPOND_ASYNC for p in prefer.split(","))
+
+
 @router.post(
     "/run",
     response_model=RunOut,
     summary="Run cluster steering now: what-ifs against the SLOs, recording those that help (operator)",
+    description="Waits for the run (about 40 s of both cores) and answers its outcome. With `Prefer: "
+    "respond-async` (RFC 7240) it answers 202 at once with the run under way, and its outcome is at "
+    f"GET {STEERING_POLL} once `under_way` is null: for clients and proxies that will not wait that long.",
     responses={
+        202: {"model": RunStarted, "description": "with `Prefer: respond-async`: the run under way"},
         409: {"description": "steering cannot run yet (no SLOs, no node up, no usable models)"},
         503: {"description": "the API is stopping"},
     },
 )
 def run_now(
-    runtime: ApiRuntime = Depends(get_runtime), principal: Principal = Depends(require_role(Role.OPERATOR))
-) -> RunOut:
+    runtime: ApiRuntime = Depends(get_runtime),
+    principal: Principal = Depends(require_role(Role.OPERATOR)),
+    prefer: str | None = Header(
+        default=None, max_length=200, description="`respond-async`: answer 202 at once, not the outcome"
+    ),
+) -> Any:
+    if _prefers_async(prefer):
+        return _start_async(runtime, principal.actor)
     try:
         outcome = _steer(runtime, actor=principal.actor, source="on-demand")
     except SteeringUnavailable as exc:
@@ -251,11 +296,25 @@ def run_now(
     notes = list(result.notes)
     if outcome.joined:
         notes.insert(0, "a steering run was already under way: this is its outcome")
-    else:
-        _remember(runtime, result)
     with Session(runtime.engine) as session:
         recs = [_out(session, r) for r in result.recommendations]
     return RunOut(evaluated=result.evaluated, recommended=len(recs), recommendations=recs, notes=notes)
+
+
+def _start_async(runtime: ApiRuntime, actor: str) -> JSONResponse:
+    """A run begun in the background (or the one under way), answered at once."""
+    prepared = None
+    if runtime.steering.under_way() is None:
+        try:  # what stops a run is said now (409), not left for the poller to find
+            prepared = prepare_steering(runtime.engine, runtime.settings, runtime.models_in_use)
+        except SteeringUnavailable as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from exc
+    about, joined = runtime.steering.start(
+        _steering(runtime, actor=actor, source="on-demand", prepared=prepared), _about(actor, "on-demand")
+    )
+    body = RunStarted(under_way=SteeringUnderWay(**about), joined=joined, poll=STEERING_POLL)
+    headers = {"Location": STEERING_POLL, "Preference-Applied": RESPOND_ASYNC}
+    return JSONResponse(status_code=202, content=body.model_dump(), headers=headers)
 
 
 # --- the scheduled expiry and steering (put on the scheduler by the lifespan) ------------------------------
@@ -280,14 +339,51 @@ def _expire_job(engine: Engine) -> None:
         log.info("expired %d recommendations", len(expired))
 
 
-def _steer(runtime: ApiRuntime, *, actor: str, source: str) -> Outcome[SteeringResult]:
+def _about(actor: str, source: str) -> dict[str, Any]:
+    return {"started_at": datetime.now(UTC).isoformat(), "actor": actor, "source": source}
+
+
+def _steering(
+    runtime: ApiRuntime, *, actor: str, source: str, prepared: SteeringInputs | None = None,
+    telemetry_at: datetime | None = None,
+) -> Callable[[], SteeringResult]:  # fmt: skip
+    """A steering run that remembers its own outcome for GET /steering, whoever waits for it or not:
+    a run begun in the background has nobody else to."""
+    if telemetry_at is None:  # the twin's time it starts from, read before it runs
+        from twin.clock import twin_clock
+
+        telemetry_at = twin_clock(runtime.engine, runtime.settings.cluster_id).now
+
+    def job() -> SteeringResult:
+        try:
+            result = run_steering(
+                runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source,
+                progress=runtime.check_stopping, prepared=prepared,
+            )  # fmt: skip
+        except ShuttingDown:
+            log.info("steering abandoned: the API is stopping")
+            raise
+        except SteeringUnavailable as exc:
+            log.info("steering could not run: %s", exc)
+            _remember_none(runtime, str(exc))
+            raise
+        except Exception as exc:
+            log.exception("steering failed")
+            _remember_none(runtime, f"the last steering run failed: {exc}")
+            raise
+        _remember(runtime, result, telemetry_at)
+        log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))
+        return result
+
+    return job
+
+
+def _steer(
+    runtime: ApiRuntime, *, actor: str, source: str, telemetry_at: datetime | None = None
+) -> Outcome[SteeringResult]:
     """A steering run, or the outcome of the one under way (advisor.single_flight)."""
-    return runtime.steering.run(
-        lambda: run_steering(
-            runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source,
-            progress=runtime.check_stopping,
-        )
-    )  # fmt: skip
+    job = _steering(runtime, actor=actor, source=source, telemetry_at=telemetry_at)
+    return runtime.steering.run(job, _about(actor, source))
 
 
 # The steering job looks this often whether a run is due: soon after the first model is in use, then every
@@ -297,7 +393,7 @@ STEERING_TICK_S = 30.0
 
 def _steering_job(runtime: ApiRuntime) -> None:
     """Steers when due (see STEERING_TICK_S); a run that could not happen (no model yet) is retried at the
-    next tick."""
+    next tick. The run remembers its own outcome (`_steering`)."""
     from twin.clock import twin_clock
 
     settings: AdvisorSettings = runtime.settings
@@ -310,32 +406,13 @@ def _steering_job(runtime: ApiRuntime) -> None:
         if since < settings.steering_interval_minutes * 60.0 or wall < settings.steering_min_wall_seconds:
             return
     try:
-        outcome = _steer(runtime, actor="system", source="schedule")
-    except ShuttingDown:
-        log.info("scheduled steering abandoned: the API is stopping")
+        _steer(runtime, actor="system", source="schedule", telemetry_at=clock.now)
+    except Exception:  # said and remembered by the run; the scheduler must keep running
         return
-    except SteeringUnavailable as exc:
-        log.info("scheduled steering skipped: %s", exc)
-        runtime.last_steering = {
-            "ran": False, "at": datetime.now(UTC).isoformat(), "telemetry_at": None, "why_none": str(exc)
-        }  # fmt: skip
-        return
-    except Exception:  # the scheduler must keep running; the next tick tries again
-        log.exception("scheduled steering failed")
-        return
-    if outcome.joined:
-        return  # an operator's run, remembered by its request
-    result = outcome.value
-    _remember(runtime, result, clock.now)
-    log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))
 
 
-def _remember(runtime: ApiRuntime, result: Any, telemetry_at: datetime | None = None) -> None:
+def _remember(runtime: ApiRuntime, result: SteeringResult, telemetry_at: datetime) -> None:
     """The last run's outcome, for the panel (this process's memory: it is about the latest run only)."""
-    if telemetry_at is None:
-        from twin.clock import twin_clock
-
-        telemetry_at = twin_clock(runtime.engine, runtime.settings.cluster_id).now
     runtime.last_steering = {
         "ran": True,
         "at": datetime.now(UTC).isoformat(),
@@ -344,6 +421,16 @@ def _remember(runtime: ApiRuntime, result: Any, telemetry_at: datetime | None = 
         "recommended": len(result.recommendations),
         "why_none": result.why_none,
         "notes": result.notes,
+    }
+
+
+def _remember_none(runtime: ApiRuntime, why: str) -> None:
+    """A run that did not happen or did not finish: no telemetry time, so the schedule tries again."""
+    runtime.last_steering = {
+        "ran": False,
+        "at": datetime.now(UTC).isoformat(),
+        "telemetry_at": None,
+        "why_none": why,
     }
 
 

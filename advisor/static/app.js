@@ -21,7 +21,9 @@ function setStatus(text, isError) {
 }
 
 async function api(path, options = {}, key = storedKey()) {
-  const headers = Object.assign({ "X-API-Key": key }, options.body ? { "Content-Type": "application/json" } : {});
+  const headers = Object.assign(
+    { "X-API-Key": key }, options.body ? { "Content-Type": "application/json" } : {}, options.headers || {},
+  );
   const response = await fetch(path, Object.assign({}, options, { headers }));
   const body = response.headers.get("content-type")?.includes("json") ? await response.json() : null;
   if (!response.ok) {
@@ -379,8 +381,9 @@ async function loadRecommendations() {
   const last = steering.ran
     ? `Last steering run ${when(steering.at)}: ${steering.evaluated} candidates, ${steering.recommended} recommended.`
     : "";
-  document.getElementById("steering-note").textContent =
-    pending && !steering.why_none ? last : `${last} ${steering.why_none || ""}`.trim();
+  const note = pending && !steering.why_none ? last : `${last} ${steering.why_none || ""}`.trim();
+  document.getElementById("steering-note").textContent = steering.under_way
+    ? `${note} A steering run is under way (${underWayText(steering.under_way)}).`.trim() : note;
   fillTable("recs", page.recommendations, [
     (tr, r) => cell(tr, r.title),
     (tr, r) => cell(tr, effectText(r)),
@@ -406,29 +409,49 @@ async function loadRecommendations() {
 
 // An operator's POST: with the key in use, or, when that key may not (403), an operator key asked for.
 // Null when the user cancels.
-async function asOperator(path, what) {
+async function asOperator(path, what, headers = {}) {
   try {
-    return await api(path, { method: "POST" });
+    return await api(path, { method: "POST", headers });
   } catch (error) {
     if (error.status !== 403) throw error;
     const answer = await ask(`Operator API key to ${what}`);
-    return answer && api(path, { method: "POST" }, answer.key);
+    return answer && api(path, { method: "POST", headers }, answer.key);
   }
 }
 
+const underWayText = (run) => `started ${when(run.started_at)} by ${run.actor}`;
+// How often the page looks whether the steering run it started has finished (it takes about 40 s).
+const STEERING_POLL_MS = 2000;
+
+// The run goes on in the API's background (Prefer: respond-async answers 202 at once): the page follows it
+// at the address the answer gives, so a proxy's timeout or a reload of the page loses nothing.
 async function runSteering() {
   const result = document.getElementById("steering-run-result");
   result.textContent = "steering…";
-  let run;
+  let started;
   try {
-    run = await asOperator("/v1/recommendations/run", "run steering now");
+    started = await asOperator("/v1/recommendations/run", "run steering now", { Prefer: "respond-async" });
   } catch (error) {
     result.textContent = `steering could not run: ${error.message}`;
     return;
   }
-  if (!run) { result.textContent = ""; return; }
-  result.textContent = `steering evaluated ${run.evaluated} actions, recommended ${run.recommended}` +
-    (run.notes && run.notes.length ? ` (${run.notes.join("; ")})` : "");
+  if (!started) { result.textContent = ""; return; }
+  let last = started;
+  while (last.under_way) {
+    result.textContent = `steering… (${underWayText(last.under_way)}` +
+      `${started.joined ? ", already under way" : ""})`;
+    await new Promise((resolve) => setTimeout(resolve, STEERING_POLL_MS));
+    try {
+      last = await api(started.poll);
+    } catch (error) {
+      result.textContent = `steering under way; its outcome could not be read: ${error.message}`;
+      return;
+    }
+  }
+  result.textContent = last.ran
+    ? `steering evaluated ${last.evaluated} actions, recommended ${last.recommended}` +
+      (last.notes && last.notes.length ? ` (${last.notes.join("; ")})` : "")
+    : `steering did not run: ${last.why_none}`;
   await Promise.allSettled([loadRecommendations(), loadAudit()]);
 }
 const steeringButton = document.getElementById("steering-run");

@@ -264,6 +264,9 @@ def test_operator_buttons_ask_for_an_operator_key_and_send_once(api_server: dict
             route.fulfill(status=403, json={"detail": "this needs the operator role; the key has viewer"})
 
     page.route("**/v1/recommendations/run", operator_only)
+    # The steering run goes on in the API's background: the page follows it at the address it was given.
+    steering: dict = {"ran": False, "why_none": "steering has not run yet", "under_way": None}
+    page.route("**/v1/recommendations/steering", lambda r: r.fulfill(json=steering))
     page.route("**/v1/plan/p1/recommend", operator_only)
     page.route("**/v1/plan", lambda r: r.fulfill(json=[{"id": "p1", "status": "done"}]))
     page.route("**/v1/plan/p1", lambda r: r.fulfill(json={"id": "p1", "status": "done", "result": PLAN}))
@@ -280,9 +283,10 @@ def test_operator_buttons_ask_for_an_operator_key_and_send_once(api_server: dict
     assert labels == ["23:30", "23:40", "23:50"]
     assert "(UTC)" in page.inner_text("#error-caption")
 
-    ran = {"evaluated": 3, "recommended": 0, "notes": []}
+    under_way = {"started_at": "2026-01-02T03:04:05Z", "actor": "key:1 (op)", "source": "on-demand"}
+    started = {"under_way": under_way, "joined": False, "poll": "/v1/recommendations/steering"}
     for button, title, answer, said in [
-        ("#steering-run", "Operator API key to run steering now", ran,
+        ("#steering-run", "Operator API key to run steering now", started,
          ("#steering-run-result", "steering evaluated 3 actions")),
         ("#plan-recommend", "Operator API key to recommend the cheapest",
          {"recommendation_id": "r", "title": "x"}, ("#status", "recommended: x")),
@@ -298,7 +302,25 @@ def test_operator_buttons_ask_for_an_operator_key_and_send_once(api_server: dict
         # The double click sent one request with the viewer's key and, asked, one with the operator's.
         assert sent == [keys["viewer"], keys["operator"]]
         assert page.locator(button).is_disabled()  # while its request is on its way
-        held.pop().fulfill(json=answer)
+        request = held.pop()
+        if button == "#steering-run":
+            # Asked to answer at once (RFC 7240), and told where the run's outcome will be.
+            assert request.request.headers.get("prefer") == "respond-async"
+            steering["under_way"] = under_way
+            request.fulfill(status=202, json=answer)
+            following = page.locator("#steering-run-result", has_text="steering… (started")
+            following.wait_for(timeout=15_000)
+            assert "by key:1 (op)" in following.inner_text() and page.locator(button).is_disabled()
+            steering.update(ran=True, evaluated=3, recommended=0, notes=[], why_none=None, under_way=None,
+                            at="2026-01-02T03:04:45Z")  # fmt: skip
+        else:
+            request.fulfill(json=answer)
         page.locator(said[0], has_text=said[1]).wait_for(timeout=15_000)
         expect(page.locator(button)).to_be_enabled()  # once the panels it changed are reloaded
+    # A page opened while a run is under way (another operator's, or the schedule's) says so.
+    steering["under_way"] = under_way
+    page.reload()
+    note = page.locator("#steering-note", has_text="A steering run is under way (started")
+    note.wait_for(timeout=15_000)
+    assert note.inner_text().startswith("Last steering run")  # after the last run's outcome
     context.close()
