@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, HTTPException
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from pydantic import BaseModel
 
 from advisor.deps import get_settings
@@ -46,6 +46,8 @@ PAGE_POLICY = (
 )
 # A report file: shown, never run (a sandbox with no permission, nothing loaded).
 REPORT_POLICY = "default-src 'none'; img-src 'self'; sandbox; frame-ancestors 'none'"
+# The report rendered as a page: the same, and its one style element (by its hash).
+REPORT_PAGE_POLICY = "default-src 'none'; img-src 'self'; style-src {style}; sandbox; frame-ancestors 'none'"
 
 
 def _headers(policy: str) -> dict[str, str]:
@@ -121,11 +123,21 @@ def report_files(pointer: dict) -> dict[str, Path]:
 
 
 @router.get("/reports/latest/", include_in_schema=False)
-def latest_report_page(settings: AdvisorSettings = Depends(get_settings)) -> RedirectResponse:
+def latest_report_page(settings: AdvisorSettings = Depends(get_settings)) -> HTMLResponse:
+    """The report as a page: report.md rendered (it was served as its Markdown text, which a browser shows
+    raw), its figures linked to the files beside it, under a policy that runs nothing."""
+    from calibrate.report.html import html_document, markdown_body, style_source
+
     pointer = _latest(settings)
     if pointer is None:
         raise HTTPException(status_code=404, detail="no report yet: run `finetwin report`")
-    return RedirectResponse(url=f"/reports/latest/{Path(pointer['report_md']).name}")
+    files = report_files(pointer)
+    # Only the report's own figures: a source it did not write shows the figure's words instead.
+    markdown = Path(pointer["report_md"]).read_text(encoding="utf-8")
+    body = markdown_body(markdown, lambda src: src if src in files else "")
+    source = str(pointer.get("source") or "")
+    page = html_document(body, title=f"Characterization report{': ' + source if source else ''}")
+    return HTMLResponse(page, headers=_headers(REPORT_PAGE_POLICY.format(style=style_source())))
 
 
 @router.get("/reports/latest/{name:path}", include_in_schema=False)

@@ -8,6 +8,8 @@ it, offline, and without fetching anything: no scripts, no external style sheets
 from __future__ import annotations
 
 import base64
+import hashlib
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -36,16 +38,25 @@ class FigureMissingError(ValueError):
 
 def render_html(markdown_text: str, out_dir: Path, *, title: str) -> str:
     """report.md's text as one HTML document whose figures (files in `out_dir`) are embedded."""
+    return html_document(markdown_body(markdown_text, lambda src: _data_uri(out_dir, src)), title=title)
+
+
+def markdown_body(markdown_text: str, image_src: Callable[[str], str]) -> str:
+    """The Markdown as HTML (raw HTML in it escaped, not passed through); each image's source is what
+    `image_src` makes of the one written (it may raise to refuse it)."""
     converter = MarkdownIt("commonmark", {"html": False}).enable("table")
     default_image = converter.renderer.rules["image"]
 
     def image(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
         token = tokens[idx]
-        token.attrSet("src", _data_uri(out_dir, str(token.attrGet("src"))))
+        token.attrSet("src", image_src(str(token.attrGet("src"))))
         return str(default_image(tokens, idx, options, env))
 
     converter.add_render_rule("image", image)
-    body = converter.render(markdown_text)
+    return str(converter.render(markdown_text))
+
+
+def html_document(body: str, *, title: str) -> str:
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -53,6 +64,13 @@ def render_html(markdown_text: str, out_dir: Path, *, title: str) -> str:
         f"<title>{escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n"
         f"<body>\n{body}</body>\n</html>\n"
     )
+
+
+def style_source() -> str:
+    """The CSP source that lets the document's one style element apply and nothing else (its hash): a page
+    served under a policy without 'unsafe-inline' would show unstyled."""
+    digest = hashlib.sha256(_STYLE.encode()).digest()
+    return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
 
 
 def _data_uri(out_dir: Path, src: str) -> str:

@@ -199,7 +199,13 @@ def test_the_latest_report_is_linked_and_served_read_only(engine: Engine, tmp_pa
         info = client.get("/v1/reports/latest", headers=keys["viewer"]).json()
         assert info["available"] and info["url"] == "/reports/latest/"
         page = client.get(info["url"])
-        assert page.status_code == 200 and page.text.startswith("# Characterization")
+        # A page, not the Markdown's text (which a browser showed raw); the Markdown is still there.
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "<h1>Characterization</h1>" in page.text
+        assert "<title>Characterization report: sample</title>" in page.text
+        policy = page.headers["content-security-policy"]
+        assert "sandbox" in policy and "script-src" not in policy and "'unsafe-inline'" not in policy
+        assert client.get("/reports/latest/report.md").text.startswith("# Characterization")
         assert client.get("/reports/latest/figures/q1.png").headers["content-type"] == "image/png"
         assert client.get("/reports/latest/../secret.md").status_code == 404
         assert client.get("/reports/latest/%2e%2e/secret.md").status_code == 404

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +26,8 @@ from tests.advisor.test_dashboard import CHROMIUM_ARGS
 from tests.conftest import api_headers, finetwin_api, wait_for
 from twin.db import make_engine, session_scope
 from twin.store import Job, utcnow
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 OLD_QUEUED = 80  # beyond the page's 50, and submitted before the seed's queue
@@ -324,3 +327,40 @@ def test_operator_buttons_ask_for_an_operator_key_and_send_once(api_server: dict
     note.wait_for(timeout=15_000)
     assert note.inner_text().startswith("Last steering run")  # after the last run's outcome
     context.close()
+
+
+def test_the_latest_report_opens_as_a_styled_page_with_its_figures(
+    api_server: dict, browser, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The dashboard's report link opened report.md as text, the Markdown raw. It opens the report rendered,
+    styled (its style element allowed by hash, nothing else) and with every figure loaded."""
+    from types import SimpleNamespace
+
+    from calibrate.report.latest import record_latest, reports_root
+    from finetwin.settings import Settings
+
+    out = tmp_path / "report"
+    shutil.copytree(REPO / "docs" / "report-example", out)
+    figures = {path.stem: path for path in out.glob("*.png")}
+    report = SimpleNamespace(
+        out_dir=out, report_md=out / "report.md", numbers_json=out / "numbers.json", figures=figures,
+        generated_at="2026-12-06T12:00:00Z", source="the bundled sample",
+    )  # fmt: skip
+    record_latest(report, reports_root(Settings(data_dir=tmp_path / "data")))
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    page.goto(api_server["url"] + "/")
+    use_key(page, api_server["keys"]["viewer"])
+    page.click("#report-link a")
+    page.wait_for_load_state("load")
+    assert page.url == api_server["url"] + "/reports/latest/"
+    assert page.title() == "Characterization report: the bundled sample"
+    assert page.locator("h1").first.inner_text().strip()
+    assert page.locator("table").count() > 0
+    table_style = "() => getComputedStyle(document.querySelector('table')).borderCollapse"
+    assert page.evaluate(table_style) == "collapse"  # the style applied: its hash is in the policy
+    sizes = page.evaluate("() => [...document.images].map((i) => [i.getAttribute('src'), i.naturalWidth])")
+    assert len(sizes) == len(figures) and all(width > 0 for _, width in sizes), sizes
+    assert not refused, refused
+    page.close()
