@@ -30,10 +30,12 @@ from finetwin.commands import (
     twin,
     up,
 )  # fmt: skip
+from finetwin.help_format import flags_take_no_value
 from finetwin.logs import configure_logging
 from finetwin.settings import Settings
 from twin.input_errors import plain_message
 
+flags_take_no_value()
 app = typer.Typer(
     name="finetwin",
     help="A digital twin for GPU clusters that run LLM fine-tuning jobs.",
