@@ -295,7 +295,7 @@ class SteeringInputs:
 def prepare_steering(engine: Engine, settings: AdvisorSettings, models_in_use: Any) -> SteeringInputs:
     """The SLOs, the models in use (`get() -> (version, models) | None`) and the live state; raises
     `SteeringUnavailable` (why) when steering cannot run. Quick: a caller learns at once what stops a run."""
-    from twin.live_state import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_cluster_inputs
     from twin.slo_attainment import SloFormatError
 
     try:
@@ -306,9 +306,7 @@ def prepare_steering(engine: Engine, settings: AdvisorSettings, models_in_use: A
         raise SteeringUnavailable("no SLOs declared: PUT /v1/slos or set FINETWIN_SLO_FILE")
     models = _models(models_in_use)
     try:
-        inputs = load_live_inputs(
-            engine, cluster_id=settings.cluster_id, lookback=timedelta(days=settings.forecast_lookback_days)
-        )
+        inputs = load_cluster_inputs(engine, settings)
     except NoClusterError as exc:
         raise SteeringUnavailable(str(exc)) from None
     return SteeringInputs(slos, models, inputs)

@@ -189,11 +189,18 @@ def _completed(row: dict[str, Any]) -> JobCompleted:
     return JobCompleted(**{name: _value(row, name) for name in MEASURED_FIELDS})
 
 
+# The longest a replayed run goes between two progress reports (or its start and its first, its last and
+# its end): the benchmark's longest run (12 h) had 10 reports 66 min apart.
+PROGRESS_GAP_S = 600.0
+
+
 def _progress(row: dict[str, Any]) -> list[tuple[float, JobProgress]]:
-    """Progress reports spread over the run (one per ~2 minutes, 2 to 10 of them)."""
+    """Progress reports spread over the run: one per ~2 minutes, 2 to 10 of them, and in a longer run at
+    least one per PROGRESS_GAP_S (a run silent longer than the twin's attention window looks hung:
+    `twin.job_health`)."""
     runtime = float(row["train_runtime"])
     tokens_per_second = float(row["dataset_tokens_per_second"])
-    count = min(10, max(2, int(runtime // 120)))
+    count = max(min(10, max(2, int(runtime // 120))), math.ceil(runtime / PROGRESS_GAP_S) - 1)
     reports = []
     for n in range(1, count + 1):
         at = runtime * n / (count + 1)

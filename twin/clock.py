@@ -16,6 +16,7 @@ from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
 from twin.limits import time_window
+from twin.settings import TwinSettings
 from twin.store import TelemetryEvent
 
 # "A few minutes": a quiet cluster may send nothing for this long without the twin's clock leaving the wall.
@@ -87,6 +88,13 @@ def choose_now(
     if abs((wall - telemetry_latest).total_seconds()) > tolerance_s:
         return telemetry_latest, TELEMETRY
     return wall, WALL
+
+
+def cluster_clock(engine: Engine, settings: TwinSettings, *, wall: datetime | None = None) -> TwinClock:
+    """`twin_clock` of the cluster the settings name, with their tolerance."""
+    return twin_clock(
+        engine, settings.cluster_id, wall=wall, tolerance_s=settings.forecast_clock_tolerance_seconds
+    )
 
 
 def twin_clock(

@@ -20,7 +20,9 @@ from twin.clock import TwinClock, as_utc, twin_clock, window_start
 from twin.cluster import MAX_GPUS_PER_NODE, cluster_from_inventory, oversized_nodes
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
+from twin.job_health import DEFAULT_GRACE, attention_notes
 from twin.limits import plausible_power
+from twin.settings import TwinSettings
 from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
 from twin.workload import RunningState, Workload, catalog_key
 
@@ -108,6 +110,7 @@ def load_live_inputs(
     now: datetime | None = None,
     lookback: timedelta = timedelta(days=7),
     clock: TwinClock | None = None,
+    attention_after: timedelta = DEFAULT_GRACE,
 ) -> TwinInputs:
     """The state at `now` (default: the twin's clock, i.e. the telemetry's newest time when it disagrees
     with the wall clock). Arrivals and the job mix come from the last `lookback` of telemetry time, never
@@ -152,7 +155,19 @@ def load_live_inputs(
     return inputs_from_rows(
         StoreRows(nodes, active, history, observed_work, failures),
         cluster_id=cluster_id, now=now, since=since, notes=notes, clock=clock,
+        attention_after=attention_after,
     )  # fmt: skip
+
+
+def load_cluster_inputs(engine: Engine, settings: TwinSettings, clock: TwinClock | None = None) -> TwinInputs:
+    """`load_live_inputs` for the cluster the settings name, with their lookback and attention window."""
+    return load_live_inputs(
+        engine,
+        cluster_id=settings.cluster_id,
+        lookback=timedelta(days=settings.forecast_lookback_days),
+        clock=clock,
+        attention_after=timedelta(minutes=settings.job_attention_minutes),
+    )
 
 
 def newest_failure_times(
@@ -217,6 +232,7 @@ def inputs_from_rows(
     since: datetime,
     notes: list[str],
     clock: TwinClock | None = None,
+    attention_after: timedelta = DEFAULT_GRACE,
 ) -> TwinInputs:
     nodes, active, history, observed_work, failures = (
         rows.nodes, rows.active, rows.history, rows.observed_work, rows.failures[:MAX_FAILURE_TIMES]
@@ -270,6 +286,9 @@ def inputs_from_rows(
         notes.append(f"{skipped} queued or running job(s) left out: their configuration is not known yet")
     if lost:
         notes.append(f"{lost} running job(s) left out: a node they ran on is down")
+    notes += attention_notes(
+        [job for job in active if not down.intersection(job.node_ids or ())], now, attention_after
+    )
 
     mix = _Rows()
     submitted_at: list[datetime] = []

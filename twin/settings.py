@@ -55,6 +55,9 @@ class TwinSettings(BaseSettings):
     forecast_band_calibration: bool = True
     forecast_policy: Literal["fifo", "backfill", "spf"] = "fifo"  # the cluster's scheduling policy
     forecast_admission: Literal["off", "reject", "repair"] = "off"  # the cluster's admission control
+    # A running job needs attention (twin.job_health) this long past its time limit, or past its last
+    # progress report: overdue (its end was not reported) or stalled (it may hang).
+    job_attention_minutes: float = Field(default=30.0, gt=0, le=MAX_SIMULATED_SECONDS / 60)
     forecast_workers: int | None = Field(default=None, ge=1)  # processes for an ensemble; unset: by its size
     # A Ray cluster (`ray.init` address, e.g. 10.0.0.5:6379) for capacity-plan sweeps and the ensembles of
     # forecast, whatif and backtest; unset = a local process pool. Needs the `finetwin[ray]` extra.

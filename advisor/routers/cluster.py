@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from datetime import timedelta
+
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlmodel import Session, func, select
 
-from advisor.deps import get_session
+from advisor.deps import get_session, get_settings
+from advisor.settings import AdvisorSettings
 from advisor.timestamps import UtcDatetime
+from twin.clock import cluster_clock
 from twin.cluster import cluster_from_inventory
 from twin.domain import canonical_gpu_name
+from twin.job_health import needing_attention
 from twin.store import Job, Node
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
+
+NO_ATTENTION = {"overdue": 0, "stalled": 0}  # each kind, always: a reader compares counts, not keys
 
 
 class NodeOut(BaseModel):
@@ -37,10 +45,15 @@ class ClusterOut(BaseModel):
     jobs_by_state: dict[str, int]
     running: int
     queued: int
+    attention: dict[str, int] = Field(
+        description="running jobs that need attention, by kind (overdue, stalled; twin.job_health)"
+    )
 
 
 @router.get("", response_model=ClusterOut, summary="Nodes, GPU pools and job counts")
-def cluster(session: Session = Depends(get_session)) -> ClusterOut:
+def cluster(
+    session: Session = Depends(get_session), settings: AdvisorSettings = Depends(get_settings)
+) -> ClusterOut:
     nodes = list(session.exec(select(Node).order_by(Node.node_id)))
     by_state = dict(session.exec(select(Job.state, func.count()).group_by(Job.state)).all())
     busy = dict(
@@ -78,4 +91,12 @@ def cluster(session: Session = Depends(get_session)) -> ClusterOut:
         jobs_by_state={str(k): int(v) for k, v in by_state.items()},
         running=int(by_state.get("running", 0)),
         queued=int(by_state.get("submitted", 0)),
+        attention=_attention_counts(session, settings) if by_state.get("running") else dict(NO_ATTENTION),
     )
+
+
+def _attention_counts(session: Session, settings: AdvisorSettings) -> dict[str, int]:
+    now = cluster_clock(session.get_bind(), settings).now  # type: ignore[arg-type]
+    found = needing_attention(session, now, timedelta(minutes=settings.job_attention_minutes))
+    counts = Counter(said.kind for _, said in found)
+    return {kind: counts[kind] for kind in NO_ATTENTION}

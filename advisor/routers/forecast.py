@@ -38,12 +38,12 @@ from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from calibrate.registry import RegistryError
 from twin.band_calibration import calibrated_forecast
-from twin.clock import TwinClock, as_utc, twin_clock
+from twin.clock import TwinClock, as_utc, cluster_clock
 from twin.cluster import ClusterFormatError
 from twin.config_changes import Admission
 from twin.forecast import ForecastOptions, forecast
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
-from twin.live_state import NoClusterError, load_live_inputs
+from twin.live_state import NoClusterError, load_cluster_inputs
 from twin.plan import PlanOptions
 from twin.policies import Policy
 from twin.protocols import JobModels
@@ -135,21 +135,13 @@ def _slos(runtime: ApiRuntime) -> Any:
 
 
 def _clock(runtime: ApiRuntime) -> TwinClock:
-    settings: AdvisorSettings = runtime.settings
-    return twin_clock(
-        runtime.engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds
-    )
+    return cluster_clock(runtime.engine, runtime.settings)
 
 
 def _live(runtime: ApiRuntime, clock: TwinClock | None = None) -> Any:
     settings: AdvisorSettings = runtime.settings
     try:
-        return load_live_inputs(
-            runtime.engine,
-            cluster_id=settings.cluster_id,
-            lookback=timedelta(days=settings.forecast_lookback_days),
-            clock=clock or _clock(runtime),
-        )
+        return load_cluster_inputs(runtime.engine, settings, clock=clock or _clock(runtime))
     except NoClusterError as exc:
         raise HTTPException(NO_STATE, str(exc)) from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -15,9 +16,10 @@ from advisor.records import Recommendation
 from advisor.settings import AdvisorSettings
 from calibrate.drift import summarize
 from calibrate.registry import ModelRegistry, RegistryError
-from twin.clock import twin_clock
+from twin.clock import cluster_clock, twin_clock
 from twin.domain import canonical_gpu_name
 from twin.forecast_store import STANDING, latest_forecast
+from twin.job_health import needing_attention
 from twin.skill import skill
 from twin.store import Job, Node, TelemetryEvent
 
@@ -62,8 +64,25 @@ class _StoreCollector:
         yield nodes
         yield events
         yield from self._skill()
+        yield self._attention()
         yield self._recommendations()
         yield from self._live_error()
+
+    def _attention(self) -> GaugeMetricFamily:
+        """Running jobs that need attention, by kind, on the twin's clock (as GET /v1/cluster counts them)."""
+        gauge = GaugeMetricFamily(
+            "finetwin_jobs_needing_attention",
+            "Running jobs past their time limit (overdue) or silent past their last progress (stalled)",
+            labels=["kind"],
+        )
+        if self.settings is not None:
+            now = cluster_clock(self.engine, self.settings).now
+            grace = timedelta(minutes=self.settings.job_attention_minutes)
+            with Session(self.engine) as session:
+                kinds = Counter(said.kind for _, said in needing_attention(session, now, grace))
+            for kind in ("overdue", "stalled"):  # both, at 0 too: an alert compares a present series
+                gauge.add_metric([kind], kinds[kind])
+        return gauge
 
     def _recommendations(self) -> GaugeMetricFamily:
         gauge = GaugeMetricFamily(

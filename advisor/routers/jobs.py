@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlmodel import Session, col, func, select
 
-from advisor.deps import get_session
+from advisor.deps import get_session, get_settings
+from advisor.settings import AdvisorSettings
 from advisor.timestamps import UtcDatetime
+from twin.clock import cluster_clock
 from twin.domain import UnknownGpuModel, canonical_gpu_name, gpu_key, known_gpu_name
 from twin.job_config import PartialJobConfig
+from twin.job_health import Attention, needing_attention
+from twin.job_health import attention as job_attention
 from twin.store import Job, Node
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobState = Literal["unknown", "submitted", "running", "rejected", "completed", "failed"]
+
+
+class AttentionOut(BaseModel):
+    """Why a running job needs attention, on the twin's clock (`twin.job_health`)."""
+
+    kind: Literal["overdue", "stalled"] = Field(
+        description="overdue: past its time limit, its end not reported; stalled: no progress reported"
+    )
+    since: UtcDatetime = Field(description="when it became so")
+    why: str
 
 
 class JobOut(PartialJobConfig):  # type: ignore[misc,valid-type]
@@ -40,6 +55,10 @@ class JobOut(PartialJobConfig):  # type: ignore[misc,valid-type]
     failed_after_s: float | None
     tokens_processed: float | None
     last_tokens_per_second: float | None
+    progress_at: UtcDatetime | None = Field(description="the time of the latest progress report")
+    attention: AttentionOut | None = Field(
+        default=None, description="a running job that needs a person: overdue or stalled (null: it does not)"
+    )
 
 
 class JobPage(BaseModel):
@@ -76,10 +95,18 @@ def list_jobs(
     gpu_model: str | None = Query(
         default=None, max_length=100, description="only jobs on this GPU type, in any spelling (A100-SXM)"
     ),
+    attention: Literal["any", "overdue", "stalled"] | None = Query(
+        default=None,
+        description="only running jobs that need attention (of this kind), on the twin's clock: past their "
+        "time limit, or silent past their last progress report, by FINETWIN_JOB_ATTENTION_MINUTES",
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
     offset: int = Query(default=0, ge=0, le=1_000_000_000),
     session: Session = Depends(get_session),
+    settings: AdvisorSettings = Depends(get_settings),
 ) -> JobPage:
+    if attention is not None:
+        return _needing_attention(session, settings, attention, state, gpu_model, limit, offset)
     query = select(Job)
     count = select(func.count()).select_from(Job)
     if state is not None:
@@ -94,8 +121,52 @@ def list_jobs(
         query = query.where(col(Job.gpu_model).in_(spellings))
         count = count.where(col(Job.gpu_model).in_(spellings))
     query = query.order_by(col(Job.submitted_at).desc(), col(Job.job_id)).offset(offset).limit(limit)
-    jobs = [JobOut.model_validate(j) for j in session.exec(query)]
+    jobs = _with_attention(session, settings, list(session.exec(query)))
     return JobPage(total=session.exec(count).one(), limit=limit, offset=offset, jobs=jobs)
+
+
+def _attention_out(said: Attention) -> AttentionOut:
+    return AttentionOut.model_validate(said, from_attributes=True)
+
+
+def _grace(settings: AdvisorSettings) -> timedelta:
+    return timedelta(minutes=settings.job_attention_minutes)
+
+
+def _now(session: Session, settings: AdvisorSettings) -> datetime:
+    """The twin's now: telemetry time when it and the wall clock disagree (a replay, a stalled feed)."""
+    return cluster_clock(session.get_bind(), settings).now  # type: ignore[arg-type]
+
+
+def _with_attention(session: Session, settings: AdvisorSettings, jobs: list[Job]) -> list[JobOut]:
+    out = [JobOut.model_validate(j) for j in jobs]
+    if any(j.state == "running" for j in jobs):  # the clock only when a job may need it
+        now, grace = _now(session, settings), _grace(settings)
+        for job, shown in zip(jobs, out, strict=True):
+            said = job_attention(job, now, grace)
+            shown.attention = None if said is None else _attention_out(said)
+    return out
+
+
+def _needing_attention(
+    session: Session, settings: AdvisorSettings, kind: str, state: str | None, gpu_model: str | None,
+    limit: int, offset: int,
+) -> JobPage:  # fmt: skip
+    """The running jobs that need attention (of `kind`, or `any`), with the list's other filters."""
+    spellings = None if gpu_model is None else gpu_spellings(session, gpu_model)
+    if gpu_model is not None and not spellings:
+        _known_gpu_or_422(session, gpu_model)
+    found = needing_attention(session, _now(session, settings), _grace(settings))
+    keep = [
+        (job, said) for job, said in found
+        if kind in ("any", said.kind) and state in (None, "running")
+        and (spellings is None or job.gpu_model in spellings)
+    ]  # fmt: skip
+    jobs = [
+        JobOut.model_validate(job).model_copy(update={"attention": _attention_out(said)})
+        for job, said in keep[offset : offset + limit]
+    ]
+    return JobPage(total=len(keep), limit=limit, offset=offset, jobs=jobs)
 
 
 # `:path`: telemetry takes a job id with a slash (`team/run-7`); as one path segment, `jobs/team%2Frun-7`
@@ -107,9 +178,11 @@ def list_jobs(
     responses={404: {"description": "no such job"}},
 )
 def get_job(
-    job_id: str = Path(min_length=1, max_length=200), session: Session = Depends(get_session)
+    job_id: str = Path(min_length=1, max_length=200),
+    session: Session = Depends(get_session),
+    settings: AdvisorSettings = Depends(get_settings),
 ) -> JobOut:
     job = session.get(Job, job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    return JobOut.model_validate(job)
+    return _with_attention(session, settings, [job])[0]

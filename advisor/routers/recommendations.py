@@ -350,9 +350,9 @@ def _steering(
     """A steering run that remembers its own outcome for GET /steering, whoever waits for it or not:
     a run begun in the background has nobody else to."""
     if telemetry_at is None:  # the twin's time it starts from, read before it runs
-        from twin.clock import twin_clock
+        from twin.clock import cluster_clock
 
-        telemetry_at = twin_clock(runtime.engine, runtime.settings.cluster_id).now
+        telemetry_at = cluster_clock(runtime.engine, runtime.settings).now
 
     def job() -> SteeringResult:
         try:
@@ -394,11 +394,10 @@ STEERING_TICK_S = 30.0
 def _steering_job(runtime: ApiRuntime) -> None:
     """Steers when due (see STEERING_TICK_S); a run that could not happen (no model yet) is retried at the
     next tick. The run remembers its own outcome (`_steering`)."""
-    from twin.clock import twin_clock
+    from twin.clock import cluster_clock
 
     settings: AdvisorSettings = runtime.settings
-    tolerance = settings.forecast_clock_tolerance_seconds
-    clock = twin_clock(runtime.engine, settings.cluster_id, tolerance_s=tolerance)
+    clock = cluster_clock(runtime.engine, settings)
     last = runtime.last_steering
     if last is not None and last.get("telemetry_at"):
         since = (clock.now - datetime.fromisoformat(last["telemetry_at"])).total_seconds()

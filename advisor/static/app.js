@@ -64,12 +64,19 @@ async function loadCluster() {
   summary.replaceChildren();
   const gpusUp = cluster.pools.reduce((a, p) => a + p.gpus_up, 0);
   const gpusBusy = cluster.pools.reduce((a, p) => a + p.gpus_busy, 0);
-  for (const [label, value] of [["nodes", cluster.nodes.length], ["GPUs up", gpusUp], ["GPUs busy", gpusBusy],
-                                 ["running", cluster.running], ["queued", cluster.queued]]) {
+  // Running jobs past their time limit (overdue) or silent past their last progress (stalled): said only
+  // when there are some, in words of each kind.
+  const attention = Object.entries(cluster.attention || {}).filter(([, n]) => n > 0);
+  const needing = attention.reduce((a, [, n]) => a + n, 0);
+  const numbers = [["nodes", cluster.nodes.length], ["GPUs up", gpusUp], ["GPUs busy", gpusBusy],
+                   ["running", cluster.running], ["queued", cluster.queued]];
+  if (needing) numbers.push([`need attention (${attention.map(([k, n]) => `${n} ${k}`).join(", ")})`, needing]);
+  for (const [label, value] of numbers) {
     const span = document.createElement("span");
     const b = document.createElement("b");
     b.textContent = value;
     span.append(b, ` ${label}`);
+    if (label.startsWith("need attention")) span.className = "attention";
     summary.appendChild(span);
   }
   fillTable("nodes", cluster.nodes, [
@@ -79,17 +86,28 @@ async function loadCluster() {
   // The API lists newest first: the queued jobs' last page is those waiting longest, shown longest first, so
   // that past the limit those left out are the latest arrivals. (A job queued between the two reads shifts
   // that page by one until the next poll.)
-  const [running, queued] = await Promise.all([
+  // The jobs that need attention first, whatever their age: the newest running ones may not include them.
+  const [flagged, running, queued] = await Promise.all([
+    needing ? api(`/v1/jobs?attention=any&limit=${JOBS_SHOWN}`) : { jobs: [], total: 0 },
     api(`/v1/jobs?state=running&limit=${JOBS_SHOWN}`),
     api(`/v1/jobs?state=submitted&limit=${JOBS_SHOWN}&offset=${Math.max(0, cluster.queued - JOBS_SHOWN)}`),
   ]);
   queued.jobs.reverse();
   const shown = (page, what) => (page.total > page.jobs.length
     ? `showing ${page.jobs.length} of ${page.total} ${what}` : `${page.total} ${what}`);
-  document.getElementById("jobs-note").textContent =
+  document.getElementById("jobs-note").textContent = (flagged.total ? `${shown(flagged, "needing attention")}; ` : "") +
     `${shown(running, "running (newest first)")}; ${shown(queued, "queued (longest waiting first)")}`;
-  fillTable("jobs", running.jobs.concat(queued.jobs), [
-    (tr, j) => cell(tr, j.job_id), (tr, j) => cell(tr, j.state), (tr, j) => cell(tr, j.model_name),
+  const first = new Set(flagged.jobs.map((j) => j.job_id));
+  const rows = flagged.jobs.concat(running.jobs.filter((j) => !first.has(j.job_id)), queued.jobs);
+  fillTable("jobs", rows, [
+    (tr, j) => cell(tr, j.job_id),
+    (tr, j) => {
+      if (!j.attention) { cell(tr, j.state); return; }
+      const td = cell(tr, `${j.state}: ${j.attention.kind}`, "attention");
+      td.title = j.attention.why;  // e.g. "no progress reported for 45 min: it may hang, holding its GPUs"
+      td.setAttribute("aria-label", `${j.state}, ${j.attention.kind}: ${j.attention.why}`);
+    },
+    (tr, j) => cell(tr, j.model_name),
     (tr, j) => cell(tr, j.number_gpus), (tr, j) => cell(tr, j.batch_size), (tr, j) => cell(tr, when(j.submitted_at)),
   ]);
 }

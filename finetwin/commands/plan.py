@@ -134,12 +134,11 @@ def _task_count(inputs: Any, request: Any) -> int:
 
 def _inputs(cluster: Path | None, workload: Path | None, settings: Settings) -> Any:
     """An explicit cluster and workload, or the live state (the store's arrival process and queue)."""
-    from datetime import timedelta
 
     from finetwin.wiring import migrated_engine
     from twin.cluster import ClusterFormatError, load_cluster
     from twin.forecast import TwinInputs
-    from twin.live_state import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_cluster_inputs
 
     if workload is not None:
         if cluster is None:
@@ -147,9 +146,7 @@ def _inputs(cluster: Path | None, workload: Path | None, settings: Settings) -> 
         return TwinInputs(*explicit_inputs(cluster, workload))
     engine = migrated_engine(settings)
     try:
-        inputs = load_live_inputs(
-            engine, cluster_id=settings.cluster_id, lookback=timedelta(days=settings.forecast_lookback_days)
-        )
+        inputs = load_cluster_inputs(engine, settings)
     except NoClusterError as exc:
         where = f"looked in the store {settings.store_description()}"
         if cluster is None:

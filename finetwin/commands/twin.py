@@ -141,7 +141,7 @@ def forecast(
     ] = None,
 ) -> int:
     from finetwin.wiring import migrated_engine
-    from twin.clock import twin_clock
+    from twin.clock import cluster_clock
     from twin.forecast import forecast as run_forecast
     from twin.forecast_store import ON_DEMAND, save_forecast
 
@@ -157,7 +157,7 @@ def forecast(
             "add --skill, or leave {options} out",
         )  # fmt: skip
     engine = migrated_engine(settings)
-    clock = twin_clock(engine, settings.cluster_id, tolerance_s=settings.forecast_clock_tolerance_seconds)
+    clock = cluster_clock(engine, settings)
     if skill:
         return _skill(engine, settings, clock.now, since, as_json)
     choices = EnsembleChoices(horizon, interval, runs, seed, policy, admission, optimize or [], workers)

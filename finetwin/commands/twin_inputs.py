@@ -134,17 +134,13 @@ def explicit_inputs(cluster_path: Path, workload_path: Path) -> tuple[Any, Any]:
 def live_inputs(settings: Settings, engine: Any = None, clock: Any = None) -> Any:
     """The twin's inputs from the store's live state (its nodes, queue, running jobs, arrival process), at
     `clock` (twin.clock; default: the wall clock)."""
-    from datetime import timedelta
 
     from finetwin.wiring import migrated_engine
-    from twin.live_state import NoClusterError, load_live_inputs
+    from twin.live_state import NoClusterError, load_cluster_inputs
 
     engine = engine if engine is not None else migrated_engine(settings)
-    lookback = timedelta(days=settings.forecast_lookback_days)
     try:
-        return engine, load_live_inputs(
-            engine, cluster_id=settings.cluster_id, lookback=lookback, clock=clock
-        )
+        return engine, load_cluster_inputs(engine, settings, clock=clock)
     except NoClusterError as exc:
         raise CommandError(f"{exc} (looked in the store {settings.store_description()})") from None
 

@@ -252,7 +252,8 @@ def test_a_query_parameter_a_route_does_not_take_is_422_with_the_one_meant(
     assert api.get("/v1/jobs?state=running&limit=5", headers=viewer).status_code == 200
     body = _refused(api.get("/v1/jobs?status=running", headers=viewer), 422)
     assert body["detail"] == (
-        "query.status: unknown parameter (did you mean 'state'?); it takes state, gpu_model, limit, offset"
+        "query.status: unknown parameter (did you mean 'state'?); it takes state, gpu_model, attention, "
+        "limit, offset"
     )
     assert body["errors"][0]["loc"] == ["query", "status"] and body["errors"][0]["type"] == "extra_forbidden"
     # A parameter of a route's dependencies is one it takes; a route that takes none says so.

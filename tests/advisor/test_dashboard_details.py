@@ -364,3 +364,36 @@ def test_the_latest_report_opens_as_a_styled_page_with_its_figures(
     assert len(sizes) == len(figures) and all(width > 0 for _, width in sizes), sizes
     assert not refused, refused
     page.close()
+
+
+def test_jobs_that_need_attention_come_first_and_say_why(api_server: dict, browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A job past its time limit with no end reported, and one silent for two hours: the cluster panel counts
+    them and the jobs table lists them first (older than every running job it shows), each with its reason."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'finetwin.db'}")
+    now = utcnow()
+    life = {"overdue": {"time_limit_s": 600.0}, "stalled": {"progress_at": now - timedelta(hours=2)}}
+    with session_scope(engine) as session:
+        for kind, more in life.items():
+            session.add(
+                Job(
+                    job_id=f"{kind}-job", state="running", model_name="llama3-8b", method="lora",
+                    gpu_model=A100, number_gpus=8, number_nodes=1, batch_size=128, tokens_per_sample=2048,
+                    submitted_at=now - timedelta(days=2), started_at=now - timedelta(hours=3),
+                    updated_at=now, **more,
+                )
+            )  # fmt: skip
+    engine.dispose()
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.goto(api_server["url"] + "/")
+    use_key(page, api_server["keys"]["viewer"])
+    flagged = page.locator("#cluster-summary span.attention")
+    assert flagged.inner_text() == "2 need attention (1 overdue, 1 stalled)"
+    rows = page.locator("#jobs tbody tr")
+    first = [rows.nth(k).locator("td").nth(1) for k in range(2)]
+    assert sorted(cell.inner_text() for cell in first) == ["running: overdue", "running: stalled"]
+    for cell in first:
+        assert cell.get_attribute("class") == "attention"
+        why = cell.get_attribute("title")
+        assert ("past its time limit of 10 min" in why) or ("no progress reported for 2.0 h" in why), why
+    assert page.inner_text("#jobs-note").startswith("2 needing attention; ")
+    page.close()

@@ -15,10 +15,11 @@ import pytest
 from finetwin.cli import main
 from ingest.bus import InProcessBus
 from ingest.events import MEASURED_FIELDS, parse_event
-from ingest.replay import ReplayPlan, plan_replay, send_replay
+from ingest.replay import PROGRESS_GAP_S, ReplayPlan, plan_replay, send_replay
 from tests.conftest import unique
 from tests.ingest.conftest import new_topic, read_topic
 from twin.domain import GPUS_PER_NODE
+from twin.job_health import DEFAULT_GRACE
 
 
 def by_job(plan: ReplayPlan) -> dict[str, list]:  # type: ignore[type-arg]
@@ -66,6 +67,19 @@ def test_each_row_becomes_its_outcome_s_telemetry(
             )  # runs as long as measured
         times = [at for at, _ in events]
         assert times == sorted(times) and len(set(times)) == len(times)
+
+
+def test_a_replayed_run_is_never_silent_long_enough_to_look_hung(sample_plan: ReplayPlan) -> None:
+    """From its start to its end, no gap between reports longer than PROGRESS_GAP_S, well inside the
+    twin's attention window: the sample's 12-hour run went 66 min between reports, and looked stalled."""
+    longest = 0.0
+    for events in by_job(sample_plan).values():
+        running = [
+            at for at, event in events if event.type in ("job.started", "job.progress", "job.completed")
+        ]
+        if len(running) > 2:
+            longest = max(longest, max(b - a for a, b in zip(running, running[1:], strict=False)))
+    assert 0 < longest <= PROGRESS_GAP_S < DEFAULT_GRACE.total_seconds()
 
 
 def test_nodes_come_first_and_are_never_overcommitted(sample_plan: ReplayPlan) -> None:
