@@ -13,7 +13,7 @@ import typer
 from calibrate.columns import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import ModelsDir, models_dir
+from finetwin.commands.options import BUNDLED, ModelsDir, bundled_or_file, models_dir
 from finetwin.errors import CommandError
 from finetwin.numbers import num, pct
 from finetwin.settings import Settings
@@ -49,7 +49,9 @@ def calibrate(
     bench: Annotated[
         list[Path] | None,
         typer.Option(
-            metavar="FILE", help="benchmark CSV (repeatable; default: the bundled sample, unless --observed)"
+            metavar="FILE",
+            callback=bundled_or_file,
+            help=f"benchmark CSV (repeatable), or {BUNDLED!r} (the default, unless --observed)",
         ),
     ] = None,
     observed: Annotated[bool, typer.Option("--observed", help="add the runs observed in the store")] = False,

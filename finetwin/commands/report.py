@@ -9,10 +9,9 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
+from finetwin.commands.options import BUNDLED
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
-
-BUNDLED = "bundled"
 
 
 def register(app: typer.Typer) -> None:

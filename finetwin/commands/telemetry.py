@@ -18,6 +18,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
+from finetwin.commands.options import BUNDLED, bundled_or_file
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
@@ -198,7 +199,10 @@ def replay(
     bootstrap: Bootstrap = None,
     topic: Topic = None,
     bench: Annotated[
-        Path | None, typer.Option(metavar="FILE", help="benchmark CSV (default: the bundled real sample)")
+        Path | None,
+        typer.Option(
+            metavar="FILE", callback=bundled_or_file, help=f"benchmark CSV, or {BUNDLED!r} (the default)"
+        ),
     ] = None,
     speed: Annotated[
         float, typer.Option(help="simulated seconds per wall-clock second, 0 = as fast as possible")

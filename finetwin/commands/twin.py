@@ -12,7 +12,14 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command, twin_output
-from finetwin.commands.options import Json, ModelsDir, refuse_options, validation_message
+from finetwin.commands.options import (
+    BUNDLED,
+    Json,
+    ModelsDir,
+    bundled_or_file,
+    refuse_options,
+    validation_message,
+)
 from finetwin.commands.twin_inputs import (
     AdmissionName,
     EnsembleChoices,
@@ -284,7 +291,10 @@ def whatif(
 
 def backtest(
     ctx: typer.Context,
-    bench: Annotated[Path | None, typer.Option(metavar="FILE", help="benchmark CSV")] = None,
+    bench: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", callback=bundled_or_file, help=f"benchmark CSV, or {BUNDLED!r}"),
+    ] = None,
     window: Annotated[
         str | None, typer.Option(help="--bench: START:END on the replay's clock, e.g. 0:24h (all)")
     ] = None,

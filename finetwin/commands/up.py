@@ -18,7 +18,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command, up_replay
-from finetwin.commands.options import refuse_options
+from finetwin.commands.options import BUNDLED, bundled_or_file, refuse_options
 from finetwin.commands.telemetry import (
     EXIT_UNDECODABLE,
     Epoch,
@@ -76,7 +76,10 @@ def up(
     bench: Annotated[
         Path | None,
         typer.Option(
-            "--replay", metavar="FILE", help="benchmark CSV to replay (default: the bundled sample)"
+            "--replay",
+            metavar="FILE",
+            callback=bundled_or_file,
+            help=f"benchmark CSV to replay, or {BUNDLED!r} (the default)",
         ),
     ] = None,
     no_replay: Annotated[bool, typer.Option("--no-replay", help="do not replay anything")] = False,
