@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from finetwin.cli import main
-from finetwin.commands.options import bundled_or_file
+from finetwin.commands.options import bench_option, bundled_or_file
 from finetwin.wiring import bundled_benchmark_path
 
 
@@ -38,8 +38,8 @@ def test_every_bench_option_reads_the_word(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.chdir(tmp_path)
     sample = bundled_benchmark_path()
     assert bundled_or_file(Path("bundled")) == sample
-    assert bundled_or_file([Path("bundled"), Path("mine.csv")]) == [sample, Path("mine.csv")]  # calibrate's
-    assert bundled_or_file(None) is None and bundled_or_file(Path("Bundled")) == Path("Bundled")
+    assert bench_option([Path("bundled"), Path("mine.csv")]) == [sample, Path("mine.csv")]  # calibrate's
+    assert bench_option(None) is None and bundled_or_file(Path("Bundled")) == Path("Bundled")
     from finetwin.cli import command
 
     group = command()

@@ -13,7 +13,7 @@ import typer
 from calibrate.columns import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import BUNDLED, ModelsDir, bundled_or_file, models_dir
+from finetwin.commands.options import BUNDLED, ModelsDir, bench_option, models_dir
 from finetwin.errors import CommandError
 from finetwin.numbers import num, pct
 from finetwin.settings import Settings
@@ -50,7 +50,7 @@ def calibrate(
         list[Path] | None,
         typer.Option(
             metavar="FILE",
-            callback=bundled_or_file,
+            callback=bench_option,
             help=f"benchmark CSV (repeatable), or {BUNDLED!r} (the default, unless --observed)",
         ),
     ] = None,

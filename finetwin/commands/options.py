@@ -26,21 +26,21 @@ Json = Annotated[bool, typer.Option("--json", help="print JSON")]
 BUNDLED = "bundled"
 
 
-def bundled_or_file(value: Path | list[Path] | None) -> Path | list[Path] | None:
-    """A `--bench` option's value (or each of a repeatable one's): the word `bundled` as the bundled real
-    sample, unless a file of that name is where it is run (`report --bench bundled` took the word, and every
-    other command read it as a file name)."""
-    if isinstance(value, list):
-        return [_bundled_or_file(v) for v in value]
-    return None if value is None else _bundled_or_file(value)
-
-
-def _bundled_or_file(path: Path) -> Path:
+def bundled_or_file(path: Path) -> Path:
+    """The word `bundled` as the bundled real sample, unless a file of that name is where it is run."""
     if str(path) != BUNDLED or path.exists():
         return path
     from finetwin.wiring import bundled_benchmark_path
 
     return bundled_benchmark_path()
+
+
+def bench_option(value: Path | list[Path] | None) -> Path | list[Path] | None:
+    """A `--bench` option's callback (or a repeatable one's): `bundled_or_file` of its value. `report --bench
+    bundled` took the word, and every other command read it as a file name."""
+    if isinstance(value, list):
+        return [bundled_or_file(v) for v in value]
+    return None if value is None else bundled_or_file(value)
 
 
 def models_dir(option: Path | None, settings: Settings) -> Path:

@@ -9,7 +9,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import BUNDLED
+from finetwin.commands.options import BUNDLED, bundled_or_file
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 
@@ -58,7 +58,7 @@ def report(
 ) -> int:
     import pandas as pd
 
-    from calibrate.loader import BenchmarkFormatError, bundled_benchmark_path, load_benchmark
+    from calibrate.loader import BenchmarkFormatError, load_benchmark
     from calibrate.report.build import build_report, report_file_names
     from calibrate.report.latest import record_latest, reports_root
     from twin.output_files import OutputPathError, check_output_dir
@@ -74,7 +74,7 @@ def report(
     tables: list[pd.DataFrame] = []
     sources: list[str] = []
     if bench is not None:
-        path = bundled_benchmark_path() if bench == BUNDLED else Path(bench)
+        path = bundled_or_file(Path(bench))
         try:
             tables.append(load_benchmark(path))
         except BenchmarkFormatError as exc:

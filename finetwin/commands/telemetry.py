@@ -18,7 +18,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import BUNDLED, bundled_or_file
+from finetwin.commands.options import BUNDLED, bench_option
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
@@ -201,7 +201,7 @@ def replay(
     bench: Annotated[
         Path | None,
         typer.Option(
-            metavar="FILE", callback=bundled_or_file, help=f"benchmark CSV, or {BUNDLED!r} (the default)"
+            metavar="FILE", callback=bench_option, help=f"benchmark CSV, or {BUNDLED!r} (the default)"
         ),
     ] = None,
     speed: Annotated[

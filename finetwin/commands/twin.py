@@ -16,7 +16,7 @@ from finetwin.commands.options import (
     BUNDLED,
     Json,
     ModelsDir,
-    bundled_or_file,
+    bench_option,
     refuse_options,
     validation_message,
 )
@@ -293,7 +293,7 @@ def backtest(
     ctx: typer.Context,
     bench: Annotated[
         Path | None,
-        typer.Option(metavar="FILE", callback=bundled_or_file, help=f"benchmark CSV, or {BUNDLED!r}"),
+        typer.Option(metavar="FILE", callback=bench_option, help=f"benchmark CSV, or {BUNDLED!r}"),
     ] = None,
     window: Annotated[
         str | None, typer.Option(help="--bench: START:END on the replay's clock, e.g. 0:24h (all)")

@@ -18,7 +18,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command, up_replay
-from finetwin.commands.options import BUNDLED, bundled_or_file, refuse_options
+from finetwin.commands.options import BUNDLED, bench_option, refuse_options
 from finetwin.commands.telemetry import (
     EXIT_UNDECODABLE,
     Epoch,
@@ -78,7 +78,7 @@ def up(
         typer.Option(
             "--replay",
             metavar="FILE",
-            callback=bundled_or_file,
+            callback=bench_option,
             help=f"benchmark CSV to replay, or {BUNDLED!r} (the default)",
         ),
     ] = None,
