@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from finetwin.commands import add_command
+from finetwin.commands.options import Bootstrap
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
@@ -68,16 +69,16 @@ def api(
 
 def relay(
     ctx: typer.Context,
+    bootstrap: Bootstrap = None,
     once: Annotated[bool, typer.Option("--once", help="one round, then exit")] = False,
 ) -> int:
     from advisor.outbox import RelayThread, relay_round
-    from finetwin.wiring import migrated_engine, outbox_relay
+    from finetwin.wiring import kafka_bootstrap, migrated_engine, outbox_relay
 
     settings: Settings = ctx.obj
-    if not settings.kafka_bootstrap:
-        raise CommandError("set FINETWIN_KAFKA_BOOTSTRAP to the Kafka cluster that carries finetwin.actions")
+    brokers = kafka_bootstrap(bootstrap, settings)  # the Kafka that carries finetwin.actions
     engine = migrated_engine(settings)
-    outbox = outbox_relay(engine, settings.kafka_bootstrap)
+    outbox = outbox_relay(engine, brokers)
     if once:
         try:
             sent = relay_round(outbox)

@@ -21,6 +21,9 @@ ModelsDir = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="print JSON")]
+Bootstrap = Annotated[
+    str | None, typer.Option(help="Kafka bootstrap servers (default FINETWIN_KAFKA_BOOTSTRAP)")
+]
 
 # The word that names the bundled real sample wherever a benchmark CSV is asked for (`--bench bundled`).
 BUNDLED = "bundled"

@@ -18,7 +18,7 @@ import typer
 
 from finetwin import output
 from finetwin.commands import add_command
-from finetwin.commands.options import BUNDLED, bench_option
+from finetwin.commands.options import BUNDLED, Bootstrap, bench_option
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
@@ -35,9 +35,6 @@ EXIT_UNDECODABLE = 3  # `finetwin ingest` stopped at a record batch it cannot de
 # gone holds it up longer than this, it exits anyway (status 1): what it had not committed is redelivered.
 STOP_DEADLINE_S = 15.0
 
-Bootstrap = Annotated[
-    str | None, typer.Option(help="Kafka bootstrap servers (default FINETWIN_KAFKA_BOOTSTRAP)")
-]
 Topic = Annotated[
     str | None, typer.Option(help="telemetry topic (default FINETWIN_TELEMETRY_TOPIC or finetwin.telemetry)")
 ]

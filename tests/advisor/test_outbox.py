@@ -99,9 +99,10 @@ def test_a_relay_killed_mid_send_neither_loses_nor_duplicates(
     on_topic = {m.headers[MESSAGE_ID_HEADER] for m in read_topic(kafka_bootstrap, topic)}
     assert (in_doubt[0].id in on_topic) == (point == "after_send")
 
-    env = {**os.environ, "FINETWIN_DATABASE_URL": postgres_url, "FINETWIN_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    env = {**os.environ, "FINETWIN_DATABASE_URL": postgres_url}
+    env.pop("FINETWIN_KAFKA_BOOTSTRAP", None)  # the broker named on the command line, as for ingest
     restarted = subprocess.run(
-        [*FINETWIN, "relay", "--once"],
+        [*FINETWIN, "relay", "--once", "--bootstrap", kafka_bootstrap],
         cwd=REPO, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert restarted.returncode == 0, restarted.stderr
@@ -116,3 +117,14 @@ def test_one_relay_per_database(pg_engine: Engine, engine: Engine) -> None:
                 assert not second
         with relay_lock(store) as again:
             assert again
+
+
+def test_a_relay_without_a_kafka_says_how_to_name_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from finetwin.cli import main
+
+    monkeypatch.delenv("FINETWIN_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path))
+    assert main(["relay", "--once"]) == 2
+    assert "pass --bootstrap HOST:PORT or set FINETWIN_KAFKA_BOOTSTRAP" in capsys.readouterr().err
