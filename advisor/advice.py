@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from advisor import findings
-from advisor.advice_answer import RECOMMEND_P_VALID, RECOMMEND_P_VALID_LOW, Answer, paper_evidence
+from advisor.advice_answer import (
+    EXTRAPOLATED,
+    RECOMMEND_P_VALID,
+    RECOMMEND_P_VALID_LOW,
+    Answer,
+    paper_evidence,
+)
 from advisor.advice_optimizations import fast_kernels_advice, fast_moe_advice, roce_advice
 from advisor.advice_options import best_cost, best_throughput, fewest_gpus
 from advisor.advice_plan import AdviceError, Plan, plan_advice
@@ -144,6 +150,12 @@ def _nothing_likely(answer: Answer, pool: list[int]) -> str:
         "length)"
     )
     likely = [i for i in searched if answer.p_valid(i) >= RECOMMEND_P_VALID]
+    sure = [i for i in likely if answer.p_valid_low(i) >= answer.min_p_valid_low]
+    if sure:  # each of them an extrapolation, or it would have been recommended
+        return (
+            f"{scope} is recommended: {len(sure)} are likely to run by the failure model, but each is "
+            f"{EXTRAPOLATED} (the notes say which sizes)"
+        )
     if likely:  # likely to run by the point estimate, but none surely enough: say that, not "unlikely"
         safest = max(
             likely, key=lambda i: (answer.p_valid_low(i), answer.p_valid(i), -configs[i].number_gpus)
@@ -191,7 +203,9 @@ def _verdict(
     if status == "valid":
         message = f"passes the admission rules and runs with probability {p_valid:.2f}"
         low = answer.p_valid_low(i_asked)
-        if math.isfinite(low) and not answer.safe(i_asked):
+        if answer.extrapolated(i_asked):
+            message += f", but it is {EXTRAPOLATED}"
+        elif math.isfinite(low) and not answer.safe(i_asked):
             # Else "runs with probability 1.00" stood beside "none found that is likely to run" unexplained.
             message += (
                 f", but only at least {low:.2f} with 95 % confidence: the failure model is unsure of "

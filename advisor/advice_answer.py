@@ -23,6 +23,7 @@ RECOMMEND_P_VALID = 0.7
 # --advice`). 0 ranks on the point estimate alone (the behaviour before the bound, for the bench).
 RECOMMEND_P_VALID_LOW = 0.9
 
+EXTRAPOLATED = "beyond the sizes the models learned from, so its numbers are an extrapolation, not evidence"
 NEXT_SAFEST = "the next-safest: the closest configuration with at least as high a lower bound on p_valid"
 
 # A chosen configuration: (row index, why it was chosen, its evidence).
@@ -54,14 +55,20 @@ class Answer:
     def p_valid_low(self, i: int) -> float:
         return float(self.p.p_valid_low[i])
 
+    def extrapolated(self, i: int) -> bool:
+        return bool(self.p.extrapolated[i])
+
     def safe(self, i: int) -> bool:
-        """Its lower bound on p_valid meets the threshold (NaN never does)."""
-        return self.p_valid_low(i) >= self.min_p_valid_low
+        """Its lower bound on p_valid meets the threshold (NaN never does), and it is no extrapolation: a
+        repair to 1,000,000 GPUs was recommended with "confidence high" from runs of 1-32."""
+        return self.p_valid_low(i) >= self.min_p_valid_low and not self.extrapolated(i)
 
     def confidence(self, i: int) -> str:
         low = self.p_valid_low(i)
         if not math.isfinite(low):
             return "unknown: no lower bound on p_valid"
+        if self.extrapolated(i):
+            return f"low: {EXTRAPOLATED} (p_valid {self.p_valid(i):.2f}, bound {low:.2f})"
         level = "high" if self.safe(i) else "low"
         point = self.p_valid(i)
         return f"{level}: runs with probability at least {low:.2f} (95 % bound; point estimate {point:.2f})"

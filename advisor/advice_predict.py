@@ -24,6 +24,9 @@ class Predicted:
     # A calibrated lower bound on p_valid (the failure model's weakest member, bounded on out-of-fold data);
     # equal to p_valid for models that give no bound.
     p_valid_low: np.ndarray  # (n,)
+    # Sizes beyond those the models learned from (`calibrate.measured_ranges`): an extrapolation, whose
+    # numbers are no evidence, however sure the failure model says it is.
+    extrapolated: np.ndarray  # (n,) bool
 
     def rows(self, start: int, stop: int) -> Predicted:
         """The predictions of rows start..stop-1 (one answer's share of a call)."""
@@ -33,6 +36,7 @@ class Predicted:
             self.watts[start:stop],
             self.notes[start:stop],
             self.p_valid_low[start:stop],
+            self.extrapolated[start:stop],
         )
 
 
@@ -44,11 +48,15 @@ def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
     """One vectorized evaluation of every configuration, power included (`predict_columns` when the models
     have it)."""
     n = len(configs)
+    extrapolated = np.zeros(n, dtype=bool)
     if hasattr(models, "predict_columns"):
         from calibrate.config_frame import configs_to_columns
+        from calibrate.measured_ranges import beyond_measured
 
+        table = configs_to_columns(configs)
+        extrapolated[beyond_measured(table, getattr(models, "info", {}).get("measured_ranges"))[0]] = True
         try:
-            columns = models.predict_columns(configs_to_columns(configs), power=True)
+            columns = models.predict_columns(table, power=True)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
         p_valid = np.asarray(columns["p_valid"], dtype=float)
@@ -62,4 +70,7 @@ def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
         watts = np.asarray(models.predict_power_watts(configs), dtype=float)
         notes = [None] * n
         low = p_valid
-    return Predicted(p_valid=p_valid, tps=tps, watts=watts, notes=notes, p_valid_low=np.minimum(low, p_valid))
+    return Predicted(
+        p_valid=p_valid, tps=tps, watts=watts, notes=notes, p_valid_low=np.minimum(low, p_valid),
+        extrapolated=extrapolated,
+    )  # fmt: skip

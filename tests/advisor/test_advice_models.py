@@ -219,3 +219,26 @@ def test_the_answer_states_its_confidence_and_alternative_over_http(client: Test
     assert {"confidence", "alternative"} <= set(schemas["Option"]["properties"])
     assert {"confident", "confidence", "alternative"} <= set(schemas["Repair"]["properties"])
     assert "p_valid_low" in schemas["Prediction"]["properties"]
+
+
+def test_a_configuration_beyond_the_measured_sizes_is_never_recommended_with_confidence(
+    client: TestClient,
+) -> None:
+    """A repair to 1,000,000 GPUs was recommended with "confidence high" (p_valid 1.00) from runs of 1-32:
+    an extrapolation, however sure the failure model says it is. It is said to be one, not followed, and
+    the closest configuration the models have evidence for is offered instead."""
+    asked = client.post("/v1/advise", json=JOB | {"number_gpus": 1_000_000, "batch_size": 16})
+    assert asked.status_code == 200, asked.text
+    repair = asked.json()["repair"]
+    assert repair["confident"] is False and repair["confidence"].startswith("low: beyond the sizes")
+    instead = repair["alternative"]
+    assert instead is not None and instead["config"]["number_gpus"] <= 32
+    assert instead["confidence"].startswith("high"), instead["confidence"]
+    for name in ("fewest_gpus", "best_throughput", "best_cost"):  # every option within what was measured
+        option = asked.json()[name]
+        assert option is None or option["config"]["number_gpus"] <= 32, (name, option)
+    # A configuration that passes the rules, beyond the sizes: its verdict says what its p_valid is worth.
+    valid = client.post("/v1/advise", json=JOB | {"number_gpus": 64, "batch_size": 64}).json()
+    assert valid["verdict"]["status"] == "valid", valid["verdict"]
+    assert "beyond the sizes the models learned from" in valid["verdict"]["message"]
+    assert any("outside the 1-32 the models learned from" in note for note in valid["notes"])
