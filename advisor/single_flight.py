@@ -52,11 +52,8 @@ class SingleFlight(Generic[T]):
         """`job` begun in a thread of its own, unless a run is under way; returns immediately with what
         is under way (`about` of whichever run) and whether it was already (True: `job` is not run). The
         outcome is the job's own business: nobody waits for it here."""
-        current, joined = self._join_or_begin(about)
-        if joined:
-            with self._lock:
-                self.callers -= 1  # it asked and left: it does not wait for the outcome
-        else:
+        current, joined = self._join_or_begin(about, waits=False)
+        if not joined:
             worker = threading.Thread(target=self._execute, args=(current, job), name="single-flight")
             worker.daemon = True  # a run abandoned at exit is stopped by the job's own checks, not joined
             worker.start()
@@ -72,9 +69,13 @@ class SingleFlight(Generic[T]):
         with self._lock:
             return self._lock.wait_for(lambda: self.callers >= count, timeout_s)
 
-    def _join_or_begin(self, about: dict[str, Any] | None) -> tuple[_Run[T], bool]:
+    def _join_or_begin(self, about: dict[str, Any] | None, waits: bool = True) -> tuple[_Run[T], bool]:
+        """The run under way (True), or a new one (False). A caller that `waits` for the run under way is
+        one of its callers; one that does not is not counted."""
         with self._lock:
             current = self._run
+            if current is not None and not waits:
+                return current, True
             self.callers += 1
             self._lock.notify_all()
             if current is not None:

@@ -23,8 +23,8 @@ from twin.clock import as_utc
 from twin.store import Job
 
 AttentionKind = Literal["overdue", "stalled"]
-# The default grace: longer than the gap between two progress reports of any job the replay sends (a
-# twelfth of its run time, for runs up to six hours) and than a stopped job takes to report its end.
+# The default grace: three times the longest gap between two progress reports of a replayed run
+# (`ingest.replay.PROGRESS_GAP_S`), and far longer than a stopped job takes to report its end.
 DEFAULT_GRACE = timedelta(minutes=30)
 
 
@@ -33,9 +33,6 @@ class Attention:
     kind: AttentionKind
     since: datetime  # when the job became so: its limit or its last progress, plus the grace
     why: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"kind": self.kind, "since": self.since.isoformat(), "why": self.why}
 
 
 def attention(job: Any, now: datetime, grace: timedelta = DEFAULT_GRACE) -> Attention | None:
