@@ -1,7 +1,7 @@
 """The shortcuts a large batch takes (a CSV of 100,000 configurations), each giving the numbers the plain
 path gives: rows walked in an order that puts alike configurations together (`calibrate.row_order`),
 narrower neighbourhood keys hashed only where the wider one is known, and per-value work done once per
-distinct value (`calibrate.loader.distinct_values`)."""
+distinct value (`calibrate.loader.distinct_values`, through `calibrate.loader.factorize`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from calibrate import row_order
 from calibrate.encoding import FeatureEncoding
 from calibrate.features import FEATURE_NAMES, feature_columns
 from calibrate.fit import CalibratedModels
-from calibrate.loader import DISTINCT_FROM_ROWS, distinct_values, load_benchmark
+from calibrate.loader import DISTINCT_FROM_ROWS, distinct_values, factorize, load_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +105,26 @@ def test_distinct_values_give_back_every_value_in_its_place(rows: int) -> None:
     if rows >= DISTINCT_FROM_ROWS:  # a large column: each distinct text once, each missing cell apart
         missing = pd.isna(values)
         assert len(distinct) == len(set(values[~missing].tolist())) + int(missing.sum())
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array(["b", "a", "b", "a long identifier " * 8, "b"], dtype=object),
+        np.array(["a", None, "b", np.nan, "a", None], dtype=object),
+        np.array([np.nan, "x", np.nan], dtype=object),
+        np.array([1, 1.0, True, "1", None, pd.NA], dtype=object),
+        np.array([], dtype=object),
+        np.array([2.0, np.nan, -0.0, 0.0, 2.0]),
+    ],
+)
+@pytest.mark.parametrize("missing_as_value", [False, True])
+def test_factorize_is_pandas_factorize(values: np.ndarray, missing_as_value: bool) -> None:
+    codes, distinct = factorize(values, missing_as_value=missing_as_value)
+    expected_codes, expected = pd.factorize(values, use_na_sentinel=not missing_as_value)
+    assert codes.dtype == expected_codes.dtype and np.array_equal(codes, expected_codes)
+    assert len(distinct) == len(expected)
+    assert all(
+        (a is b) or (a == b and type(a) is type(b)) or (pd.isna(a) and pd.isna(b))
+        for a, b in zip(distinct.tolist(), expected.tolist(), strict=True)
+    )
