@@ -33,17 +33,23 @@ def measured_ranges(table: Table, rows: np.ndarray) -> dict[str, list[int]]:
 
 def beyond_measured(table: Table, ranges: Mapping[str, Any] | None) -> tuple[np.ndarray, np.ndarray]:
     """The rows with a size outside `ranges` (positions) and each one's note. A note names the sizes, not
-    their values (the row holds them): one text per size, so that a file of 100,000 configurations beyond
-    them costs milliseconds (a text per row cost 0.17 s)."""
-    said = np.full(config_frame.row_count(table), "", dtype=object)
-    for name in SIZE_COLUMNS:
-        if not ranges or name not in ranges:
-            continue
-        low, high = (int(v) for v in ranges[name])
-        values = config_frame.column(table, name).astype(np.int64)
-        outside = np.flatnonzero((values < low) | (values > high))
-        text = f"{name} outside the {low:,}-{high:,} the models learned from"
-        earlier = said[outside]
-        said[outside] = np.where(earlier != "", earlier + "; " + text, text)
-    rows = np.flatnonzero(said != "")
-    return rows, said[rows] + ": extrapolated"
+    their values (the row holds them): one text per set of sizes a row is outside, so that a file of 100,000
+    configurations beyond them costs milliseconds (a text per row cost 0.17 s; joining each row's texts,
+    ~25 ms)."""
+    outside = np.zeros(config_frame.row_count(table), dtype=np.int64)  # bit k: outside SIZE_COLUMNS[k]
+    texts: list[str] = []
+    for bit, name in enumerate(SIZE_COLUMNS):
+        if ranges and name in ranges:
+            low, high = (int(v) for v in ranges[name])
+            values = config_frame.column(table, name).astype(np.int64)
+            outside |= ((values < low) | (values > high)).astype(np.int64) << bit
+            texts.append(f"{name} outside the {low:,}-{high:,} the models learned from")
+        else:
+            texts.append("")  # never said: no row has this bit
+    rows = np.flatnonzero(outside)
+    sets, each = np.unique(outside[rows], return_inverse=True)
+    notes = [
+        "; ".join(text for bit, text in enumerate(texts) if int(found) >> bit & 1) + ": extrapolated"
+        for found in sets.tolist()
+    ]
+    return rows, np.array(notes, dtype=object)[each.reshape(-1)]
