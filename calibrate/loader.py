@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pandas._libs.hashtable import PyObjectHashTable
 
 from calibrate.columns import PREDICT_REQUIRED_COLUMNS, PROTOCOL_DEFAULTS
 from twin.csv_cells import MAX_CSV_COLUMNS, may_start_formulas, too_many_columns
@@ -543,6 +542,12 @@ def distinct_values(values: Any) -> tuple[np.ndarray, np.ndarray]:
 DISTINCT_FROM_ROWS = 1_000
 
 
+try:  # pandas' own, not public: a pandas without it factorizes as pd.factorize does (slower, the same codes)
+    from pandas._libs.hashtable import PyObjectHashTable as _PyObjectHashTable
+except ImportError:  # pragma: no cover - the pinned pandas has it
+    _PyObjectHashTable = None
+
+
 def factorize(values: Any, *, missing_as_value: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """`pd.factorize(values, use_na_sentinel=not missing_as_value)`: the same codes and distinct values.
 
@@ -553,9 +558,9 @@ def factorize(values: Any, *, missing_as_value: bool = False) -> tuple[np.ndarra
     distinct configurations, which factorizes their columns ~70 times, took 2.5 s instead of 2.9 s. An array
     with a missing value, kept as a value, is left to pd.factorize, which takes None and NaN for one."""
     values = np.asarray(values)
-    if values.dtype != object:
+    if values.dtype != object or _PyObjectHashTable is None:
         return pd.factorize(values, use_na_sentinel=not missing_as_value)
-    table = PyObjectHashTable(len(values))
+    table = _PyObjectHashTable(len(values))
     distinct, codes = table.factorize(
         values, na_sentinel=-1, na_value=None, mask=None, ignore_na=not missing_as_value
     )

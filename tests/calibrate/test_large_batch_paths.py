@@ -119,7 +119,16 @@ def test_distinct_values_give_back_every_value_in_its_place(rows: int) -> None:
     ],
 )
 @pytest.mark.parametrize("missing_as_value", [False, True])
-def test_factorize_is_pandas_factorize(values: np.ndarray, missing_as_value: bool) -> None:
+@pytest.mark.parametrize("pandas_table", [True, False], ids=["its table", "without it"])
+def test_factorize_is_pandas_factorize(
+    values: np.ndarray, missing_as_value: bool, pandas_table: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with pandas' private hash table, and on a pandas without it (the fallback)."""
+    from calibrate import loader
+
+    assert loader._PyObjectHashTable is not None  # the pinned pandas has it: the fast path is what runs
+    if not pandas_table:
+        monkeypatch.setattr(loader, "_PyObjectHashTable", None)
     codes, distinct = factorize(values, missing_as_value=missing_as_value)
     expected_codes, expected = pd.factorize(values, use_na_sentinel=not missing_as_value)
     assert codes.dtype == expected_codes.dtype and np.array_equal(codes, expected_codes)
