@@ -666,7 +666,9 @@ def _flag_numbers(frame: _Frame, column: str) -> np.ndarray:
     except BenchmarkFormatError as exc:
         if "is not a number" not in str(exc):
             raise
-        first = int(np.argmax(~frame.raw[column].str.strip().str.lower().isin([*_FLAG_WORDS, "0", "1"])))
+        # The cell `_numbers` could not read, by its line: a test of the words alone took the benchmark's own
+        # `0.0` for the bad cell, and named the first row of every file.
+        first = int(np.flatnonzero(frame.lines == exc.line)[0])
         raise BenchmarkFormatError(
             frame.path, int(frame.lines[first]), column,
             f"{original.iloc[first]!r} is not a yes/no value (0/1, true/false, yes/no, on/off)",

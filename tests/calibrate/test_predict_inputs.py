@@ -178,10 +178,16 @@ def test_yes_no_columns_take_words_as_a_spreadsheet_writes_them(
     same = pd.read_csv(tmp_path / "pred-numbers.csv", dtype=str, keep_default_na=False)
     assert list(same["tokens_per_second_p50"]) == list(written["tokens_per_second_p50"])  # read as 1/0
     capsys.readouterr()
-    bad = write(tmp_path / "bad.csv", list(ROW), [ROW, ROW | {"enable_roce": "maybe"}])
+    # Before it, yes/no written as the benchmark writes them (0.0, 1.0): the message named the first of
+    # those (line 2, '0.0'), not the bad cell.
+    before = [
+        ROW | {"enable_roce": "0.0"},
+        ROW | {"enable_roce": "1.0", "number_nodes": "2", "number_gpus": "16"},
+    ]
+    bad = write(tmp_path / "bad.csv", list(ROW), [*before, ROW | {"enable_roce": "maybe"}])
     assert predict(calibrated_models_dir, bad, tmp_path / "pred-bad.csv") == 2
     err = capsys.readouterr().err
-    assert "line 3" in err and "enable_roce" in err and "'maybe' is not a yes/no value" in err
+    assert "line 4" in err and "enable_roce" in err and "'maybe' is not a yes/no value" in err, err
 
 
 def test_a_large_file_is_predicted_a_part_at_a_time_as_it_is_whole(
