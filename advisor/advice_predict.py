@@ -51,16 +51,14 @@ def predict(models: Any, configs: Sequence[JobConfig]) -> Predicted:
     extrapolated = np.zeros(n, dtype=bool)
     if hasattr(models, "predict_columns"):
         from calibrate.config_frame import configs_to_columns
-        from calibrate.measured_ranges import beyond_measured
 
-        table = configs_to_columns(configs)
-        extrapolated[beyond_measured(table, getattr(models, "info", {}).get("measured_ranges"))[0]] = True
         try:
-            columns = models.predict_columns(table, power=True)
+            columns = models.predict_columns(configs_to_columns(configs), power=True)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelsUnusable(f"the models in use cannot predict: {exc}") from exc
         p_valid = np.asarray(columns["p_valid"], dtype=float)
         low = np.asarray(columns.get("p_valid_low", p_valid), dtype=float)
+        extrapolated = np.asarray(columns.get("extrapolated", extrapolated), dtype=bool)
         tps = np.column_stack([np.asarray(columns[name], dtype=float) for name in BAND_COLUMNS])
         watts = np.asarray(columns["power_watts"], dtype=float)
         notes = [n if isinstance(n, str) and n else None for n in columns.get("note", [None] * n)]

@@ -210,6 +210,8 @@ class CalibratedModels:
     def _predict_rows(self, table: Table, power: bool, reference: bool) -> dict[str, Any]:
         X, gpus, notes = self.matrix(table)
         rows, beyond = beyond_measured(table, self.info.get("measured_ranges"))
+        extrapolated = np.zeros(len(notes), dtype=bool)
+        extrapolated[rows] = True  # for the advice, which never recommends an extrapolation
         if len(rows):
             with_beyond = np.asarray(notes, dtype=object)
             current = with_beyond[rows]
@@ -252,6 +254,7 @@ class CalibratedModels:
             "tokens_per_second_p90": band[:, 2],
             "note": notes,
             "p_valid_low": p_valid_low,
+            "extrapolated": extrapolated,
         }
         if watts is not None:
             predicted["power_watts"] = watts

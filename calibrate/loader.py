@@ -516,6 +516,11 @@ def each_distinct(values: np.ndarray, function: Callable[[Any], Any]) -> np.ndar
     """`function` of every value (an object array), computed once per distinct value: a CSV of 100,000
     configurations has a few hundred distinct texts per column, and string work per cell cost seconds."""
     codes, distinct = factorize(np.asarray(values, dtype=object), missing_as_value=True)
+    return _each_code(codes, distinct, function)
+
+
+def _each_code(codes: np.ndarray, distinct: Any, function: Callable[[Any], Any]) -> np.ndarray:
+    """`function` of each distinct value, taken to the rows by their codes."""
     mapped = np.empty(len(distinct), dtype=object)
     mapped[:] = [function(value) for value in distinct]
     return mapped[codes]
@@ -625,10 +630,7 @@ def _cells(frame: _Frame, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _each_cell(frame: _Frame, column: str, function: Callable[[Any], Any]) -> pd.Series:
     """`_each_distinct` of a column of the frame's cells, from `_cells`."""
-    codes, distinct = _cells(frame, column)
-    mapped = np.empty(len(distinct), dtype=object)
-    mapped[:] = [function(value) for value in distinct]
-    return pd.Series(mapped[codes], index=frame.raw.index, dtype=object)
+    return pd.Series(_each_code(*_cells(frame, column), function), index=frame.raw.index, dtype=object)
 
 
 def _numbers(frame: _Frame, column: str, *, allow_empty: bool = False) -> np.ndarray:

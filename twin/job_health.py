@@ -13,16 +13,19 @@ never reported progress and has no time limit cannot be told from a long one, an
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
+from twin.settings import TwinSettings
 from twin.store import Job
 
 AttentionKind = Literal["overdue", "stalled"]
+ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
 # The default grace: three times the longest gap between two progress reports of a replayed run
 # (`ingest.replay.PROGRESS_GAP_S`), and far longer than a stopped job takes to report its end.
 DEFAULT_GRACE = timedelta(minutes=30)
@@ -84,6 +87,17 @@ def attention_notes(jobs: list[Any], now: datetime, grace: timedelta = DEFAULT_G
             "forecast to hold their GPUs for the rest of their work"
         )
     return notes
+
+
+def attention_grace(settings: TwinSettings) -> timedelta:
+    """How long past its limit or its last progress a running job goes before it needs attention."""
+    return timedelta(minutes=settings.job_attention_minutes)
+
+
+def attention_counts(session: Session, now: datetime, grace: timedelta = DEFAULT_GRACE) -> dict[str, int]:
+    """The running jobs that need attention, by kind: every kind, at 0 too (a reader compares counts)."""
+    counts = Counter(said.kind for _, said in needing_attention(session, now, grace))
+    return {kind: counts[kind] for kind in ATTENTION_KINDS}
 
 
 def needing_attention(

@@ -20,7 +20,7 @@ from twin.clock import TwinClock, as_utc, twin_clock, window_start
 from twin.cluster import MAX_GPUS_PER_NODE, cluster_from_inventory, oversized_nodes
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
-from twin.job_health import DEFAULT_GRACE, attention_notes
+from twin.job_health import DEFAULT_GRACE, attention_grace, attention_notes
 from twin.limits import plausible_power
 from twin.settings import TwinSettings
 from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
@@ -166,7 +166,7 @@ def load_cluster_inputs(engine: Engine, settings: TwinSettings, clock: TwinClock
         cluster_id=settings.cluster_id,
         lookback=timedelta(days=settings.forecast_lookback_days),
         clock=clock,
-        attention_after=timedelta(minutes=settings.job_attention_minutes),
+        attention_after=attention_grace(settings),
     )
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from datetime import timedelta
-
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 from sqlmodel import Session, func, select
@@ -15,12 +12,10 @@ from advisor.timestamps import UtcDatetime
 from twin.clock import cluster_clock
 from twin.cluster import cluster_from_inventory
 from twin.domain import canonical_gpu_name
-from twin.job_health import needing_attention
+from twin.job_health import ATTENTION_KINDS, attention_counts, attention_grace
 from twin.store import Job, Node
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
-
-NO_ATTENTION = {"overdue": 0, "stalled": 0}  # each kind, always: a reader compares counts, not keys
 
 
 class NodeOut(BaseModel):
@@ -91,12 +86,12 @@ def cluster(
         jobs_by_state={str(k): int(v) for k, v in by_state.items()},
         running=int(by_state.get("running", 0)),
         queued=int(by_state.get("submitted", 0)),
-        attention=_attention_counts(session, settings) if by_state.get("running") else dict(NO_ATTENTION),
+        attention=_attention(session, settings, running=int(by_state.get("running", 0))),
     )
 
 
-def _attention_counts(session: Session, settings: AdvisorSettings) -> dict[str, int]:
+def _attention(session: Session, settings: AdvisorSettings, running: int) -> dict[str, int]:
+    if not running:  # no clock to read, no job to judge
+        return dict.fromkeys(ATTENTION_KINDS, 0)
     now = cluster_clock(session.get_bind(), settings).now  # type: ignore[arg-type]
-    found = needing_attention(session, now, timedelta(minutes=settings.job_attention_minutes))
-    counts = Counter(said.kind for _, said in found)
-    return {kind: counts[kind] for kind in NO_ATTENTION}
+    return attention_counts(session, now, attention_grace(settings))

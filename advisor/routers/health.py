@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
 
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -19,7 +18,7 @@ from calibrate.registry import ModelRegistry, RegistryError
 from twin.clock import cluster_clock, twin_clock
 from twin.domain import canonical_gpu_name
 from twin.forecast_store import STANDING, latest_forecast
-from twin.job_health import needing_attention
+from twin.job_health import attention_counts, attention_grace
 from twin.skill import skill
 from twin.store import Job, Node, TelemetryEvent
 
@@ -77,11 +76,10 @@ class _StoreCollector:
         )
         if self.settings is not None:
             now = cluster_clock(self.engine, self.settings).now
-            grace = timedelta(minutes=self.settings.job_attention_minutes)
             with Session(self.engine) as session:
-                kinds = Counter(said.kind for _, said in needing_attention(session, now, grace))
-            for kind in ("overdue", "stalled"):  # both, at 0 too: an alert compares a present series
-                gauge.add_metric([kind], kinds[kind])
+                counts = attention_counts(session, now, attention_grace(self.settings))
+            for kind, count in counts.items():  # each kind, at 0 too: an alert compares a present series
+                gauge.add_metric([kind], count)
         return gauge
 
     def _recommendations(self) -> GaugeMetricFamily:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
@@ -16,7 +16,7 @@ from advisor.timestamps import UtcDatetime
 from twin.clock import cluster_clock
 from twin.domain import UnknownGpuModel, canonical_gpu_name, gpu_key, known_gpu_name
 from twin.job_config import PartialJobConfig
-from twin.job_health import Attention, needing_attention
+from twin.job_health import Attention, attention_grace, needing_attention
 from twin.job_health import attention as job_attention
 from twin.store import Job, Node
 
@@ -129,10 +129,6 @@ def _attention_out(said: Attention) -> AttentionOut:
     return AttentionOut.model_validate(said, from_attributes=True)
 
 
-def _grace(settings: AdvisorSettings) -> timedelta:
-    return timedelta(minutes=settings.job_attention_minutes)
-
-
 def _now(session: Session, settings: AdvisorSettings) -> datetime:
     """The twin's now: telemetry time when it and the wall clock disagree (a replay, a stalled feed)."""
     return cluster_clock(session.get_bind(), settings).now  # type: ignore[arg-type]
@@ -141,7 +137,7 @@ def _now(session: Session, settings: AdvisorSettings) -> datetime:
 def _with_attention(session: Session, settings: AdvisorSettings, jobs: list[Job]) -> list[JobOut]:
     out = [JobOut.model_validate(j) for j in jobs]
     if any(j.state == "running" for j in jobs):  # the clock only when a job may need it
-        now, grace = _now(session, settings), _grace(settings)
+        now, grace = _now(session, settings), attention_grace(settings)
         for job, shown in zip(jobs, out, strict=True):
             said = job_attention(job, now, grace)
             shown.attention = None if said is None else _attention_out(said)
@@ -156,7 +152,7 @@ def _needing_attention(
     spellings = None if gpu_model is None else gpu_spellings(session, gpu_model)
     if gpu_model is not None and not spellings:
         _known_gpu_or_422(session, gpu_model)
-    found = needing_attention(session, _now(session, settings), _grace(settings))
+    found = needing_attention(session, _now(session, settings), attention_grace(settings))
     keep = [
         (job, said) for job, said in found
         if kind in ("any", said.kind) and state in (None, "running")

@@ -33,6 +33,7 @@ from advisor.steering import (
     run_steering,
 )
 from advisor.timestamps import UtcDatetime
+from twin.clock import cluster_clock
 from twin.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -349,12 +350,10 @@ def _steering(
 ) -> Callable[[], SteeringResult]:  # fmt: skip
     """A steering run that remembers its own outcome for GET /steering, whoever waits for it or not:
     a run begun in the background has nobody else to."""
-    if telemetry_at is None:  # the twin's time it starts from, read before it runs
-        from twin.clock import cluster_clock
-
-        telemetry_at = cluster_clock(runtime.engine, runtime.settings).now
 
     def job() -> SteeringResult:
+        # The twin's time it starts from, read when it runs (a caller that joins a run under way reads none).
+        started = telemetry_at or cluster_clock(runtime.engine, runtime.settings).now
         try:
             result = run_steering(
                 runtime.engine, runtime.settings, runtime.models_in_use, actor=actor, source=source,
@@ -371,7 +370,7 @@ def _steering(
             log.exception("steering failed")
             _remember_none(runtime, f"the last steering run failed: {exc}")
             raise
-        _remember(runtime, result, telemetry_at)
+        _remember(runtime, result, started)
         log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))
         return result
 
@@ -394,8 +393,6 @@ STEERING_TICK_S = 30.0
 def _steering_job(runtime: ApiRuntime) -> None:
     """Steers when due (see STEERING_TICK_S); a run that could not happen (no model yet) is retried at the
     next tick. The run remembers its own outcome (`_steering`)."""
-    from twin.clock import cluster_clock
-
     settings: AdvisorSettings = runtime.settings
     clock = cluster_clock(runtime.engine, settings)
     last = runtime.last_steering
