@@ -69,6 +69,12 @@ class SingleFlight(Generic[T]):
         with self._lock:
             return self._lock.wait_for(lambda: self.callers >= count, timeout_s)
 
+    def wait_until_idle(self, timeout_s: float) -> bool:
+        """Whether no run is under way within `timeout_s`: the run's outcome is then kept wherever its job
+        keeps it, and `under_way` says None (for tests and pollers that must not read between the two)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._run is None, timeout_s)
+
     def _join_or_begin(self, about: dict[str, Any] | None, waits: bool = True) -> tuple[_Run[T], bool]:
         """The run under way (True), or a new one (False). A caller that `waits` for the run under way is
         one of its callers; one that does not is not counted."""
@@ -92,4 +98,5 @@ class SingleFlight(Generic[T]):
             with self._lock:
                 self._run = None
                 self.callers = 0
+                self._lock.notify_all()
             current.done.set()

@@ -37,6 +37,29 @@ def test_a_caller_during_a_run_gets_that_runs_outcome_and_the_next_runs_again() 
     assert flight.run(lambda: 7).joined is False and flight.callers == 0
 
 
+def test_a_background_run_is_awaited_until_nothing_is_under_way() -> None:
+    """A run's job keeps its outcome before the run ends; a poller that saw the outcome could still see it
+    under way (CI once read between the two). `wait_until_idle` returns once `under_way` says None."""
+    flight: SingleFlight[int] = SingleFlight()
+    release, kept, seen = threading.Event(), threading.Event(), threading.Event()
+
+    def job() -> int:
+        assert release.wait(30)
+        kept.set()  # the job's own bookkeeping (its outcome kept), done while the run is still under way
+        assert seen.wait(30)
+        return 1
+
+    about, joined = flight.start(job, {"actor": "ana"})
+    assert (about, joined) == ({"actor": "ana"}, False)
+    release.set()
+    assert kept.wait(30)
+    # The window a poller can read: the outcome is kept, the run is still under way.
+    assert flight.under_way() == {"actor": "ana"} and flight.wait_until_idle(0.05) is False
+    seen.set()
+    assert flight.wait_until_idle(30) is True
+    assert flight.under_way() is None
+
+
 def test_the_runs_error_reaches_every_caller() -> None:
     flight: SingleFlight[int] = SingleFlight()
     started = threading.Event()

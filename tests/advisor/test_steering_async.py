@@ -20,14 +20,16 @@ ASYNC = {"Prefer": "respond-async"}
 
 
 class HeldSteering:
-    """run_steering held until `release`; `remembered` is set once the outcome is kept for GET /steering."""
+    """run_steering held until `release`; `finished` waits until the run is no longer under way (its outcome
+    is kept for GET /steering before that: waiting for the outcome alone once read between the two)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: BaseException | None = None) -> None:
-        self.entered, self.release, self.remembered = threading.Event(), threading.Event(), threading.Event()
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, client: TestClient, fail: BaseException | None = None
+    ) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
         self.calls: list[dict[str, Any]] = []
-        real_run, real_remember, real_none = (
-            recommendations.run_steering, recommendations._remember, recommendations._remember_none
-        )  # fmt: skip
+        self._flight = client.app.state.runtime.steering  # type: ignore[attr-defined]
+        real_run = recommendations.run_steering
 
         def run(*args: Any, **kwargs: Any) -> Any:
             self.calls.append(kwargs)
@@ -37,12 +39,10 @@ class HeldSteering:
                 raise fail
             return real_run(*args, **kwargs)
 
-        def remember(*args: Any) -> None:
-            (real_none if fail is not None else real_remember)(*args)
-            self.remembered.set()
-
         monkeypatch.setattr(recommendations, "run_steering", run)
-        monkeypatch.setattr(recommendations, "_remember_none" if fail else "_remember", remember)
+
+    def finished(self) -> bool:
+        return self._flight.wait_until_idle(60)
 
 
 def test_an_async_run_answers_at_once_and_its_outcome_is_at_the_poll_address(
@@ -53,7 +53,7 @@ def test_an_async_run_answers_at_once_and_its_outcome_is_at_the_poll_address(
     operator = api_headers(store, "operator", name="ana")
     viewer = api_headers(store, "viewer")
     assert app_client.put("/v1/slos", json=WAIT_SLO, headers=operator).status_code == 200
-    held = HeldSteering(monkeypatch)
+    held = HeldSteering(monkeypatch, app_client)
     started = app_client.post("/v1/recommendations/run", headers=operator | ASYNC)
     # Answered while the run is still held: the request did not wait for it.
     assert started.status_code == 202, started.text
@@ -74,7 +74,7 @@ def test_an_async_run_answers_at_once_and_its_outcome_is_at_the_poll_address(
     assert again.json()["under_way"] == body["under_way"] and len(held.calls) == 1
 
     held.release.set()
-    assert held.remembered.wait(60), "the run's outcome was not kept"
+    assert held.finished(), "the run did not end"
     after = app_client.get("/v1/recommendations/steering", headers=viewer).json()
     assert after["under_way"] is None and after["ran"] is True and after["evaluated"] >= 5
     pending = app_client.get("/v1/recommendations", params={"state": "pending"}, headers=viewer).json()
@@ -103,15 +103,17 @@ def test_a_background_run_that_fails_says_so_at_the_poll_address(
 ) -> None:
     operator = api_headers(store, "operator")
     assert app_client.put("/v1/slos", json=WAIT_SLO, headers=operator).status_code == 200
-    held = HeldSteering(monkeypatch, fail=RuntimeError("the ensemble ran out of memory"))
+    held = HeldSteering(monkeypatch, app_client, fail=RuntimeError("the ensemble ran out of memory"))
     assert app_client.post("/v1/recommendations/run", headers=operator | ASYNC).status_code == 202
     held.release.set()
-    assert held.remembered.wait(60)
+    assert held.finished()
     steering = app_client.get("/v1/recommendations/steering", headers=operator).json()
     assert steering["under_way"] is None and steering["ran"] is False
     assert "failed: the ensemble ran out of memory" in steering["why_none"]
     # The next run starts afresh (the failed one left nothing under way).
-    assert app_client.post("/v1/recommendations/run", headers=operator | ASYNC).status_code == 202
+    again = app_client.post("/v1/recommendations/run", headers=operator | ASYNC)
+    assert again.status_code == 202 and again.json()["joined"] is False
+    assert held.finished()
 
 
 @pytest.mark.parametrize(
