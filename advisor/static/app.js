@@ -478,8 +478,10 @@ steeringButton.addEventListener("click", () => whileBusy(steeringButton, runStee
 async function loadAudit() {
   const page = await api("/v1/audit?limit=50");
   fillTable("audit-log", page.entries, [
-    (tr, e) => cell(tr, when(e.ts)), (tr, e) => cell(tr, e.actor), (tr, e) => cell(tr, e.subject),
-    (tr, e) => cell(tr, e.from_state), (tr, e) => cell(tr, e.to_state), (tr, e) => cell(tr, e.reason),
+    (tr, e) => cell(tr, when(e.ts)), (tr, e) => cell(tr, e.actor),
+    (tr, e) => cell(tr, e.subject, "wrap-anywhere"),  // recommendation:<uuid>
+    (tr, e) => cell(tr, e.from_state), (tr, e) => cell(tr, e.to_state),
+    (tr, e) => cell(tr, e.reason, "wrap-anywhere"),  // a comment may be one long URL
   ]);
 }
 

@@ -3,7 +3,8 @@ key stops the polling (so the failed-key limiter does not lock out the next key)
 stale; the jobs table says what it leaves out and leaves out the newest arrivals; recommendations of each
 kind say what their effect and cost mean; approving and rejecting ask for the key without echoing it and
 say that a rejection needs a comment; operator buttons ask for an operator key and go once; the model
-error's axis is in UTC and in time order; the audit log stays inside its panel; the header's errors are
+error's axis is in UTC and in time order; no word is cut to fit a column, and the audit log's long tokens
+stay inside its panel; the header's errors are
 legible. API answers the store cannot give quickly (a capacity plan, steering) are stood in for with
 `page.route`."""
 
@@ -187,6 +188,26 @@ def test_the_tables_say_what_they_show(api_server: dict, browser) -> None:  # ty
     assert "(lowest " in queue and "highest " in queue, queue
     slo = page.get_attribute("#chart-slo", "aria-label") or ""
     assert slo.startswith("SLO attainment") and "mean attainment %: " in slo, slo
+    # A word is never cut in two to fit its column ("pendi|ng", an "appro|ve" button, "submitte|d"): every
+    # one-word cell and button of the recommendations and jobs tables lies on one line.
+    cut = page.evaluate(
+        """() => [...document.querySelectorAll('#recs td, #recs button, #jobs td')]
+             .filter(e => !e.children.length && /^[A-Za-z]+$/.test(e.textContent.trim()))
+             .filter(e => { const r = document.createRange(); r.selectNodeContents(e);
+                            return r.getClientRects().length > 1; })
+             .map(e => e.textContent)"""
+    )
+    assert cut == [], cut
+    assert page.locator("#recs td.state-pending").count() >= 2 and page.locator("#recs button").count() >= 4
+    # What waits for a person sits beside the cluster, on the first screen; the forecast spans the page below
+    # (it came between them, and left a hole beside the cluster).
+    boxes = page.evaluate(
+        "() => Object.fromEntries(['cluster', 'recommendations', 'forecast'].map(id => [id,"
+        " document.getElementById(id).getBoundingClientRect().toJSON()]))"
+    )
+    assert boxes["recommendations"]["top"] == boxes["cluster"]["top"], boxes
+    assert boxes["recommendations"]["left"] > boxes["cluster"]["right"], boxes
+    assert boxes["forecast"]["top"] > boxes["cluster"]["bottom"], boxes
     # At 1400 px no panel scrolls sideways: everything fits.
     scrolling = page.evaluate(
         "() => [...document.querySelectorAll('.panel')]"
