@@ -83,6 +83,10 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 assert drawn["vs-running_jobs"]["actual"] == [0.5, None]
                 for name in names:
                     assert drawn[name]["red"] > 10, (name, drawn[name])  # the dot is on the canvas
+                # The standing forecast's header is another panel's, filled by its own request: the charts
+                # above may be drawn before it answers (its header then read empty). Every panel has
+                # answered, and the status line speaks, once the page marks the end of the load.
+                page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=60_000)
                 # The standing forecast's header says which clock its age is on, as this panel does: a
                 # replay at 600x makes seconds of wall time an hour of telemetry.
                 forecast_meta = page.text_content("#forecast-meta") or ""
@@ -99,8 +103,6 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                     "utilization 0 % inside p10-p90, error 100 % of actual, 7 % more error than persistence"
                 )
                 assert f"{expected} (n 1)" in skill_line, skill_line
-                # The status line speaks once every panel has answered: the page marks the end of the load.
-                page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=60_000)
                 status = page.locator("#status")
                 assert "error" not in (status.get_attribute("class") or ""), status.text_content()
                 if os.environ.get("FINETWIN_UPDATE_DOCS") == "1":
