@@ -104,6 +104,15 @@ def start_a_capacity_plan(api_server: dict) -> int:
     return len(plan["result"]["scenarios"])
 
 
+def published(api_server: dict, rec_id: str) -> bool:
+    """Whether the API says the approved recommendation's action was sent (its outbox row marked)."""
+    import httpx
+
+    headers = {"X-API-Key": api_server["keys"]["viewer"]}
+    url = f"{api_server['url']}/v1/recommendations/{rec_id}"
+    return httpx.get(url, headers=headers, timeout=30).json()["published"] is True
+
+
 def test_dashboard_approve_end_to_end(
     api_server: dict, chromium_path: Path, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -183,6 +192,10 @@ def test_dashboard_approve_end_to_end(
             )  # fmt: skip
             assert len(messages) == 1 and messages[0].value["action"]["add_nodes"] == 1
             assert messages[0].value["comment"] == "approved in the browser test"
+            # The relay marks its row sent after the broker's ack, a moment after the message is on the topic:
+            # a reload before then read "approved", and only the page's 15 s polling could show "sent" in
+            # time. The page is reloaded once the API says the action was sent.
+            wait_for(lambda: published(api_server, rec_id), 30, "the relay to mark the action sent")
             page.evaluate("() => loadAll()")
             state.filter(has_text="sent").wait_for(timeout=15_000)
             # docs/dashboard.png is refreshed on request only, so a test run leaves the work tree clean.
