@@ -14,7 +14,7 @@ from finetwin.cli import main
 from ingest.events import MAX_MESSAGE_BYTES, InvalidEvent, JobSubmitted, new_event, parse_event
 from ingest.replay import ReplayPlan
 from ingest.worker import MAX_DEAD_LETTER_BYTES, parse_message, read_dead_letter
-from tests.conftest import unique, wait_for
+from tests.conftest import unique
 from tests.ingest.conftest import (
     as_messages,
     assert_store_matches_benchmark,
@@ -166,6 +166,8 @@ def test_the_whole_sample_through_kafka_into_postgresql(
                      kafka_bootstrap, "--topic", topic, "--quiet",
                      "--epoch", sample_plan.epoch.isoformat()]) == 0  # fmt: skip
         total = len(sample_plan.events)
-        wait_for(lambda: worker.stats.messages >= total, 120, "the whole replay to be ingested")
+        # Under the worker's lock, which its counts are changed together under: polled without it, the
+        # message count could be read before the same batch's applied count.
+        assert worker.wait_until(lambda s: s.messages >= total, timeout_s=120), "the replay was not ingested"
         assert (worker.stats.applied, worker.stats.dead_letters) == (total, 0)
     assert_store_matches_benchmark(pg_engine, sample_table, sample_plan, "replay-0-")
