@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -227,9 +227,14 @@ def test_the_tables_say_what_they_show(api_server: dict, browser) -> None:  # ty
 def test_rejecting_asks_for_the_key_unechoed_and_a_comment(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
     keys, rec_id = api_server["keys"], api_server["recs"]["add_nodes"]
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    # The page's 15 s polling stopped (its clock paused): a poll ending between the rejection and the read
+    # of the status line said "updated ..." where the rejection had said "rejected".
+    opened = datetime.now(UTC)
+    page.clock.install(time=opened)
     prompted: list[str] = []
     page.on("dialog", lambda d: (prompted.append(d.message), d.dismiss()))
     page.goto(api_server["url"] + "/")
+    page.clock.pause_at(opened + timedelta(seconds=1))
     use_key(page, keys["viewer"])
     page.click(f"button[data-action=reject][data-recommendation='{rec_id}']")
     dialog = page.locator("dialog#ask")
