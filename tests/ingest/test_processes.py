@@ -120,6 +120,27 @@ def test_a_failing_consumer_stops_the_others_and_the_command_reports_it() -> Non
     assert run_children(2, functools.partial(_exit_or_wait, {0: 0, 1: 0}), "test") == 0
 
 
+class HeldHalfWay:
+    """A producer whose sends wait at `count` (the ones before flushed) until `release` is set."""
+
+    def __init__(self, producer: Any, count: int) -> None:
+        self.producer, self.count, self.sent = producer, count, 0
+        self.release = threading.Event()
+
+    def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        if self.sent == self.count:
+            self.producer.flush()
+            assert self.release.wait(120), "the test never released the replay"
+        self.producer.send(topic, value, key)
+        self.sent += 1
+
+    def flush(self) -> None:
+        self.producer.flush()
+
+    def close(self) -> None:
+        self.producer.close()
+
+
 def test_sigkill_mid_replay_then_restart_loses_nothing_and_applies_nothing_twice(
     kafka_bootstrap: str, postgres_url: str, pg_engine: Engine, sample_table: pd.DataFrame,
     sample_plan: ReplayPlan, ingest_processes: list[IngestProcess], tmp_path: Path,
@@ -130,20 +151,25 @@ def test_sigkill_mid_replay_then_restart_loses_nothing_and_applies_nothing_twice
     ingest_processes.append(doomed)
     wait_for(lambda: doomed.metric(ASSIGNED) == PARTITIONS, 60, "the ingest process to join its group")
     total = len(sample_plan.events)
-    producer = KafkaBus(kafka_bootstrap).producer()
-    # Paced to last ~8 s, so the kill lands while the replay is still sending.
+    # Paced to last ~8 s, and held half-way until the kill: the kill lands while the replay is still sending
+    # (a paced replay alone could end before a slow ingest had stored the first 15 %).
+    producer = HeldHalfWay(KafkaBus(kafka_bootstrap).producer(), total // 2)
     replay = threading.Thread(
         target=send_replay, args=(sample_plan, producer, topic), kwargs={"speed": sample_plan.duration_s / 8}
     )
     replay.start()
-    wait_for(lambda: store_count(pg_engine) >= 0.15 * total, 60, "some of the replay in the store")
-    assert replay.is_alive()  # mid-replay
-    doomed.process.kill()
-    doomed.wait(10)
-    restarted = IngestProcess(postgres_url, kafka_bootstrap, topic, group, tmp_path)
-    ingest_processes.append(restarted)
-    replay.join(timeout=60)
-    producer.close()
+    try:
+        wait_for(lambda: store_count(pg_engine) >= 0.15 * total, 60, "some of the replay in the store")
+        assert replay.is_alive()  # mid-replay
+        doomed.process.kill()
+        doomed.wait(10)
+        restarted = IngestProcess(postgres_url, kafka_bootstrap, topic, group, tmp_path)
+        ingest_processes.append(restarted)
+    finally:
+        producer.release.set()
+        replay.join(timeout=60)
+        producer.close()
+    assert not replay.is_alive() and producer.sent == total
     wait_for(lambda: store_count(pg_engine) == total, 120, "every event in the store after the restart")
     assert_store_matches_benchmark(pg_engine, sample_table, sample_plan, "replay-0-")
 
