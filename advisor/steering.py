@@ -8,7 +8,10 @@ Candidates (Table 3 of the paper, as actions on the cluster):
 - admission control: repair rule-breaking configurations instead of rejecting them (F1-F2);
 - scheduling policy: each other policy the twin knows;
 - optimization choice: make Fast Kernels / RoCE / Fast MoE the default (F5-F6);
-- right-sizing: cap the batch per GPU, or the sequence length, on one GPU type (F1, F3).
+- right-sizing: cap the batch per GPU, or the sequence length, on one GPU type (F1, F3);
+- a stalled job (running, no progress reported for longer than the attention grace: `twin.job_health`)
+  cancelled, its GPUs freed now. An overdue job is none: the forecast already ends it at its limit, so
+  cancelling it changes nothing the twin can measure.
 
 Effect: the paired difference, run by run, of the mean attainment over the declared SLOs (scenario minus
 baseline): its mean, p10-p90 and 95 % confidence interval. Recorded when the interval is above zero.
@@ -18,6 +21,7 @@ Cost: GPU-hours per day the action adds (nodes); actions that add no hardware co
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -44,6 +48,9 @@ COST_FLOOR_GPU_HOURS_PER_DAY = 1.0
 BATCH_PER_GPU_CAPS = (8, 32)
 SEQUENCE_CAP = 4096
 MAX_CANDIDATES = 24
+# Stalled jobs weighed per run, those holding the most GPUs first (the rest are on the dashboard's list).
+MAX_CANCEL_CANDIDATES = 4
+TARGET_MAX_LENGTH = 200  # advisor.records.Recommendation.target
 
 
 class SteeringUnavailable(RuntimeError):
@@ -91,7 +98,7 @@ def candidates(inputs: TwinInputs, options: ForecastOptions) -> list[Candidate]:
     from twin.config_changes import Admission, Optimization
     from twin.policies import Policy
 
-    out: list[Candidate] = []
+    out: list[Candidate] = _cancel_candidates(inputs)  # first: what a person must act on is never cut
     by_type = inputs.cluster.gpus_by_model()
     nodes_by_type: dict[str, int] = {}
     for node in inputs.cluster.nodes:
@@ -148,6 +155,36 @@ def candidates(inputs: TwinInputs, options: ForecastOptions) -> list[Candidate]:
                           transform=_cap_sequence(gpu, SEQUENCE_CAP))
             )  # fmt: skip
     return out[:MAX_CANDIDATES]
+
+
+def _cancel_candidates(inputs: TwinInputs) -> list[Candidate]:
+    """Cancelling each stalled job: it may hang, holding its GPUs (the forecast holds them for the rest of
+    its work), while the queue waits behind it."""
+    gpus = dict(zip(inputs.workload.job_ids, inputs.workload.gpus.tolist(), strict=True))
+    stalled = sorted(
+        (job_id for job_id, said in inputs.attention.items() if said.kind == "stalled"),
+        key=lambda job_id: (-gpus[job_id], job_id),
+    )
+    return [
+        Candidate(
+            "cancel_job",
+            job_target(job_id),
+            f"cancel stalled job {job_id}",
+            {"job_id": job_id, "cancel": True, "gpus": gpus[job_id], "why": inputs.attention[job_id].why},
+            0.0,
+            changes={"cancel_jobs": [job_id]},
+        )
+        for job_id in stalled[:MAX_CANCEL_CANDIDATES]
+    ]
+
+
+def job_target(job_id: str) -> str:
+    """A recommendation's target for one job: `job:ID`, within the 200 characters a target may have (a job
+    id may have 200 itself: a longer one is named by its digest, still one target per job)."""
+    target = f"job:{job_id}"
+    if len(target) <= TARGET_MAX_LENGTH:
+        return target
+    return f"job:sha256:{hashlib.sha256(job_id.encode()).hexdigest()}"
 
 
 def _short(gpu: str) -> str:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from twin.protocols import JobModels
 from twin.slo_attainment import DEFAULT_SLOS, SloSet
 from twin.workload import Workload
 
+if TYPE_CHECKING:
+    from twin.job_health import Attention
+
 
 @dataclass
 class TwinInputs:
@@ -37,6 +41,8 @@ class TwinInputs:
     start: datetime | None = None  # wall-clock time of simulation time 0 (live forecasts)
     notes: list[str] = field(default_factory=list)  # what was left out or assumed, for the reader
     clock: dict[str, object] | None = None  # live forecasts: which clock `start` was read from (twin.clock)
+    # Live forecasts: the running jobs of `workload` that need a person's attention (twin.job_health), by id.
+    attention: dict[str, Attention] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

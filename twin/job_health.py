@@ -73,9 +73,18 @@ def _span(span: timedelta) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
-def attention_notes(jobs: list[Any], now: datetime, grace: timedelta = DEFAULT_GRACE) -> list[str]:
-    """The forecast's notes on the running jobs that need attention (none when none does)."""
-    kinds = [a.kind for a in (attention(job, now, grace) for job in jobs) if a is not None]
+def attention_by_job(
+    jobs: list[Any], now: datetime, grace: timedelta = DEFAULT_GRACE
+) -> dict[str, Attention]:
+    """The jobs (rows or records with a `job_id`) that need attention at `now`, by id."""
+    found = ((job.job_id, attention(job, now, grace)) for job in jobs)
+    return {job_id: said for job_id, said in found if said is not None}
+
+
+def attention_notes(flagged: dict[str, Attention], grace: timedelta = DEFAULT_GRACE) -> list[str]:
+    """The forecast's notes on the running jobs that need attention (`attention_by_job`; none when none
+    does)."""
+    kinds = [said.kind for said in flagged.values()]
     notes = []
     if overdue := kinds.count("overdue"):
         notes.append(

@@ -12,7 +12,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, StringConstraints
 
 from twin.units import parse_duration
 
@@ -113,6 +113,10 @@ def unstorable_text_problem(text: str) -> str | None:
 
 # Text a pydantic model accepts only if the store can hold it.
 StorableText = Annotated[str, AfterValidator(_storable)]
+# An id the store keeps (a job's, a node's): 1-200 characters, its length checked as a string's first
+# ("at least 1 character"; a length set on StorableText itself is checked after its validator, and said as
+# a list's: "at least 1 item").
+StoredId = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
 
 
 def time_window(now: datetime | None = None) -> tuple[datetime, datetime]:

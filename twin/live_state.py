@@ -20,7 +20,7 @@ from twin.clock import TwinClock, as_utc, twin_clock, window_start
 from twin.cluster import MAX_GPUS_PER_NODE, cluster_from_inventory, oversized_nodes
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
-from twin.job_health import DEFAULT_GRACE, attention_grace, attention_notes
+from twin.job_health import DEFAULT_GRACE, attention_by_job, attention_grace, attention_notes
 from twin.limits import plausible_power
 from twin.settings import TwinSettings
 from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
@@ -286,9 +286,10 @@ def inputs_from_rows(
         notes.append(f"{skipped} queued or running job(s) left out: their configuration is not known yet")
     if lost:
         notes.append(f"{lost} running job(s) left out: a node they ran on is down")
-    notes += attention_notes(
+    flagged = attention_by_job(
         [job for job in active if not down.intersection(job.node_ids or ())], now, attention_after
     )
+    notes += attention_notes(flagged, attention_after)
 
     mix = _Rows()
     submitted_at: list[datetime] = []
@@ -313,4 +314,5 @@ def inputs_from_rows(
         start=now,
         notes=notes,
         clock=clock.describe() if clock is not None else None,
+        attention={job_id: flagged[job_id] for job_id in set(current.ids) & flagged.keys()},
     )

@@ -1,7 +1,8 @@
 """What-if scenarios: the same forecast with a change, compared with the baseline run by run.
 
 Changes: nodes of a type added or removed, another scheduling policy, admission control, optimizations
-switched on (fast kernels, RoCE, fast MoE: their effect comes from the models), batch right-sizing.
+switched on (fast kernels, RoCE, fast MoE: their effect comes from the models), batch right-sizing, known
+jobs cancelled (a stalled job's GPUs freed now).
 
 Baseline run i and scenario run i share their seed: the same future arrivals and the same per-job draws
 (common random numbers). The reported difference is the spread of the paired differences, with a 95 %
@@ -35,7 +36,7 @@ from twin.config_changes import Admission, Optimization, WrittenAdmission
 from twin.domain import known_gpu_name
 from twin.ensemble import RunOutput, run_ensemble, spread, summarize
 from twin.forecast import ForecastOptions, TwinInputs, describe, json_safe, make_spec
-from twin.limits import MAX_ENSEMBLE_RUNS, interval_problem, simulated_duration
+from twin.limits import MAX_ENSEMBLE_RUNS, StoredId, interval_problem, simulated_duration
 from twin.plan import PlanOptions
 from twin.policies import Policy
 from twin.protocols import JobModels
@@ -70,11 +71,14 @@ class ScenarioChanges(BaseModel):
     admission: WrittenAdmission | None = None
     optimizations: list[Optimization] = Field(default_factory=list)
     right_size_batches: StrictBool = False
+    # Known jobs (queued or running) that the scenario cancels now: their GPUs free, their work not done.
+    cancel_jobs: list[StoredId] = Field(default_factory=list, max_length=100)
 
     def is_empty(self) -> bool:
         return not (
             self.nodes or self.policy or self.admission or self.optimizations or self.right_size_batches
-        )
+            or self.cancel_jobs
+        )  # fmt: skip
 
 
 class WhatIf(BaseModel):
@@ -133,6 +137,16 @@ def apply_changes(
             cluster = cluster.with_nodes_removed(change.gpu_model, change.remove)
     if not cluster.nodes:
         raise ClusterFormatError("the scenario removes every node")
+    workload = inputs.workload
+    if changes.cancel_jobs:
+        unknown = sorted(set(changes.cancel_jobs) - set(workload.job_ids))
+        if unknown:
+            raise ValueError(
+                f"cancel_jobs: {', '.join(map(repr, unknown[:5]))}"
+                f"{f' and {len(unknown) - 5} more' if len(unknown) > 5 else ''} not queued or running "
+                "(a job that ended, or an id the store does not know)"
+            )
+        workload = workload.without(set(changes.cancel_jobs))
     plan = PlanOptions(
         admission=changes.admission or options.plan.admission,
         optimizations=options.plan.optimizations | frozenset(changes.optimizations),
@@ -141,7 +155,7 @@ def apply_changes(
     )
     scenario_inputs = TwinInputs(
         cluster=cluster,
-        workload=inputs.workload,
+        workload=workload,
         arrivals=inputs.arrivals,
         failure_times_s=inputs.failure_times_s,
         start=inputs.start,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +121,24 @@ class Workload:
     def config_of(self, row: int) -> JobConfig | None:
         k = int(self.config_idx[row])
         return None if k == NO_CONFIG else self.catalog[k]
+
+    def without(self, job_ids: Collection[str]) -> Workload:
+        """The same workload less the jobs `job_ids` names (a what-if that cancels them); the catalogue is
+        kept whole, so configuration indices stay valid, and running rows are renumbered."""
+        keep = np.asarray([job_id not in job_ids for job_id in self.job_ids], dtype=bool)
+        rows = np.flatnonzero(keep)
+        new_row = {int(old): new for new, old in enumerate(rows)}
+        return Workload(
+            job_ids=[self.job_ids[i] for i in rows],
+            arrival_s=self.arrival_s[keep],
+            gpus=self.gpus[keep],
+            gpu_models=[self.gpu_models[i] for i in rows],
+            duration_s=self.duration_s[keep],
+            work_tokens=self.work_tokens[keep],
+            config_idx=self.config_idx[keep],
+            catalog=list(self.catalog),
+            running={new_row[row]: state for row, state in self.running.items() if row in new_row},
+        )
 
 
 def concat(parts: Sequence[Workload]) -> Workload:

@@ -3,14 +3,15 @@ recorded as pending recommendations ranked by effect per cost."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from advisor.records import SloDocument
-from advisor.steering import candidates
+from advisor.records import Recommendation, SloDocument
+from advisor.steering import candidates, job_target
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
@@ -19,8 +20,9 @@ from tests.conftest import api_app, api_headers, api_parts
 from twin.db import make_engine, session_scope
 from twin.forecast import ForecastOptions
 from twin.live_state import load_live_inputs
-from twin.store import utcnow
+from twin.store import Job, Node, utcnow
 
+A100 = "NVIDIA-A100-SXM4-80GB"
 WAIT_SLO = {"slos": [{"name": "p95 wait <= 30 min", "metric": "wait_p95_s", "max": 1800}]}
 
 
@@ -78,6 +80,62 @@ def test_steering_recommends_what_helps_the_slos(app_client: TestClient, store: 
     listing = app_client.get("/v1/recommendations", params={"state": "superseded"}, headers=viewer).json()
     assert {r["id"] for r in listing["recommendations"]} == {r["id"] for r in recs}
     assert len(again["recommendations"]) == len(recs)  # paired seeds: the same state gives the same answer
+
+
+def seed_stalled_job(engine: Engine) -> None:
+    """Two 8-GPU nodes: one held by a running job silent for two hours with weeks of work left, the other
+    by a healthy job nearly done; six 8-GPU jobs (about 1.6 h each) queued behind them."""
+    now = utcnow()
+    base = {"model_name": "llama3-8b", "method": "lora", "gpu_model": A100, "number_gpus": 8,
+            "number_nodes": 1, "batch_size": 128, "tokens_per_sample": 2048, "updated_at": now}  # fmt: skip
+    with session_scope(engine) as session:
+        for k in range(2):
+            session.add(Node(node_id=f"a100-{k}", gpu_model=A100, gpu_count=8, status="up", updated_at=now))
+        session.add(Job(job_id="hung", state="running", submitted_at=now - timedelta(hours=5),
+                        started_at=now - timedelta(hours=4), progress_at=now - timedelta(hours=2),
+                        tokens_processed=1e8, last_tokens_per_second=1e4, dataset_tokens=3e10,
+                        node_ids=["a100-0"], **base))  # fmt: skip
+        session.add(Job(job_id="busy", state="running", submitted_at=now - timedelta(hours=1),
+                        started_at=now - timedelta(hours=1), progress_at=now - timedelta(minutes=1),
+                        tokens_processed=1e8, last_tokens_per_second=1e4, dataset_tokens=1.3e8,
+                        node_ids=["a100-1"], **base))  # fmt: skip
+        for i in range(6):
+            session.add(Job(job_id=f"queued-{i}", state="submitted", dataset_tokens=3e8,
+                            submitted_at=now - timedelta(minutes=30 - i), **base))  # fmt: skip
+
+
+def test_steering_weighs_cancelling_a_stalled_job_and_recommends_it_when_the_queue_gains(
+    sqlite_url: str, tmp_path: Path, in_use: FakeInUse
+) -> None:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    seed_stalled_job(engine)
+    inputs = load_live_inputs(engine)
+    cancels = [c for c in candidates(inputs, ForecastOptions()) if c.kind == "cancel_job"]
+    # The stalled job only: the healthy one reported a minute ago, the queued ones do not run.
+    assert [(c.target, c.changes) for c in cancels] == [("job:hung", {"cancel_jobs": ["hung"]})]
+    assert cancels[0].action["gpus"] == 8 and "no progress reported for 2.0 h" in cancels[0].action["why"]
+    settings = advisor_settings(tmp_path, steering_replications=4, steering_horizon_hours=12)
+    in_use.models = FakeModels()
+    with TestClient(api_app(settings, engine, in_use)) as client:
+        operator = api_headers(engine, "operator")
+        # Through one node the queue's last job waits about 9 h, through two about 4.5 h.
+        slo = {"slos": [{"name": "p95 wait ≤ 6 h", "metric": "wait_p95_s", "max": 6 * 3600}]}
+        assert client.put("/v1/slos", json=slo, headers=operator).status_code == 200
+        run = client.post("/v1/recommendations/run", headers=operator).json()
+        cancel = {r["kind"]: r for r in run["recommendations"]}.get("cancel_job")
+        assert cancel is not None, [r["title"] for r in run["recommendations"]]
+        assert cancel["title"] == "cancel stalled job hung" and cancel["target"] == "job:hung"
+        assert cancel["action"]["job_id"] == "hung" and cancel["action"]["cancel"] is True
+        assert cancel["effect"]["ci95"][0] > 0 and cancel["cost"] == 0.0
+        assert cancel["effect"]["helps"]["slo"] == "p95 wait ≤ 6 h"
+
+
+def test_a_long_job_id_still_makes_a_target_the_store_holds() -> None:
+    longest, other = "j" * 200, "j" * 199 + "k"
+    assert job_target("hung") == "job:hung"
+    assert len(job_target(longest)) <= Recommendation.model_fields["target"].metadata[0].max_length
+    assert job_target(longest) != job_target(other) and job_target(longest) == job_target("j" * 200)
 
 
 def test_steering_without_models_says_why(app_client: TestClient, store: Engine, in_use: FakeInUse) -> None:

@@ -90,6 +90,49 @@ def test_more_nodes_cut_the_wait_and_the_interval_says_so(models: RuleModels) ->
     )
 
 
+def test_cancelling_running_jobs_frees_their_gpus_for_the_queue(models: RuleModels) -> None:
+    """A stalled job's cancellation, as steering weighs it: the queue behind it waits less; every other job
+    keeps its draws (paired by job id, not by row), so the jobs known after it are not reshuffled."""
+    inputs = live_like_inputs()
+    running = [inputs.workload.job_ids[row] for row in sorted(inputs.workload.running)]
+    whatif = WhatIf(horizon="6h", interval="1h", runs=6, seed=2, changes=ScenarioChanges(cancel_jobs=running))
+    doc = run_whatif(inputs, models, whatif, workers=1)
+    assert doc["scenario"]["known_jobs"] == {"total": 50, "running": 0, "queued": 50}
+    wait = doc["difference"]["wait_mean_s"]
+    assert wait["mean"] < 0 and wait["ci95"][1] < 0
+    assert doc["difference"]["jobs"]["mean"] == -10.0  # the ten cancelled, every run
+    one = run_whatif(inputs, models, whatif.model_copy(update={"changes": ScenarioChanges(
+        cancel_jobs=running[:1])}), workers=1)  # fmt: skip
+    assert one["scenario"]["known_jobs"]["running"] == 9
+
+
+def test_cancelling_a_job_that_is_not_known_is_refused_by_name(models: RuleModels) -> None:
+    whatif = WhatIf(horizon="1h", runs=1, changes=ScenarioChanges(cancel_jobs=["job-0", "gone-1", "gone-2"]))
+    inputs = live_like_inputs()
+    assert "job-0" in inputs.workload.job_ids
+    with pytest.raises(ValueError, match="cancel_jobs: 'gone-1', 'gone-2' not queued or running"):
+        run_whatif(inputs, models, whatif, workers=1)
+    with pytest.raises(ValueError, match="at least 1 character"):
+        ScenarioChanges.model_validate({"cancel_jobs": [""]})
+    with pytest.raises(ValueError, match="NUL character"):
+        ScenarioChanges.model_validate({"cancel_jobs": ["job\x000"]})
+
+
+def test_a_workload_without_some_jobs_keeps_the_rest_as_they_were() -> None:
+    known = live_like_inputs().workload
+    gone = {known.job_ids[0], known.job_ids[3], known.job_ids[20]}
+    rest = known.without(gone)
+    kept = [row for row, job_id in enumerate(known.job_ids) if job_id not in gone]
+    assert rest.job_ids == [known.job_ids[row] for row in kept]
+    assert rest.arrival_s.tolist() == known.arrival_s[kept].tolist()
+    assert [rest.config_of(new) for new in range(len(rest))] == [known.config_of(row) for row in kept]
+    # Running rows renumbered with their jobs: row 4 of the original (elapsed 200 s) is row 2 now.
+    assert {rest.job_ids[row]: state.elapsed_s for row, state in rest.running.items()} == {
+        known.job_ids[row]: known.running[row].elapsed_s for row in known.running if row in kept
+    }
+    assert rest.running[2].elapsed_s == 200.0
+
+
 def test_admission_reject_trades_failures_for_rejections(models: RuleModels) -> None:
     whatif = WhatIf(horizon="6h", runs=4, changes=ScenarioChanges(admission="reject"))
     doc = run_whatif(live_like_inputs(), models, whatif, workers=1)

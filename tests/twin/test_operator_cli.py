@@ -95,7 +95,8 @@ def test_an_unknown_key_inside_a_section_is_matched_against_that_sections_keys(
     assert main(["whatif", str(nested)]) == 2
     error = " ".join(capsys.readouterr().err.split())
     assert "unknown key 'changes.nodez' (did you mean 'nodes'?)" in error, error
-    assert "(known keys of changes: nodes, policy, admission, optimizations, right_size_batches)" in error
+    known = "nodes, policy, admission, optimizations, right_size_batches, cancel_jobs"
+    assert f"(known keys of changes: {known})" in error
     top = write(tmp_path, "t.yaml", "clustr: c.yaml\n")
     assert main(["whatif", str(top)]) == 2
     assert "unknown key 'clustr' (did you mean 'cluster'?)" in capsys.readouterr().err
