@@ -5,8 +5,9 @@ simulator records nothing per event. Quantities that accumulate over time (busy 
 energy, failed GPU-hours) are integrated exactly over each interval, not sampled.
 
 Waits: jobs that started in the window, plus jobs still waiting at its end counted with the wait so far
-(leaving them out would make a congested forecast look better than it is). Jobs already running when the
-simulation starts have no wait in the window.
+(leaving them out would make a congested forecast look better than it is); per interval likewise, the jobs
+that started in it and those still waiting at its end. Jobs already running when the simulation starts
+have no wait in the window.
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ def _series(
     start_times = result.start_s[started]
     waits = (result.start_s - plan.arrival_s)[started]
     slot = np.clip(np.searchsorted(edges, start_times, side="right") - 1, 0, bins - 1)
+    waiting_slot, waiting_waits = _still_waiting(plan, result, edges, initial | (outcome == End.REJECTED))
+    slot, waits = np.concatenate([slot, waiting_slot]), np.concatenate([waits, waiting_waits])
     p50 = np.full(bins, np.nan)
     p95 = np.full(bins, np.nan)
     if len(slot):
@@ -228,6 +231,27 @@ def _series(
         "energy_kwh": energy_j / JOULES_PER_KWH,
     }
     return series, by_type
+
+
+def _still_waiting(
+    plan: JobPlan, result: SimResult, edges: np.ndarray, never_queued: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The jobs still waiting at each interval's end, as (interval, wait so far) pairs: the wait series
+    count them beside the jobs that started in the interval. Their wait so far is a lower bound of their
+    wait, so an interval in which a stuck queue starts nothing misses a wait objective; counting only the
+    jobs that started made it an interval without data, and a cluster that started nothing at all looked
+    no worse than one that started its jobs late (the summary counts them so, at the window's end)."""
+    ends = edges[1:]
+    start = np.where(np.isnan(result.start_s), np.inf, result.start_s)
+    first = np.searchsorted(ends, plan.arrival_s, side="left")  # the first end at or after its arrival
+    past = np.searchsorted(ends, start, side="left")  # the ends before its start
+    count = np.where(never_queued, 0, np.maximum(past - first, 0))
+    if not count.any():
+        return np.zeros(0, dtype=np.intp), np.zeros(0)
+    jobs = np.repeat(np.arange(len(count)), count)
+    # Each job's run of interval indices first..past-1, laid end to end.
+    slots = np.arange(len(jobs)) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
+    return slots, np.maximum(ends[slots] - plan.arrival_s[jobs], 0.0)
 
 
 def _count_in_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:

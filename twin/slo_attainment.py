@@ -6,7 +6,8 @@ An SLO bounds one figure of the cluster: `max` (e.g. p95 wait ≤ 30 min, runtim
 models here validate both.
 
 For one run: `attainment` is the fraction of intervals in which the objective holds (intervals without
-data, e.g. no job started, do not count), `met` whether it holds over the whole window.
+data, e.g. no job started and none waiting, do not count: `twin.run_metrics` counts the jobs still
+waiting at an interval's end at their wait so far), `met` whether it holds over the whole window.
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ from twin.live_state import load_live_inputs
 from twin.store import Job, Node, utcnow
 
 A100 = "NVIDIA-A100-SXM4-80GB"
-WAIT_SLO = {"slos": [{"name": "p95 wait <= 30 min", "metric": "wait_p95_s", "max": 1800}]}
+# The seed's queue has waited up to half an hour already, and its jobs run about 1.6 h each on one node: a
+# p95 wait of 30 min is missed in every interval with one more node too (jobs still waiting count, at their
+# wait so far); within 4 h it is met in an interval more often with one more node than without.
+WAIT_SLO = {"slos": [{"name": "p95 wait <= 4 h", "metric": "wait_p95_s", "max": 4 * 3600}]}
 
 
 @pytest.fixture
@@ -165,7 +168,7 @@ def test_slos_are_validated_and_audited(app_client: TestClient, store: Engine) -
     assert app_client.put("/v1/slos", json=one, headers=operator).status_code == 200
     assert app_client.put("/v1/slos", json=WAIT_SLO, headers=api_headers(store, "viewer")).status_code == 403
     put = app_client.put("/v1/slos", json=WAIT_SLO, headers=operator).json()
-    assert put["source"] == "api" and put["slos"][0]["max"] == 1800
+    assert put["source"] == "api" and put["slos"][0]["max"] == WAIT_SLO["slos"][0]["max"]
     audit = app_client.get("/v1/audit", params={"subject": "slos"}, headers=operator).json()
     assert audit["entries"][0]["to_state"] == "declared"
 

@@ -16,6 +16,7 @@ import pytest
 from tests.twin.conftest import A100
 from twin.cluster import cluster_from_spec
 from twin.plan import build_plan, prepare_catalog
+from twin.run_metrics import measure
 from twin.simulator import End, simulate
 from twin.workload import Workload
 
@@ -71,3 +72,25 @@ def test_erlang_c_mean_wait_on_half_a_million_jobs() -> None:
     expected = erlang_c_mean_wait(load * servers / mean_service, 1.0 / mean_service, servers)
     assert simulated.mean() == pytest.approx(expected, rel=0.05)
     assert simulated.mean() == pytest.approx(reference.mean(), rel=1e-9)
+
+
+def test_the_wait_series_counts_jobs_still_waiting_at_their_wait_so_far() -> None:
+    """One 8-GPU node: job a (submitted 30 min before the window) holds it for 10 h; b, submitted at 0,
+    waits behind it the whole 4 h window; c arrives at 1.5 h and waits too. Per 1 h interval the wait
+    series take the jobs that started in it (a: 30 min) and those still waiting at its end, at their wait so
+    far. Counting only the jobs that started, intervals 2-4 had no data and the wait objective was not
+    missed there, though the queue was stuck."""
+    cluster = cluster_from_spec({"nodes": [{"gpu_model": A100, "count": 1, "gpus_per_node": 8}]})
+    jobs = Workload.from_durations([-1800.0, 0.0, 5400.0], [36000.0, 3600.0, 3600.0], gpus=8)
+    plan = build_plan(jobs, prepare_catalog([], None), cluster, None)
+    h = 3600.0
+    result = simulate(cluster, plan, until=4 * h)
+    metrics = measure(plan, result, {A100: 8}, 4 * h, h)
+    # Each interval's waits: a started in the first (waited 1800 s); b waits from 0, c from 1.5 h.
+    waits = [[1800.0, h], [2 * h, 0.5 * h], [3 * h, 1.5 * h], [4 * h, 2.5 * h]]
+    expected_p50 = [np.quantile(w, 0.5) for w in waits]
+    expected_p95 = [np.quantile(w, 0.95) for w in waits]
+    np.testing.assert_allclose(metrics.series["wait_p50_s"], expected_p50)
+    np.testing.assert_allclose(metrics.series["wait_p95_s"], expected_p95)
+    # The summary counted them so already: b and c waiting at the window's end.
+    assert metrics.summary["wait_p95_s"] == pytest.approx(np.quantile([1800.0, 4 * h, 2.5 * h], 0.95))
