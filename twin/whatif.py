@@ -143,8 +143,8 @@ def apply_changes(
         if unknown:
             raise ValueError(
                 f"cancel_jobs: {', '.join(map(repr, unknown[:5]))}"
-                f"{f' and {len(unknown) - 5} more' if len(unknown) > 5 else ''} not queued or running "
-                "(a job that ended, or an id the store does not know)"
+                f"{f' and {len(unknown) - 5} more' if len(unknown) > 5 else ''} not among the known jobs "
+                "(queued or running; in the store, or in the workload file)"
             )
         workload = workload.without(set(changes.cancel_jobs))
     plan = PlanOptions(

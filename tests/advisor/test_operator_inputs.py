@@ -24,7 +24,7 @@ def test_whatif_with_a_misspelled_gpu_is_a_422_with_a_suggestion(
     assert "Value error" not in response.text, response.text
 
 
-def test_whatif_cancelling_a_job_that_is_not_queued_or_running_is_a_422_naming_it(
+def test_whatif_cancelling_a_job_that_is_not_known_is_a_422_naming_it(
     client: TestClient, keys: dict[str, dict[str, str]], engine: Engine
 ) -> None:
     from tests.advisor.seed import seed_overloaded_cluster
@@ -33,7 +33,7 @@ def test_whatif_cancelling_a_job_that_is_not_queued_or_running_is_a_422_naming_i
     body = {"runs": 2, "horizon": "2h", "changes": {"cancel_jobs": ["job-000", "no-such-job"]}}
     refused = client.post("/v1/whatif", json=body, headers=keys["operator"])
     assert refused.status_code == 422, refused.text
-    assert "cancel_jobs: 'no-such-job' not queued or running" in refused.json()["detail"], refused.text
+    assert "cancel_jobs: 'no-such-job' not among the known jobs" in refused.json()["detail"], refused.text
     body["changes"] = {"cancel_jobs": ["job-000"]}
     answered = client.post("/v1/whatif", json=body, headers=keys["operator"])
     assert answered.status_code == 200, answered.text
