@@ -203,21 +203,8 @@ def _series(
     finished = completed_count + failed_count
 
     started = ~np.isnan(result.start_s) & ~initial
-    start_times = result.start_s[started]
-    waits = (result.start_s - plan.arrival_s)[started]
-    slot = np.clip(np.searchsorted(edges, start_times, side="right") - 1, 0, bins - 1)
-    waiting_slot, waiting_waits = _still_waiting(plan, result, edges, initial | (outcome == End.REJECTED))
-    slot, waits = np.concatenate([slot, waiting_slot]), np.concatenate([waits, waiting_waits])
-    p50 = np.full(bins, np.nan)
-    p95 = np.full(bins, np.nan)
-    if len(slot):
-        order = np.argsort(slot, kind="stable")
-        slot, waits = slot[order], waits[order]
-        bounds = np.searchsorted(slot, np.arange(bins + 1))
-        for b in range(bins):
-            chunk = waits[bounds[b] : bounds[b + 1]]
-            if len(chunk):
-                p50[b], p95[b] = np.quantile(chunk, [0.5, 0.95])
+    never_queued = initial | (outcome == End.REJECTED)
+    p50, p95 = wait_quantiles(plan.arrival_s, np.where(started, result.start_s, np.nan), edges, never_queued)
     series = {
         "queue_length": queue / safe,
         "running_jobs": running / safe,
@@ -233,25 +220,41 @@ def _series(
     return series, by_type
 
 
-def _still_waiting(
-    plan: JobPlan, result: SimResult, edges: np.ndarray, never_queued: np.ndarray
+def wait_quantiles(
+    submitted: np.ndarray, started: np.ndarray, edges: np.ndarray, never_queued: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The jobs still waiting at each interval's end, as (interval, wait so far) pairs: the wait series
-    count them beside the jobs that started in the interval. Their wait so far is a lower bound of their
-    wait, so an interval in which a stuck queue starts nothing misses a wait objective; counting only the
-    jobs that started made it an interval without data, and a cluster that started nothing at all looked
-    no worse than one that started its jobs late (the summary counts them so, at the window's end)."""
+    """Per interval between `edges`, the median and 95th percentile of the waits of the jobs that started in
+    it (`started`, NaN for none) and of the jobs still waiting at its end, at their wait so far; NaN where
+    there is neither. Jobs marked `never_queued` (rejected, or running before the window) count for none.
+
+    The waiting jobs' wait so far is a lower bound of their wait, so an interval in which a stuck queue
+    starts nothing misses a wait objective; counting only the jobs that started made it an interval without
+    data, and a cluster that started nothing at all looked no worse than one that started its jobs late."""
+    bins = len(edges) - 1
+    known = ~never_queued & ~np.isnan(submitted)
+    begun = known & ~np.isnan(started) & (started >= edges[0]) & (started <= edges[-1])
+    slot = np.clip(np.searchsorted(edges, started[begun], side="right") - 1, 0, bins - 1)
+    waits = (started - submitted)[begun]
     ends = edges[1:]
-    start = np.where(np.isnan(result.start_s), np.inf, result.start_s)
-    first = np.searchsorted(ends, plan.arrival_s, side="left")  # the first end at or after its arrival
+    start = np.where(np.isnan(started), np.inf, started)
+    first = np.searchsorted(ends, submitted, side="left")  # the first end at or after its submission
     past = np.searchsorted(ends, start, side="left")  # the ends before its start
-    count = np.where(never_queued, 0, np.maximum(past - first, 0))
-    if not count.any():
-        return np.zeros(0, dtype=np.intp), np.zeros(0)
-    jobs = np.repeat(np.arange(len(count)), count)
-    # Each job's run of interval indices first..past-1, laid end to end.
-    slots = np.arange(len(jobs)) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
-    return slots, np.maximum(ends[slots] - plan.arrival_s[jobs], 0.0)
+    count = np.where(known, np.maximum(past - first, 0), 0)
+    if count.any():
+        jobs = np.repeat(np.arange(len(count)), count)
+        # Each job's run of interval indices first..past-1, laid end to end.
+        waiting = np.arange(len(jobs)) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
+        slot = np.concatenate([slot, waiting])
+        waits = np.concatenate([waits, np.maximum(ends[waiting] - submitted[jobs], 0.0)])
+    p50, p95 = np.full(bins, np.nan), np.full(bins, np.nan)
+    order = np.argsort(slot, kind="stable")
+    slot, waits = slot[order], waits[order]
+    bounds = np.searchsorted(slot, np.arange(bins + 1))
+    for b in range(bins):
+        chunk = waits[bounds[b] : bounds[b + 1]]
+        if len(chunk):
+            p50[b], p95[b] = np.quantile(chunk, [0.5, 0.95])
+    return p50, p95
 
 
 def _count_in_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:

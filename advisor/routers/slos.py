@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException
+import math
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, Field
 
 from advisor.auth import Principal, Role, require_role
@@ -10,7 +15,12 @@ from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime
 from advisor.slos_in_force import SlosInForce, current_slos, declare_slos
 from advisor.timestamps import UtcDatetime
+from twin.actuals import load_job_times
+from twin.clock import cluster_clock
+from twin.limits import series_intervals_problem
+from twin.slo_actual import attainment_as_it_happened
 from twin.slo_attainment import Slo, SloFormatError, SloSet
+from twin.units import parse_duration
 
 router = APIRouter(prefix="/v1/slos", tags=["slos"])
 
@@ -51,6 +61,75 @@ def put_slos(
 ) -> SlosOut:
     slos = SloSet(slos=body.slos)
     return _out(declare_slos(runtime.engine, slos, actor=principal.actor))
+
+
+# How far back the record is judged at most: a month of intervals (744 at the default hour).
+MAX_ATTAINMENT_WINDOW_S = 31 * 86400.0
+
+
+class SloAsItHappened(BaseModel):
+    name: str
+    metric: str
+    max: float | None
+    min: float | None
+    gpu_model: str | None
+    attainment: float | None = Field(
+        description="share of the intervals with data in which it held; null when none has data"
+    )
+    judged: int = Field(description="intervals with data")
+    held: list[bool | None] = Field(description="per interval, oldest first: held, or null without data")
+    values: list[float | None] = Field(description="per interval: the figure the SLO bounds")
+
+
+class AttainmentOut(BaseModel):
+    since: UtcDatetime
+    until: UtcDatetime = Field(description="the twin's now (telemetry time)")
+    interval_s: float
+    slos: list[SloAsItHappened]
+    clock: dict[str, Any]
+
+
+@router.get(
+    "/attainment",
+    response_model=AttainmentOut,
+    summary="How the SLOs in force were attained, as it happened: per interval of the store's record",
+)
+def get_attainment(
+    runtime: ApiRuntime = Depends(get_runtime),
+    window: str = Query(
+        default="24h", max_length=32, description="how far back from the twin's now: a duration, at most 31d"
+    ),
+) -> dict[str, Any]:
+    """Each SLO judged on what the store recorded, per interval of the forecast's width
+    (`FINETWIN_FORECAST_INTERVAL_MINUTES`), by the definitions a forecast's runs are judged by
+    (`twin.slo_actual`): what the forecast's attainment is to be read against."""
+    try:
+        window_s = parse_duration(window)
+    except ValueError as exc:
+        raise HTTPException(422, f"window: {exc}") from None
+    if not 0 < window_s <= MAX_ATTAINMENT_WINDOW_S:
+        raise HTTPException(422, f"window: {window!r} is not between 0 and 31 days")
+    settings = runtime.settings
+    interval_s = settings.forecast_interval_minutes * 60.0
+    problem = series_intervals_problem(window_s, interval_s)
+    if problem is not None:
+        raise HTTPException(422, f"window: {problem}")
+    try:
+        slos = current_slos(runtime.engine, settings).slos
+    except SloFormatError as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    clock = cluster_clock(runtime.engine, settings)
+    count = max(1, math.ceil(window_s / interval_s - 1e-9))
+    since = clock.now - timedelta(seconds=count * interval_s)
+    times = load_job_times(runtime.engine, settings.cluster_id, since, clock.now)
+    edges = np.arange(count + 1) * interval_s
+    return {
+        "since": since,
+        "until": clock.now,
+        "interval_s": interval_s,
+        "slos": attainment_as_it_happened(slos, times, edges),
+        "clock": clock.describe(),
+    }
 
 
 def check_slo_file(runtime: ApiRuntime) -> None:

@@ -295,6 +295,20 @@ async function loadVsActual() {
   }
 }
 
+// The SLOs in force, judged on what the store recorded over the last day (the forecast's attainment is to be
+// read against it), each as the intervals it held in out of those with data.
+async function loadSloActual() {
+  const record = await api("/v1/slos/attainment?window=24h");
+  const parts = record.slos.map((s) => {
+    if (!s.judged) return `${s.name}: no data`;
+    const met = s.held.filter((h) => h === true).length;
+    return `${s.name}: met in ${met} of ${s.judged} intervals (${Math.round(s.attainment * 100)} %)`;
+  });
+  document.getElementById("slo-actual").textContent = parts.length
+    ? `SLOs as they happened, the last 24 h of telemetry: ${parts.join("; ")}`
+    : "No SLO declared.";
+}
+
 async function loadLiveError() {
   const live = await api("/v1/models/live-error?limit=200");
   // In time order (the API's is not), labelled in UTC as every other time on the page.
@@ -556,7 +570,7 @@ async function loadAll() {
     return;
   }
   const parts = { cluster: loadCluster, forecast: loadForecast, "forecast vs actual": loadVsActual,
-                  "model error": loadLiveError,
+                  "SLOs as they happened": loadSloActual, "model error": loadLiveError,
                   recommendations: loadRecommendations, audit: loadAudit, report: loadReport,
                   "capacity plan": loadPlan };
   const results = await Promise.allSettled(Object.values(parts).map((load) => load()));

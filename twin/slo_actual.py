@@ -1,0 +1,69 @@
+"""SLO attainment as it happened: each declared SLO judged per interval on what the store recorded, by the
+definitions a forecast judges its runs by (`twin.run_metrics`, `twin.slo_attainment`), so the two read alike.
+
+Per interval [a, b): the waits of the jobs that started in it and of the jobs still waiting at b, at their
+wait so far (`wait_p50_s`, `wait_p95_s`); the jobs that failed at run time over those that finished, by
+their end (`runtime_failure_ratio`); utilization (overall or of one GPU type) and the mean queue length as
+`twin.actuals` measures them for the forecast's score. An interval without data for a figure (no job
+started or waiting; none finished) does not count, as in a forecast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from twin.actuals import BY_TYPE, JobTimes, actual_series
+from twin.domain import canonical_gpu_name
+from twin.run_metrics import wait_quantiles
+from twin.slo_attainment import Slo, SloSet
+
+
+def actual_slo_series(times: JobTimes, edges_s: Sequence[float] | np.ndarray) -> dict[str, np.ndarray]:
+    """Per interval between `edges_s` (seconds from `times.origin`), every figure an SLO may bound."""
+    edges = np.asarray(edges_s, dtype=float)
+    series = actual_series(times, edges)
+    # A job submitted before the window waited from its submission; one started before the window is none
+    # of its waits (as a forecast's jobs running at its start): `wait_quantiles` counts starts within it.
+    p50, p95 = wait_quantiles(times.submitted, times.started, edges, times.rejected)
+    finished = series["jobs_completed"] + series["jobs_failed"]
+    failure_ratio = np.where(finished > 0, series["jobs_failed"] / np.maximum(finished, 1), np.nan)
+    return series | {"wait_p50_s": p50, "wait_p95_s": p95, "runtime_failure_ratio": failure_ratio}
+
+
+def slo_values(slo: Slo, series: dict[str, np.ndarray], intervals: int) -> np.ndarray:
+    """The SLO's figure per interval (NaN where there is no data, or the GPU type has no node up)."""
+    key = slo.metric if slo.gpu_model is None else BY_TYPE + canonical_gpu_name(slo.gpu_model)
+    found = series.get(key)
+    return np.full(intervals, np.nan) if found is None else np.asarray(found, dtype=float)
+
+
+def attainment_as_it_happened(
+    slos: SloSet, times: JobTimes, edges_s: Sequence[float] | np.ndarray
+) -> list[dict[str, Any]]:
+    """Per SLO: its figure per interval (`values`), whether it held (`held`: None without data), and
+    `attainment`, the share of the intervals with data in which it held (None when none has data)."""
+    series = actual_slo_series(times, edges_s)
+    intervals = len(edges_s) - 1
+    out = []
+    for slo in slos.slos:
+        values = slo_values(slo, series, intervals)
+        held = [None if math.isnan(v) else bool(slo.holds(float(v))) for v in values]
+        judged = [h for h in held if h is not None]
+        out.append(
+            {
+                "name": slo.name,
+                "metric": slo.metric,
+                "max": slo.max,
+                "min": slo.min,
+                "gpu_model": slo.gpu_model,
+                "attainment": sum(judged) / len(judged) if judged else None,
+                "judged": len(judged),
+                "held": held,
+                "values": [None if math.isnan(v) else float(v) for v in values],
+            }
+        )
+    return out
