@@ -42,15 +42,20 @@ def slo_values(slo: Slo, series: dict[str, np.ndarray], intervals: int) -> np.nd
 
 
 def attainment_as_it_happened(
-    slos: SloSet, times: JobTimes, edges_s: Sequence[float] | np.ndarray
+    slos: SloSet, times: JobTimes, edges_s: Sequence[float] | np.ndarray, record_from_s: float | None = None
 ) -> list[dict[str, Any]]:
     """Per SLO: its figure per interval (`values`), whether it held (`held`: None without data), and
-    `attainment`, the share of the intervals with data in which it held (None when none has data)."""
+    `attainment`, the share of the intervals with data in which it held (None when none has data). An
+    interval over before `record_from_s` (when the telemetry began) has no data: an idle cluster then was
+    no cluster on record, not one at 0 % utilization."""
     series = actual_slo_series(times, edges_s)
     intervals = len(edges_s) - 1
+    unrecorded = np.zeros(intervals, dtype=bool)
+    if record_from_s is not None:
+        unrecorded = np.asarray(edges_s, dtype=float)[1:] <= record_from_s
     out = []
     for slo in slos.slos:
-        values = slo_values(slo, series, intervals)
+        values = np.where(unrecorded, np.nan, slo_values(slo, series, intervals))
         held = [None if math.isnan(v) else bool(slo.holds(float(v))) for v in values]
         judged = [h for h in held if h is not None]
         out.append(

@@ -16,7 +16,7 @@ from advisor.parts import ApiRuntime
 from advisor.slos_in_force import SlosInForce, current_slos, declare_slos
 from advisor.timestamps import UtcDatetime
 from twin.actuals import load_job_times
-from twin.clock import cluster_clock
+from twin.clock import cluster_clock, window_start
 from twin.limits import series_intervals_problem
 from twin.slo_actual import attainment_as_it_happened
 from twin.slo_attainment import Slo, SloFormatError, SloSet
@@ -123,11 +123,12 @@ def get_attainment(
     since = clock.now - timedelta(seconds=count * interval_s)
     times = load_job_times(runtime.engine, settings.cluster_id, since, clock.now)
     edges = np.arange(count + 1) * interval_s
+    began = window_start(runtime.engine, settings.cluster_id, since, clock.now)
     return {
         "since": since,
         "until": clock.now,
         "interval_s": interval_s,
-        "slos": attainment_as_it_happened(slos, times, edges),
+        "slos": attainment_as_it_happened(slos, times, edges, (began - since).total_seconds()),
         "clock": clock.describe(),
     }
 

@@ -71,3 +71,9 @@ def test_each_slo_says_per_interval_whether_it_held_and_its_share_of_the_interva
     assert busy["held"] == [True, False, True] and busy["attainment"] == pytest.approx(2 / 3)
     # A GPU type with no node up: no data, said as none (not as missed).
     assert said["h100 busy"]["attainment"] is None and said["h100 busy"]["held"] == [None] * 3
+
+
+def test_intervals_before_the_telemetry_began_have_no_data() -> None:
+    slos = SloSet(slos=[Slo(name="busy", metric="utilization", min=0.35)])
+    said = attainment_as_it_happened(slos, job_times(), EDGES, record_from_s=H)[0]
+    assert said["held"] == [None, False, True] and said["attainment"] == 0.5 and said["judged"] == 2

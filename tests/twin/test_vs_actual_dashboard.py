@@ -104,15 +104,16 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 )
                 assert f"{expected} (n 1)" in skill_line, skill_line
                 # The SLOs in force (the defaults), judged on the record's last day, hours ending at T0 + 90
-                # min (tests.twin.test_skill.store_history). Waits: "old" 10 min (hour -5:30), "before" 10 min
-                # (-0:30), A 30 and B 15 min (+0:30): 3 hours with data, each within 30 min. Ends: "old",
-                # "before", A, none failed. Utilization: "old" held all 8 GPUs from -4:30 to -3:30, the one
-                # hour at 70 % or more (the last: A's 4 GPUs and B's 2 for half of it, 62.5 %).
+                # min (tests.twin.test_skill.store_history). The telemetry began at T0: the hours before
+                # the one that holds it have no data ("old" held all 8 GPUs in one of them). Waits: "before"
+                # 10 min (hour -0:30), A 30 and B 15 min (+0:30), each within 30 min. Ends: "before" and A,
+                # none failed. Utilization: 48 % ("before", 29 min of 8 GPUs) and 62.5 % (A's 4 GPUs, B's 2
+                # for half the hour), neither 70 %.
                 slo_line = page.text_content("#slo-actual") or ""
                 assert slo_line == (
-                    "SLOs as they happened, the last 24 h of telemetry: p95 wait ≤ 30 min: met in 3 of 3 "
-                    "intervals (100 %); runtime failures ≤ 10 %: met in 3 of 3 intervals (100 %); "
-                    "utilization ≥ 70 %: met in 1 of 24 intervals (4 %)"
+                    "SLOs as they happened, the last 24 h of telemetry: p95 wait ≤ 30 min: met in 2 of 2 "
+                    "intervals (100 %); runtime failures ≤ 10 %: met in 2 of 2 intervals (100 %); "
+                    "utilization ≥ 70 %: met in 0 of 2 intervals (0 %)"
                 ), slo_line
                 status = page.locator("#status")
                 assert "error" not in (status.get_attribute("class") or ""), status.text_content()
