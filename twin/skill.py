@@ -34,6 +34,8 @@ from twin.forecast_store import (
     read_forecast,
     stored_forecasts,
 )
+from twin.slo_actual import attainment_as_it_happened
+from twin.slo_attainment import STORED, Slo, SloSet
 from twin.store import utcnow
 from twin.uncalibrated import FALLBACK_LABEL
 from twin.units import parse_duration
@@ -332,6 +334,7 @@ def forecast_vs_actual(
     elapsed = (now - start).total_seconds()
     ready = _ended(edges, elapsed)
     actual: dict[str, np.ndarray] = {}
+    times = None
     if ready:
         times = load_job_times(engine, cluster_id, start, now)
         actual = actual_series(times, edges[: ready + 1])
@@ -360,4 +363,31 @@ def forecast_vs_actual(
         "interval_end_s": edges[1:].tolist(),
         "intervals_passed": ready,
         "figures": figures,
+        "slos": slos_vs_actual(chosen.document, times, edges[: ready + 1]),
     }
+
+
+def slos_vs_actual(
+    document: Mapping[str, Any], times: JobTimes | None, passed_edges: np.ndarray
+) -> list[dict[str, Any]]:
+    """Per SLO the forecast judged: the attainment it forecast over its horizon (mean, p10-p90 across runs)
+    and the attainment so far, on what the store recorded over the intervals that have passed, by the same
+    definitions (`twin.slo_actual`; null before one with data)."""
+    forecast = [s for s in document.get("slos") or [] if s.get("metric")]
+    slos = SloSet(slos=[
+        Slo.model_validate({k: s.get(k) for k in ("name", "metric", "max", "min", "gpu_model")},
+                           context={STORED: True})
+        for s in forecast
+    ])  # fmt: skip
+    actual: list[dict[str, Any]] = [{} for _ in forecast]
+    if times is not None and len(passed_edges) > 1:
+        actual = attainment_as_it_happened(slos, times, passed_edges)
+    return [
+        {
+            "name": said["name"],
+            "forecast": said.get("attainment"),
+            "actual": happened.get("attainment"),
+            "judged": happened.get("judged", 0),
+        }
+        for said, happened in zip(forecast, actual, strict=True)
+    ]

@@ -196,6 +196,15 @@ class VsActualFigure(_Strict):
     actual: list[Number] = Field(description="what the store recorded; null for an interval not yet passed")
 
 
+class VsActualSlo(_Strict):
+    name: str
+    forecast: Spread | None = Field(description="the attainment forecast over the horizon, across runs")
+    actual: Number = Field(
+        description="the share of the passed intervals with data in which it held; null before one"
+    )
+    judged: int = Field(description="passed intervals with data")
+
+
 class VsActualOut(_Strict):
     forecast_id: int
     start: str
@@ -206,6 +215,7 @@ class VsActualOut(_Strict):
     interval_end_s: list[float]
     intervals_passed: int
     figures: dict[str, VsActualFigure] = Field(description="by figure; per GPU type as `utilization/<type>`")
+    slos: list[VsActualSlo] = Field(description="the SLOs it judged: attainment forecast, and so far")
     clock: ClockOut
 
 

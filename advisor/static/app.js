@@ -273,6 +273,17 @@ async function loadVsActual() {
         : `, ${Math.round(Math.abs(score) * 100)} % ${score >= 0 ? "less" : "more"} error than persistence`;
       return `${name} ${Math.round(s.coverage * 100)} % inside p10-p90${error}${versus} (n ${s.n})`;
     });
+  // The attainment this forecast gave each SLO over its horizon, and what the record says so far.
+  const pct = (x) => `${Math.round(x * 100)} %`;
+  const slos = (view.slos || []).map((s) => {
+    const said = s.forecast && s.forecast.mean !== null
+      ? `forecast ${pct(s.forecast.mean)} (${Math.round(s.forecast.p10 * 100)}-${pct(s.forecast.p90)})`
+      : "no forecast";
+    const happened = s.judged ? `so far ${pct(s.actual)} of ${s.judged} intervals` : "no interval with data yet";
+    return `${s.name}: ${said}, ${happened}`;
+  });
+  document.getElementById("vs-slos").textContent = slos.length
+    ? `This forecast's SLO attainment: ${slos.join("; ")}` : "";
   document.getElementById("vs-skill").textContent = skill.scored
     ? `Skill over ${skill.scored} scored forecasts: ${parts.join("; ")}`
     : "No forecast interval has been scored yet.";

@@ -184,6 +184,29 @@ def test_stored_forecasts_are_scored_once_as_telemetry_time_passes(engine: Engin
     assert view["figures"]["utilization"]["actual"] == [0.25, None]
 
 
+def test_the_forecasts_slo_attainment_is_set_beside_what_happened_so_far(engine: Engine) -> None:
+    """Hour 1 (T0 to +60 min): A waited 30 min and started, B had waited 15 min at its end; A's 4 GPUs for
+    half of it: 25 % of the A100s. Hour 2: B started after 15 min; A and B ran: 50 %."""
+    store_history(engine)
+    forecast = [
+        {"name": "p95 wait ≤ 30 min", "metric": "wait_p95_s", "max": 1800.0,
+         "attainment": {"mean": 0.4, "p10": 0.0, "p90": 1.0}},
+        {"name": "A100 busy", "metric": "utilization", "min": 0.3, "gpu_model": A100,
+         "attainment": {"mean": 0.5, "p10": 0.5, "p90": 0.5}},
+    ]  # fmt: skip
+    save_forecast(engine, document() | {"slos": forecast}, cluster_id="default")
+    before = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=30))
+    assert before is not None and [s["judged"] for s in before["slos"]] == [0, 0]
+    assert before["slos"][0] == {"name": "p95 wait ≤ 30 min", "forecast": forecast[0]["attainment"],
+                                 "actual": None, "judged": 0}  # fmt: skip
+    one = forecast_vs_actual(engine, "default", T0 + timedelta(minutes=90))
+    assert one is not None
+    assert [(s["actual"], s["judged"]) for s in one["slos"]] == [(1.0, 1), (0.0, 1)]
+    two = forecast_vs_actual(engine, "default", T0 + timedelta(hours=3))
+    assert two is not None
+    assert [(s["actual"], s["judged"]) for s in two["slos"]] == [(1.0, 2), (0.5, 2)]
+
+
 def four_hours(start: datetime, models: str) -> dict[str, object]:
     """`document` over 4 hourly intervals: one may have passed before half the horizon has."""
     doc = document(start)

@@ -37,7 +37,11 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
     now = T0 + timedelta(minutes=90)
     add_events(engine, [T0, now])  # the telemetry's clock stands at T0 + 90 min
     # Made before any model was calibrated, as a fresh `up`'s first forecasts are: the panel says so.
-    save_forecast(engine, document() | {"runs": 4, "models": "fallback", "slos": []}, cluster_id="default")
+    wait_slo = {"name": "p95 wait ≤ 30 min", "metric": "wait_p95_s", "max": 1800.0, "probability_met": 0.5,
+                "value": {"mean": 1500.0, "p10": 600.0, "p90": 2400.0},
+                "attainment": {"mean": 0.4, "p10": 0.0, "p90": 1.0}}  # fmt: skip
+    doc = document() | {"runs": 4, "models": "fallback", "slos": [wait_slo]}
+    save_forecast(engine, doc, cluster_id="default")
     score_due(engine, "default", now)
     key = api_headers(engine, "viewer")["X-API-Key"]
     engine.dispose()
@@ -103,6 +107,12 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                     "utilization 0 % inside p10-p90, error 100 % of actual, 7 % more error than persistence"
                 )
                 assert f"{expected} (n 1)" in skill_line, skill_line
+                # The forecast's SLO beside its first hour (tests.twin.test_skill): A waited 30 min, B 15 so
+                # far: held.
+                assert page.text_content("#vs-slos") == (
+                    "This forecast's SLO attainment: p95 wait ≤ 30 min: forecast 40 % (0-100 %), so far "
+                    "100 % of 1 intervals"
+                )
                 # The SLOs in force (the defaults), judged on the record's last day, hours ending at T0 + 90
                 # min (tests.twin.test_skill.store_history). The telemetry began at T0: the hours before
                 # the one that holds it have no data ("old" held all 8 GPUs in one of them). Waits: "before"
