@@ -35,7 +35,7 @@ from twin.forecast_store import (
     stored_forecasts,
 )
 from twin.slo_actual import attainment_as_it_happened
-from twin.slo_attainment import STORED, Slo, SloSet
+from twin.slo_attainment import STORED, SloSet
 from twin.store import utcnow
 from twin.uncalibrated import FALLBACK_LABEL
 from twin.units import parse_duration
@@ -373,14 +373,14 @@ def slos_vs_actual(
     """Per SLO the forecast judged: the attainment it forecast over its horizon (mean, p10-p90 across runs)
     and the attainment so far, on what the store recorded over the intervals that have passed, by the same
     definitions (`twin.slo_actual`; null before one with data)."""
-    forecast = [s for s in document.get("slos") or [] if s.get("metric")]
-    slos = SloSet(slos=[
-        Slo.model_validate({k: s.get(k) for k in ("name", "metric", "max", "min", "gpu_model")},
-                           context={STORED: True})
-        for s in forecast
-    ])  # fmt: skip
+    forecast = [s for s in document.get("slos") or [] if isinstance(s, Mapping) and s.get("metric")]
     actual: list[dict[str, Any]] = [{} for _ in forecast]
-    if times is not None and len(passed_edges) > 1:
+    try:  # as the forecast stored them (checked when they were declared; a document is not re-refused)
+        written = [{k: s.get(k) for k in ("name", "metric", "max", "min", "gpu_model")} for s in forecast]
+        slos = SloSet.model_validate({"slos": written}, context={STORED: True})
+    except ValueError:
+        slos = None  # a document of another version's SLOs: its forecast said, nothing measured beside it
+    if slos is not None and times is not None and len(passed_edges) > 1:
         actual = attainment_as_it_happened(slos, times, passed_edges)
     return [
         {

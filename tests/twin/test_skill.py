@@ -205,6 +205,13 @@ def test_the_forecasts_slo_attainment_is_set_beside_what_happened_so_far(engine:
     two = forecast_vs_actual(engine, "default", T0 + timedelta(hours=3))
     assert two is not None
     assert [(s["actual"], s["judged"]) for s in two["slos"]] == [(1.0, 2), (0.5, 2)]
+    # A stored SLO that no longer reads as one (no bound): its forecast is said, nothing set beside it.
+    unbound = [{"name": "old", "metric": "wait_p95_s", "attainment": {"mean": 1.0, "p10": 1.0, "p90": 1.0}}]
+    save_forecast(engine, document() | {"slos": unbound}, cluster_id="default")
+    view = forecast_vs_actual(engine, "default", T0 + timedelta(hours=3))
+    assert view is not None and view["slos"] == [
+        {"name": "old", "forecast": unbound[0]["attainment"], "actual": None, "judged": 0}
+    ]
 
 
 def four_hours(start: datetime, models: str) -> dict[str, object]:
