@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from sqlalchemy import Engine
 
-from twin.actuals import BY_TYPE, JobTimes, actual_series
+from twin.actuals import BY_TYPE, JobTimes, actual_series, load_job_times
+from twin.clock import window_start
 from twin.domain import canonical_gpu_name
+from twin.limits import series_intervals_problem
 from twin.run_metrics import wait_quantiles
 from twin.slo_attainment import Slo, SloSet
 
@@ -72,3 +76,33 @@ def attainment_as_it_happened(
             }
         )
     return out
+
+
+# How far back the record is judged at most: a month of intervals (744 at the default hour).
+MAX_WINDOW_S = 31 * 86400.0
+
+
+def window_problem(window_s: float, interval_s: float) -> str | None:
+    """Why the record cannot be judged over `window_s` in steps of `interval_s`, None when it can."""
+    if not 0 < window_s <= MAX_WINDOW_S:
+        return f"{window_s:,.0f} s is not between 0 and 31 days"
+    return series_intervals_problem(window_s, interval_s)
+
+
+def slos_as_they_happened(
+    engine: Engine, cluster_id: str, slos: SloSet, now: datetime, window_s: float, interval_s: float
+) -> dict[str, Any]:
+    """The SLOs judged on the record of the `window_s` before `now` (whole intervals of `interval_s`), the
+    hours before the telemetry began without data (`twin.clock.window_start`). Check `window_problem`
+    first."""
+    count = max(1, math.ceil(window_s / interval_s - 1e-9))
+    since = now - timedelta(seconds=count * interval_s)
+    times = load_job_times(engine, cluster_id, since, now)
+    edges = np.arange(count + 1) * interval_s
+    began = window_start(engine, cluster_id, since, now)
+    return {
+        "since": since,
+        "until": now,
+        "interval_s": interval_s,
+        "slos": attainment_as_it_happened(slos, times, edges, (began - since).total_seconds()),
+    }

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from datetime import timedelta
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel, Field
 
@@ -15,10 +12,8 @@ from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime
 from advisor.slos_in_force import SlosInForce, current_slos, declare_slos
 from advisor.timestamps import UtcDatetime
-from twin.actuals import load_job_times
-from twin.clock import cluster_clock, window_start
-from twin.limits import series_intervals_problem
-from twin.slo_actual import attainment_as_it_happened
+from twin.clock import cluster_clock
+from twin.slo_actual import slos_as_they_happened, window_problem
 from twin.slo_attainment import Slo, SloFormatError, SloSet
 from twin.units import parse_duration
 
@@ -63,10 +58,6 @@ def put_slos(
     return _out(declare_slos(runtime.engine, slos, actor=principal.actor))
 
 
-# How far back the record is judged at most: a month of intervals (744 at the default hour).
-MAX_ATTAINMENT_WINDOW_S = 31 * 86400.0
-
-
 class SloAsItHappened(BaseModel):
     name: str
     metric: str
@@ -107,30 +98,18 @@ def get_attainment(
         window_s = parse_duration(window)
     except ValueError as exc:
         raise HTTPException(422, f"window: {exc}") from None
-    if not 0 < window_s <= MAX_ATTAINMENT_WINDOW_S:
-        raise HTTPException(422, f"window: {window!r} is not between 0 and 31 days")
     settings = runtime.settings
     interval_s = settings.forecast_interval_minutes * 60.0
-    problem = series_intervals_problem(window_s, interval_s)
+    problem = window_problem(window_s, interval_s)
     if problem is not None:
-        raise HTTPException(422, f"window: {problem}")
+        raise HTTPException(422, f"window: {window!r}: {problem}")
     try:
         slos = current_slos(runtime.engine, settings).slos
     except SloFormatError as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     clock = cluster_clock(runtime.engine, settings)
-    count = max(1, math.ceil(window_s / interval_s - 1e-9))
-    since = clock.now - timedelta(seconds=count * interval_s)
-    times = load_job_times(runtime.engine, settings.cluster_id, since, clock.now)
-    edges = np.arange(count + 1) * interval_s
-    began = window_start(runtime.engine, settings.cluster_id, since, clock.now)
-    return {
-        "since": since,
-        "until": clock.now,
-        "interval_s": interval_s,
-        "slos": attainment_as_it_happened(slos, times, edges, (began - since).total_seconds()),
-        "clock": clock.describe(),
-    }
+    record = slos_as_they_happened(runtime.engine, settings.cluster_id, slos, clock.now, window_s, interval_s)
+    return record | {"clock": clock.describe()}
 
 
 def check_slo_file(runtime: ApiRuntime) -> None:

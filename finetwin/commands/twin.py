@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -196,11 +196,29 @@ def _skill(engine: object, settings: Settings, now: datetime, since_text: str | 
         except ValueError as exc:
             raise CommandError(f"--since: {exc}") from None
     document = skill(engine, settings.cluster_id, since)
+    record = _slos_record(engine, settings, now, since)
     if as_json:
-        print(json.dumps(document, indent=2))
+        print(json.dumps(document | {"slos_as_they_happened": record}, indent=2, default=str))
     else:
         twin_output.print_skill(document, settings.store_description(), settings.cluster_id)
+        if record is not None:
+            twin_output.print_slos_record(record)
     return 0
+
+
+def _slos_record(
+    engine: Any, settings: Settings, now: datetime, since: datetime | None
+) -> dict[str, Any] | None:
+    """The SLOs in force judged on the record since `since` (24 h without; 31 days at most): what the
+    forecasts' attainment is read against (`GET /v1/slos/attainment`). None for a window that holds none."""
+    from twin.slo_actual import MAX_WINDOW_S, slos_as_they_happened, window_problem
+
+    window_s = 86400.0 if since is None else min((now - since).total_seconds(), MAX_WINDOW_S)
+    interval_s = settings.forecast_interval_minutes * 60.0
+    if window_problem(window_s, interval_s) is not None:
+        return None
+    slos = declared_slos(settings, engine)
+    return slos_as_they_happened(engine, settings.cluster_id, slos, now, window_s, interval_s)
 
 
 def simulate(

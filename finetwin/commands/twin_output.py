@@ -168,3 +168,18 @@ def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str =
         "persistence: the interval before each forecast, forecast to go on; skill vs persistence: "
         "1 - MAE(twin) / MAE(persistence), above 0 the twin is better (+0.30: 30 % less error)"
     )
+
+
+def print_slos_record(record: dict[str, Any]) -> None:
+    """Each SLO in force as the record has it: in how many of the intervals with data it held."""
+    hours = (record["until"] - record["since"]).total_seconds() / 3600.0
+    parts = []
+    for slo in record["slos"]:
+        if not slo["judged"]:
+            parts.append(f"{slo['name']}: no data")
+            continue
+        met = sum(1 for held in slo["held"] if held)
+        share = f"{100 * slo['attainment']:.0f} %"
+        parts.append(f"{slo['name']}: met in {met} of {slo['judged']} intervals ({share})")
+    said = "; ".join(parts) if parts else "no SLO declared"
+    output.say(f"SLOs as they happened, the last {hours:,.0f} h of telemetry: {said}")

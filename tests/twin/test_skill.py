@@ -15,6 +15,7 @@ from twin.db import session_scope
 from twin.forecast_store import save_forecast
 from twin.skill import forecast_vs_actual, score_due, score_intervals, skill
 from twin.skill_totals import Totals
+from twin.slo_attainment import DEFAULT_SLOS
 from twin.store import Job, Node, ObservedRun
 
 T0 = datetime(2025, 3, 1, 0, 0, tzinfo=UTC)
@@ -306,7 +307,15 @@ def test_skill_over_http_prometheus_and_the_cli(
         assert view["intervals_passed"] == 2 and view["figures"]["utilization"]["actual"] == [0.25, 0.5]
     monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
     assert main(["forecast", "--skill", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["figures"] == expected["figures"]
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["figures"] == expected["figures"]
+    # Beside it, the SLOs in force on the record of the last day: the twin's clock is the wall's (no
+    # telemetry event), and the record's jobs are of 2025: none waited or ended in the window; B, running
+    # since, holds 2 of the node's 8 GPUs in each of its 24 hours.
+    record = printed["slos_as_they_happened"]
+    names = [s.name for s in DEFAULT_SLOS.slos]
+    assert [(s["name"], s["judged"]) for s in record["slos"]] == list(zip(names, [0, 0, 24], strict=True))
+    assert record["slos"][2]["values"] == [0.25] * 24 and record["interval_s"] == 3600.0
     assert main(["forecast", "--skill", "--json", "--since", "99999999d"]) == 0  # was a traceback
     assert json.loads(capsys.readouterr().out)["figures"] == expected["figures"]
     # A time that names no zone is UTC.
@@ -321,6 +330,10 @@ def test_skill_over_http_prometheus_and_the_cli(
     assert main(["forecast", "--skill"]) == 0
     table = capsys.readouterr().out
     assert "utilization" in table and "50.0%" in table
+    assert (
+        "SLOs as they happened, the last 24 h of telemetry: p95 wait ≤ 30 min: no data; runtime failures "
+        "≤ 10 %: no data; utilization ≥ 70 %: met in 0 of 24 intervals (0 %)"
+    ) in " ".join(table.split()), table
     # Beside MAPE, the weighted error, which stays readable where actuals are near 0.
     utilization_row = next(line.split() for line in table.splitlines() if line.startswith("utilization"))
     wape = expected["figures"]["utilization"]["wape"]
