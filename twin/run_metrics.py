@@ -221,11 +221,14 @@ def _series(
 
 
 def wait_quantiles(
-    submitted: np.ndarray, started: np.ndarray, edges: np.ndarray, never_queued: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    submitted: np.ndarray, started: np.ndarray, edges: np.ndarray, never_queued: np.ndarray,
+    left: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Per interval between `edges`, the median and 95th percentile of the waits of the jobs that started in
     it (`started`, NaN for none) and of the jobs still waiting at its end, at their wait so far; NaN where
     there is neither. Jobs marked `never_queued` (rejected, or running before the window) count for none.
+    `left`: when each job left the queue, where that is not its start (a recorded job that ended without a
+    recorded start waits no more after its end); NaN for none.
 
     The waiting jobs' wait so far is a lower bound of their wait, so an interval in which a stuck queue
     starts nothing misses a wait objective; counting only the jobs that started made it an interval without
@@ -236,7 +239,8 @@ def wait_quantiles(
     slot = np.clip(np.searchsorted(edges, started[begun], side="right") - 1, 0, bins - 1)
     waits = (started - submitted)[begun]
     ends = edges[1:]
-    start = np.where(np.isnan(started), np.inf, started)
+    leaves = started if left is None else left
+    start = np.where(np.isnan(leaves), np.inf, leaves)
     first = np.searchsorted(ends, submitted, side="left")  # the first end at or after its submission
     past = np.searchsorted(ends, start, side="left")  # the ends before its start
     count = np.where(known, np.maximum(past - first, 0), 0)

@@ -31,8 +31,10 @@ def actual_slo_series(times: JobTimes, edges_s: Sequence[float] | np.ndarray) ->
     edges = np.asarray(edges_s, dtype=float)
     series = actual_series(times, edges)
     # A job submitted before the window waited from its submission; one started before the window is none
-    # of its waits (as a forecast's jobs running at its start): `wait_quantiles` counts starts within it.
-    p50, p95 = wait_quantiles(times.submitted, times.started, edges, times.rejected)
+    # of its waits (as a forecast's jobs running at its start): `wait_quantiles` counts starts within it. A
+    # job whose end arrived without its start (telemetry lost on the way) waits no more once it ended.
+    left = np.where(np.isnan(times.started), times.ended, times.started)
+    p50, p95 = wait_quantiles(times.submitted, times.started, edges, times.rejected, left)
     finished = series["jobs_completed"] + series["jobs_failed"]
     failure_ratio = np.where(finished > 0, series["jobs_failed"] / np.maximum(finished, 1), np.nan)
     return series | {"wait_p50_s": p50, "wait_p95_s": p95, "runtime_failure_ratio": failure_ratio}

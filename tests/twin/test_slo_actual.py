@@ -23,7 +23,8 @@ JOBS = [(-1800.0,   0.0,     NAN,    "running"),   # a: waited 30 min, started a
         (-9000.0,   -100.0,  NAN,    "running"),   # d: started before the window: none of its waits
         (100.0,     NAN,     100.0,  "rejected"),  # e: rejected: never queued
         (200.0,     300.0,   2000.0, "failed"),    # f: waited 100 s, failed at run time
-        (0.0,       100.0,   3000.0, "completed")]  # g: waited 100 s  # fmt: skip
+        (0.0,       100.0,   3000.0, "completed"),  # g: waited 100 s
+        (0.0,       NAN,     1000.0, "completed")]  # h: start not recorded: no wait past its end  # fmt: skip
 
 
 def job_times() -> JobTimes:
@@ -46,7 +47,7 @@ def test_waits_count_the_jobs_started_and_the_jobs_still_waiting_as_a_forecast_d
     waits = [[1800.0, 100.0, 100.0, 3000.0], [1000.0, 6600.0], [10200.0]]
     np.testing.assert_allclose(series["wait_p95_s"], [np.quantile(w, 0.95) for w in waits])
     np.testing.assert_allclose(series["wait_p50_s"], [np.quantile(w, 0.5) for w in waits])
-    np.testing.assert_allclose(series["runtime_failure_ratio"], [0.5, NAN, NAN])
+    np.testing.assert_allclose(series["runtime_failure_ratio"], [1 / 3, NAN, NAN])
 
 
 def test_each_slo_says_per_interval_whether_it_held_and_its_share_of_the_intervals_with_data() -> None:
