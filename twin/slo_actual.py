@@ -86,8 +86,10 @@ MAX_WINDOW_S = 31 * 86400.0
 
 def window_problem(window_s: float, interval_s: float) -> str | None:
     """Why the record cannot be judged over `window_s` in steps of `interval_s`, None when it can."""
-    if not 0 < window_s <= MAX_WINDOW_S:
-        return f"{window_s:,.0f} s is not between 0 and 31 days"
+    if not window_s > 0:  # NaN too
+        return "not positive"
+    if window_s > MAX_WINDOW_S:
+        return f"longer than the 31 days ({MAX_WINDOW_S:,.0f} s) the record is judged over at most"
     return series_intervals_problem(window_s, interval_s)
 
 
