@@ -39,6 +39,9 @@ class SloDocument(SQLModel, table=True):
     document: dict = Field(sa_column=Column(JSON, nullable=False))
 
 
+TARGET_MAX_LENGTH = 200  # what a recommendation acts on, as the store's column holds it
+
+
 class Recommendation(SQLModel, table=True):
     """A proposed action with its predicted effect; a person decides what happens to it."""
 
@@ -50,7 +53,7 @@ class Recommendation(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=36)
     kind: str = Field(max_length=32)  # add_nodes | remove_nodes | admission_repair | policy | ...
-    target: str = Field(max_length=200)  # what it acts on; a newer one for the same target supersedes
+    target: str = Field(max_length=TARGET_MAX_LENGTH)  # what it acts on; a newer one for it supersedes
     title: str = Field(sa_column=Column(Text, nullable=False))
     action: dict = Field(sa_column=Column(JSON, nullable=False))  # the parameters the cluster applies
     effect: dict = Field(sa_column=Column(JSON, nullable=False))  # predicted effect with its interval

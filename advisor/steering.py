@@ -34,7 +34,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from advisor import workflow
-from advisor.records import Recommendation
+from advisor.records import TARGET_MAX_LENGTH, Recommendation
 from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from twin.db import session_scope
@@ -50,7 +50,6 @@ SEQUENCE_CAP = 4096
 MAX_CANDIDATES = 24
 # Stalled jobs weighed per run, those holding the most GPUs first (the rest are on the dashboard's list).
 MAX_CANCEL_CANDIDATES = 4
-TARGET_MAX_LENGTH = 200  # advisor.records.Recommendation.target
 
 
 class SteeringUnavailable(RuntimeError):

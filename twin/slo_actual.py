@@ -23,7 +23,7 @@ from twin.clock import window_start
 from twin.domain import canonical_gpu_name
 from twin.limits import series_intervals_problem
 from twin.run_metrics import wait_quantiles
-from twin.slo_attainment import Slo, SloSet
+from twin.slo_attainment import Slo, SloSet, judge_intervals
 
 
 def actual_slo_series(times: JobTimes, edges_s: Sequence[float] | np.ndarray) -> dict[str, np.ndarray]:
@@ -40,7 +40,7 @@ def actual_slo_series(times: JobTimes, edges_s: Sequence[float] | np.ndarray) ->
     return series | {"wait_p50_s": p50, "wait_p95_s": p95, "runtime_failure_ratio": failure_ratio}
 
 
-def slo_values(slo: Slo, series: dict[str, np.ndarray], intervals: int) -> np.ndarray:
+def _record_values(slo: Slo, series: dict[str, np.ndarray], intervals: int) -> np.ndarray:
     """The SLO's figure per interval (NaN where there is no data, or the GPU type has no node up)."""
     key = slo.metric if slo.gpu_model is None else BY_TYPE + canonical_gpu_name(slo.gpu_model)
     found = series.get(key)
@@ -61,9 +61,9 @@ def attainment_as_it_happened(
         unrecorded = np.asarray(edges_s, dtype=float)[1:] <= record_from_s
     out = []
     for slo in slos.slos:
-        values = np.where(unrecorded, np.nan, slo_values(slo, series, intervals))
-        held = [None if math.isnan(v) else bool(slo.holds(float(v))) for v in values]
-        judged = [h for h in held if h is not None]
+        values = np.where(unrecorded, np.nan, _record_values(slo, series, intervals))
+        held, attainment = judge_intervals(slo, values.tolist())
+        judged = sum(1 for h in held if not math.isnan(h))
         out.append(
             {
                 "name": slo.name,
@@ -71,9 +71,9 @@ def attainment_as_it_happened(
                 "max": slo.max,
                 "min": slo.min,
                 "gpu_model": slo.gpu_model,
-                "attainment": sum(judged) / len(judged) if judged else None,
-                "judged": len(judged),
-                "held": held,
+                "attainment": None if math.isnan(attainment) else attainment,
+                "judged": judged,
+                "held": [None if math.isnan(h) else bool(h) for h in held],
                 "values": [None if math.isnan(v) else float(v) for v in values],
             }
         )

@@ -13,6 +13,7 @@ waiting at an interval's end at their wait so far), `met` whether it holds over 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -151,19 +152,27 @@ def slo_values(slo: Slo, metrics: RunMetrics) -> tuple[float, list[float]]:
     return metrics.summary[_SUMMARY_FIGURE[slo.metric]], metrics.series[slo.metric].tolist()
 
 
+def judge_intervals(slo: Slo, values: Sequence[float]) -> tuple[list[float], float]:
+    """Per interval whether the SLO held (1/0, NaN where the interval has no data), and its attainment: the
+    share of the intervals with data in which it held (NaN when none has). A forecast's runs and the
+    store's record (`twin.slo_actual`) are judged alike."""
+    held = [math.nan if math.isnan(v) else float(slo.holds(v)) for v in values]
+    judged = [h for h in held if not math.isnan(h)]
+    return held, float(sum(judged) / len(judged)) if judged else math.nan
+
+
 def evaluate(slos: SloSet, metrics: RunMetrics) -> list[dict[str, Any]]:
     """Per SLO: `value` over the window, `met` (1/0), `attainment` (fraction of intervals with data), and
     `held` per interval (1/0, NaN without data)."""
     out: list[dict[str, Any]] = []
     for slo in slos.slos:
         whole, series = slo_values(slo, metrics)
-        held = [math.nan if math.isnan(v) else float(slo.holds(v)) for v in series]
-        judged = [h for h in held if not math.isnan(h)]
+        held, attainment = judge_intervals(slo, series)
         out.append(
             {
                 "value": whole,
                 "met": float(not math.isnan(whole) and slo.holds(whole)),
-                "attainment": float(sum(judged) / len(judged)) if judged else math.nan,
+                "attainment": attainment,
                 "held": held,
             }
         )
