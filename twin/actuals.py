@@ -1,7 +1,8 @@
 """What the store recorded, per interval: the same figures a forecast's series holds, measured from the jobs'
 telemetry (submitted, started, ended) so that a forecast can be scored against them.
 
-Per interval [a, b): utilization (GPU-seconds held / GPU-seconds up, overall and per GPU type), mean queue
+Per interval [a, b): utilization (GPU-seconds held / GPU-seconds up, overall and per GPU type; the GPUs up
+at each time by the nodes' reports, `twin.gpus_up`; no data where none was up), mean queue
 length and mean running jobs (time-averaged, like the forecast's), jobs completed and failed (by end time),
 energy (GPU-seconds at the job's measured power per GPU; a job that never reported power draws what the
 twin assumes for it, 75 % of its GPUs' board power). Rejected jobs never queue (the twin rejects them on
@@ -21,9 +22,10 @@ from sqlmodel import Session, col, select
 from twin.clock import as_utc
 from twin.db import in_chunks
 from twin.domain import canonical_gpu_name
+from twin.gpus_up import GpusUp, load_gpus_up
 from twin.plan import recorded_power_w
 from twin.run_metrics import integrate_on_bins
-from twin.store import JOB_ROWS, Job, Node, ObservedRun, job_records
+from twin.store import JOB_ROWS, Job, ObservedRun, job_records
 from twin.units import JOULES_PER_KWH
 
 OVERALL_FIGURES = (
@@ -51,11 +53,7 @@ class JobTimes:
     completed: np.ndarray  # bool
     failed: np.ndarray  # bool
     rejected: np.ndarray  # bool
-    gpus_by_type: dict[str, int]  # the cluster's GPUs that are up, by type
-
-    @property
-    def total_gpus(self) -> int:
-        return sum(self.gpus_by_type.values())
+    gpus_up: GpusUp  # the cluster's GPUs up over time, by type
 
 
 def _seconds(ts: datetime | None, origin: datetime) -> float:
@@ -81,11 +79,7 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
                 )
             ):
                 measured[job_id] = float(watts)
-        nodes = session.exec(select(Node).where(Node.cluster_id == cluster_id, Node.status == "up")).all()
-    by_type: dict[str, int] = {}
-    for node in nodes:
-        name = canonical_gpu_name(node.gpu_model)
-        by_type[name] = by_type.get(name, 0) + int(node.gpu_count)
+        gpus_up = load_gpus_up(session, cluster_id, since, until)
     gpu_models = [canonical_gpu_name(j.gpu_model) if j.gpu_model else "" for j in jobs]
 
     return JobTimes(
@@ -105,7 +99,7 @@ def load_job_times(engine: Engine, cluster_id: str, since: datetime, until: date
         completed=np.array([j.state == "completed" for j in jobs], dtype=bool),
         failed=np.array([j.state == "failed" for j in jobs], dtype=bool),
         rejected=np.array([j.state == "rejected" for j in jobs], dtype=bool),
-        gpus_by_type=by_type,
+        gpus_up=gpus_up,
     )
 
 
@@ -128,9 +122,9 @@ def actual_series(times: JobTimes, edges_s: Sequence[float] | np.ndarray) -> dic
     running = integrate_on_bins(run_from, run_to, np.ones(len(run_from)), edges)
     busy = integrate_on_bins(run_from, run_to, times.gpus, edges)
     energy_j = integrate_on_bins(run_from, run_to, times.gpus * times.power_w, edges)
-    total = times.total_gpus
+    up = times.gpus_up.seconds_up(edges)
     out = {
-        "utilization": busy / (total * safe) if total else np.zeros(len(width)),
+        "utilization": _share(busy, sum(up.values(), np.zeros(len(width)))),
         "queue_length": queued / safe,
         "running_jobs": running / safe,
         "jobs_completed": _count(times.ended[times.completed], edges),
@@ -138,11 +132,17 @@ def actual_series(times: JobTimes, edges_s: Sequence[float] | np.ndarray) -> dic
         "energy_kwh": energy_j / JOULES_PER_KWH,
     }
     models = np.asarray(times.gpu_models, dtype=object)
-    for name, capacity in times.gpus_by_type.items():
+    for name, seconds_up in up.items():
         mask = models == name
-        held = integrate_on_bins(run_from[mask], run_to[mask], times.gpus[mask], edges)
-        out[BY_TYPE + name] = held / (capacity * safe) if capacity else np.zeros(len(width))
+        out[BY_TYPE + name] = _share(
+            integrate_on_bins(run_from[mask], run_to[mask], times.gpus[mask], edges), seconds_up
+        )
     return out
+
+
+def _share(held: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """GPU-seconds held over GPU-seconds up, per interval; NaN (no data) where no GPU was up."""
+    return np.where(up > 0, held / np.where(up > 0, up, 1.0), np.nan)
 
 
 def _count(at: np.ndarray, edges: np.ndarray) -> np.ndarray:

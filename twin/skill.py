@@ -345,8 +345,8 @@ def forecast_vs_actual(
             "mean": band["mean"],
             "p10": band["p10"],
             "p90": band["p90"],
-            "actual": [
-                float(values[i]) if values is not None and i < ready else None
+            "actual": [  # null for an interval to come, or one without data (no GPU up)
+                float(values[i]) if values is not None and i < ready and math.isfinite(values[i]) else None
                 for i in range(len(band["mean"]))
             ],
         }

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from twin.actuals import JobTimes
+from twin.gpus_up import GpusUp
 from twin.slo_actual import actual_slo_series, attainment_as_it_happened
 from twin.slo_attainment import Slo, SloSet
 
@@ -31,12 +32,13 @@ def job_times() -> JobTimes:
     submitted, started, ended = (np.array([job[k] for job in JOBS]) for k in range(3))
     states = [job[3] for job in JOBS]
     n = len(JOBS)
+    origin = datetime(2026, 3, 1, tzinfo=UTC)
     return JobTimes(
-        origin=datetime(2026, 3, 1, tzinfo=UTC), submitted=submitted, started=started, ended=ended,
+        origin=origin, submitted=submitted, started=started, ended=ended,
         gpus=np.full(n, 1.0), gpu_models=[A100] * n, power_w=np.full(n, 300.0),
         completed=np.array([s == "completed" for s in states]),
         failed=np.array([s == "failed" for s in states]),
-        rejected=np.array([s == "rejected" for s in states]), gpus_by_type={A100: 8},
+        rejected=np.array([s == "rejected" for s in states]), gpus_up=GpusUp.constant(origin, {A100: 8}),
     )  # fmt: skip
 
 
