@@ -270,7 +270,27 @@ def print_live(result: dict[str, Any], every_s: float) -> bool:
         score = "-" if stats["skill_score"] is None else f"{stats['skill_score']:+.2f}"
         print(f"{figure:<40}{stats['n']:>6}{mape:>9}{wape:>8}{stats['mae']:>10.3g}{stats['bias']:>10.3g}"
               f"{stats['coverage']:>10.2f}{raw:>10.2f}{ratio}{baseline:>13}{score:>7}  {target}")  # fmt: skip
+    print_slo_skill(result.get("slos") or {})
     return ok
+
+
+def print_slo_skill(slos: dict[str, Any]) -> None:
+    """Each SLO's forecasts (per interval, the share of runs in which it held: a chance) against whether it
+    held; the baseline is persistence (as in the interval before the forecast), compared by Brier score."""
+    if not slos:
+        return
+    header = (f"\n{'SLO':<40}{'n':>6}{'said':>8}{'held':>8}{'Brier':>8}{'always held share':>19}"
+              f"{'persist. Brier':>16}{'ratio':>7}{'skill':>7}")  # fmt: skip
+    print(header)
+    print("-" * (len(header) - 1))
+    for name, stats in slos.items():
+        baseline = stats["persistence_brier"]
+        ratio = f"{stats['brier'] / baseline:.2f}" if baseline else "-"
+        score = "-" if stats["brier_skill"] is None else f"{stats['brier_skill']:+.2f}"
+        print(f"{name:<40}{stats['n']:>6}{stats['forecast_share']:>8.0%}{stats['held_share']:>8.0%}"
+              f"{stats['brier']:>8.3f}{stats['climatology_brier']:>19.3f}"
+              f"{'-' if baseline is None else f'{baseline:.3f}':>16}{ratio:>7}"
+              f"{score:>7}")  # fmt: skip
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from twin.actuals import BY_TYPE
 from twin.clock import as_utc
 from twin.forecast_store import ForecastScore
 from twin.skill import forecast_bands
+from twin.skill_totals import SLO_PREFIX
 
 # The band is p10-p90: it should hold 80 % of what happens.
 CONFORMAL_LEVEL = 0.8
@@ -99,6 +100,8 @@ def load_margins(
                 ForecastScore.cluster_id == cluster_id,
                 col(ForecastScore.interval_end) <= before,
                 col(ForecastScore.interval_end) > before - window,
+                # An SLO's scores are chances against 1 or 0, not a band of a figure: none of the budget.
+                ~col(ForecastScore.figure).startswith(SLO_PREFIX),
             )
             .order_by(col(ForecastScore.interval_start).desc())  # the newest first, on the start index
             .limit(MAX_SCORES)

@@ -35,6 +35,9 @@ STANDING = "standing"
 ON_DEMAND = "on_demand"
 
 
+FIGURE_MAX_LENGTH = 200  # a score's figure name (`forecast_scores.figure`, `forecast_skill_days.figure`)
+
+
 class StoredForecast(SQLModel, table=True):
     __tablename__ = "forecasts"
     __table_args__ = (Index("ix_forecasts_cluster_kind_created", "cluster_id", "kind", "created_at"),)
@@ -108,7 +111,8 @@ class ForecastScore(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     forecast_id: int  # no foreign key: the score stays when old forecasts are pruned
     cluster_id: str = Field(max_length=200)
-    figure: str = Field(max_length=200)  # e.g. utilization, queue_length, utilization/NVIDIA-A100-SXM4-80GB
+    # e.g. utilization, queue_length, utilization/NVIDIA-A100-SXM4-80GB, slo/<name> (twin.skill_totals)
+    figure: str = Field(max_length=FIGURE_MAX_LENGTH)
     interval_index: int
     interval_start: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
     interval_end: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
@@ -191,7 +195,7 @@ class SkillDay(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     cluster_id: str = Field(max_length=200)
-    figure: str = Field(max_length=200)
+    figure: str = Field(max_length=FIGURE_MAX_LENGTH)
     day: date = Field(sa_column=Column(Date, nullable=False))  # of the intervals' start, UTC
     n: int = Field(sa_column=Column(BigInteger, nullable=False))
     inside: int = Field(sa_column=Column(BigInteger, nullable=False))
@@ -207,6 +211,14 @@ class SkillDay(SQLModel, table=True):
         default=0.0, sa_column=Column(Float, nullable=False, server_default="0")
     )
     sum_abs_persistence_error: float = Field(
+        default=0.0, sa_column=Column(Float, nullable=False, server_default="0")
+    )
+    # Squared errors (migration 0013), for the SLOs' Brier scores (twin.skill_totals).
+    sum_squared_error: float = Field(default=0.0, sa_column=Column(Float, nullable=False, server_default="0"))
+    sum_squared_error_paired: float = Field(
+        default=0.0, sa_column=Column(Float, nullable=False, server_default="0")
+    )
+    sum_squared_persistence_error: float = Field(
         default=0.0, sa_column=Column(Float, nullable=False, server_default="0")
     )
 

@@ -34,6 +34,7 @@ from twin.forecast_store import (
     read_forecast,
     stored_forecasts,
 )
+from twin.skill_totals import SLO_PREFIX, slo_figure
 from twin.slo_actual import attainment_as_it_happened
 from twin.slo_attainment import STORED, SloSet
 from twin.store import utcnow
@@ -84,6 +85,13 @@ def forecast_bands(document: Mapping[str, Any]) -> dict[str, dict[str, list[floa
     return bands
 
 
+def slo_bands(document: Mapping[str, Any]) -> dict[str, dict[str, list[float | None]]]:
+    """Per SLO the forecast judged (`SLO_PREFIX` + its name): per interval the share of its runs in which the
+    SLO held (mean; a probability) and the runs' p10-p90."""
+    attainment = (document.get("series") or {}).get("slo_attainment") or {}
+    return {slo_figure(name): band for name, band in attainment.items() if isinstance(band, dict)}
+
+
 def interval_edges(document: Mapping[str, Any]) -> np.ndarray:
     series = document.get("series") or {}
     starts, ends = series.get("t_s") or [], series.get("interval_end_s") or []
@@ -103,7 +111,7 @@ def score_intervals(
     `before`: per figure, what was recorded over the interval before the forecast's start, which the
     persistence baseline forecasts for every interval."""
     edges = interval_edges(document)
-    bands = forecast_bands(document)
+    bands = forecast_bands(document) | slo_bands(document)
     scores: list[IntervalScore] = []
     wanted = list(intervals)
     for name, band in bands.items():
@@ -227,11 +235,17 @@ def _score_one(
 ) -> list[IntervalScore]:
     """The intervals against what happened, with the persistence baseline: what happened over the interval
     of the first one's width that ended where the forecast started (what the store knew then, or learnt
-    of it since: late telemetry helps the baseline, never the twin)."""
+    of it since: late telemetry helps the baseline, never the twin). Each SLO the forecast judged is scored
+    too: whether it held on the record (1 or 0; no score for an interval without data)."""
     offset = (start - times.origin).total_seconds()
     edges = interval_edges(document)[: max(intervals) + 2]
     with_before = np.concatenate(([edges[0] - _first_width(edges)], edges))
     series = actual_series(times, with_before + offset)
+    slos = _stored_slos(document)
+    if slos is not None:
+        for judged in attainment_as_it_happened(slos, times, with_before + offset):
+            held = [math.nan if h is None else float(h) for h in judged["held"]]
+            series[slo_figure(judged["name"])] = np.asarray(held)
     before = {name: float(values[0]) for name, values in series.items()}
     actual = {name: values[1:] for name, values in series.items()}
     return score_intervals(document, actual, intervals, before)
@@ -297,15 +311,23 @@ def since_time(text: str, now: datetime) -> datetime | None:
 def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dict[str, Any]:
     """The twin's skill over the scored intervals that start at or after `since` (telemetry time): how many
     forecasts and interval figures were scored, and per figure {mape, wape, mae, bias, coverage, n}, with
-    `raw_coverage`: how often the ensemble's own band (before `twin.band_calibration`) held the actual.
-    From the scores' running sums (`twin.skill_totals`): the numbers of every score summarized, in a time
-    that does not grow with the record."""
+    `raw_coverage`: how often the ensemble's own band (before `twin.band_calibration`) held the actual;
+    per SLO the forecasts judged, their probabilities of its holding against whether it held
+    (`skill_totals.Totals.slo_summary`; not counted in `intervals`). From the scores' running sums
+    (`twin.skill_totals`): the numbers of every score summarized, in a time that does not grow with the
+    record."""
     by_figure, scored = skill_totals.window(engine, cluster_id, since)
+    figures = {name: totals for name, totals in by_figure.items() if not name.startswith(SLO_PREFIX)}
     return {
         "since": as_utc(since).isoformat() if since is not None else None,
         "scored": scored,
-        "intervals": sum(totals.n for totals in by_figure.values()),
-        "figures": {figure: totals.summary() for figure, totals in by_figure.items()},
+        "intervals": sum(totals.n for totals in figures.values()),
+        "figures": {figure: totals.summary() for figure, totals in figures.items()},
+        "slos": {
+            name.removeprefix(SLO_PREFIX): totals.slo_summary()
+            for name, totals in by_figure.items()
+            if name.startswith(SLO_PREFIX)
+        },
     }
 
 
@@ -373,13 +395,9 @@ def slos_vs_actual(
     """Per SLO the forecast judged: the attainment it forecast over its horizon (mean, p10-p90 across runs)
     and the attainment so far, on what the store recorded over the intervals that have passed, by the same
     definitions (`twin.slo_actual`; null before one with data)."""
-    forecast = [s for s in document.get("slos") or [] if isinstance(s, Mapping) and s.get("metric")]
+    forecast = _judged_slos(document)
     actual: list[dict[str, Any]] = [{} for _ in forecast]
-    try:  # as the forecast stored them (checked when they were declared; a document is not re-refused)
-        written = [{k: s.get(k) for k in ("name", "metric", "max", "min", "gpu_model")} for s in forecast]
-        slos = SloSet.model_validate({"slos": written}, context={STORED: True})
-    except ValueError:
-        slos = None  # a document of another version's SLOs: its forecast said, nothing measured beside it
+    slos = _stored_slos(document)
     if slos is not None and times is not None and len(passed_edges) > 1:
         actual = attainment_as_it_happened(slos, times, passed_edges)
     return [
@@ -391,3 +409,20 @@ def slos_vs_actual(
         }
         for said, happened in zip(forecast, actual, strict=True)
     ]
+
+
+def _judged_slos(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [s for s in document.get("slos") or [] if isinstance(s, Mapping) and s.get("metric")]
+
+
+def _stored_slos(document: Mapping[str, Any]) -> SloSet | None:
+    """The SLOs the forecast judged, as it stored them (checked when they were declared; a document is not
+    refused again); None for a document of another version's SLOs: its forecast is said, nothing measured
+    beside it."""
+    written = [
+        {k: s.get(k) for k in ("name", "metric", "max", "min", "gpu_model")} for s in _judged_slos(document)
+    ]
+    try:
+        return SloSet.model_validate({"slos": written}, context={STORED: True})
+    except ValueError:
+        return None

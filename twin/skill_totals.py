@@ -13,6 +13,7 @@ transaction on the unique key, scores included, which the next scoring writes ag
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime, time, timedelta
@@ -22,7 +23,23 @@ from sqlalchemy import Engine, case, func, update
 from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
-from twin.forecast_store import ForecastScore, ScoredForecast, SkillDay
+from twin.forecast_store import FIGURE_MAX_LENGTH, ForecastScore, ScoredForecast, SkillDay
+
+# The figure name prefix of a declared SLO's forecast: per interval, the share of the runs in which it held,
+# scored against whether it held on the record (1 or 0; `twin.skill`).
+SLO_PREFIX = "slo/"
+
+
+def slo_figure(name: str) -> str:
+    """The figure an SLO's scores are kept under: SLO_PREFIX and its name; for a name too long for the
+    column with the prefix (over 196 characters), its start and a digest of the whole, which keeps two such
+    names apart."""
+    figure = SLO_PREFIX + name
+    if len(figure) <= FIGURE_MAX_LENGTH:
+        return figure
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{SLO_PREFIX}{name[: FIGURE_MAX_LENGTH - len(SLO_PREFIX) - len(digest) - 1]}…{digest}"
+
 
 # Within this, an actual on the band's edge counts as inside (a forecast of 0 jobs and 0 that happened), and
 # an actual this close to 0 has no percentage error (floating-point crumbs of an idle GPU type). `twin.skill`
@@ -47,6 +64,11 @@ class Totals:
     persistence_n: int = 0
     sum_abs_error_paired: float = 0.0
     sum_abs_persistence_error: float = 0.0
+    # Squared errors, for the Brier score of an SLO's figure (`SLO_PREFIX`: the share of runs in which it
+    # held, against 1 or 0). Summed from migration 0013 on: a day before it has 0 here, and no SLO figure.
+    sum_squared_error: float = 0.0
+    sum_squared_error_paired: float = 0.0
+    sum_squared_persistence_error: float = 0.0
 
     def add(self, other: Totals) -> None:
         for name in _SUMS:
@@ -65,10 +87,13 @@ class Totals:
         if abs(actual) > EDGE:
             self.nonzero += 1
             self.sum_relative_error += abs(error) / abs(actual)
+        self.sum_squared_error += error * error
         if persistence is not None:
             self.persistence_n += 1
             self.sum_abs_error_paired += abs(error)
             self.sum_abs_persistence_error += abs(persistence - actual)
+            self.sum_squared_error_paired += error * error
+            self.sum_squared_persistence_error += (persistence - actual) ** 2
 
     def summary(self) -> dict[str, float | int | None]:
         """The figure's skill, as `twin.skill.skill` reports it."""
@@ -82,6 +107,30 @@ class Totals:
             "n": n,
             "raw_coverage": self.raw_inside / n,
             **self.against_persistence(),
+        }
+
+    def slo_summary(self) -> dict[str, float | int | None]:
+        """An SLO's forecasts as probabilities of its holding: the share of the intervals it was forecast to
+        hold in (the mean probability) beside the share it held in, and the Brier score (the mean squared
+        difference of probability and outcome: 0 is perfect, 0.25 what always saying 50 % scores), beside
+        what always saying the share it held in would have scored (`climatology_brier`: a constant that
+        knew the window's outcome share) and against persistence's (it holds, or not, as in the interval
+        before the forecast) over the same intervals: `brier_skill` 1 - Brier / persistence's, above 0 the
+        twin is better."""
+        n, paired = self.n, self.persistence_n
+        return {
+            "n": n,
+            # The mean forecast: the mean of (forecast - actual) + actual, the actuals 1 or 0.
+            "forecast_share": (self.sum_error + self.sum_abs_actual) / n,
+            "held_share": self.sum_abs_actual / n,
+            "brier": self.sum_squared_error / n,
+            # Always saying the share it held in over the window (hindsight's constant chance): q (1 - q).
+            "climatology_brier": self.sum_abs_actual / n * (1.0 - self.sum_abs_actual / n),
+            "persistence_brier": self.sum_squared_persistence_error / paired if paired else None,
+            "brier_skill": 1.0 - self.sum_squared_error_paired / self.sum_squared_persistence_error
+            if paired and self.sum_squared_persistence_error > EDGE
+            else None,
+            "persistence_n": paired,
         }
 
     def against_persistence(self) -> dict[str, float | int | None]:
@@ -215,6 +264,14 @@ def _summed_scores(
             func.sum(case((paired, 1), else_=0)),
             func.sum(case((paired, func.abs(error)), else_=0.0)),
             func.sum(case((paired, func.abs(score.persistence - score.actual)), else_=0.0)),
+            func.sum(error * error),
+            func.sum(case((paired, error * error), else_=0.0)),
+            func.sum(
+                case(
+                    (paired, (score.persistence - score.actual) * (score.persistence - score.actual)),
+                    else_=0.0,
+                )
+            ),  # fmt: skip
         )
         .where(
             score.cluster_id == cluster_id,

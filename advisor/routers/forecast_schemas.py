@@ -54,11 +54,36 @@ class FigureSkillOut(_Strict):
     persistence_n: int
 
 
+class SloSkillOut(_Strict):
+    """One SLO's forecasts over the scored intervals: per interval the share of the runs in which it held,
+    read as the probability that it holds, against whether it held on the record (`twin.skill_totals`)."""
+
+    n: int = Field(description="intervals scored (those with data on the record)")
+    forecast_share: float = Field(
+        description="the mean probability forecast: the share it was said to hold in"
+    )
+    held_share: float = Field(description="the share of the intervals in which it held")
+    brier: float = Field(
+        description="mean squared difference of probability and outcome (1 or 0): 0 is perfect"
+    )
+    climatology_brier: float = Field(
+        description="the Brier score of always saying `held_share`, a constant chance chosen in hindsight"
+    )
+    persistence_brier: float | None = Field(
+        description="the same for persistence: it holds, or not, as in the interval before the forecast"
+    )
+    brier_skill: float | None = Field(
+        description="1 - Brier / persistence's over the same intervals: above 0 the twin is better"
+    )
+    persistence_n: int
+
+
 class SkillOut(_Strict):
     since: str | None = Field(description="the window's start, RFC 3339; null: every scored interval")
     scored: int = Field(description="forecasts scored")
-    intervals: int = Field(description="interval figures scored")
+    intervals: int = Field(description="interval figures scored (of `figures`)")
     figures: dict[str, FigureSkillOut]
+    slos: dict[str, SloSkillOut] = Field(description="per SLO the forecasts judged, by its name")
     clock: ClockOut
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -113,10 +114,34 @@ class _StoreCollector:
                         gauge.add_metric([in_use, figure], float(value))
         yield gauge
 
+    def _slo_skill(self, slos: dict[str, dict[str, Any]]):  # type: ignore[no-untyped-def]
+        """Each SLO's forecasts, as probabilities of its holding, against whether it held."""
+        gauges = {
+            key: GaugeMetricFamily(f"finetwin_forecast_slo_{key}", text, labels=["slo"])
+            for key, text in (
+                (
+                    "brier",
+                    "Brier score of the forecasts' chance that the SLO holds, per interval (0 is perfect)",
+                ),
+                (
+                    "brier_skill",
+                    "1 - Brier(twin) / Brier(persistence) over the same intervals; above 0: better",
+                ),
+                ("forecast_share", "Mean chance forecast that the SLO holds in an interval"),
+                ("held_share", "Share of the scored intervals in which the SLO held"),
+            )
+        }
+        for name, stats in slos.items():
+            for key, gauge in gauges.items():
+                if stats[key] is not None:
+                    gauge.add_metric([name], float(stats[key]))
+        yield from gauges.values()
+
     def _skill(self):  # type: ignore[no-untyped-def]
         """The forecast skill of GET /v1/forecast/skill (all scored intervals) and the standing forecast's
         age on the twin's clock."""
-        figures = skill(self.engine, self.cluster_id)["figures"]
+        found = skill(self.engine, self.cluster_id)
+        figures = found["figures"]
         gauges = {
             key: GaugeMetricFamily(f"finetwin_forecast_{key}", text, labels=["figure"])
             for key, text in (
@@ -138,6 +163,7 @@ class _StoreCollector:
                 if stats[source] is not None:
                     gauges[key].add_metric([figure], float(stats[source]))
         yield from gauges.values()
+        yield from self._slo_skill(found["slos"])
         age = GaugeMetricFamily(
             "finetwin_forecast_age_seconds", "Telemetry time since the standing forecast's start"
         )

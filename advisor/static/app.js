@@ -287,6 +287,18 @@ async function loadVsActual() {
   document.getElementById("vs-skill").textContent = skill.scored
     ? `Skill over ${skill.scored} scored forecasts: ${parts.join("; ")}`
     : "No forecast interval has been scored yet.";
+  // Each SLO's forecasts read as the chance it holds in an interval, against whether it held (Brier: the
+  // mean squared difference, 0 is perfect); beside always saying the share it held in, which only hindsight
+  // knows, and against persistence (as in the interval before).
+  const sloSkill = Object.entries(skill.slos || {}).map(([name, s]) => {
+    const versus = s.brier_skill === null ? ""
+      : `, ${Math.round(Math.abs(s.brier_skill) * 100)} % ${s.brier_skill >= 0 ? "better" : "worse"} than persistence`;
+    return `${name}: forecast to hold in ${pct(s.forecast_share)} of ${s.n} intervals, held in ` +
+      `${pct(s.held_share)}, Brier ${s.brier.toFixed(2)} (always ${pct(s.held_share)}: ` +
+      `${s.climatology_brier.toFixed(2)})${versus}`;
+  });
+  document.getElementById("slo-skill").textContent = sloSkill.length
+    ? `The forecasts' SLOs against what happened: ${sloSkill.join("; ")}` : "";
   const hours = view.t_s.map((t) => `+${(t / 3600).toFixed(0)}h`);
   for (const [name, caption, scale] of VS_FIGURES) {
     const band = view.figures[name];

@@ -168,6 +168,30 @@ def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str =
         "persistence: the interval before each forecast, forecast to go on; skill vs persistence: "
         "1 - MAE(twin) / MAE(persistence), above 0 the twin is better (+0.30: 30 % less error)"
     )
+    if doc.get("slos"):
+        print_slo_skill(doc["slos"])
+
+
+def print_slo_skill(slos: dict[str, dict[str, Any]]) -> None:
+    """Each SLO's forecasts (per interval, the share of runs in which it held) against whether it held."""
+    rows = []
+    for name, stats in slos.items():
+        baseline, score = stats.get("persistence_brier"), stats.get("brier_skill")
+        rows.append([name, stats["n"], pct(stats["forecast_share"]), pct(stats["held_share"]),
+                     f"{stats['brier']:.3f}", f"{stats['climatology_brier']:.3f}",
+                     "-" if baseline is None else f"{baseline:.3f}",
+                     "-" if score is None else f"{score:+.2f}"])  # fmt: skip
+    columns = ["SLO", ("n", "right"), ("forecast to hold", "right"), ("held", "right"), ("Brier", "right"),
+               ("always the share held", "right"), ("persistence Brier", "right"),
+               ("skill vs persistence", "right")]  # fmt: skip
+    output.show(output.table(columns, rows))
+    output.say(
+        "per interval each forecast says in what share of its runs the SLO held: read as the chance it "
+        "holds, against whether it did on the record. Brier: the mean squared difference (0 is perfect; "
+        "always 50 % scores 0.25); always the share held: the Brier of saying, every interval, the share it "
+        "held in (known only in hindsight); skill vs persistence: 1 - Brier(twin) / Brier(persistence), "
+        "above 0 the twin is better"
+    )
 
 
 def print_slos_record(record: dict[str, Any]) -> None:

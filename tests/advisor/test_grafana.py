@@ -49,6 +49,7 @@ def test_the_dashboard_covers_what_an_operator_watches() -> None:
         "finetwin_ingest_events_applied_total", "finetwin_ingest_lag_messages",
         "finetwin_ingest_dead_letters_total", "finetwin_forecast_wape", "finetwin_forecast_coverage",
         "finetwin_model_live_error", "finetwin_recommendations", "finetwin_forecast_skill_score",
+        "finetwin_forecast_slo_brier_skill",
     ):  # fmt: skip
         assert metric in text, metric
 

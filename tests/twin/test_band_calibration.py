@@ -134,3 +134,19 @@ def test_the_margin_reads_only_the_newest_scores(engine: Engine, monkeypatch: py
     for k in range(MIN_SCORES):  # older ones, far outside: beyond the read
         _score(engine, "utilization", start - timedelta(hours=30 + k), 0.2, 0.4, 5.0, forecast_id=100 + k)
     assert load_margins(engine, "default", start)["utilization"].value == pytest.approx(0.1)
+
+
+def test_the_slos_scores_take_none_of_the_margins_read(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SLO's scores (a chance against 1 or 0, `twin.skill_totals.SLO_PREFIX`) are no band of a figure:
+    newer than the figures' ones, they would crowd them out of the newest MAX_SCORES read."""
+    from twin import band_calibration
+
+    monkeypatch.setattr(band_calibration, "MAX_SCORES", MIN_SCORES)
+    start = T0 + timedelta(days=3)
+    for k in range(MIN_SCORES):
+        _score(engine, "slo/p95 wait", start - timedelta(hours=k), 0.0, 1.0, 1.0, forecast_id=k)
+        _score(engine, "utilization", start - timedelta(hours=30 + k), 0.2, 0.4, 0.5, forecast_id=100 + k)
+    margins = load_margins(engine, "default", start)
+    assert set(margins) == {"utilization"} and margins["utilization"].value == pytest.approx(0.1)

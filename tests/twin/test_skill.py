@@ -215,6 +215,41 @@ def test_the_forecasts_slo_attainment_is_set_beside_what_happened_so_far(engine:
     ]
 
 
+def with_slos(doc: dict[str, object]) -> dict[str, object]:
+    """`doc` judging two SLOs, with the share of its runs in which each held per interval."""
+    doc["series"]["slo_attainment"] = {  # type: ignore[index]
+        "p95 wait ≤ 30 min": band([0.9, 0.5], [0.0, 0.0], [1.0, 1.0]),
+        "A100 busy": band([0.2, 0.6], [0.0, 0.0], [1.0, 1.0]),
+    }
+    slos = [{"name": "p95 wait ≤ 30 min", "metric": "wait_p95_s", "max": 1800.0},
+            {"name": "A100 busy", "metric": "utilization", "min": 0.3, "gpu_model": A100}]  # fmt: skip
+    return doc | {"slos": slos}
+
+
+def test_each_slos_forecast_is_scored_as_a_probability_against_whether_it_held(engine: Engine) -> None:
+    """Per interval a forecast says in what share of its runs each SLO held: a probability, scored against
+    whether it held on the record (1 or 0) by its Brier score, beside persistence's (as in the hour
+    before). Wait: held both hours, and the hour before ("before" waited 10 min). A100 busy (>= 30 %):
+    25 % then 50 %, and 29/60 the hour before."""
+    store_history(engine)
+    save_forecast(engine, with_slos(document()), cluster_id="default")
+    score_due(engine, "default", T0 + timedelta(hours=3))
+    result = skill(engine, "default")
+    assert set(result["slos"]) == {"p95 wait ≤ 30 min", "A100 busy"}
+    assert result["intervals"] == 14  # the figures' alone, as before
+    wait = result["slos"]["p95 wait ≤ 30 min"]
+    # 0.9 and 0.5 against 1 and 1: Brier (0.1² + 0.5²) / 2; persistence (1) made no error: no skill score.
+    assert wait == {"n": 2, "forecast_share": pytest.approx(0.7), "held_share": 1.0,
+                    "brier": pytest.approx(0.13), "climatology_brier": 0.0, "persistence_brier": 0.0,
+                    "brier_skill": None, "persistence_n": 2}  # fmt: skip
+    busy = result["slos"]["A100 busy"]
+    # 0.2 and 0.6 against 0 and 1: (0.2² + 0.4²) / 2 = 0.1; always 50 %: 0.25; persistence 1 and 1:
+    # (1 + 0) / 2.
+    assert busy == {"n": 2, "forecast_share": pytest.approx(0.4), "held_share": 0.5,
+                    "brier": pytest.approx(0.1), "climatology_brier": 0.25, "persistence_brier": 0.5,
+                    "brier_skill": pytest.approx(0.8), "persistence_n": 2}  # fmt: skip
+
+
 def four_hours(start: datetime, models: str) -> dict[str, object]:
     """`document` over 4 hourly intervals: one may have passed before half the horizon has."""
     doc = document(start)
@@ -262,15 +297,17 @@ def test_skill_over_http_prometheus_and_the_cli(
     from tests.conftest import api_app, api_headers
 
     store_history(engine)
-    save_forecast(engine, document() | {"models": "calibrated v0007"}, cluster_id="default")
+    save_forecast(engine, with_slos(document()) | {"models": "calibrated v0007"}, cluster_id="default")
     score_due(engine, "default", T0 + timedelta(hours=3))
     expected = skill(engine, "default")
+    assert set(expected["slos"]) == {"p95 wait ≤ 30 min", "A100 busy"}
     settings = Settings(data_dir=tmp_path / "data", models_dir=tmp_path / "models", scheduler_enabled=False)
     with TestClient(api_app(settings, engine)) as client:
         headers = api_headers(engine, "viewer")
         assert client.get("/v1/forecast/skill").status_code == 401
         served = client.get("/v1/forecast/skill", headers=headers).json()
         assert served["figures"] == expected["figures"] and served["scored"] == 1
+        assert served["slos"] == expected["slos"]
         assert "clock" in served
         # Typed in the OpenAPI document, down to each figure's fields (it was any object).
         openapi = client.get("/openapi.json").json()
@@ -280,6 +317,7 @@ def test_skill_over_http_prometheus_and_the_cli(
         figure = set(schemas["FigureSkillOut"]["properties"])
         assert figure == set(next(iter(expected["figures"].values()))), "the schema and the answer differ"
         assert set(schemas["ClockOut"]["properties"]) == set(served["clock"])
+        assert set(schemas["SloSkillOut"]["properties"]) == set(expected["slos"]["A100 busy"])
         since = client.get("/v1/forecast/skill", params={"since": "2025-03-01T00:30:00Z"}, headers=headers)
         assert since.json()["figures"]["utilization"]["n"] == 1
         bad = client.get("/v1/forecast/skill", params={"since": "last tuesday"}, headers=headers)
@@ -302,13 +340,18 @@ def test_skill_over_http_prometheus_and_the_cli(
         assert 'finetwin_forecast_scored_intervals{figure="queue_length"} 2.0' in metrics
         score = expected["figures"]["utilization"]["skill_score"]
         assert f'finetwin_forecast_skill_score{{figure="utilization"}} {score}' in metrics
+        busy = expected["slos"]["A100 busy"]
+        assert f'finetwin_forecast_slo_brier{{slo="A100 busy"}} {busy["brier"]}' in metrics
+        assert f'finetwin_forecast_slo_brier_skill{{slo="A100 busy"}} {busy["brier_skill"]}' in metrics
+        assert 'finetwin_forecast_slo_held_share{slo="p95 wait ≤ 30 min"} 1.0' in metrics
+        assert 'finetwin_forecast_slo_brier_skill{slo="p95 wait ≤ 30 min"}' not in metrics  # none: no error
         view = client.get("/v1/forecast/vs-actual", headers=headers).json()
         assert view["models"] == "calibrated v0007"  # which models made the forecast drawn
         assert view["intervals_passed"] == 2 and view["figures"]["utilization"]["actual"] == [0.25, 0.5]
     monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
     assert main(["forecast", "--skill", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["figures"] == expected["figures"]
+    assert printed["figures"] == expected["figures"] and printed["slos"] == expected["slos"]
     # Beside it, the SLOs in force on the record of the last day: the twin's clock is the wall's (no
     # telemetry event), and the record's jobs are of 2025: none waited or ended in the window; B, running
     # since, holds 2 of the node's 8 GPUs in each of its 24 hours.
@@ -341,6 +384,10 @@ def test_skill_over_http_prometheus_and_the_cli(
     # And against persistence: its MAE and the skill score, the last two columns.
     stats = expected["figures"]["utilization"]
     assert utilization_row[-2:] == [f"{stats['persistence_mae']:.3g}", f"{stats['skill_score']:+.2f}"]
+    # Each SLO's forecasts: the share forecast to hold, the share held, Brier, always the share held's,
+    # persistence's, the skill.
+    busy_row = next(line.split() for line in table.splitlines() if line.startswith("A100 busy"))
+    assert busy_row[2:] == ["2", "40.0%", "50.0%", "0.100", "0.250", "0.500", "+0.80"], busy_row
 
 
 def test_forecast_skill_on_an_empty_store_says_where_it_looked(
@@ -373,6 +420,20 @@ def reference_skill(engine: Engine, since: datetime | None) -> dict[str, dict[st
         mean = np.array([r.forecast_mean for r in mine])
         actual = np.array([r.actual for r in mine])
         error, nonzero = mean - actual, np.abs(actual) > 1e-9
+        paired = np.array([r.persistence is not None for r in mine])
+        baseline = np.array([r.persistence if r.persistence is not None else np.nan for r in mine])
+        if figure.startswith("slo/"):  # probabilities against outcomes: Brier scores
+            squared = (baseline[paired] - actual[paired]) ** 2
+            figures[figure] = {
+                "n": len(mine), "forecast_share": float(mean.mean()), "held_share": float(actual.mean()),
+                "brier": float(np.mean(error**2)),
+                "climatology_brier": float(np.mean((actual - actual.mean()) ** 2)),
+                "persistence_brier": float(squared.mean()) if paired.any() else None,
+                "brier_skill": float(1 - (error[paired] ** 2).sum() / squared.sum())
+                if paired.any() and squared.sum() > 1e-9 else None,
+                "persistence_n": int(paired.sum()),
+            }  # fmt: skip
+            continue
         low = np.array([r.forecast_p10 if r.raw_p10 is None else r.raw_p10 for r in mine])
         high = np.array([r.forecast_p90 if r.raw_p90 is None else r.raw_p90 for r in mine])
         figures[figure] = {
@@ -388,8 +449,6 @@ def reference_skill(engine: Engine, since: datetime | None) -> dict[str, dict[st
             "n": len(mine),
             "raw_coverage": float(np.mean((low - 1e-9 <= actual) & (actual <= high + 1e-9))),
         }
-        paired = np.array([r.persistence is not None for r in mine])
-        baseline = np.array([r.persistence if r.persistence is not None else np.nan for r in mine])
         baseline_error = np.abs(baseline[paired] - actual[paired])
         figures[figure] |= {
             "persistence_mae": float(baseline_error.mean()) if paired.any() else None,
@@ -426,12 +485,15 @@ def random_scores(engine: Engine, forecasts: int, *, with_sums: bool = True) -> 
                 start = T0 + timedelta(hours=5 * f, minutes=7)
                 scored = []
                 for i in range(6 * round_, 6 * round_ + 6):
-                    for figure in ("utilization", "queue_length"):
-                        mean, actual = float(rng.random()), float(rng.choice([0.0, rng.random()]))
+                    # An SLO's: the share of runs in which it held against 1 or 0 (scored from 0013 on).
+                    for figure in ("utilization", "queue_length", "slo/wait")[: 3 if with_sums else 2]:
+                        binary = figure.startswith("slo/")
+                        mean = float(rng.random())
+                        actual = float(rng.integers(0, 2) if binary else rng.choice([0.0, rng.random()]))
                         p10, p90 = mean - 0.3, mean + 0.3
                         raw = (mean - 0.2, mean + 0.2) if i % 2 else (None, None)
                         # A third without a baseline, as scores written before there was one.
-                        persistence = float(rng.random()) if i % 3 else None
+                        persistence = float(rng.integers(0, 2) if binary else rng.random()) if i % 3 else None
                         row = dict(
                             forecast_id=f + 1, cluster_id="default", figure=figure, interval_index=i,
                             interval_start=start + timedelta(hours=i),
@@ -472,15 +534,18 @@ def test_the_skill_from_running_sums_is_the_skill_of_every_score(
     random_scores(engine, forecasts=18)
     result = skill(engine, "default", since=since)
     expected = reference_skill(engine, since)
-    assert set(result["figures"]) == set(expected)
+    assert set(result["figures"]) | {"slo/" + name for name in result["slos"]} == set(expected)
     for figure, stats in expected.items():
-        assert_same_skill(result["figures"][figure], stats, figure)
-    assert result["intervals"] == sum(stats["n"] for stats in expected.values())  # type: ignore[misc]
+        got = result["slos"][figure[4:]] if figure.startswith("slo/") else result["figures"][figure]
+        assert_same_skill(got, stats, figure)
+    figures_n = [stats["n"] for figure, stats in expected.items() if not figure.startswith("slo/")]
+    assert result["intervals"] == sum(figures_n)  # type: ignore[arg-type]
     windows = {(f, i) for f in range(18) for i in range(12) if since is None
                or T0 + timedelta(hours=5 * f + i, minutes=7) >= since}  # fmt: skip
     assert result["scored"] == len({f for f, _ in windows})
-    if since is None:
+    if since is None:  # the SLO's scores are not among the figures' intervals
         assert result["scored"] == 18 and result["intervals"] == 18 * 12 * 2
+        assert result["slos"]["wait"]["n"] == 18 * 12
 
 
 def test_the_migration_sums_the_scores_already_stored(database_url: str) -> None:
@@ -499,3 +564,14 @@ def test_the_migration_sums_the_scores_already_stored(database_url: str) -> None
             assert stats["persistence_n"] == 0 and stats["skill_score"] is None  # nothing to compare with
     assert skill(engine, "default")["scored"] == 9
     engine.dispose()
+
+
+def test_an_slos_figure_fits_the_column_and_two_long_names_stay_apart() -> None:
+    from twin.forecast_store import FIGURE_MAX_LENGTH
+    from twin.skill_totals import slo_figure
+
+    assert slo_figure("p95 wait ≤ 30 min") == "slo/p95 wait ≤ 30 min"
+    assert len(slo_figure("x" * (FIGURE_MAX_LENGTH - 4))) == FIGURE_MAX_LENGTH  # just fits
+    first, second = slo_figure("x" * 199 + "a"), slo_figure("x" * 199 + "b")  # SLO names go to 200
+    assert first != second and max(len(first), len(second)) <= FIGURE_MAX_LENGTH
+    assert first.startswith("slo/" + "x" * 100)

@@ -41,6 +41,8 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 "value": {"mean": 1500.0, "p10": 600.0, "p90": 2400.0},
                 "attainment": {"mean": 0.4, "p10": 0.0, "p90": 1.0}}  # fmt: skip
     doc = document() | {"runs": 4, "models": "fallback", "slos": [wait_slo]}
+    held = {"mean": [0.9, 0.5], "p10": [0.0, 0.0], "p90": [1.0, 1.0]}  # the share of runs it held in
+    doc["series"]["slo_attainment"] = {wait_slo["name"]: held}  # type: ignore[index]
     save_forecast(engine, doc, cluster_id="default")
     score_due(engine, "default", now)
     key = api_headers(engine, "viewer")["X-API-Key"]
@@ -107,6 +109,12 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                     "utilization 0 % inside p10-p90, error 100 % of actual, 7 % more error than persistence"
                 )
                 assert f"{expected} (n 1)" in skill_line, skill_line
+                # Said to hold with a chance of 0.9 in the first hour, it held: Brier 0.1², and persistence
+                # (held the hour before too) made no error, so nothing is said against it.
+                assert page.text_content("#slo-skill") == (
+                    "The forecasts' SLOs against what happened: p95 wait ≤ 30 min: forecast to hold in 90 % "
+                    "of 1 intervals, held in 100 %, Brier 0.01 (always 100 %: 0.00)"
+                )
                 # The forecast's SLO beside its first hour (tests.twin.test_skill): A waited 30 min, B 15 so
                 # far: held.
                 assert page.text_content("#vs-slos") == (
