@@ -3,29 +3,45 @@ of. A node that went down for an hour served nothing that hour, and one added to
 yesterday; judging the past against the nodes up now reads both wrong (a day's utilization over 100 %
 after a node left for good).
 
-A node's status at time t is its latest report dated at or before t, by the store's rule for two reports at
-one time (`twin.rebuild.fold_node`); its GPUs count while that status is `up` (a draining node takes no new
-job, and a forecast does not count its GPUs either: `twin.cluster.Cluster.total_gpus`). Before a cluster's
-first report no GPU of it is known to be up.
+A node's status at time t is its latest report dated at or before t, of two reports at one time the larger
+(status, GPUs, model), as the store keeps it (`ingest.apply`, `twin.rebuild`); its GPUs count
+while that status is `up` (a draining node takes no new job, and a forecast does not count its GPUs either:
+`twin.cluster.Cluster.total_gpus`). Before a node's first report none of its GPUs is known to be up.
+
+What is read is bounded by the window, not by the record: the reports dated in it, and, for the nodes that
+reported since the window began, each one's latest report before it (a backward scan that stops once it
+has them all). A node whose row says it last reported before the window stood so through it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
 from twin.domain import canonical_gpu_name
-from twin.rebuild import fold_node
 from twin.store import NODE_STATUS_ONLY, Node, TelemetryEvent
 
-NodeReport = tuple[datetime, Mapping[str, Any]]  # event time, `node.status` payload
+
+class NodeReport(NamedTuple):
+    """A `node.status` report. Its fields from `ts` on are the store's order of two reports of one node."""
+
+    node_id: str
+    ts: datetime
+    status: str
+    gpu_count: int
+    gpu_model: str
+
+    @property
+    def key(self) -> tuple[datetime, str, int, str]:
+        return (self.ts, self.status, self.gpu_count, self.gpu_model)
 
 
 @dataclass(frozen=True)
@@ -66,21 +82,31 @@ def _integral(at: np.ndarray, gpus: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.where(step >= 0, before[k] + gpus[k] * (x - at[k]), 0.0)
 
 
-def gpus_up_from_reports(reports: Iterable[NodeReport], cluster_id: str, origin: datetime) -> GpusUp:
-    """The GPUs up over time by these reports (any order), as seconds from `origin`."""
+def gpus_up_from_reports(
+    reports: Iterable[NodeReport], origin: datetime, before: Mapping[str, NodeReport] | None = None
+) -> GpusUp:
+    """The GPUs up over time by these reports (any order), as seconds from `origin`; `before`: each node's
+    state before them (from any earlier time)."""
     origin = as_utc(origin)
-    nodes: dict[str, Node] = {}
-    up: Counter[str] = Counter()  # GPUs up by type after each report, kept as reports come
-    times: list[float] = []
-    totals: list[dict[str, int]] = []
-    for ts, payload in sorted(((as_utc(ts), p) for ts, p in reports), key=lambda r: r[0]):
-        node_id = str(payload["node_id"])
-        up.subtract(_serving(nodes.get(node_id)))
-        fold_node(nodes, cluster_id, ts, payload)
-        up.update(_serving(nodes[node_id]))
+    nodes: dict[str, NodeReport] = dict(before or {})
+    up: Counter[str] = Counter()  # GPUs up by type, kept as reports come
+    for node in nodes.values():
+        up.update(_serving(node))
+    times: list[float] = [-np.inf] if nodes else []
+    totals: list[dict[str, int]] = [dict(up)] if nodes else []
+    for report in sorted(reports, key=lambda r: r.ts):
+        known = nodes.get(report.node_id)
+        if known is not None and report.key < known.key:
+            continue  # the store keeps the larger of two reports of one time
+        nodes[report.node_id] = report
+        if known is not None and known[2:] == report[2:]:
+            continue  # the same status, GPUs and model (a heartbeat): no step
+        was, now = _serving(known), _serving(report)
+        up.subtract(was)
+        up.update(now)
         # Of reports of one instant, the state after the last counts: `_integral` takes the last of equal
         # times, and the others hold for no time.
-        times.append((ts - origin).total_seconds())
+        times.append((as_utc(report.ts) - origin).total_seconds())
         totals.append(dict(up))
     names = sorted({name for total in totals for name, gpus in total.items() if gpus})
     at = np.array(times, dtype=float)
@@ -90,7 +116,7 @@ def gpus_up_from_reports(reports: Iterable[NodeReport], cluster_id: str, origin:
     )
 
 
-def _serving(node: Node | None) -> Counter[str]:
+def _serving(node: NodeReport | None) -> Counter[str]:
     """The node's GPUs by type if it is up, else none."""
     if node is None or node.status != "up":
         return Counter()
@@ -98,16 +124,79 @@ def _serving(node: Node | None) -> Counter[str]:
 
 
 def load_gpus_up(session: Session, cluster_id: str, origin: datetime, until: datetime) -> GpusUp:
-    """The cluster's GPUs up over time, from its node reports dated before `until`; from its `nodes` table,
-    as constant, when it has no report (a store filled without them)."""
-    reports = session.exec(
-        select(TelemetryEvent.ts, TelemetryEvent.payload)
-        .where(
-            TelemetryEvent.cluster_id == cluster_id, NODE_STATUS_ONLY, col(TelemetryEvent.ts) < as_utc(until)
-        )
-        .order_by(col(TelemetryEvent.ts))
-    ).all()
-    if reports:
-        return gpus_up_from_reports(reports, cluster_id, origin)
-    nodes = session.exec(select(Node).where(Node.cluster_id == cluster_id)).all()
-    return GpusUp.constant(as_utc(origin), sum((_serving(node) for node in nodes), Counter()))
+    """The cluster's GPUs up over time from `origin` to `until`, from its nodes' reports (its `nodes` table
+    for a node stored without any, as some tests write them)."""
+    origin, until = as_utc(origin), as_utc(until)
+    rows = session.exec(select(Node).where(Node.cluster_id == cluster_id)).all()
+    window = list(
+        _scan(session, cluster_id, col(TelemetryEvent.ts) >= origin, col(TelemetryEvent.ts) < until)
+    )
+    # A row is its node's latest report: one dated before the window says the node stood so through it.
+    before = {row.node_id: _as_report(row) for row in rows if as_utc(row.updated_at) < origin}
+    since = {row.node_id for row in rows} - before.keys()
+    before |= _latest(session, cluster_id, since, col(TelemetryEvent.ts) < origin, newest=True)
+    unknown = since - before.keys() - {report.node_id for report in window}
+    if unknown:  # no report before the window nor in it: reported after it, or never (its row is all)
+        later = _latest(session, cluster_id, unknown, col(TelemetryEvent.ts) >= until, newest=False)
+        before |= {row.node_id: _as_report(row) for row in rows if row.node_id in unknown - later.keys()}
+    return gpus_up_from_reports(window, origin, before)
+
+
+def _as_report(row: Node) -> NodeReport:
+    return NodeReport(row.node_id, as_utc(row.updated_at), row.status, int(row.gpu_count), row.gpu_model)
+
+
+_FIELDS = (
+    TelemetryEvent.payload["node_id"].as_string(),
+    TelemetryEvent.ts,
+    TelemetryEvent.payload["status"].as_string(),
+    TelemetryEvent.payload["gpu_count"].as_integer(),
+    TelemetryEvent.payload["gpu_model"].as_string(),
+)
+
+
+def _scan(
+    session: Session, cluster_id: str, *conditions: Any, newest_first: bool = False
+) -> Iterator[NodeReport]:
+    """The cluster's node reports under `conditions`, oldest first (or newest), through the partial index
+    that holds only them (its condition written into the SQL, so that SQLite can tell the query stays
+    inside it), their fields read out of the payload by the database, a batch at a time."""
+    order = col(TelemetryEvent.ts).desc() if newest_first else col(TelemetryEvent.ts)
+    query = (
+        select(*_FIELDS)
+        .where(TelemetryEvent.cluster_id == cluster_id, NODE_STATUS_ONLY, *conditions)
+        .order_by(order)
+        .execution_options(yield_per=2_000)
+    )
+    result = session.exec(query)  # type: ignore[call-overload]
+    try:
+        for node_id, ts, status, gpus, model in result:
+            yield NodeReport(str(node_id), as_utc(ts), str(status), int(gpus), str(model))
+    finally:
+        result.close()
+
+
+def _latest(
+    session: Session, cluster_id: str, wanted: Collection[str], *conditions: Any, newest: bool
+) -> dict[str, NodeReport]:
+    """Of each wanted node, its report nearest the scan's start under `conditions`: the newest (`newest`)
+    or the oldest; of two at that time, the larger. The scan stops once every wanted node is found and the
+    time has moved past the last one found, so a backward scan from a window's start reads about one
+    report per node where nodes report often."""
+    found: dict[str, NodeReport] = {}
+    if not wanted:
+        return found
+    last_found: datetime | None = None
+    with closing(_scan(session, cluster_id, *conditions, newest_first=newest)) as scan:
+        for report in scan:
+            if len(found) == len(wanted) and report.ts != last_found:
+                break
+            if report.node_id not in wanted:
+                continue
+            known = found.get(report.node_id)
+            if known is None:
+                found[report.node_id] = report
+                last_found = report.ts
+            elif report.ts == known.ts and report.key > known.key:
+                found[report.node_id] = report
+    return found

@@ -145,7 +145,7 @@ def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) ->
     failed: dict[str, tuple[datetime, float]] = {}
     for event_id, kind, ts, job_id, payload in ordered:
         if kind == NODE_STATUS:
-            fold_node(nodes, cluster_id, ts, payload)
+            _fold_node(nodes, cluster_id, ts, payload)
             continue
         if job_id is None:
             continue
@@ -181,7 +181,7 @@ def fold_events(events: Iterable[StoredEvent], cluster_id: str, at: datetime) ->
     return RebuiltState(at, records, [nodes[k] for k in sorted(nodes)], work, power, failures)
 
 
-def fold_node(nodes: dict[str, Node], cluster_id: str, ts: datetime, payload: Mapping[str, Any]) -> None:
+def _fold_node(nodes: dict[str, Node], cluster_id: str, ts: datetime, payload: Mapping[str, Any]) -> None:
     """A node is its latest report; of two at the same time, the larger (status, GPUs, model), as the store
     keeps it (ingest.apply)."""
     node_id = str(payload["node_id"])

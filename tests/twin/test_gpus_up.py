@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sqlalchemy import Engine
+from sqlmodel import Session
 
 from finetwin.schema import migrate
 from ingest.apply import apply_events
@@ -19,7 +20,7 @@ from tests.twin.query_plans import sqlite_plans
 from twin.actuals import actual_series, load_job_times
 from twin.db import make_engine, session_scope
 from twin.forecast_store import save_forecast
-from twin.gpus_up import GpusUp, gpus_up_from_reports
+from twin.gpus_up import GpusUp, NodeReport, gpus_up_from_reports, load_gpus_up
 from twin.skill import forecast_vs_actual
 from twin.store import Job
 
@@ -34,20 +35,24 @@ def report(node_id: str, model: str, gpus: int, status: str) -> dict[str, object
     return {"node_id": node_id, "gpu_model": model, "gpu_count": gpus, "status": status}
 
 
+def node_report(seconds: float, node_id: str, model: str, gpus: int, status: str) -> NodeReport:
+    return NodeReport(node_id, at(seconds), status, gpus, model)
+
+
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
 def test_the_gpus_up_follow_each_nodes_latest_report_whatever_the_order_they_arrive_in() -> None:
     reports = [
-        (at(100), report("n1", A100, 8, "up")),
-        (at(400), report("n2", L40S, 4, "up")),
-        (at(300), report("n1", A100, 8, "down")),
-        (at(0), report("n0", A100, 8, "up")),
-        (at(200), report("n0", A100, 8, "drain")),  # takes no new job: its GPUs serve none
-        (at(300), report("n1", A100, 8, "up")),  # two at one instant: the store keeps the larger, up
+        node_report(100, "n1", A100, 8, "up"),
+        node_report(400, "n2", L40S, 4, "up"),
+        node_report(300, "n1", A100, 8, "down"),
+        node_report(0, "n0", A100, 8, "up"),
+        node_report(200, "n0", A100, 8, "drain"),  # takes no new job: its GPUs serve none
+        node_report(300, "n1", A100, 8, "up"),  # two at one instant: the store keeps the larger, up
     ]
-    gpus = gpus_up_from_reports(reports, "default", T0)
+    gpus = gpus_up_from_reports(reports, T0)
     up = gpus.seconds_up([-100.0, 0.0, 150.0, 500.0])
     # A100: 8 from 0, 16 from 100, 8 from 200 (n0 drains; n1 stays up). L40S: 4 from 400.
     assert set(up) == {A100, L40S}
@@ -127,3 +132,87 @@ def test_sqlite_reads_the_node_reports_from_their_own_index(tmp_path: Path) -> N
     (node_plan,) = [plan for statement, plan in plans.items() if "node.status" in statement]
     assert "ix_telemetry_events_node_status" in node_plan
     engine.dispose()
+
+
+def random_reports(seed: int, count: int) -> list[NodeReport]:
+    """Six nodes of two types reporting at random over a day, up, down or draining, some at one instant."""
+    rng = np.random.default_rng(seed)
+    models = {f"n{k}": (A100 if k % 2 else L40S, 8 if k % 2 else 4) for k in range(6)}
+    reports = []
+    for _ in range(count):
+        node = f"n{rng.integers(0, 6)}"
+        seconds = float(rng.integers(0, 48)) * 1800.0  # on the half hour: reports of one instant happen
+        reports.append(
+            node_report(seconds, node, *models[node], str(rng.choice(["up", "up", "down", "drain"])))
+        )
+    return reports
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_window_read_from_the_store_is_the_whole_record_folded(engine: Engine, seed: int) -> None:
+    """Reading a window (its reports, each node's latest one before it, the rows of nodes quiet since)
+    gives the GPUs up that folding every report gives, for windows that start and end anywhere."""
+    reports = random_reports(seed, 120)
+    apply_events(
+        engine,
+        [
+            new_event("node.status", NodeStatus(**report(r.node_id, r.gpu_model, r.gpu_count, r.status)),
+                      job_id=None, ts=r.ts)
+            for r in reports
+        ],
+    )  # fmt: skip
+    rng = np.random.default_rng(seed + 100)
+    for _ in range(6):
+        start, length = float(rng.uniform(-3 * H, 24 * H)), float(rng.uniform(0.5 * H, 30 * H))
+        origin, until = at(start), at(start + length)
+        edges = np.linspace(0.0, length, 7)
+        with Session(engine) as session:
+            read = load_gpus_up(session, "default", origin, until).seconds_up(edges)
+        folded = gpus_up_from_reports([r for r in reports if r.ts < until], origin).seconds_up(edges)
+        assert {k for k, v in read.items() if v.any()} == {k for k, v in folded.items() if v.any()}
+        for name, seconds in folded.items():
+            np.testing.assert_allclose(read.get(name, 0.0 * seconds), seconds, err_msg=f"{start} {length}")
+
+
+def test_a_window_reads_one_report_per_node_from_before_it(engine: Engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes that reported every minute for a day: the state they were in when the window began is
+    their latest report before it, found by a scan that stops there (3 reports: one past the last found),
+    not by reading the day."""
+    from twin import gpus_up
+
+    minutes = [node_report(60.0 * k, node, A100, 8, "up") for k in range(-24 * 60, 60) for node in ("a", "b")]
+    apply_events(
+        engine,
+        [
+            new_event("node.status", NodeStatus(**report(r.node_id, r.gpu_model, r.gpu_count, r.status)),
+                      job_id=None, ts=r.ts)
+            for r in minutes
+        ],
+    )  # fmt: skip
+    read: list[NodeReport] = []
+    scan = gpus_up._scan
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        for r in scan(*args, **kwargs):
+            if r.ts < T0:
+                read.append(r)
+            yield r
+
+    monkeypatch.setattr(gpus_up, "_scan", counted)
+    with Session(engine) as session:
+        up = load_gpus_up(session, "default", T0, at(H)).seconds_up([0.0, H])
+    assert up == {A100: pytest.approx([16 * H])}
+    assert len(read) == 3, read
+
+
+def test_of_two_reports_at_the_instant_before_the_window_the_larger_stands(engine: Engine) -> None:
+    """A node reported up and down at one instant before the window: the store keeps the larger, up, and so
+    does the scan back from the window, whichever of the two it meets first (two nodes, stored in
+    opposite orders)."""
+    for node, order in (("a", ("up", "down")), ("b", ("down", "up"))):
+        for status in order:
+            event = NodeStatus(**report(node, A100, 8, status))
+            apply_events(engine, [new_event("node.status", event, job_id=None, ts=at(-H))])
+    with Session(engine) as session:
+        up = load_gpus_up(session, "default", T0, at(H)).seconds_up([0.0, H])
+    assert up == {A100: pytest.approx([16 * H])}
