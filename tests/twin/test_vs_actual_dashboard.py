@@ -135,8 +135,6 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 ), slo_line
                 status = page.locator("#status")
                 assert "error" not in (status.get_attribute("class") or ""), status.text_content()
-                if os.environ.get("FINETWIN_UPDATE_DOCS") == "1":
-                    page.locator("#vs-actual").screenshot(path=str(Path("docs") / "forecast-vs-actual.png"))
                 page.locator("#vs-actual").screenshot(path=str(tmp_path / "vs-actual.png"))
             finally:
                 browser.close()
