@@ -41,7 +41,11 @@ class NodeReport(NamedTuple):
 
     @property
     def key(self) -> tuple[datetime, str, int, str]:
-        return (self.ts, self.status, self.gpu_count, self.gpu_model)
+        return (self.ts, *self.state)
+
+    @property
+    def state(self) -> tuple[str, int, str]:
+        return (self.status, self.gpu_count, self.gpu_model)
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class GpusUp:
 
     @classmethod
     def constant(cls, origin: datetime, gpus_by_type: Mapping[str, int]) -> GpusUp:
-        """These GPUs up at every time: what a store without node reports knows (its `nodes` table)."""
+        """These GPUs up at every time: a cluster that never changed."""
         return cls(
             origin,
             {
@@ -99,7 +103,7 @@ def gpus_up_from_reports(
         if known is not None and report.key < known.key:
             continue  # the store keeps the larger of two reports of one time
         nodes[report.node_id] = report
-        if known is not None and known[2:] == report[2:]:
+        if known is not None and known.state == report.state:
             continue  # the same status, GPUs and model (a heartbeat): no step
         was, now = _serving(known), _serving(report)
         up.subtract(was)
