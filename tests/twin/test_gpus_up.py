@@ -116,21 +116,22 @@ def test_an_hour_with_no_gpu_up_has_no_utilization_on_record_not_zero(engine: En
     )
     view = forecast_vs_actual(engine, "default", at(0))
     assert view is not None and view["intervals_passed"] == 2
-    assert view["figures"]["utilization"]["actual"] == [
-        None,
-        pytest.approx(8 * 600 / (16 * H)),
-    ]  # x from -10 min
+    x_from_10_min_before = pytest.approx(8 * 600 / (16 * H))
+    assert view["figures"]["utilization"]["actual"] == [None, x_from_10_min_before]
     json.dumps(view, allow_nan=False)
 
 
 def test_sqlite_reads_the_node_reports_from_their_own_index(tmp_path: Path) -> None:
     """Next to thousands of job events per node report, a full scan of the events would grow with the
-    record: the reports are read through the partial index that holds only them."""
+    record: the reports are read through the partial index that holds only them, the window's, the scan
+    back from its start (b reported in it) and the one forward from its end (d reported after it)."""
     engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
     migrate(engine)
-    plans = sqlite_plans(engine, lambda: load_job_times(engine, "default", T0, at(H)))
-    (node_plan,) = [plan for statement, plan in plans.items() if "node.status" in statement]
-    assert "ix_telemetry_events_node_status" in node_plan
+    record(engine)
+    plans = sqlite_plans(engine, lambda: load_job_times(engine, "default", T0, at(2 * H)))
+    node_plans = [plan for statement, plan in plans.items() if "node.status" in statement]
+    assert len(node_plans) == 3, node_plans
+    assert all("ix_telemetry_events_node_status" in plan for plan in node_plans), node_plans
     engine.dispose()
 
 
