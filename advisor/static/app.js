@@ -4,6 +4,8 @@
 "use strict";
 
 const KEY_STORAGE = "finetwin.apiKey";
+// The scheduling policy the twin assumes the cluster runs (FINETWIN_FORECAST_POLICY): it shapes the queue.
+const POLICY_NAMES = { fifo: "FIFO", backfill: "EASY backfill", spf: "shortest-predicted-first" };
 const REFRESH_MS = 15000;
 const JOBS_SHOWN = 50;
 // Why the API refused the last key (401), until another is entered: polling on with it would count against
@@ -169,7 +171,8 @@ async function loadForecast() {
   const hours = (f.series.t_s || []).map((t) => `+${(t / 3600).toFixed(0)}h`);
   const clock = f.clock && f.clock.source === "telemetry" ? "telemetry clock" : "wall clock";
   document.getElementById("forecast-meta").textContent =
-    `${f.runs} runs, ${f.models}, ${f.known_jobs ? f.known_jobs.total : 0} known jobs, ` +
+    `${f.runs} runs, ${f.models}, ${POLICY_NAMES[f.policy] || f.policy} scheduling, ` +
+    `${f.known_jobs ? f.known_jobs.total : 0} known jobs, ` +
     `${fmt(f.arrivals_per_day, 0)} arrivals/day; starts ${when(f.start)} (${clock}), ` +
     // Both ages, each with its clock: a replay at 600x makes seconds of wall time an hour of telemetry.
     `made ${age(f.age_s)} ago on the telemetry's clock, ${age(f.age_wall_s)} ago on the wall clock`;

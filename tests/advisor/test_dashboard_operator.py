@@ -68,11 +68,13 @@ def test_the_dashboard_explains_itself_to_an_operator(
                 .inner_text()
                 .endswith(" %")
             )
-            # The forecast's age, on the telemetry's clock and on the wall's.
+            # The forecast's age, on the telemetry's clock and on the wall's; the scheduling it assumes (the
+            # default's), which shapes its queue.
             meta = page.locator("#forecast-meta")
             assert re.search(
                 r"made .+ ago on the telemetry's clock, .+ ago on the wall clock$", meta.inner_text()
             )
+            assert ", FIFO scheduling, " in meta.inner_text(), meta.inner_text()
             # An empty recommendation list is explained: steering has not run yet, and when it will.
             note = page.locator("#steering-note", has_text="steering has not run yet")
             note.wait_for(timeout=30_000)
