@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,6 +40,15 @@ def node_report(seconds: float, node_id: str, model: str, gpus: int, status: str
     return NodeReport(node_id, at(seconds), status, gpus, model)
 
 
+def store_reports(engine: Engine, reports: Iterable[NodeReport]) -> None:
+    """The reports through ingest, as `node.status` telemetry: the events kept and the nodes' rows."""
+    events = [NodeStatus(**report(r.node_id, r.gpu_model, r.gpu_count, r.status)) for r in reports]
+    apply_events(
+        engine,
+        [new_event("node.status", e, job_id=None, ts=r.ts) for e, r in zip(events, reports, strict=True)],
+    )
+
+
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
@@ -66,17 +76,11 @@ def record(engine: Engine) -> None:
     """Window [T0, T0 + 3 h). Nodes a and b (8 A100 each) up an hour before; b down from 1 h to 1.5 h; c
     (4 L40S) up from 2.5 h; d (8 H100) up only after the window. Job x holds 8 A100s from 10 min before
     T0; job y 4 L40S from 2 h 45 min."""
-    nodes = [
-        (-H, "a", A100, 8, "up"), (-H, "b", A100, 8, "up"), (H, "b", A100, 8, "down"),
-        (1.5 * H, "b", A100, 8, "up"), (2.5 * H, "c", L40S, 4, "up"), (5 * H, "d", H100, 8, "up"),
-    ]  # fmt: skip
-    apply_events(
-        engine,
-        [
-            new_event("node.status", NodeStatus(**report(node, model, gpus, status)), job_id=None, ts=at(t))
-            for t, node, model, gpus, status in nodes
-        ],
-    )
+    store_reports(engine, [
+        node_report(-H, "a", A100, 8, "up"), node_report(-H, "b", A100, 8, "up"),
+        node_report(H, "b", A100, 8, "down"), node_report(1.5 * H, "b", A100, 8, "up"),
+        node_report(2.5 * H, "c", L40S, 4, "up"), node_report(5 * H, "d", H100, 8, "up"),
+    ])  # fmt: skip
     config = {"model_name": "llama3-8b", "method": "lora", "number_nodes": 1, "batch_size": 16,
               "tokens_per_sample": 1024, "updated_at": T0}  # fmt: skip
     with session_scope(engine) as session:
@@ -154,14 +158,7 @@ def test_the_window_read_from_the_store_is_the_whole_record_folded(engine: Engin
     """Reading a window (its reports, each node's latest one before it, the rows of nodes quiet since)
     gives the GPUs up that folding every report gives, for windows that start and end anywhere."""
     reports = random_reports(seed, 120)
-    apply_events(
-        engine,
-        [
-            new_event("node.status", NodeStatus(**report(r.node_id, r.gpu_model, r.gpu_count, r.status)),
-                      job_id=None, ts=r.ts)
-            for r in reports
-        ],
-    )  # fmt: skip
+    store_reports(engine, reports)
     rng = np.random.default_rng(seed + 100)
     for _ in range(6):
         start, length = float(rng.uniform(-3 * H, 24 * H)), float(rng.uniform(0.5 * H, 30 * H))
@@ -182,14 +179,7 @@ def test_a_window_reads_one_report_per_node_from_before_it(engine: Engine, monke
     from twin import gpus_up
 
     minutes = [node_report(60.0 * k, node, A100, 8, "up") for k in range(-24 * 60, 60) for node in ("a", "b")]
-    apply_events(
-        engine,
-        [
-            new_event("node.status", NodeStatus(**report(r.node_id, r.gpu_model, r.gpu_count, r.status)),
-                      job_id=None, ts=r.ts)
-            for r in minutes
-        ],
-    )  # fmt: skip
+    store_reports(engine, minutes)
     read: list[NodeReport] = []
     scan = gpus_up._scan
 
@@ -211,9 +201,8 @@ def test_of_two_reports_at_the_instant_before_the_window_the_larger_stands(engin
     does the scan back from the window, whichever of the two it meets first (two nodes, stored in
     opposite orders)."""
     for node, order in (("a", ("up", "down")), ("b", ("down", "up"))):
-        for status in order:
-            event = NodeStatus(**report(node, A100, 8, status))
-            apply_events(engine, [new_event("node.status", event, job_id=None, ts=at(-H))])
+        for status in order:  # one at a time: stored in this order
+            store_reports(engine, [node_report(-H, node, A100, 8, status)])
     with Session(engine) as session:
         up = load_gpus_up(session, "default", T0, at(H)).seconds_up([0.0, H])
     assert up == {A100: pytest.approx([16 * H])}
