@@ -56,18 +56,6 @@ class GpusUp:
     origin: datetime
     steps: dict[str, tuple[np.ndarray, np.ndarray]]
 
-    @classmethod
-    def constant(cls, origin: datetime, gpus_by_type: Mapping[str, int]) -> GpusUp:
-        """These GPUs up at every time: a cluster that never changed."""
-        return cls(
-            origin,
-            {
-                name: (np.array([-np.inf]), np.array([float(gpus)]))
-                for name, gpus in gpus_by_type.items()
-                if gpus
-            },
-        )
-
     def seconds_up(self, edges_s: Sequence[float] | np.ndarray) -> dict[str, np.ndarray]:
         """Per type, the GPU-seconds up in each interval between `edges_s` (seconds from `origin`)."""
         edges = np.asarray(edges_s, dtype=float)

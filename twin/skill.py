@@ -22,7 +22,7 @@ from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
 from twin import skill_totals
-from twin.actuals import BY_TYPE, OVERALL_FIGURES, JobTimes, actual_series, load_job_times
+from twin.actuals import BY_TYPE, OVERALL_FIGURES, JobTimes, load_job_times
 from twin.clock import as_utc
 from twin.db import session_scope
 from twin.forecast_store import (
@@ -35,7 +35,7 @@ from twin.forecast_store import (
     stored_forecasts,
 )
 from twin.skill_totals import SLO_PREFIX, slo_figure
-from twin.slo_actual import attainment_as_it_happened
+from twin.slo_actual import actual_slo_series, attainment_as_it_happened
 from twin.slo_attainment import STORED, SloSet
 from twin.store import utcnow
 from twin.uncalibrated import FALLBACK_LABEL
@@ -240,10 +240,10 @@ def _score_one(
     offset = (start - times.origin).total_seconds()
     edges = interval_edges(document)[: max(intervals) + 2]
     with_before = np.concatenate(([edges[0] - _first_width(edges)], edges))
-    series = actual_series(times, with_before + offset)
+    series = actual_slo_series(times, with_before + offset)  # the figures, and what the SLOs bound
     slos = _stored_slos(document)
     if slos is not None:
-        for judged in attainment_as_it_happened(slos, times, with_before + offset):
+        for judged in attainment_as_it_happened(slos, series, with_before + offset):
             held = [math.nan if h is None else float(h) for h in judged["held"]]
             series[slo_figure(judged["name"])] = np.asarray(held)
     before = {name: float(values[0]) for name, values in series.items()}
@@ -356,10 +356,8 @@ def forecast_vs_actual(
     elapsed = (now - start).total_seconds()
     ready = _ended(edges, elapsed)
     actual: dict[str, np.ndarray] = {}
-    times = None
     if ready:
-        times = load_job_times(engine, cluster_id, start, now)
-        actual = actual_series(times, edges[: ready + 1])
+        actual = actual_slo_series(load_job_times(engine, cluster_id, start, now), edges[: ready + 1])
     figures = {}
     for name, band in forecast_bands(chosen.document).items():
         values = actual.get(name)
@@ -385,21 +383,22 @@ def forecast_vs_actual(
         "interval_end_s": edges[1:].tolist(),
         "intervals_passed": ready,
         "figures": figures,
-        "slos": slos_vs_actual(chosen.document, times, edges[: ready + 1]),
+        "slos": slos_vs_actual(chosen.document, actual if ready else None, edges[: ready + 1]),
     }
 
 
 def slos_vs_actual(
-    document: Mapping[str, Any], times: JobTimes | None, passed_edges: np.ndarray
+    document: Mapping[str, Any], passed: dict[str, np.ndarray] | None, passed_edges: np.ndarray
 ) -> list[dict[str, Any]]:
     """Per SLO the forecast judged: the attainment it forecast over its horizon (mean, p10-p90 across runs)
-    and the attainment so far, on what the store recorded over the intervals that have passed, by the same
-    definitions (`twin.slo_actual`; null before one with data)."""
+    and the attainment so far, on what the store recorded over the intervals that have passed (`passed`:
+    `twin.slo_actual.actual_slo_series` over `passed_edges`, None before one has), by the same definitions
+    (null before one with data)."""
     forecast = _judged_slos(document)
     actual: list[dict[str, Any]] = [{} for _ in forecast]
     slos = _stored_slos(document)
-    if slos is not None and times is not None and len(passed_edges) > 1:
-        actual = attainment_as_it_happened(slos, times, passed_edges)
+    if slos is not None and passed is not None and len(passed_edges) > 1:
+        actual = attainment_as_it_happened(slos, passed, passed_edges)
     return [
         {
             "name": said["name"],

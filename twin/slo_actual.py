@@ -48,13 +48,16 @@ def _record_values(slo: Slo, series: dict[str, np.ndarray], intervals: int) -> n
 
 
 def attainment_as_it_happened(
-    slos: SloSet, times: JobTimes, edges_s: Sequence[float] | np.ndarray, record_from_s: float | None = None
+    slos: SloSet,
+    series: dict[str, np.ndarray],
+    edges_s: Sequence[float] | np.ndarray,
+    record_from_s: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Per SLO: its figure per interval (`values`), whether it held (`held`: None without data), and
-    `attainment`, the share of the intervals with data in which it held (None when none has data). An
-    interval over before `record_from_s` (when the telemetry began) has no data: an idle cluster then was
-    no cluster on record, not one at 0 % utilization."""
-    series = actual_slo_series(times, edges_s)
+    """Per SLO, on the record's `series` over the intervals between `edges_s` (`actual_slo_series`): its
+    figure per interval (`values`), whether it held (`held`: None without data), and `attainment`, the
+    share of the intervals with data in which it held (None when none has data). An interval over before
+    `record_from_s` (when the telemetry began) has no data: an idle cluster then was no cluster on record,
+    not one at 0 % utilization."""
     intervals = len(edges_s) - 1
     unrecorded = np.zeros(intervals, dtype=bool)
     if record_from_s is not None:
@@ -108,5 +111,7 @@ def slos_as_they_happened(
         "since": since,
         "until": now,
         "interval_s": interval_s,
-        "slos": attainment_as_it_happened(slos, times, edges, (began - since).total_seconds()),
+        "slos": attainment_as_it_happened(
+            slos, actual_slo_series(times, edges), edges, (began - since).total_seconds()
+        ),
     }

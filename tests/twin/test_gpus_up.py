@@ -21,7 +21,7 @@ from tests.twin.query_plans import sqlite_plans
 from twin.actuals import actual_series, load_job_times
 from twin.db import make_engine, session_scope
 from twin.forecast_store import save_forecast
-from twin.gpus_up import GpusUp, NodeReport, gpus_up_from_reports, load_gpus_up
+from twin.gpus_up import NodeReport, gpus_up_from_reports, load_gpus_up
 from twin.skill import forecast_vs_actual
 from twin.store import Job
 
@@ -68,7 +68,9 @@ def test_the_gpus_up_follow_each_nodes_latest_report_whatever_the_order_they_arr
     assert set(up) == {A100, L40S}
     assert up[A100].tolist() == [0.0, 8 * 100 + 16 * 50, 16 * 50 + 8 * 300]
     assert up[L40S].tolist() == [0.0, 0.0, 4 * 100]
-    constant = GpusUp.constant(T0, {A100: 8, H100: 0}).seconds_up([-50.0, 0.0, 150.0])
+    # A state from before any time asked about (a node's row): up throughout.
+    before = {"n": node_report(-1e6, "n", A100, 8, "up"), "h": node_report(-1e6, "h", H100, 8, "down")}
+    constant = gpus_up_from_reports([], T0, before).seconds_up([-50.0, 0.0, 150.0])
     assert constant == {A100: pytest.approx([8 * 50, 8 * 150])}
 
 

@@ -3,13 +3,13 @@ runs are judged by (twin.slo_actual): hand-made jobs, hand-computed figures."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
 
 from twin.actuals import JobTimes
-from twin.gpus_up import GpusUp
+from twin.gpus_up import GpusUp, NodeReport, gpus_up_from_reports
 from twin.slo_actual import actual_slo_series, attainment_as_it_happened
 from twin.slo_attainment import Slo, SloSet
 
@@ -28,6 +28,12 @@ JOBS = [(-1800.0,   0.0,     NAN,    "running"),   # a: waited 30 min, started a
         (0.0,       NAN,     1000.0, "completed")]  # h: start not recorded: no wait past its end  # fmt: skip
 
 
+def eight_a100s_up(origin: datetime) -> GpusUp:
+    """One node of 8 A100s, up since long before the window."""
+    up_before = NodeReport("n0", origin - timedelta(days=30), "up", 8, A100)
+    return gpus_up_from_reports([], origin, {"n0": up_before})
+
+
 def job_times() -> JobTimes:
     submitted, started, ended = (np.array([job[k] for job in JOBS]) for k in range(3))
     states = [job[3] for job in JOBS]
@@ -38,7 +44,7 @@ def job_times() -> JobTimes:
         gpus=np.full(n, 1.0), gpu_models=[A100] * n, power_w=np.full(n, 300.0),
         completed=np.array([s == "completed" for s in states]),
         failed=np.array([s == "failed" for s in states]),
-        rejected=np.array([s == "rejected" for s in states]), gpus_up=GpusUp.constant(origin, {A100: 8}),
+        rejected=np.array([s == "rejected" for s in states]), gpus_up=eight_a100s_up(origin),
     )  # fmt: skip
 
 
@@ -59,7 +65,9 @@ def test_each_slo_says_per_interval_whether_it_held_and_its_share_of_the_interva
         Slo(name="busy", metric="utilization", min=0.35, gpu_model=A100),
         Slo(name="h100 busy", metric="utilization", min=0.2, gpu_model="NVIDIA-H100-PCIe"),
     ])  # fmt: skip
-    said = {s["name"]: s for s in attainment_as_it_happened(slos, job_times(), EDGES)}
+    said = {
+        s["name"]: s for s in attainment_as_it_happened(slos, actual_slo_series(job_times(), EDGES), EDGES)
+    }
     wait = said["wait"]
     assert wait["held"] == [True, False, False] and wait["attainment"] == pytest.approx(1 / 3)
     assert wait["judged"] == 3 and wait["values"][2] == pytest.approx(10200.0)
@@ -78,5 +86,5 @@ def test_each_slo_says_per_interval_whether_it_held_and_its_share_of_the_interva
 
 def test_intervals_before_the_telemetry_began_have_no_data() -> None:
     slos = SloSet(slos=[Slo(name="busy", metric="utilization", min=0.35)])
-    said = attainment_as_it_happened(slos, job_times(), EDGES, record_from_s=H)[0]
+    said = attainment_as_it_happened(slos, actual_slo_series(job_times(), EDGES), EDGES, record_from_s=H)[0]
     assert said["held"] == [None, False, True] and said["attainment"] == 0.5 and said["judged"] == 2
