@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from twin.policies import Policy  # noqa: E402
+
 TARGET_SIM_S_PER_WALL_S = 1e5
 OPENDT_SIM_S_PER_WALL_S = 7 * 86400 / 3600.0  # 7 days in about an hour
 NODES = (("NVIDIA-A100-SXM4-80GB", 32), ("NVIDIA-A100-80GB-PCIe", 16), ("L40S", 8), ("NVIDIA-H100-PCIe", 8))
@@ -151,7 +153,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--runs", type=int, default=32)
-    parser.add_argument("--policy", default="fifo", choices=("fifo", "backfill", "spf"))
+    parser.add_argument("--policy", default="fifo", choices=[p.value for p in Policy])
     parser.add_argument("--skip-serial", action="store_true", help="skip the one-process ensemble")
     args = parser.parse_args()
     horizon = args.days * 86400.0

@@ -8,6 +8,8 @@ Policies, each per GPU pool (a job waits for one GPU type; pools do not block ea
 - EASY backfill: FIFO, plus jobs behind a blocked head may start now if they do not delay the head's
   reservation (they end, by their estimate, before it, or they stay off the nodes reserved for it).
 - SPF (shortest predicted first): in order of predicted run time, the head blocks as in FIFO.
+- Conservative backfill (Slurm's backfill): every waiting job holds a reservation, and a job may start early
+  only if it delays none of them, not just the head's.
 
 Plain Python lists and dicts: this runs once per simulated event and sets the simulator's speed.
 """
@@ -15,11 +17,13 @@ Plain Python lists and dicts: this runs once per simulated event and sets the si
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Sequence
 from enum import StrEnum
 
 from twin.cluster import Cluster
+from twin.gpu_profile import UsageProfile
 
 # How far behind the head EASY looks for jobs to backfill (Slurm's bf_max_job_test plays the same role):
 # bounds the cost of one scheduling pass on a long queue.
@@ -33,6 +37,7 @@ class Policy(StrEnum):
     FIFO = "fifo"
     BACKFILL = "backfill"
     SPF = "spf"
+    CONSERVATIVE = "conservative"
 
 
 class Placement:
@@ -313,6 +318,128 @@ class BackfillScheduler(Scheduler):
         return float("inf"), frozenset(chosen)
 
 
+class ConservativeScheduler(Scheduler):
+    """Conservative backfill (Mu'alem and Feitelson, 2001; Slurm's backfill: "lower priority jobs start only
+    if they do not delay the expected start of any higher priority job"). Each waiting job holds a
+    reservation: the earliest start at which it fits on some node(s) for its estimated run time without
+    delaying a reservation made before. A job starts when its reservation is now.
+
+    Every pass walks the queue in arrival order, and each job gives its reservation back and takes the
+    earliest one that fits again, the others' in place (compression): jobs that end before their estimate
+    pull the queue forward. The job's own old slot is still free then, so with exact estimates a
+    reservation never moves later. Jobs deeper in the queue than `depth` wait without one (Slurm's
+    bf_max_job_test). Estimates are the scheduler's: a running job is believed to end at its estimate, and
+    one that outran it to end at any moment."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        gpus: Sequence[int],
+        pool: Sequence[int],
+        estimate_s: Sequence[float],
+        depth: int = DEFAULT_BACKFILL_DEPTH,
+    ) -> None:
+        super().__init__(placement, gpus, pool, estimate_s)
+        self.depth = depth
+        self.profiles = [UsageProfile() for _ in placement.capacity]
+        self.running: dict[int, tuple[float, float]] = {}  # job -> its promise: (start, estimated end)
+        self.reserved: dict[int, tuple[float, Alloc]] = {}  # waiting job -> (reserved start, where)
+        self.first_reservation: dict[int, float] = {}  # job -> the first start time promised to it
+
+    def _started(self, job: int, alloc: Alloc, now: float) -> None:
+        self.allocs[job] = alloc
+        end = now + self.estimate[job]
+        self.running[job] = (now, end)
+        for node, gpus in alloc:
+            self.profiles[node].add(now, end, gpus)
+
+    def _released(self, job: int, alloc: Alloc) -> None:
+        start, end = self.running.pop(job)
+        for node, gpus in alloc:
+            self.profiles[node].add(start, end, -gpus)
+
+    def _schedule(self, pool: int, now: float) -> Started:
+        queue = self.queues[pool]
+        placement = self.placement
+        # Nothing can start while no GPU is free; the reservations are made again at the next pass anyway.
+        if not queue or placement.free_total[pool] == 0:
+            return []
+        for node in placement.pool_nodes[pool]:
+            self.profiles[node].prune(now)
+        depth = min(len(queue), self.depth)
+        for position in range(depth):
+            # A reservation that fell due while its GPUs were still held (a job outran its estimate) holds
+            # from now on: its job is next on them, and jobs ahead of it are compressed around that.
+            job = queue[position]
+            held = self.reserved.get(job)
+            if held is not None and held[0] < now:
+                self._promise(job, *held, -1)
+                self.reserved[job] = (now, held[1])
+                self._promise(job, now, held[1], 1)
+        started: Started = []
+        taken: list[int] = []
+        for position in range(depth):
+            job = queue[position]
+            held = self.reserved.pop(job, None)
+            if held is not None:
+                self._promise(job, *held, -1)
+            when, alloc = self._earliest(pool, job, now)
+            if alloc is None:
+                continue  # more GPUs than the pool has up: it waits, promised nothing
+            if when <= now and placement.take(alloc):
+                self._started(job, alloc, now)
+                started.append((job, alloc))
+                taken.append(position)
+                continue
+            self.reserved[job] = (when, alloc)
+            self._promise(job, when, alloc, 1)
+            self.first_reservation.setdefault(job, when)
+        for position in reversed(taken):
+            del queue[position]
+        return started
+
+    def _promise(self, job: int, start: float, alloc: Alloc, sign: int) -> None:
+        end = start + self.estimate[job]
+        for node, gpus in alloc:
+            self.profiles[node].add(start, end, sign * gpus)
+
+    def _earliest(self, pool: int, job: int, now: float) -> tuple[float, Alloc | None]:
+        """The job's earliest start by the promises, and where: one node for a job that fits in one (of those
+        free soonest, one where it can start now if any, the best fit), else whole nodes. The promises
+        alone decide: GPUs held past their promise (a job that outran its estimate, or that ends at this
+        very instant and is not yet released) are believed free any moment, so a reservation may be now and
+        still wait for them."""
+        gpus, duration = self.gpus[job], self.estimate[job]
+        placement, profiles = self.placement, self.profiles
+        nodes = placement.pool_nodes[pool]
+        if gpus <= placement.largest[pool]:
+            best: tuple[float, bool, int, int] | None = None  # (start, waits for GPUs, free GPUs, node)
+            for node in nodes:
+                capacity, free = placement.capacity[node], placement.free[node]
+                if capacity < gpus:
+                    continue
+                when = profiles[node].earliest(now, capacity - gpus, duration)
+                key = (when, free < gpus, free, node) if when <= now else (when, True, 0, node)
+                if best is None or key < best:
+                    best = key
+            return (best[0], ((best[3], gpus),)) if best is not None else (math.inf, None)
+        # Whole nodes: the first moment enough of them are promised to no one all through the run; at
+        # now, those free now first.
+        moments = sorted({now, *(t for node in nodes for t in profiles[node].times if t > now)})
+        for moment in moments:
+            room = [node for node in nodes if profiles[node].earliest(moment, 0, duration) == moment]
+            if moment <= now:
+                room.sort(key=lambda node: placement.free[node] < placement.capacity[node])
+            chosen: list[int] = []
+            total = 0
+            for node in room:
+                chosen.append(node)
+                total += placement.capacity[node]
+                if total >= gpus:
+                    return moment, tuple((n, placement.capacity[n]) for n in chosen)
+        return math.inf, None
+
+
 def make_scheduler(
     policy: Policy | str,
     placement: Placement,
@@ -326,4 +453,6 @@ def make_scheduler(
         return BackfillScheduler(placement, gpus, pool, estimate_s, backfill_depth)
     if policy is Policy.SPF:
         return SpfScheduler(placement, gpus, pool, estimate_s)
+    if policy is Policy.CONSERVATIVE:
+        return ConservativeScheduler(placement, gpus, pool, estimate_s, backfill_depth)
     return Scheduler(placement, gpus, pool, estimate_s)

@@ -53,7 +53,8 @@ class TwinSettings(BaseSettings):
     # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
     # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.
     forecast_band_calibration: bool = True
-    forecast_policy: Literal["fifo", "backfill", "spf"] = "fifo"  # the cluster's scheduling policy
+    # The cluster's scheduling policy (twin.policies).
+    forecast_policy: Literal["fifo", "backfill", "spf", "conservative"] = "fifo"
     forecast_admission: Literal["off", "reject", "repair"] = "off"  # the cluster's admission control
     # A running job needs attention (twin.job_health) this long past its time limit, or past its last
     # progress report: overdue (its end was not reported) or stalled (it may hang).

@@ -22,7 +22,15 @@ from simpy.events import Timeout
 
 from twin.cluster import Cluster
 from twin.plan import JobPlan, Reject
-from twin.policies import DEFAULT_BACKFILL_DEPTH, Alloc, BackfillScheduler, Placement, Policy, make_scheduler
+from twin.policies import (
+    DEFAULT_BACKFILL_DEPTH,
+    Alloc,
+    BackfillScheduler,
+    ConservativeScheduler,
+    Placement,
+    Policy,
+    make_scheduler,
+)
 
 
 class End(IntEnum):
@@ -46,7 +54,7 @@ class SimResult:
     alloc_gpus: np.ndarray  # GPUs held while running (whole nodes for a multi-node job)
     until_s: float  # where the clock stopped (the horizon, or the last event)
     placements: list[Alloc | None] | None = None  # (node, gpus) per job, when asked for
-    reservations: dict[int, float] | None = None  # EASY: the first start time promised to each head
+    reservations: dict[int, float] | None = None  # backfill: each job's first promised start, when it had one
 
 
 class Simulator:
@@ -100,7 +108,7 @@ class Simulator:
             until_s=float(env.now),
             placements=self.placements,
             reservations=dict(self.scheduler.first_reservation)
-            if isinstance(self.scheduler, BackfillScheduler)
+            if isinstance(self.scheduler, BackfillScheduler | ConservativeScheduler)
             else None,
         )
 

@@ -5,7 +5,12 @@
 
 const KEY_STORAGE = "finetwin.apiKey";
 // The scheduling policy the twin assumes the cluster runs (FINETWIN_FORECAST_POLICY): it shapes the queue.
-const POLICY_NAMES = { fifo: "FIFO", backfill: "EASY backfill", spf: "shortest-predicted-first" };
+const POLICY_NAMES = {
+  fifo: "FIFO",
+  backfill: "EASY backfill",
+  spf: "shortest-predicted-first",
+  conservative: "conservative backfill",
+};
 const REFRESH_MS = 15000;
 const JOBS_SHOWN = 50;
 // Why the API refused the last key (401), until another is entered: polling on with it would count against

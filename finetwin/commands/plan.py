@@ -54,7 +54,7 @@ def plan(
             help="default: the SLOs in force (declared with PUT /v1/slos, else FINETWIN_SLO_FILE)",
         ),
     ] = None,
-    policy: Annotated[str, typer.Option(help="comma-separated: fifo,backfill,spf")] = "fifo",
+    policy: Annotated[str, typer.Option(help="comma-separated: fifo,backfill,spf,conservative")] = "fifo",
     admission: Annotated[str, typer.Option(help="comma-separated: off,reject,repair")] = "off",
     runs: Annotated[int, typer.Option(help="seeded runs per scenario")] = 16,
     seed: Annotated[int, typer.Option()] = 0,

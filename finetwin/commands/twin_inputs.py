@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PolicyName = Literal["fifo", "backfill", "spf"]
+PolicyName = Literal["fifo", "backfill", "spf", "conservative"]
 AdmissionName = Literal["off", "reject", "repair"]
 
 

@@ -362,9 +362,10 @@ def test_an_invalid_setting_is_named_by_its_variable(
         main(["simulate", "--cluster", str(write(tmp_path, "c.yaml", CLUSTER)), "--workload", str(jobs)]) == 2
     )
     error = capsys.readouterr().err
-    assert "FINETWIN_FORECAST_POLICY: Input should be 'fifo', 'backfill' or 'spf' (got 'bogus')" in error, (
-        error
+    expected = (
+        "FINETWIN_FORECAST_POLICY: Input should be 'fifo', 'backfill', 'spf' or 'conservative' (got 'bogus')"
     )
+    assert expected in error, error
 
 
 @pytest.mark.parametrize(
