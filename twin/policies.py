@@ -172,6 +172,15 @@ class Scheduler:
         self._enqueue(job)
         return self._schedule(self.pool[job], now)
 
+    def submit_waiting(self, jobs: Sequence[int], now: float) -> Started:
+        """Jobs that are all waiting at once (a run's start): queued together, then scheduled."""
+        for job in jobs:
+            self._enqueue(job)
+        started: Started = []
+        for pool in sorted({self.pool[job] for job in jobs}):
+            started += self._schedule(pool, now)
+        return started
+
     def release(self, job: int, now: float) -> Started:
         alloc = self.allocs.pop(job)
         self.placement.release(alloc)

@@ -133,9 +133,24 @@ class Simulator:
         placed = {job for job, start in enumerate(self.start) if start == start}  # running at t=0
         submit, launch, timeout = self.scheduler.submit, self._launch, env.timeout
         end, outcome, rejected = self.end, self.outcome, End.REJECTED.value
-        for job, t in enumerate(arrival):
+        # The jobs already waiting when the run starts join the queue together, before any is scheduled:
+        # one at a time, the first would start ahead of any that ranks before it (a shorter one under SPF).
+        waiting: list[int] = []
+        first = 0
+        while first < len(arrival) and arrival[first] <= env.now:
+            if not (placed and first in placed):
+                if reject[first]:
+                    end[first] = env.now
+                    outcome[first] = rejected
+                else:
+                    waiting.append(first)
+            first += 1
+        for started, alloc in self.scheduler.submit_waiting(waiting, env.now):
+            launch(started, alloc, env.now)
+        for job in range(first, len(arrival)):
             if placed and job in placed:
                 continue
+            t = arrival[job]
             now = env.now
             if t > now:
                 yield timeout(t - now)

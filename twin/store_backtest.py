@@ -97,7 +97,7 @@ def backtest_from_store(
     at = as_utc(at)
     end = at + timedelta(seconds=horizon_s)
     check_window(engine, cluster_id, at, end)
-    window = _window(engine, cluster_id, at, end, lookback)
+    window = rebuilt_window(engine, cluster_id, at, end, lookback)
     if window is None:
         raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to backtest")
     inputs, observed, states = window
@@ -157,7 +157,7 @@ def persistence_figures(
         check_window(engine, cluster_id, prior, at)
     except (ValueError, OverflowError):
         return None
-    window = _window(engine, cluster_id, prior, at, lookback)
+    window = rebuilt_window(engine, cluster_id, prior, at, lookback)
     if window is None:
         return None
     inputs, submitted, states = window
@@ -165,7 +165,7 @@ def persistence_figures(
     return truth_figures(inputs, states.after, prior, horizon_s, interval_s, True)
 
 
-def _window(
+def rebuilt_window(
     engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta
 ) -> tuple[TwinInputs, Workload, BacktestStates] | None:
     """The twin's inputs at `at`, rebuilt from the store; the jobs submitted in (at, end] as observed

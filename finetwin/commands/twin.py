@@ -57,7 +57,9 @@ FORECAST_ONLY = (
 SKILL_ONLY = ("since",)
 # `backtest --bench` replays a benchmark file on a cluster; `--from-store` rebuilds the store's state at T.
 BENCH_BACKTEST_ONLY = ("bench", "window", "cluster", "load")
-STORE_BACKTEST_ONLY = ("at", "horizon", "arrivals")
+STORE_BACKTEST_ONLY = ("at", "horizon", "arrivals", "which_policy")
+# What the policy comparison (--which-policy) does not use: each policy runs once, on recorded run times.
+ENSEMBLE_ONLY = ("policy", "runs", "workers", "arrivals")
 
 
 def register(app: typer.Typer) -> None:
@@ -348,6 +350,14 @@ def backtest(
             help="--from-store: the jobs submitted after T as they came, or drawn as a forecast would"
         ),
     ] = "observed",
+    which_policy: Annotated[
+        bool,
+        typer.Option(
+            "--which-policy",
+            help="--from-store: instead of forecasting, run each scheduling policy on the window's jobs with "
+            "their recorded run times and say which one schedules as the record does",
+        ),
+    ] = False,
     as_json: Json = False,
 ) -> int:
     from finetwin.wiring import fit_benchmark_models, load_benchmark_table
@@ -367,11 +377,16 @@ def backtest(
             "with --from-store (the store's telemetry), not to the benchmark backtest (--bench)",
             "add --from-store, or leave {options} out",
         )  # fmt: skip
+    if which_policy:
+        refuse_options(
+            ctx, ENSEMBLE_ONLY, "to the twin's forecast, not with --which-policy (each policy runs once)",
+            "leave {options} out",
+        )  # fmt: skip
     runs, seed, workers = checked_runs(runs), checked_seed(seed), checked_workers(workers)
     if from_store:
         return _backtest_from_store(
             settings, at=at, horizon=horizon, runs=runs, seed=seed, policy=policy, arrivals=arrivals,
-            workers=workers, models=models, as_json=as_json,
+            workers=workers, models=models, as_json=as_json, which_policy=which_policy,
         )  # fmt: skip
     if bench is None:
         raise CommandError("give --bench FILE, or --from-store --at T --horizon H")
@@ -447,9 +462,10 @@ def _backtest_time(engine: Engine, cluster_id: str, at: str) -> datetime:
 
 def _backtest_from_store(
     settings: Settings, *, at: str | None, horizon: str | None, runs: int, seed: int, policy: str,
-    arrivals: str, workers: int | None, models: Path | None, as_json: bool,
+    arrivals: str, workers: int | None, models: Path | None, as_json: bool, which_policy: bool,
 ) -> int:  # fmt: skip
-    """Parse, pick the model version that was in use at T, hand over to twin.store_backtest."""
+    """Parse, pick the model version that was in use at T, hand over to twin.store_backtest (or, with
+    `which_policy`, to twin.policy_fit)."""
     from finetwin.wiring import load_job_models_at, migrated_engine
     from twin.clock import telemetry_span
     from twin.limits import MAX_SIMULATED_SECONDS
@@ -487,12 +503,23 @@ def _backtest_from_store(
     if loaded is None:
         raise CommandError(_no_version_at(settings, when, models))
     version, job_models_ = loaded
+    source = f"calibrated {version} (in use at {when.isoformat()})"
+    if which_policy:
+        from twin.policy_fit import policy_fit
+
+        document = checked(
+            lambda: policy_fit(
+                engine, job_models_, at=when, horizon_s=horizon_s, cluster_id=settings.cluster_id, seed=seed
+            )
+        ) | {"models": source, "in_use": settings.forecast_policy}  # fmt: skip
+        twin_output.emit(document, as_json, twin_output.print_policy_fit)
+        return 0
     with output.progress(runs, "backtest", "runs", quiet=as_json) as tick:
         document = checked(
             lambda: backtest_from_store(
                 engine, job_models_, at=when, horizon_s=horizon_s, cluster_id=settings.cluster_id, runs=runs,
                 seed=seed, policy=Policy(policy), arrivals=arrivals, workers=workers,
-                model_source=f"calibrated {version} (in use at {when.isoformat()})", progress=tick,
+                model_source=source, progress=tick,
                 ray_address=settings.ray_address,
             )
         )  # fmt: skip

@@ -113,6 +113,32 @@ def print_store_backtest(doc: dict[str, Any]) -> None:
     _print_figures(doc)
 
 
+def print_policy_fit(doc: dict[str, Any]) -> None:
+    output.say(
+        f"scheduling on record from {doc['at']} over {doc['horizon_s']:g} s: {doc['jobs']} jobs "
+        f"({doc['started_on_record']} started), each policy run on their recorded run times; estimates from "
+        f"{doc['models']}"
+    )
+    rows = []
+    for name, fit in doc["policies"].items():
+        mark = " (best)" if name == doc["best"] else ""
+        start_mae, start_bias = fit["start_mae_s"], fit["start_bias_s"]
+        rows.append([
+            name + mark, "-" if start_mae is None else human("wait_mean_s", start_mae),
+            "-" if start_bias is None else f"{start_bias:+,.0f} s", f"{fit['queue_mae']:.1f}",
+            f"{fit['queue_bias']:+.1f}", str(fit["jobs_compared"]),
+        ])  # fmt: skip
+    columns = ["policy", ("start error", "right"), ("its bias", "right"), ("queue MAE", "right"),
+               ("queue bias", "right"), ("jobs", "right")]  # fmt: skip
+    output.show(output.table(columns, rows))
+    in_use = doc.get("in_use")
+    advice = (
+        "the forecast assumes it" if in_use == doc["best"]
+        else f"the forecast assumes {in_use}: set FINETWIN_FORECAST_POLICY={doc['best']}"
+    )  # fmt: skip
+    output.say(f"the record schedules most like {doc['best']}; {advice}")
+
+
 def _print_figures(doc: dict[str, Any]) -> None:
     rows = []
     # The store's backtest also says what persistence (the window before, again) would have forecast.

@@ -74,6 +74,20 @@ def test_running_job_at_start_is_placed_first_and_finishes_its_rest() -> None:
     assert result.start_s[1] == 40.0  # j2 (arrives at 10) starts when j1's rest is done
 
 
+def test_jobs_waiting_when_the_run_starts_are_scheduled_as_one_queue() -> None:
+    # One node of 8 GPUs; a running job holds 4 until t=50. Waiting at the start: j1 (4 GPUs, 100 s, queued
+    # first) and j2 (8 GPUs, 10 s). Under SPF j2 is the head and blocks: it runs at 50, then j1 at 60. Had
+    # the waiting jobs been handed over one at a time, j1 would have started at 0, before j2 was known.
+    workload = Workload.from_durations(
+        [-60.0, -10.0, -5.0], [100.0, 100.0, 10.0], gpus=[4, 4, 8], gpu_model=A100
+    )
+    workload.running = {0: RunningState(elapsed_s=50.0)}
+    _, spf = run(workload, one_node(), Policy.SPF)
+    assert spf.start_s.tolist() == [-50.0, 60.0, 50.0]
+    _, fifo = run(workload, one_node(), Policy.FIFO)  # j1 is FIFO's head and fits beside the running job
+    assert fifo.start_s.tolist() == [-50.0, 0.0, 100.0]
+
+
 def test_same_seed_same_run_other_seed_other_run(models: RuleModels) -> None:
     cluster = mixed_cluster()
     workload = config_workload(np.random.default_rng(3), 400, 20_000.0)
