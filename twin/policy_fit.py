@@ -98,13 +98,19 @@ def as_recorded(plan: JobPlan, after: RebuiltState, at: datetime, horizon_s: flo
     in seconds from `at` (NaN: not started by the horizon). A job that ended holds its GPUs for as long as it
     did, from when the simulation starts it (a running one for the rest of its run), and fails if it failed;
     one still running at the horizon holds them at least until then; one that never started keeps the
-    models' draw. A job the store recorded as rejected is rejected."""
+    models' draw. A job the store recorded as rejected, or as ended without a start, is refused (it never
+    held a GPU)."""
     start = np.full(len(plan), np.nan)
     for k, job_id in enumerate(plan.job_ids):
         job = after.jobs.get(job_id)
         if job is None:
             continue
-        if job.state == "rejected":
+        left_unstarted = (
+            job.started_at is None
+            and job.ended_at is not None
+            and (as_utc(job.ended_at) - at).total_seconds() <= horizon_s
+        )
+        if job.state == "rejected" or left_unstarted:  # never held a GPU: out of the queues, as refused
             plan.reject[k] = Reject.RULE
             continue
         if job.started_at is None:

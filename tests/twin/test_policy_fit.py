@@ -15,7 +15,16 @@ from calibrate.registry import ModelRegistry
 from finetwin.cli import main
 from finetwin.schema import migrate
 from ingest.apply import apply_events
-from ingest.events import Event, JobCompleted, JobRejected, JobStarted, JobSubmitted, NodeStatus, new_event
+from ingest.events import (
+    Event,
+    JobCompleted,
+    JobFailed,
+    JobRejected,
+    JobStarted,
+    JobSubmitted,
+    NodeStatus,
+    new_event,
+)
 from twin.cluster import Cluster, NodeSpec
 from twin.db import make_engine
 from twin.domain import JobConfig, Rule
@@ -58,7 +67,13 @@ def cluster_record(policy: Policy, seed: int, jobs: int = 260, epoch: datetime =
     rate = 0.9 * 24 / float((plan.gpus * run_s).mean())
     plan.arrival_s = np.cumsum(rng.exponential(1.0 / rate, jobs))
     plan.hold_s, plan.fails = run_s, np.zeros(jobs, dtype=bool)
-    plan.reject[::20] = Reject.RULE  # one in twenty refused at admission: never runs, holds nothing
+    # One in twenty refused at admission, and one in twenty-five failing before it starts: neither holds a
+    # GPU.
+    refused = np.zeros(jobs, dtype=bool)
+    refused[::20] = True
+    lost = np.zeros(jobs, dtype=bool)
+    lost[7::25] = True
+    plan.reject[refused | lost] = Reject.RULE
     result = simulate(CLUSTER, plan, policy, record_placements=True)
     assert result.placements is not None
     events: list[Event] = [
@@ -79,9 +94,13 @@ def cluster_record(policy: Policy, seed: int, jobs: int = 260, epoch: datetime =
             tokens_per_sample=chosen.tokens_per_sample, dataset_tokens=tokens,
         )  # fmt: skip
         events.append(new_event("job.submitted", submitted, job_id=job_id, ts=at(plan.arrival_s[k])))
-        if plan.reject[k]:
-            refused = JobRejected(rule=Rule.BATCH_NOT_MULTIPLE_OF_GPUS)
-            events.append(new_event("job.rejected", refused, job_id=job_id, ts=at(plan.arrival_s[k])))
+        if refused[k]:
+            rule = JobRejected(rule=Rule.BATCH_NOT_MULTIPLE_OF_GPUS)
+            events.append(new_event("job.rejected", rule, job_id=job_id, ts=at(plan.arrival_s[k])))
+            continue
+        if lost[k]:
+            failed = JobFailed(reason="other", seconds_into_run=0.0)
+            events.append(new_event("job.failed", failed, job_id=job_id, ts=at(plan.arrival_s[k] + 30.0)))
             continue
         alloc = result.placements[k]
         assert alloc is not None
