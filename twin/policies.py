@@ -21,6 +21,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Any
 
 from twin.cluster import Cluster
 from twin.gpu_profile import UsageProfile
@@ -233,8 +234,9 @@ class SpfScheduler(Scheduler):
         heapq.heappop(self.queues[pool])
 
 
-class BackfillScheduler(Scheduler):
-    """EASY backfill. The reservation uses the scheduler's estimates of when running jobs end."""
+class Backfilling(Scheduler):
+    """A scheduler that lets jobs start out of order around the start times it promises: it looks `depth`
+    jobs into a pool's queue, and keeps the first start promised to each job (what a run reports)."""
 
     def __init__(
         self,
@@ -246,10 +248,18 @@ class BackfillScheduler(Scheduler):
     ) -> None:
         super().__init__(placement, gpus, pool, estimate_s)
         self.depth = depth
+        self.first_reservation: dict[int, float] = {}  # job -> the first start time promised to it
+
+
+class BackfillScheduler(Backfilling):
+    """EASY backfill: only the head of the queue is promised a start. The reservation uses the scheduler's
+    estimates of when running jobs end."""
+
+    def __init__(self, placement: Placement, *args: Any, **kwargs: Any) -> None:
+        super().__init__(placement, *args, **kwargs)
         self.node_jobs: list[dict[int, tuple[float, int]]] = [
             {} for _ in placement.capacity
         ]  # job: (end, gpus)
-        self.first_reservation: dict[int, float] = {}  # job -> the first start time promised to it as head
 
     def _started(self, job: int, alloc: Alloc, now: float) -> None:
         self.allocs[job] = alloc
@@ -327,7 +337,7 @@ class BackfillScheduler(Scheduler):
         return float("inf"), frozenset(chosen)
 
 
-class ConservativeScheduler(Scheduler):
+class ConservativeScheduler(Backfilling):
     """Conservative backfill (Mu'alem and Feitelson, 2001; Slurm's backfill: "lower priority jobs start only
     if they do not delay the expected start of any higher priority job"). Each waiting job holds a
     reservation: the earliest start at which it fits on some node(s) for its estimated run time without
@@ -340,20 +350,11 @@ class ConservativeScheduler(Scheduler):
     bf_max_job_test). Estimates are the scheduler's: a running job is believed to end at its estimate, and
     one that outran it to end at any moment."""
 
-    def __init__(
-        self,
-        placement: Placement,
-        gpus: Sequence[int],
-        pool: Sequence[int],
-        estimate_s: Sequence[float],
-        depth: int = DEFAULT_BACKFILL_DEPTH,
-    ) -> None:
-        super().__init__(placement, gpus, pool, estimate_s)
-        self.depth = depth
+    def __init__(self, placement: Placement, *args: Any, **kwargs: Any) -> None:
+        super().__init__(placement, *args, **kwargs)
         self.profiles = [UsageProfile() for _ in placement.capacity]
         self.running: dict[int, tuple[float, float]] = {}  # job -> its promise: (start, estimated end)
         self.reserved: dict[int, tuple[float, Alloc]] = {}  # waiting job -> (reserved start, where)
-        self.first_reservation: dict[int, float] = {}  # job -> the first start time promised to it
 
     def _started(self, job: int, alloc: Alloc, now: float) -> None:
         self.allocs[job] = alloc

@@ -30,7 +30,7 @@ from twin.protocols import JobModels
 from twin.randomness import run_key
 from twin.rebuild import RebuiltState
 from twin.simulator import End, simulate
-from twin.store_backtest import check_window, rebuilt_window
+from twin.store_backtest import covered_window
 from twin.workload import concat
 
 
@@ -52,12 +52,7 @@ def policy_fit(
     if not interval_s > 0:
         raise ValueError("the interval must be positive")
     at = as_utc(at)
-    end = at + timedelta(seconds=horizon_s)
-    check_window(engine, cluster_id, at, end)
-    window = rebuilt_window(engine, cluster_id, at, end, lookback)
-    if window is None:
-        raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to compare")
-    inputs, submitted, states = window
+    inputs, submitted, states = covered_window(engine, cluster_id, at, horizon_s, lookback)
     workload = concat([inputs.workload, submitted])
     catalog = prepare_catalog(workload.catalog, models)
     key = run_key(np.random.default_rng(seed))

@@ -25,8 +25,7 @@ from twin.plan import JobPlan, Reject
 from twin.policies import (
     DEFAULT_BACKFILL_DEPTH,
     Alloc,
-    BackfillScheduler,
-    ConservativeScheduler,
+    Backfilling,
     Placement,
     Policy,
     make_scheduler,
@@ -108,7 +107,7 @@ class Simulator:
             until_s=float(env.now),
             placements=self.placements,
             reservations=dict(self.scheduler.first_reservation)
-            if isinstance(self.scheduler, BackfillScheduler | ConservativeScheduler)
+            if isinstance(self.scheduler, Backfilling)
             else None,
         )
 

@@ -95,12 +95,7 @@ def backtest_from_store(
     if arrivals not in (OBSERVED, MODEL):
         raise ValueError(f"arrivals must be {OBSERVED!r} or {MODEL!r}, not {arrivals!r}")
     at = as_utc(at)
-    end = at + timedelta(seconds=horizon_s)
-    check_window(engine, cluster_id, at, end)
-    window = rebuilt_window(engine, cluster_id, at, end, lookback)
-    if window is None:
-        raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to backtest")
-    inputs, observed, states = window
+    inputs, observed, states = covered_window(engine, cluster_id, at, horizon_s, lookback)
     before, after = states.before, states.after
     if arrivals == OBSERVED:
         inputs = replace(inputs, workload=concat([inputs.workload, observed]))
@@ -146,6 +141,18 @@ def backtest_from_store(
     )
 
 
+def covered_window(
+    engine: Engine, cluster_id: str, at: datetime, horizon_s: float, lookback: timedelta
+) -> tuple[TwinInputs, Workload, BacktestStates]:
+    """`_rebuilt_window` over [at, at + horizon_s], after `check_window`; ValueError (what the store holds, or
+    that no node was up at `at`) where there is nothing to compare."""
+    check_window(engine, cluster_id, at, at + timedelta(seconds=horizon_s))
+    window = _rebuilt_window(engine, cluster_id, at, at + timedelta(seconds=horizon_s), lookback)
+    if window is None:
+        raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to compare")
+    return window
+
+
 def persistence_figures(
     engine: Engine, cluster_id: str, at: datetime, horizon_s: float, interval_s: float, lookback: timedelta
 ) -> dict[str, float] | None:
@@ -154,18 +161,14 @@ def persistence_figures(
     telemetry does not cover that window, or no node was up at its start."""
     try:
         prior = at - timedelta(seconds=horizon_s)
-        check_window(engine, cluster_id, prior, at)
+        inputs, submitted, states = covered_window(engine, cluster_id, prior, horizon_s, lookback)
     except (ValueError, OverflowError):
         return None
-    window = rebuilt_window(engine, cluster_id, prior, at, lookback)
-    if window is None:
-        return None
-    inputs, submitted, states = window
     inputs = replace(inputs, workload=concat([inputs.workload, submitted]))
     return truth_figures(inputs, states.after, prior, horizon_s, interval_s, True)
 
 
-def rebuilt_window(
+def _rebuilt_window(
     engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta
 ) -> tuple[TwinInputs, Workload, BacktestStates] | None:
     """The twin's inputs at `at`, rebuilt from the store; the jobs submitted in (at, end] as observed
