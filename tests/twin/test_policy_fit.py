@@ -186,3 +186,22 @@ def test_finetwin_backtest_which_policy(
     assert "--runs applies only to the twin's forecast, not with --which-policy" in capsys.readouterr().err
     assert main(["backtest", "--bench", "bundled", "--which-policy"]) == 2
     assert "--which-policy applies only with --from-store" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_queue_count_equals_counting_each_job_at_each_edge() -> None:
+    # Counted by sorting (a year of hourly edges over a million jobs would be a matrix of 10^10): the same as
+    # asking each job at each edge whether it had arrived and not started, with never-started jobs, refused
+    # ones, and starts a skewed clock dated before their arrival.
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        n = int(rng.integers(0, 40))
+        arrival = rng.uniform(-50, 100, n).round()
+        start = np.where(rng.random(n) < 0.3, np.nan, arrival + rng.uniform(-10, 60, n).round())
+        reject = np.where(rng.random(n) < 0.1, Reject.RULE, Reject.NONE).astype(np.int8)
+        edges = np.arange(0.0, 101.0, 10.0)
+        waiting = reject == Reject.NONE
+        expected = [
+            sum(1 for a, b in zip(arrival[waiting], start[waiting], strict=True) if a <= e and not b <= e)
+            for e in edges
+        ]
+        assert queue_at(arrival, start, reject, edges).tolist() == expected
