@@ -131,12 +131,13 @@ def print_policy_fit(doc: dict[str, Any]) -> None:
     columns = ["policy", ("start error", "right"), ("its bias", "right"), ("queue MAE", "right"),
                ("queue bias", "right"), ("jobs", "right")]  # fmt: skip
     output.show(output.table(columns, rows))
-    in_use = doc.get("in_use")
+    in_use, best = doc.get("in_use"), doc["best"]
+    setting = "FINETWIN_FORECAST_POLICY"
     advice = (
-        "the forecast assumes it" if in_use == doc["best"]
-        else f"the forecast assumes {in_use}: set FINETWIN_FORECAST_POLICY={doc['best']}"
+        f"{setting} says so already" if in_use == best
+        else f"{setting} says {in_use}: set {setting}={best} to forecast as it schedules"
     )  # fmt: skip
-    output.say(f"the record schedules most like {doc['best']}; {advice}")
+    output.say(f"the record schedules most like {best}; {advice}")
 
 
 def _print_figures(doc: dict[str, Any]) -> None:

@@ -175,11 +175,15 @@ def test_finetwin_backtest_which_policy(
     assert set(doc["policies"]) == {p.value for p in Policy} and doc["in_use"] == "fifo"
     assert "v0001" in doc["models"] and doc["started_on_record"] > 100
     # The table, and what to set when the forecast assumes another policy.
+    assert main(["backtest", *window, "--which-policy"]) == 0
+    assert "most like fifo; FINETWIN_FORECAST_POLICY says so already" in " ".join(
+        capsys.readouterr().out.split()
+    )
     monkeypatch.setenv("FINETWIN_FORECAST_POLICY", "backfill")
     assert main(["backtest", *window, "--which-policy"]) == 0
     table = " ".join(capsys.readouterr().out.split())
     assert "fifo (best)" in table and "queue MAE" in table
-    advice = "the forecast assumes backfill: set FINETWIN_FORECAST_POLICY=fifo"
+    advice = "FINETWIN_FORECAST_POLICY says backfill: set FINETWIN_FORECAST_POLICY=fifo to forecast as it"
     assert f"the record schedules most like fifo; {advice}" in table
     # Options of the forecast do nothing here: said, not ignored; and it needs the store.
     assert main(["backtest", *window, "--which-policy", "--runs", "4"]) == 2
