@@ -52,6 +52,26 @@ class UsageProfile:
                 start = boundary
         return start if start < math.inf else times[-1]
 
+    def free_runs(self, now: float, limit: int, duration: float) -> list[tuple[float, float]]:
+        """The stretches from now on in which at most `limit` GPUs are promised, long enough for `duration`:
+        [begin, end) in time order (`end` inf for the one that never ends). A run of that length may start at
+        t when begin <= t and t + duration <= end (the arithmetic `earliest` and the promise use)."""
+        times, use = self.times, self.use
+        k = bisect.bisect_right(times, now) - 1
+        runs: list[tuple[float, float]] = []
+        begin = now if k < 0 or use[k] <= limit else math.inf
+        for j in range(k + 1, len(times)):
+            if use[j] <= limit:
+                if begin == math.inf:
+                    begin = times[j]
+                continue
+            if begin + duration <= times[j]:
+                runs.append((begin, times[j]))
+            begin = math.inf
+        if begin < math.inf:
+            runs.append((begin, math.inf))
+        return runs
+
     def prune(self, now: float) -> None:
         """Forgets the past: breakpoints before the one in force at `now`."""
         self.horizon = max(self.horizon, now)

@@ -433,11 +433,15 @@ class ConservativeScheduler(Backfilling):
                 if best is None or key < best:
                     best = key
             return (best[0], ((best[3], gpus),)) if best is not None else (math.inf, None)
-        # Whole nodes: the first moment enough of them are promised to no one all through the run; at
-        # now, those free now first.
-        moments = sorted({now, *(t for node in nodes for t in profiles[node].times if t > now)})
+        # Whole nodes: the first moment enough of them are promised to no one all through the run (a node's
+        # count can only rise where one of its free stretches begins); at now, those free now first.
+        runs = {node: profiles[node].free_runs(now, 0, duration) for node in nodes}
+        moments = sorted({begin for stretches in runs.values() for begin, _ in stretches})
         for moment in moments:
-            room = [node for node in nodes if profiles[node].earliest(moment, 0, duration) == moment]
+            room = [
+                node for node in nodes
+                if any(begin <= moment and moment + duration <= end for begin, end in runs[node])
+            ]  # fmt: skip
             if moment <= now:
                 room.sort(key=lambda node: placement.free[node] < placement.capacity[node])
             chosen: list[int] = []
