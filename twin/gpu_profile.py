@@ -33,12 +33,9 @@ class UsageProfile:
         self._merge(last)
         self._merge(first)
 
-    def at(self, t: float) -> int:
-        k = bisect.bisect_right(self.times, t) - 1
-        return self.use[k] if k >= 0 else 0
-
     def earliest(self, now: float, limit: int, duration: float) -> float:
-        """The earliest t >= now at which at most `limit` GPUs are promised all through [t, t + duration)."""
+        """The earliest t >= now at which at most `limit` GPUs are promised all through [t, t + duration);
+        inf if there is none (a promise without end over the limit)."""
         times, use = self.times, self.use
         k = bisect.bisect_right(times, now) - 1
         start = now if k < 0 or use[k] <= limit else math.inf  # where the run of room in progress began
@@ -50,15 +47,15 @@ class UsageProfile:
                 start = math.inf
             elif start == math.inf:
                 start = boundary
-        return start if start < math.inf else times[-1]
+        return start
 
-    def free_runs(self, now: float, limit: int, duration: float) -> list[tuple[float, float]]:
+    def free_stretches(self, now: float, limit: int, duration: float) -> list[tuple[float, float]]:
         """The stretches from now on in which at most `limit` GPUs are promised, long enough for `duration`:
-        [begin, end) in time order (`end` inf for the one that never ends). A run of that length may start at
-        t when begin <= t and t + duration <= end (the arithmetic `earliest` and the promise use)."""
+        [begin, end) in time order (`end` inf for the one that never ends). A job of that length may start
+        at t when begin <= t and t + duration <= end (the arithmetic `earliest` and the promise use)."""
         times, use = self.times, self.use
         k = bisect.bisect_right(times, now) - 1
-        runs: list[tuple[float, float]] = []
+        stretches: list[tuple[float, float]] = []
         begin = now if k < 0 or use[k] <= limit else math.inf
         for j in range(k + 1, len(times)):
             if use[j] <= limit:
@@ -66,11 +63,11 @@ class UsageProfile:
                     begin = times[j]
                 continue
             if begin + duration <= times[j]:
-                runs.append((begin, times[j]))
+                stretches.append((begin, times[j]))
             begin = math.inf
         if begin < math.inf:
-            runs.append((begin, math.inf))
-        return runs
+            stretches.append((begin, math.inf))
+        return stretches
 
     def prune(self, now: float) -> None:
         """Forgets the past: breakpoints before the one in force at `now`."""

@@ -435,12 +435,12 @@ class ConservativeScheduler(Backfilling):
             return (best[0], ((best[3], gpus),)) if best is not None else (math.inf, None)
         # Whole nodes: the first moment enough of them are promised to no one all through the run (a node's
         # count can only rise where one of its free stretches begins); at now, those free now first.
-        runs = {node: profiles[node].free_runs(now, 0, duration) for node in nodes}
-        moments = sorted({begin for stretches in runs.values() for begin, _ in stretches})
+        free = {node: profiles[node].free_stretches(now, 0, duration) for node in nodes}
+        moments = sorted({begin for stretches in free.values() for begin, _ in stretches})
         for moment in moments:
             room = [
                 node for node in nodes
-                if any(begin <= moment and moment + duration <= end for begin, end in runs[node])
+                if any(begin <= moment and moment + duration <= end for begin, end in free[node])
             ]  # fmt: skip
             if moment <= now:
                 room.sort(key=lambda node: placement.free[node] < placement.capacity[node])

@@ -6,10 +6,11 @@ may not know which of the twin's policies their scheduler is closest to. Here th
 out: the cluster's state at T is rebuilt from the store as a backtest's is (`twin.store_backtest`), the
 jobs submitted in (T, T + H] arrive when they did, and every job holds its GPUs for as long as it did (a
 job still running at T + H for at least that long, one that never started for as long as the models
-draw). The scheduler believes what the twin's does, the models' median run times. One simulation per
-policy, then per policy: the queue length at each interval's edge against the recorded one (mean absolute
-error and bias), and how far each job's simulated start lies from its recorded one, over the jobs started
-in both. The policy with the smallest queue error is the one the record shows.
+draw). The scheduler believes the twin's estimates, the models' median run times (for a job running at T,
+its whole estimate less the time it has run: a scheduler does not watch progress). One simulation per
+policy, then per policy: how far each job's simulated start lies from its recorded one, over the jobs that
+started in either (`compare`), and the queue length at each interval's edge against the recorded one. The
+policy whose starts lie nearest is the one the record shows.
 """
 
 from __future__ import annotations

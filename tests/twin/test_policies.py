@@ -181,7 +181,7 @@ def profile_earliest_by_brute_force(
     raise AssertionError("a profile's promises all end")
 
 
-def test_usage_profile_earliest_start_and_free_runs_equal_brute_force_and_stay_compact() -> None:
+def test_usage_profile_earliest_start_and_free_stretches_equal_brute_force_and_stay_compact() -> None:
     rng = np.random.default_rng(3)
     for _ in range(2000):
         profile, promises = UsageProfile(), []
@@ -200,11 +200,10 @@ def test_usage_profile_earliest_start_and_free_runs_equal_brute_force_and_stay_c
         limit, duration = int(rng.integers(0, 9)), float(rng.integers(1, 9))
         expected = profile_earliest_by_brute_force(promises, now, limit, duration)
         assert profile.earliest(now, limit, duration) == expected
-        assert profile.at(now) == sum(g for s, e, g in promises if s <= now < e)
-        # Its stretches with room: a run may start at t exactly when the earliest start from t is t.
-        runs = profile.free_runs(now, limit, duration)
+        # Its stretches with room: a job may start at t exactly when the earliest start from t is t.
+        stretches = profile.free_stretches(now, limit, duration)
         for t in np.arange(now, 40.0, 0.5):
-            fits = any(begin <= t and t + duration <= end for begin, end in runs)
+            fits = any(begin <= t and t + duration <= end for begin, end in stretches)
             assert fits == (profile_earliest_by_brute_force(promises, float(t), limit, duration) == t)
         # A breakpoint that changes nothing is merged away: two per promise at most.
         assert len(profile.times) <= 2 * len(promises) + 1
