@@ -10,7 +10,8 @@ draw). The scheduler believes the twin's estimates, the models' median run times
 its whole estimate less the time it has run: a scheduler does not watch progress). One simulation per
 policy, then per policy: how far each job's simulated start lies from its recorded one, over the jobs that
 started in either (`compare`), and the queue length at each interval's edge against the recorded one. The
-policy whose starts lie nearest is the one the record shows.
+policy whose starts lie nearest is the one the record shows; where several lie as near (a cluster that never
+queued: all of them), or no job started, the record does not say.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from twin.rebuild import RebuiltState
 from twin.simulator import End, simulate
 from twin.store_backtest import covered_window
 from twin.workload import concat
+
+# Start errors this close to the smallest tie with it: a second is no evidence between policies.
+TIE_S = 1.0
 
 
 def policy_fit(
@@ -73,7 +77,10 @@ def policy_fit(
         started = np.where(result.outcome == End.REJECTED, np.nan, result.start_s)
         queue = queue_at(plan.arrival_s, started, plan.reject, edges)
         fits[policy.value] = compare(recorded_queue, queue, recorded_start, started, horizon_s)
-    best = min(fits, key=lambda name: (_or_inf(fits[name]["start_mae_s"]), fits[name]["queue_mae"]))
+    nearest = min(_or_inf(fit["start_mae_s"]) for fit in fits.values())
+    # Policies whose starts match the record alike (an idle cluster: all of them) are not told apart.
+    tied = [name for name, fit in fits.items() if _or_inf(fit["start_mae_s"]) <= nearest + TIE_S]
+    best = tied[0] if len(tied) == 1 else None
     return json_safe({
         "at": at.isoformat(),
         "horizon_s": horizon_s,
@@ -81,7 +88,8 @@ def policy_fit(
         "jobs": len(plan),
         "started_on_record": int(np.isfinite(recorded_start).sum()),
         "policies": fits,
-        "best": best,
+        "best": best,  # None: no job started in the window, or `tied` match the record alike
+        "tied": tied if nearest < math.inf else [],
     })  # fmt: skip
 
 

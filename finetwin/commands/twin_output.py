@@ -121,7 +121,7 @@ def print_policy_fit(doc: dict[str, Any]) -> None:
     )
     rows = []
     for name, fit in doc["policies"].items():
-        mark = " (best)" if name == doc["best"] else ""
+        mark = " (best)" if name == doc["best"] else ""  # none where the record does not tell them apart
         start_mae, start_bias = fit["start_mae_s"], fit["start_bias_s"]
         rows.append([
             name + mark, "-" if start_mae is None else human("wait_mean_s", start_mae),
@@ -132,6 +132,14 @@ def print_policy_fit(doc: dict[str, Any]) -> None:
                ("queue bias", "right"), ("jobs", "right")]  # fmt: skip
     output.show(output.table(columns, rows))
     in_use, best = doc.get("in_use"), doc["best"]
+    if best is None:
+        tied = doc.get("tied") or []
+        output.say(
+            f"the record does not tell {', '.join(tied)} apart: their starts match it alike (jobs hardly "
+            "queued); a busier window can" if tied
+            else "no job started in the window: nothing tells the policies apart; try a longer one"
+        )  # fmt: skip
+        return
     setting = "FINETWIN_FORECAST_POLICY"
     advice = (
         f"{setting} says so already" if in_use == best

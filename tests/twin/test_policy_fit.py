@@ -48,8 +48,10 @@ def config(gpus: int) -> JobConfig:
     )  # fmt: skip
 
 
-def cluster_record(policy: Policy, seed: int, jobs: int = 260, epoch: datetime = T0) -> list[Event]:
-    """The telemetry of three 8-GPU nodes whose scheduler runs `policy`: jobs of 1-16 GPUs at ~90 % load,
+def cluster_record(
+    policy: Policy, seed: int, jobs: int = 260, epoch: datetime = T0, load: float = 0.9
+) -> list[Event]:
+    """The telemetry of three 8-GPU nodes whose scheduler runs `policy`: jobs of 1-16 GPUs at `load`,
     each running 0.5-2x what the twin's models expect of it (the scheduler believes the models, as the
     twin's does)."""
     rng = np.random.default_rng(seed)
@@ -64,7 +66,7 @@ def cluster_record(policy: Policy, seed: int, jobs: int = 260, epoch: datetime =
     )  # fmt: skip
     plan = build_plan(workload, prepare_catalog(catalog, FallbackModels()), CLUSTER, 1)
     run_s = plan.estimate_s * rng.uniform(0.5, 2.0, jobs)
-    rate = 0.9 * 24 / float((plan.gpus * run_s).mean())
+    rate = load * 24 / float((plan.gpus * run_s).mean())
     plan.arrival_s = np.cumsum(rng.exponential(1.0 / rate, jobs))
     plan.hold_s, plan.fails = run_s, np.zeros(jobs, dtype=bool)
     # One in twenty refused at admission, and one in twenty-five failing before it starts: neither holds a
@@ -128,13 +130,27 @@ def test_a_cluster_is_found_to_schedule_by_the_policy_it_runs(
     # From a time the queue is long, over most of the record.
     fit = policy_fit(engine, FallbackModels(), at=T0 + timedelta(hours=3), horizon_s=18 * 3600.0)
     engine.dispose()
-    assert fit["best"] == policy.value, fit["policies"]
+    assert fit["best"] == policy.value and fit["tied"] == [policy.value], fit["policies"]
     own = fit["policies"][policy.value]
     others = [fit["policies"][p.value]["start_mae_s"] for p in Policy if p is not policy]
     # Its own policy replays the record: every job starts when it did (to the microseconds the store keeps),
     # where every other policy misses by over five minutes on average.
     assert own["start_mae_s"] < 1.0 and min(others) > 300, fit["policies"]
     assert own["jobs_compared"] > 50
+
+
+def test_a_record_that_cannot_tell_the_policies_apart_names_none(tmp_path: Path) -> None:
+    # A cluster so quiet that jobs hardly queue: every policy starts them as they were started, and the
+    # fit says it cannot tell them apart rather than naming the first. A window in which no job started
+    # says there is nothing to compare.
+    engine = stored(tmp_path, cluster_record(Policy.SPF, seed=4, jobs=60, load=0.03))
+    fit = policy_fit(engine, FallbackModels(), at=T0 + timedelta(hours=3), horizon_s=18 * 3600.0)
+    assert fit["best"] is None and fit["tied"] == [p.value for p in Policy], fit["policies"]
+    assert all(f["start_mae_s"] < 1.0 and f["jobs_compared"] > 0 for f in fit["policies"].values())
+    empty = policy_fit(engine, FallbackModels(), at=T0 + timedelta(hours=3), horizon_s=1.0)
+    engine.dispose()
+    assert empty["best"] is None and empty["tied"] == []
+    assert all(f["start_mae_s"] is None for f in empty["policies"].values())
 
 
 def test_the_fit_compares_queues_and_starts_as_computed_by_hand() -> None:
@@ -185,6 +201,11 @@ def test_finetwin_backtest_which_policy(
     assert "fifo (best)" in table and "queue MAE" in table
     advice = "FINETWIN_FORECAST_POLICY says backfill: set FINETWIN_FORECAST_POLICY=fifo to forecast as it"
     assert f"the record schedules most like fifo; {advice}" in table
+    # A second's window: no job started in it, and the table says so instead of naming a policy.
+    second = [*window[:4], "1s", *window[5:]]
+    assert main(["backtest", *second, "--which-policy"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "no job started in the window: nothing tells the policies apart" in said and "(best)" not in said
     # Options of the forecast do nothing here: said, not ignored; and it needs the store.
     assert main(["backtest", *window, "--which-policy", "--runs", "4"]) == 2
     assert "--runs applies only to the twin's forecast, not with --which-policy" in capsys.readouterr().err
