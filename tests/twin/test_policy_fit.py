@@ -139,6 +139,14 @@ def test_a_cluster_is_found_to_schedule_by_the_policy_it_runs(
     assert own["jobs_compared"] > 50
 
 
+def test_the_fit_reads_the_record_alike_on_both_stores(engine: Engine) -> None:
+    # PostgreSQL hands back aware timestamps where SQLite's are naive: the same record, the same answer.
+    apply_events(engine, cluster_record(Policy.CONSERVATIVE, seed=4))
+    fit = policy_fit(engine, FallbackModels(), at=T0 + timedelta(hours=3), horizon_s=18 * 3600.0)
+    assert fit["best"] == "conservative" and fit["policies"]["conservative"]["start_mae_s"] < 1.0
+    assert fit["started_on_record"] > 100
+
+
 def test_a_record_that_cannot_tell_the_policies_apart_names_none(tmp_path: Path) -> None:
     # A cluster so quiet that jobs hardly queue: every policy starts them as they were started, and the
     # fit says it cannot tell them apart rather than naming the first. A window in which no job started
