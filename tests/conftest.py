@@ -38,14 +38,32 @@ def _session_dir(variable: str, prefix: str, per_worker: bool = False) -> None:
     removed when the session's process exits (the commands the tests start as processes have ended then).
 
     Under pytest-xdist the workers inherit the environment of the process that started them, which made one
-    already; `per_worker` gives each worker a directory of its own instead of that one."""
+    already; `per_worker` gives each worker a directory of its own instead of that one. A process a worker
+    starts that imports this module (a pool's child unpickling a test's function) keeps its worker's: it
+    made one of its own, and left it behind, at every run."""
     value = os.environ.get(variable)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if value is not None and not (per_worker and worker and value == os.environ.get(_MADE_HERE + variable)):
+    made_by = os.environ.get(_MADE_HERE + variable + "_BY")
+    if value is not None and not (
+        per_worker and worker and value == os.environ.get(_MADE_HERE + variable) and made_by != worker
+    ):
         return
     made = tempfile.mkdtemp(prefix=f"{prefix}{worker}-" if worker else prefix)
     os.environ[variable] = os.environ[_MADE_HERE + variable] = made
+    os.environ[_MADE_HERE + variable + "_BY"] = worker or ""
     atexit.register(shutil.rmtree, made, ignore_errors=True)
+    _made_in_this_process.append(made)
+
+
+_made_in_this_process: list[str] = []
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """pytest-xdist's workers leave without running `atexit`, which left each one's directory in the
+    temporary directory at every run: removed here too, once its tests are over (only what this process
+    made: the cache directory its workers share is the session's)."""
+    for made in _made_in_this_process:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 # Tests never touch the user's data directory (twin.settings.default_data_dir): one per test session (per
