@@ -12,6 +12,7 @@ horizon leaves the rest queued or running (outcome PENDING, with or without a st
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
@@ -131,19 +132,14 @@ class Simulator:
         reject = self.plan.reject.tolist()
         placed = {job for job, start in enumerate(self.start) if start == start}  # running at t=0
         submit, launch, timeout = self.scheduler.submit, self._launch, env.timeout
-        end, outcome, rejected = self.end, self.outcome, End.REJECTED.value
         # The jobs already waiting when the run starts join the queue together, before any is scheduled:
         # one at a time, the first would start ahead of any that ranks before it (a shorter one under SPF).
-        waiting: list[int] = []
-        first = 0
-        while first < len(arrival) and arrival[first] <= env.now:
-            if not (placed and first in placed):
-                if reject[first]:
-                    end[first] = env.now
-                    outcome[first] = rejected
-                else:
-                    waiting.append(first)
-            first += 1
+        first = bisect.bisect_right(arrival, env.now)  # the plan is in arrival order
+        waiting = [job for job in range(first) if not (placed and job in placed)]
+        for job in waiting:
+            if reject[job]:
+                self._refuse(job, env.now)
+        waiting = [job for job in waiting if not reject[job]]
         for started, alloc in self.scheduler.submit_waiting(waiting, env.now):
             launch(started, alloc, env.now)
         for job in range(first, len(arrival)):
@@ -155,11 +151,14 @@ class Simulator:
                 yield timeout(t - now)
                 now = env.now
             if reject[job]:
-                end[job] = now
-                outcome[job] = rejected
+                self._refuse(job, now)
                 continue
             for started, alloc in submit(job, now):
                 launch(started, alloc, now)
+
+    def _refuse(self, job: int, now: float) -> None:
+        self.end[job] = now
+        self.outcome[job] = End.REJECTED.value
 
     def _launch(self, job: int, alloc: Alloc, started_at: float) -> None:
         self.start[job] = started_at

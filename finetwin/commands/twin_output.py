@@ -125,7 +125,7 @@ def print_policy_fit(doc: dict[str, Any]) -> None:
         start_mae, start_bias = fit["start_mae_s"], fit["start_bias_s"]
         rows.append([
             name + mark, "-" if start_mae is None else human("wait_mean_s", start_mae),
-            "-" if start_bias is None else f"{start_bias:+,.0f} s", f"{fit['queue_mae']:.1f}",
+            _or_dash(start_bias, "+,.0f", " s"), f"{fit['queue_mae']:.1f}",
             f"{fit['queue_bias']:+.1f}", str(fit["jobs_compared"]),
         ])  # fmt: skip
     columns = ["policy", ("start error", "right"), ("its bias", "right"), ("queue MAE", "right"),
@@ -170,8 +170,13 @@ def _print_figures(doc: dict[str, Any]) -> None:
         output.say("persistence: the window before T, [T - H, T], measured the same way, forecast to repeat")
 
 
+def _or_dash(value: float | None, spec: str, unit: str = "") -> str:
+    """A figure formatted by `spec` (and `unit`), or "-" where there is none."""
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
 def _signed(error: float | None) -> str:
-    return "-" if error is None else f"{error:+.1%}"
+    return _or_dash(error, "+.1%")
 
 
 def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str = "default") -> None:
@@ -189,8 +194,7 @@ def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str =
         baseline, score = stats.get("persistence_mae"), stats.get("skill_score")
         rows.append([figure, stats["n"], pct(stats.get("wape")), pct(stats["mape"]),
                      f"{stats['mae']:.3g}", f"{stats['bias']:.3g}", f"{100 * stats['coverage']:.0f} %",
-                     own, "-" if baseline is None else f"{baseline:.3g}",
-                     "-" if score is None else f"{score:+.2f}"])  # fmt: skip
+                     own, _or_dash(baseline, ".3g"), _or_dash(score, "+.2f")])  # fmt: skip
     columns = ["figure", ("n", "right"), ("WAPE", "right"), ("MAPE", "right"), ("MAE", "right"),
                ("bias", "right"), ("p10-p90 coverage", "right"),
                ("ensemble's own band", "right"), ("persistence MAE", "right"),
@@ -214,8 +218,7 @@ def print_slo_skill(slos: dict[str, dict[str, Any]]) -> None:
         baseline, score = stats.get("persistence_brier"), stats.get("brier_skill")
         rows.append([name, stats["n"], pct(stats["forecast_share"]), pct(stats["held_share"]),
                      f"{stats['brier']:.3f}", f"{stats['climatology_brier']:.3f}",
-                     "-" if baseline is None else f"{baseline:.3f}",
-                     "-" if score is None else f"{score:+.2f}"])  # fmt: skip
+                     _or_dash(baseline, ".3f"), _or_dash(score, "+.2f")])  # fmt: skip
     columns = ["SLO", ("n", "right"), ("forecast to hold", "right"), ("held", "right"), ("Brier", "right"),
                ("always the share held", "right"), ("persistence Brier", "right"),
                ("skill vs persistence", "right")]  # fmt: skip
