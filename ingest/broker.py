@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -34,10 +35,47 @@ def tansu_binary() -> Path | None:
     return Path(found) if found else None
 
 
-def free_port() -> int:
+# Ports are picked below the range the system gives outgoing connections their source ports from: a port
+# in it can be taken by any connection between the pick and the listener's bind (a database client, a probe
+# that meets itself), and so can the ports after it. Linux's default range starts at 32768.
+_PICK_FROM = 10_000
+_PICK_ATTEMPTS = 200
+
+
+def ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(count: int = 1) -> int:
+    """A free loopback port, or the first of `count` consecutive free ones (a command that serves on
+    port + i for its i-th process), below the ephemeral range. Free when picked: a listener should bind it
+    soon after. Falls back to a port the system picks (for one port) when none is found there."""
+    top = ephemeral_range_start() - count
+    rng = random.Random()  # the process's own: two test workers must not pick alike from a shared seed
+    for _ in range(_PICK_ATTEMPTS if top > _PICK_FROM else 0):
+        first = rng.randrange(_PICK_FROM, top)
+        if all(bindable(port) for port in range(first, first + count)):
+            return first
+    if count == 1:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    raise OSError(f"no {count} consecutive free loopback ports below {top + count}")
+
+
+def bindable(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a listener could bind `port` on `host` now. With SO_REUSEADDR, as servers bind (Python's
+    HTTP servers, uvicorn, Tansu): a port whose last connections linger in TIME_WAIT is free to them."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -47,10 +85,10 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def reaches_a_listener(sock: socket.socket, address: tuple[str, int]) -> bool:
-    """Whether `sock` connects to something listening at `address`. A port from `free_port` lies in the
-    ephemeral range, and while nothing listens on it a connection can be given that very port as its source
-    and meet itself (TCP simultaneous open): connected, to no server (seen in CI: a metrics probe read back
-    its own request)."""
+    """Whether `sock` connects to something listening at `address`. A port in the ephemeral range (one
+    `free_port` falls back to, or a port another tool picked) can, while nothing listens on it, be given to a
+    connection as its source, which then meets itself (TCP simultaneous open): connected, to no server (seen
+    in CI: a metrics probe read back its own request)."""
     return sock.connect_ex(address) == 0 and sock.getsockname() != sock.getpeername()
 
 

@@ -117,6 +117,8 @@ def ingest(
     settings: Settings = ctx.obj
     if processes < 1:
         raise CommandError(f"--processes must be 1 or more, not {processes}")
+    if metrics_port:
+        _check_metrics_ports(metrics_port, processes, settings.api_host)
     options = IngestOptions(
         kafka_bootstrap(bootstrap, settings),
         topic or settings.telemetry_topic,
@@ -133,6 +135,19 @@ def ingest(
 
     child = functools.partial(_consume_in_child, options, settings, logging.getLogger().level)
     return run_children(processes, child, "ingest")
+
+
+def _check_metrics_ports(first: int, processes: int, host: str) -> None:
+    """Said before anything starts: a port taken would otherwise stop its consumer, and with it the rest,
+    after the others had joined the group."""
+    from ingest.broker import bindable
+
+    for index in range(processes):
+        if not bindable(first + index, host):
+            whose = f" (process {index}'s: with --processes N, process i serves on --metrics-port + i)"
+            raise CommandError(
+                f"--metrics-port: {host}:{first + index} is in use{whose if processes > 1 else ''}"
+            )
 
 
 def _consume_in_child(options: IngestOptions, settings: Settings, log_level: int, index: int) -> None:

@@ -143,7 +143,7 @@ class IngestProcess:
     ) -> None:  # fmt: skip
         from ingest.broker import free_port
 
-        self.metrics_port = free_port()  # with --processes N: consumer i serves on metrics_port + i
+        self.metrics_port = free_port(processes)  # with --processes N: consumer i serves on metrics_port + i
         self.log_path = tmp / f"ingest-{self.metrics_port}.log"
         env = {
             **os.environ,
@@ -166,8 +166,12 @@ class IngestProcess:
             url = f"http://127.0.0.1:{self.metrics_port + consumer}/metrics"
             with urllib.request.urlopen(url, timeout=2) as reply:
                 text = reply.read().decode()
-        except (OSError, http.client.HTTPException):  # not listening yet (a probe can meet itself:
-            return None  # ingest.broker.reaches_a_listener), or listening but not answering HTTP yet
+        except (OSError, http.client.HTTPException):
+            # Not listening yet (a probe can meet itself: ingest.broker.reaches_a_listener), or not answering
+            # HTTP yet. Or exited: then a wait for a metric could end only in its timeout, so say why now.
+            if self.process.poll() is not None:
+                pytest.fail(f"finetwin ingest exited ({self.process.returncode}):\n{self.output()[-3000:]}")
+            return None
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])

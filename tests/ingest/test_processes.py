@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -276,3 +277,21 @@ def test_finetwin_ingest_without_a_broker_says_so(tmp_path: Path) -> None:
     env.pop("FINETWIN_KAFKA_BOOTSTRAP", None)
     done = subprocess.run([FINETWIN, "ingest"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "FINETWIN_KAFKA_BOOTSTRAP" in done.stderr
+
+
+@pytest.mark.parametrize("processes", [1, 3])
+def test_a_metrics_port_in_use_is_said_before_any_consumer_starts(tmp_path: Path, processes: int) -> None:
+    """With --processes N, process i serves on --metrics-port + i: the last one's port is held here."""
+    first = free_port(processes)
+    held = first + processes - 1
+    env = {**os.environ, "FINETWIN_DATA_DIR": str(tmp_path), "FINETWIN_API_HOST": "127.0.0.1"}
+    command = [FINETWIN, "ingest", "--bootstrap", f"127.0.0.1:{free_port()}", "--metrics-port", str(first),
+               "--processes", str(processes)]  # fmt: skip
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", held))
+        server.listen()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"127.0.0.1:{held} is in use" in done.stderr
+    assert ("process 2's" in done.stderr) == (processes == 3)
+    assert not (tmp_path / "finetwin.db").exists()  # said before the store was touched
