@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
@@ -40,6 +40,7 @@ from sqlalchemy import Connection, Engine, Table, Text, any_, bindparam, func, s
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from ingest import node_changes
 from ingest.bulk import insert_new_rows, insert_rows, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
@@ -421,13 +422,17 @@ def _same_value(stored: Any, sent: Any) -> bool:
 # --- nodes ------------------------------------------------------------------------------------------------
 
 
-def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp: Stamp) -> None:
-    """Upsert each node's latest status; `updated_at` is the status's own time, so an older report that
-    arrives late does not overwrite a newer one. Of two reports of the same time, the larger (status, GPUs,
-    model) stands, whichever came first, as the rebuilt state keeps it (twin.rebuild). A stored status dated
-    after the database's clock (stored before ingest refused such times, or from a clock running ahead
-    within the allowed skew) outranks nothing: any report replaces it, else it would pin the node's state
-    until that time came."""
+def _apply_node_events(connection: Connection, events: Sequence[AnyEvent], stamp: Stamp) -> None:
+    """Keep the reports that change a node's state (`ingest.node_changes`), and upsert each node's latest
+    status; `updated_at` is the status's own time, so an older report that arrives late does not overwrite
+    a newer one. Of two reports of the same time, the larger (status, GPUs, model) stands, whichever came
+    first, as the rebuilt state keeps it (twin.rebuild). A stored status dated after the database's clock
+    (stored before ingest refused such times, or from a clock running ahead within the allowed skew)
+    outranks nothing: any report replaces it, else it would pin the node's state until that time came.
+    `last_report_at`, the node's latest report time of all, only ever moves later (a row replaced under
+    that rule holds an older report than it)."""
+    # Judged against the nodes' rows as they were before these reports: first.
+    node_changes.record_changes(connection, [_report(event) for event in events])
     latest: dict[str, dict[str, Any]] = {}
     for event in events:
         payload = event.payload
@@ -438,6 +443,7 @@ def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp
             "gpu_count": payload.gpu_count,  # type: ignore[union-attr]
             "status": payload.status,  # type: ignore[union-attr]
             "updated_at": stamp(event.ts),
+            "last_report_at": stamp(event.ts),
         }
         before = latest.get(row["node_id"])
         if before is None or _node_key(row) >= _node_key(before):
@@ -448,10 +454,26 @@ def _apply_node_events(connection: Connection, events: Iterable[AnyEvent], stamp
         connection, NODES, [latest[node_id] for node_id in sorted(latest)],
         lambda insert: insert.on_conflict_do_update(
             index_elements=["node_id"],
-            set_={name: insert.excluded[name] for name in updated},
+            set_={name: insert.excluded[name] for name in updated} | {"last_report_at": _later(
+                connection, NODES.c.last_report_at, insert.excluded.last_report_at
+            )},
             where=(_node_key_sql(NODES.c) <= _node_key_sql(insert.excluded)) | in_the_future,
         ),
         "upsert-newer",
+    )  # fmt: skip
+
+
+def _later(connection: Connection, stored: Any, new: Any) -> Any:
+    """The later of a stored time (or None) and a new one, in SQL."""
+    later = func.max if connection.dialect.name == "sqlite" else func.greatest  # SQLite's max(a, b) is scalar
+    return later(func.coalesce(stored, new), new)
+
+
+def _report(event: AnyEvent) -> node_changes.Report:
+    payload = event.payload
+    return node_changes.Report(
+        str(event.event_id), event.cluster_id, payload.node_id, as_utc(event.ts),  # type: ignore[union-attr]
+        payload.status, payload.gpu_count, payload.gpu_model,  # type: ignore[union-attr]
     )  # fmt: skip
 
 

@@ -8,9 +8,11 @@ A node's status at time t is its latest report dated at or before t, of two repo
 while that status is `up` (a draining node takes no new job, and a forecast does not count its GPUs either:
 `twin.cluster.Cluster.total_gpus`). Before a node's first report none of its GPUs is known to be up.
 
-What is read is bounded by the window, not by the record: the reports dated in it, and, for the nodes that
-reported since the window began, each one's latest report before it (a backward scan that stops once it
-has them all). A node whose row says it last reported before the window stood so through it.
+What is read is bounded by the window's changes, not by the record: of the reports, only those that change
+a node's state are read (`twin.store.NodeStatusChange`: a node reporting every minute as a heartbeat
+changes state a few times a day); of them, those dated in the window, and, for the nodes that reported
+since the window began, each one's latest before it (a backward scan that stops once it has them all). A
+node whose row says it last reported before the window stood so through it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
 from twin.domain import canonical_gpu_name
-from twin.store import NODE_STATUS_ONLY, Node, TelemetryEvent
+from twin.store import Node, NodeStatusChange
 
 
 class NodeReport(NamedTuple):
@@ -121,15 +123,15 @@ def load_gpus_up(session: Session, cluster_id: str, origin: datetime, until: dat
     origin, until = as_utc(origin), as_utc(until)
     rows = session.exec(select(Node).where(Node.cluster_id == cluster_id)).all()
     window = list(
-        _scan(session, cluster_id, col(TelemetryEvent.ts) >= origin, col(TelemetryEvent.ts) < until)
+        _scan(session, cluster_id, col(NodeStatusChange.ts) >= origin, col(NodeStatusChange.ts) < until)
     )
     # A row is its node's latest report: one dated before the window says the node stood so through it.
     before = {row.node_id: _as_report(row) for row in rows if as_utc(row.updated_at) < origin}
     since = {row.node_id for row in rows} - before.keys()
-    before |= _latest(session, cluster_id, since, col(TelemetryEvent.ts) < origin, newest=True)
+    before |= _latest(session, cluster_id, since, col(NodeStatusChange.ts) < origin, newest=True)
     unknown = since - before.keys() - {report.node_id for report in window}
     if unknown:  # no report before the window nor in it: reported after it, or never (its row is all)
-        later = _latest(session, cluster_id, unknown, col(TelemetryEvent.ts) >= until, newest=False)
+        later = _latest(session, cluster_id, unknown, col(NodeStatusChange.ts) >= until, newest=False)
         before |= {row.node_id: _as_report(row) for row in rows if row.node_id in unknown - later.keys()}
     return gpus_up_from_reports(window, origin, before)
 
@@ -139,24 +141,23 @@ def _as_report(row: Node) -> NodeReport:
 
 
 _FIELDS = (
-    TelemetryEvent.payload["node_id"].as_string(),
-    TelemetryEvent.ts,
-    TelemetryEvent.payload["status"].as_string(),
-    TelemetryEvent.payload["gpu_count"].as_integer(),
-    TelemetryEvent.payload["gpu_model"].as_string(),
+    NodeStatusChange.node_id,
+    NodeStatusChange.ts,
+    NodeStatusChange.status,
+    NodeStatusChange.gpu_count,
+    NodeStatusChange.gpu_model,
 )
 
 
 def _scan(
     session: Session, cluster_id: str, *conditions: Any, newest_first: bool = False
 ) -> Iterator[NodeReport]:
-    """The cluster's node reports under `conditions`, oldest first (or newest), through the partial index
-    that holds only them (its condition written into the SQL, so that SQLite can tell the query stays
-    inside it), their fields read out of the payload by the database, a batch at a time."""
-    order = col(TelemetryEvent.ts).desc() if newest_first else col(TelemetryEvent.ts)
+    """The cluster's node reports that change something (`twin.store.NodeStatusChange`) under
+    `conditions`, oldest first (or newest), a batch at a time."""
+    order = col(NodeStatusChange.ts).desc() if newest_first else col(NodeStatusChange.ts)
     query = (
         select(*_FIELDS)
-        .where(TelemetryEvent.cluster_id == cluster_id, NODE_STATUS_ONLY, *conditions)
+        .where(NodeStatusChange.cluster_id == cluster_id, *conditions)
         .order_by(order)
         .execution_options(yield_per=2_000)
     )

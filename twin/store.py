@@ -36,8 +36,8 @@ class TelemetryEvent(SQLModel, table=True):
 
     Ingest's insert pays for every index on every event, so there are two: the key, and (cluster, event
     time), which the twin's clock reads (the newest event time) and a backtest reads its window by. A third,
-    partial, holds only the nodes' status reports (a few per node, next to thousands per job), which a
-    backtest needs from before its window; no other event pays for it.
+    partial, holds only the nodes' status reports, through which ingest finds the report after one that
+    arrived late (`ingest.node_changes`); no other event pays for it.
     """
 
     __tablename__ = "telemetry_events"
@@ -171,3 +171,31 @@ class Node(SQLModel, table=True):
     gpu_count: int
     status: str = Field(max_length=8)  # up | down | drain
     updated_at: datetime = timestamp_field(nullable=False)
+    # The time of the node's latest report of all: `updated_at` is its latest report's unless a report dated
+    # in the future was stored (then any report replaces the row). Ingest reads it to tell a report that
+    # comes after all the others from one that arrived late (`ingest.node_changes`). None: not known (a row
+    # written without telemetry).
+    last_report_at: datetime | None = timestamp_field(nullable=True, default=None)
+
+
+class NodeStatusChange(SQLModel, table=True):
+    """The nodes' reports that change something: every `node.status` report except those whose status,
+    GPUs and model are the previous report's (by time, then the store's order of two reports of one time).
+    What the GPUs up over time read (`twin.gpus_up`): a node reporting every minute is up or down a few
+    times a day, so a window reads a few rows per node, not one per minute.
+
+    Kept by ingest in the transaction that stores the report. It may hold more than the changes (a report
+    that arrived late, and the one after it, are kept whatever they say), never fewer: each report left out
+    says what the kept one before it says, so folding these rows gives what folding every report gives.
+    """
+
+    __tablename__ = "node_status_changes"
+    __table_args__ = (Index("ix_node_status_changes_cluster_ts", "cluster_id", "ts"),)
+
+    event_id: str = Field(sa_column=Column(EVENT_ID_TYPE, primary_key=True))  # the report's
+    cluster_id: str = Field(max_length=200)
+    node_id: str = Field(max_length=200)
+    ts: datetime = timestamp_field(nullable=False)
+    status: str = Field(max_length=8)
+    gpu_count: int
+    gpu_model: str = Field(max_length=100)

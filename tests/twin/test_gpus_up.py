@@ -17,6 +17,7 @@ from sqlmodel import Session
 from finetwin.schema import migrate
 from ingest.apply import apply_events
 from ingest.events import NodeStatus, new_event
+from tests.twin.gpus_up_checks import assert_window_reads_as_every_report_folded
 from tests.twin.query_plans import sqlite_plans
 from twin.actuals import actual_series, load_job_times
 from twin.db import make_engine, session_scope
@@ -129,15 +130,17 @@ def test_an_hour_with_no_gpu_up_has_no_utilization_on_record_not_zero(engine: En
 
 def test_sqlite_reads_the_node_reports_from_their_own_index(tmp_path: Path) -> None:
     """Next to thousands of job events per node report, a full scan of the events would grow with the
-    record: the reports are read through the partial index that holds only them, the window's, the scan
-    back from its start (b reported in it) and the one forward from its end (d reported after it)."""
+    record: the reports are read from the table of the reports that change something, by its index: the
+    window's, the scan back from its start (b reported in it) and the one forward from its end (d reported
+    after it). No event is read."""
     engine = make_engine(f"sqlite:///{tmp_path / 'store.db'}")
     migrate(engine)
     record(engine)
     plans = sqlite_plans(engine, lambda: load_job_times(engine, "default", T0, at(2 * H)))
-    node_plans = [plan for statement, plan in plans.items() if "node.status" in statement]
+    node_plans = [plan for statement, plan in plans.items() if "node_status_changes" in statement]
     assert len(node_plans) == 3, node_plans
-    assert all("ix_telemetry_events_node_status" in plan for plan in node_plans), node_plans
+    assert all("ix_node_status_changes_cluster_ts" in plan for plan in node_plans), node_plans
+    assert not any("node.status" in statement for statement in plans)
     engine.dispose()
 
 
@@ -164,20 +167,13 @@ def test_the_window_read_from_the_store_is_the_whole_record_folded(engine: Engin
     rng = np.random.default_rng(seed + 100)
     for _ in range(6):
         start, length = float(rng.uniform(-3 * H, 24 * H)), float(rng.uniform(0.5 * H, 30 * H))
-        origin, until = at(start), at(start + length)
-        edges = np.linspace(0.0, length, 7)
-        with Session(engine) as session:
-            read = load_gpus_up(session, "default", origin, until).seconds_up(edges)
-        folded = gpus_up_from_reports([r for r in reports if r.ts < until], origin).seconds_up(edges)
-        assert {k for k, v in read.items() if v.any()} == {k for k, v in folded.items() if v.any()}
-        for name, seconds in folded.items():
-            np.testing.assert_allclose(read.get(name, 0.0 * seconds), seconds, err_msg=f"{start} {length}")
+        assert_window_reads_as_every_report_folded(engine, reports, at(start), at(start + length))
 
 
 def test_a_window_reads_one_report_per_node_from_before_it(engine: Engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Two nodes that reported every minute for a day: the state they were in when the window began is
-    their latest report before it, found by a scan that stops there (3 reports: one past the last found),
-    not by reading the day."""
+    """Two nodes that reported every minute for a day, up all along: the state they were in when the window
+    began is read from their one report that changed something each (the first: every later one is a
+    heartbeat), not by reading the day."""
     from twin import gpus_up
 
     minutes = [node_report(60.0 * k, node, A100, 8, "up") for k in range(-24 * 60, 60) for node in ("a", "b")]
@@ -195,6 +191,32 @@ def test_a_window_reads_one_report_per_node_from_before_it(engine: Engine, monke
     with Session(engine) as session:
         up = load_gpus_up(session, "default", T0, at(H)).seconds_up([0.0, H])
     assert up == {A100: pytest.approx([16 * H])}
+    assert sorted(r.ts for r in read) == [at(-24 * H)] * 2, read
+
+
+def test_the_scan_back_from_a_window_stops_at_each_nodes_latest_change(engine: Engine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes whose every report for a day changed something (up, draining, up, ...): their state when
+    the window began is found by a scan back that stops there (3 reports: one past the last found), not by
+    reading the day."""
+    from twin import gpus_up
+
+    minutes = [node_report(60.0 * k, node, A100, 8, "up" if k % 2 else "drain")
+               for k in range(-24 * 60, 60) for node in ("a", "b")]  # fmt: skip
+    store_reports(engine, minutes)
+    read: list[NodeReport] = []
+    scan = gpus_up._scan
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        for r in scan(*args, **kwargs):
+            if r.ts < T0 + timedelta(seconds=90):
+                read.append(r)
+            yield r
+
+    monkeypatch.setattr(gpus_up, "_scan", counted)
+    origin, until = at(90), at(H)
+    with Session(engine) as session:
+        up = load_gpus_up(session, "default", origin, until).seconds_up([0.0, H - 90])
+    assert up == gpus_up_from_reports([r for r in minutes if r.ts < until], origin).seconds_up([0.0, H - 90])
     assert len(read) == 3, read
 
 
