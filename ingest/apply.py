@@ -130,7 +130,7 @@ def apply_batch(
     if job_events:
         _apply_job_events(connection, job_events, now, stamp)
     if node_events:
-        _apply_node_events(connection, node_events, stamp)
+        _apply_node_events(connection, node_events)
     for hook in hooks:
         hook(connection, fresh)
     return ApplyResult(len(fresh), len(events) - len(fresh), fresh)
@@ -422,7 +422,7 @@ def _same_value(stored: Any, sent: Any) -> bool:
 # --- nodes ------------------------------------------------------------------------------------------------
 
 
-def _apply_node_events(connection: Connection, events: Sequence[AnyEvent], stamp: Stamp) -> None:
+def _apply_node_events(connection: Connection, events: Sequence[AnyEvent]) -> None:
     """Keep the reports that change a node's state (`ingest.node_changes`), and upsert each node's latest
     status; `updated_at` is the status's own time, so an older report that arrives late does not overwrite
     a newer one. Of two reports of the same time, the larger (status, GPUs, model) stands, whichever came
@@ -431,23 +431,19 @@ def _apply_node_events(connection: Connection, events: Sequence[AnyEvent], stamp
     outranks nothing: any report replaces it, else it would pin the node's state until that time came.
     `last_report_at`, the node's latest report time of all, only ever moves later (a row replaced under
     that rule holds an older report than it)."""
+    reports = [_report(event) for event in events]
     # Judged against the nodes' rows as they were before these reports: first.
-    node_changes.record_changes(connection, [_report(event) for event in events])
+    node_changes.record_changes(connection, reports)
     latest: dict[str, dict[str, Any]] = {}
-    for event in events:
-        payload = event.payload
+    for report in reports:
         row = {
-            "node_id": payload.node_id,  # type: ignore[union-attr]
-            "cluster_id": event.cluster_id,
-            "gpu_model": payload.gpu_model,  # type: ignore[union-attr]
-            "gpu_count": payload.gpu_count,  # type: ignore[union-attr]
-            "status": payload.status,  # type: ignore[union-attr]
-            "updated_at": stamp(event.ts),
-            "last_report_at": stamp(event.ts),
-        }
-        before = latest.get(row["node_id"])
+            "node_id": report.node_id, "cluster_id": report.cluster_id, "gpu_model": report.gpu_model,
+            "gpu_count": report.gpu_count, "status": report.status, "updated_at": report.ts,
+            "last_report_at": report.ts,
+        }  # fmt: skip
+        before = latest.get(report.node_id)
         if before is None or _node_key(row) >= _node_key(before):
-            latest[row["node_id"]] = row
+            latest[report.node_id] = row
     updated = ("cluster_id", "gpu_model", "gpu_count", "status", "updated_at")
     in_the_future = NODES.c.updated_at > _soon(connection)
     _insert_dicts(
@@ -470,6 +466,7 @@ def _later(connection: Connection, stored: Any, new: Any) -> Any:
 
 
 def _report(event: AnyEvent) -> node_changes.Report:
+    """The report in UTC, as SQLite stores times (PostgreSQL takes any offset)."""
     payload = event.payload
     return node_changes.Report(
         str(event.event_id), event.cluster_id, payload.node_id, as_utc(event.ts),  # type: ignore[union-attr]
