@@ -98,16 +98,16 @@ def backtest_states(
         ).all()
         starts = [as_utc(t) for _, *times in open_at for t in times if t is not None]
         read_from = min([since, *starts])
-        of_cluster = TelemetryEvent.cluster_id == cluster_id
-        events = _read_events(
-            session, of_cluster, col(TelemetryEvent.ts) >= read_from, col(TelemetryEvent.ts) <= end
-        )
-        # The nodes' older reports: those that changed something (a node's heartbeats would make this read
-        # grow with the record; the state they fold to is the same).
-        node_history = _read_changes(session, cluster_id, read_from)
+        job_events = _read_events(
+            session, TelemetryEvent.cluster_id == cluster_id, TelemetryEvent.type != NODE_STATUS,
+            col(TelemetryEvent.ts) >= read_from, col(TelemetryEvent.ts) <= end,
+        )  # fmt: skip
+        # The nodes' reports, before the window and in it: those that changed something (a node's heartbeats
+        # would make this read grow with the record; the states they fold to are the same).
+        node_changes = _read_changes(session, cluster_id, end)
         failures = newest_failure_times(session, cluster_id, at)
     wanted = {job_id for job_id, *_ in open_at} | set(in_window)
-    kept = node_history + [e for e in events if e[3] is None or e[3] in wanted]
+    kept = node_changes + [e for e in job_events if e[3] in wanted]
     before = replace(fold_events(kept, cluster_id, at), failures=[f for f in failures if f is not None])
     return BacktestStates(since, before, fold_events(kept, cluster_id, end))
 
@@ -129,12 +129,12 @@ def _read_events(session: Session, *conditions: Any) -> list[StoredEvent]:
     ]
 
 
-def _read_changes(session: Session, cluster_id: str, before: datetime) -> list[StoredEvent]:
-    """The nodes' reports that changed something (`twin.store.NodeStatusChange`) dated before `before`, as
-    stored events."""
+def _read_changes(session: Session, cluster_id: str, until: datetime) -> list[StoredEvent]:
+    """The nodes' reports that changed something (`twin.store.NodeStatusChange`) dated at or before `until`,
+    as stored events."""
     rows = session.exec(
         select(NodeStatusChange)
-        .where(NodeStatusChange.cluster_id == cluster_id, col(NodeStatusChange.ts) < before)
+        .where(NodeStatusChange.cluster_id == cluster_id, col(NodeStatusChange.ts) <= until)
         .order_by(col(NodeStatusChange.ts))
     ).all()
     return [

@@ -270,9 +270,10 @@ def assert_same_backtest_start(
     assert {k: v for k, v in got_rows.observed_work.items() if k in read} == {
         k: v for k, v in want_rows.observed_work.items() if k in read
     }
-    assert [(n.node_id, n.status) for n in got.before.nodes] == [
-        (n.node_id, n.status) for n in want.before.nodes
-    ]
+    for state in ("before", "after"):
+        assert [(n.node_id, n.status, n.gpu_count) for n in getattr(got, state).nodes] == [
+            (n.node_id, n.status, n.gpu_count) for n in getattr(want, state).nodes
+        ], state
     assert got_rows.failures == want_rows.failures
     scored = read | {
         j.job_id for j in want.after.jobs.values() if j.submitted_at and at < j.submitted_at <= end
@@ -312,14 +313,26 @@ def test_a_backtest_reads_only_its_window_and_starts_where_the_whole_record_fold
     ))  # fmt: skip
     late = epoch + timedelta(seconds=plan.duration_s * 0.75)
     events.append(new_event("job.started", JobStarted(node_ids=[node_id]), job_id="skewed", ts=late))
-    apply_shuffled(engine, events, seed=5)
     lookback, horizon = timedelta(minutes=30), timedelta(hours=1)
-
     first_at = epoch + timedelta(seconds=plan.duration_s * 0.4)
+    # The other nodes report every 10 minutes (heartbeats); one of them goes down in the first window and
+    # comes back an hour after it.
+    flapping = list(plan.nodes)[1]
+    for other, other_gpu in list(plan.nodes.items())[1:]:
+        for minute in range(1, int(plan.duration_s // 60), 10):
+            ts = epoch + timedelta(minutes=minute)
+            down_now = other == flapping and first_at + horizon / 2 <= ts < first_at + 2 * horizon
+            report = NodeStatus(
+                node_id=other, gpu_model=other_gpu, gpu_count=8, status="down" if down_now else "up"
+            )
+            events.append(new_event("node.status", report, job_id=None, ts=ts))
+    apply_shuffled(engine, events, seed=5)
+
     got = backtest_states(engine, "default", first_at, first_at + horizon, lookback)
     want = full_fold_states(engine, "default", first_at, first_at + horizon, lookback)
     assert "long-queued" in {j.job_id for j in got.before.rows(got.since).active}
     assert node_id not in {n.node_id for n in got.before.nodes if n.status == "up"}
+    assert {n.node_id: n.status for n in got.after.nodes}[flapping] == "down"
     assert_same_backtest_start(got, want, first_at, first_at + horizon)
 
     # Later, with the long-queued job ended: no job event dated before the window (or before the start of a
