@@ -28,7 +28,7 @@ T0 = datetime(2025, 3, 1, tzinfo=UTC)
 A100, L40S = "NVIDIA-A100-SXM4-80GB", "L40S"
 
 
-def heartbeats(seed: int, nodes: int = 5, minutes: int = 2 * 24 * 60) -> list[Event]:
+def heartbeats(seed: int, nodes: int = 5, minutes: int = 24 * 60) -> list[Event]:
     """Nodes that report every 10 minutes whether anything changed, rarely changing status (or, once in a
     while, GPUs), with now and then two reports of one instant."""
     rng = random.Random(seed)
@@ -100,7 +100,7 @@ def assert_reads_as_every_report_folded(engine: Engine, events: Sequence[Event],
     reports = [as_report(e) for e in events]
     rng = np.random.default_rng(seed)
     for _ in range(8):
-        start, length = float(rng.uniform(-3, 50)), float(rng.uniform(0.2, 30))
+        start, length = float(rng.uniform(-3, 26)), float(rng.uniform(0.2, 20))
         origin = T0 + timedelta(hours=start)
         assert_window_reads_as_every_report_folded(engine, reports, origin, origin + timedelta(hours=length))
 
