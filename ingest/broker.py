@@ -7,6 +7,7 @@ port is taken, so `start` checks both that the process is alive and that the por
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import shutil
@@ -67,14 +68,20 @@ def free_port(count: int = 1) -> int:
 
 
 def bindable(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind `port` on `host` now. With SO_REUSEADDR, as servers bind (Python's
-    HTTP servers, uvicorn, Tansu): a port whose last connections linger in TIME_WAIT is free to them."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """Whether `port` on `host` is free for a listener now: False only when something holds it. With
+    SO_REUSEADDR, as servers bind (Python's HTTP servers, uvicorn, Tansu): a port whose last connections
+    linger in TIME_WAIT is free to them. A host this machine cannot bind for another reason (not its
+    address, not resolvable) is left to the server to say."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return True
+    with socket.socket(family, kind) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))
-        except OSError:
-            return False
+            s.bind(address)
+        except OSError as exc:
+            return exc.errno != errno.EADDRINUSE
     return True
 
 

@@ -54,3 +54,22 @@ def test_a_block_with_one_port_taken_is_passed_over(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(broker, "_PICK_FROM", 1)
         monkeypatch.setattr(broker, "ephemeral_range_start", lambda: 65_536)
         assert free_port(2) == free
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_port_held_on_either_family_is_not_free_and_another_is(host: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        server = socket.socket(family, socket.SOCK_STREAM)
+        server.bind((host, 0))
+    except OSError:
+        pytest.skip(f"no {host} on this machine")
+    with server:
+        server.listen()
+        held = server.getsockname()[1]
+        assert not broker.bindable(held, host)
+    assert broker.bindable(free_port(), host)
+
+
+def test_a_host_that_is_not_this_machines_is_left_to_the_server_to_say() -> None:
+    assert broker.bindable(free_port(), "192.0.2.1")  # TEST-NET-1: not an address of this machine
