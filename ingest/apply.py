@@ -47,6 +47,7 @@ from ingest.fastparse import FastEvent
 from twin import job_fold
 from twin.clock import as_utc
 from twin.db import in_chunks
+from twin.gpus_up import NodeReport
 from twin.store import Job, Node, ObservedRun, TelemetryEvent
 
 log = logging.getLogger(__name__)
@@ -434,20 +435,15 @@ def _apply_node_events(connection: Connection, events: Sequence[AnyEvent]) -> No
     reports = [_report(event) for event in events]
     # Judged against the nodes' rows as they were before these reports: first.
     node_changes.record_changes(connection, reports)
-    latest: dict[str, dict[str, Any]] = {}
+    latest: dict[str, node_changes.Report] = {}  # of each node's reports, the one that stands
     for report in reports:
-        row = {
-            "node_id": report.node_id, "cluster_id": report.cluster_id, "gpu_model": report.gpu_model,
-            "gpu_count": report.gpu_count, "status": report.status, "updated_at": report.ts,
-            "last_report_at": report.ts,
-        }  # fmt: skip
-        before = latest.get(report.node_id)
-        if before is None or _node_key(row) >= _node_key(before):
-            latest[report.node_id] = row
+        before = latest.get(report.node.node_id)
+        if before is None or report.node.key >= before.node.key:
+            latest[report.node.node_id] = report
     updated = ("cluster_id", "gpu_model", "gpu_count", "status", "updated_at")
     in_the_future = NODES.c.updated_at > _soon(connection)
     _insert_dicts(
-        connection, NODES, [latest[node_id] for node_id in sorted(latest)],
+        connection, NODES, [_node_row(latest[node_id]) for node_id in sorted(latest)],
         lambda insert: insert.on_conflict_do_update(
             index_elements=["node_id"],
             set_={name: insert.excluded[name] for name in updated} | {"last_report_at": _later(
@@ -468,17 +464,22 @@ def _later(connection: Connection, stored: Any, new: Any) -> Any:
 def _report(event: AnyEvent) -> node_changes.Report:
     """The report in UTC, as SQLite stores times (PostgreSQL takes any offset)."""
     payload = event.payload
-    return node_changes.Report(
-        str(event.event_id), event.cluster_id, payload.node_id, as_utc(event.ts),  # type: ignore[union-attr]
-        payload.status, payload.gpu_count, payload.gpu_model,  # type: ignore[union-attr]
+    node = NodeReport(
+        payload.node_id, as_utc(event.ts), payload.status, payload.gpu_count,  # type: ignore[union-attr]
+        payload.gpu_model,  # type: ignore[union-attr]
     )  # fmt: skip
+    return node_changes.Report(str(event.event_id), event.cluster_id, node)
 
 
-def _node_key(row: dict[str, Any]) -> tuple[datetime, str, int, str]:
-    return (row["updated_at"], row["status"], row["gpu_count"], row["gpu_model"])
+def _node_row(report: node_changes.Report) -> dict[str, Any]:
+    node = report.node
+    return {
+        "node_id": node.node_id, "cluster_id": report.cluster_id, "gpu_model": node.gpu_model,
+        "gpu_count": node.gpu_count, "status": node.status, "updated_at": node.ts, "last_report_at": node.ts,
+    }  # fmt: skip
 
 
-def _node_key_sql(columns: Any) -> Any:  # _node_key, in SQL
+def _node_key_sql(columns: Any) -> Any:  # twin.gpus_up.NodeReport.key, in SQL
     return sqlalchemy.tuple_(columns.updated_at, columns.status, columns.gpu_count, columns.gpu_model)
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Table, Text, any_, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from twin.clock import as_utc
 from twin.db import in_chunks
+from twin.gpus_up import NodeReport
 from twin.store import NODE_STATUS_ONLY, Node, NodeStatusChange, TelemetryEvent
 
 NODES: Table = Node.__table__  # type: ignore[attr-defined]
@@ -32,23 +33,16 @@ EVENTS: Table = TelemetryEvent.__table__  # type: ignore[attr-defined]
 
 
 class Report(NamedTuple):
-    """A node's status report; fields from `ts` on are the store's order of two reports of one node."""
+    """A stored node report: which event it is, in which cluster, and what it says (`node`, whose `key` is
+    the store's order of one node's reports)."""
 
     event_id: str
     cluster_id: str
-    node_id: str
-    ts: datetime  # in UTC
-    status: str
-    gpu_count: int
-    gpu_model: str
+    node: NodeReport  # its time in UTC
 
-    @property
-    def key(self) -> tuple[datetime, str, int, str]:
-        return (self.ts, self.status, self.gpu_count, self.gpu_model)
-
-    @property
-    def state(self) -> tuple[str, int, str]:
-        return (self.status, self.gpu_count, self.gpu_model)
+    def row(self) -> dict[str, Any]:
+        """Its row of `node_status_changes`."""
+        return {"event_id": self.event_id, "cluster_id": self.cluster_id, **self.node._asdict()}
 
 
 class _Head(NamedTuple):
@@ -67,23 +61,24 @@ def record_changes(connection: Connection, reports: Sequence[Report]) -> None:
     whose nodes' rows it has not updated yet (it does next, `last_report_at` with them)."""
     by_node: dict[str, list[Report]] = {}
     for report in reports:
-        by_node.setdefault(report.node_id, []).append(report)
+        by_node.setdefault(report.node.node_id, []).append(report)
     heads = _lock_heads(connection, sorted(by_node))
     kept: dict[str, Report] = {}
     for node_id, own in by_node.items():
         head = heads.get(node_id, _NOTHING_STORED)
-        for report in sorted(own, key=lambda r: r.key):
+        for report in sorted(own, key=lambda r: r.node.key):
+            node = report.node
             if _after_all(report, head):
-                if head.state is None or head.cluster_id != report.cluster_id or report.state != head.state:
+                if head.state is None or head.cluster_id != report.cluster_id or node.state != head.state:
                     kept[report.event_id] = report
-                head = _Head(report.ts, report.state, report.cluster_id)
+                head = _Head(node.ts, node.state, report.cluster_id)
             else:  # late: it is kept, and so is the report after it, which may now change what it did not
                 kept[report.event_id] = report
                 following = _next_report(connection, report)
                 if following is not None:
                     kept[following.event_id] = following
     if kept:
-        rows = [r._asdict() for r in sorted(kept.values(), key=lambda r: r.event_id)]
+        rows = [r.row() for r in sorted(kept.values(), key=lambda r: r.event_id)]
         dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
         connection.execute(dialect.insert(CHANGES).on_conflict_do_nothing(index_elements=["event_id"]), rows)
 
@@ -91,10 +86,11 @@ def record_changes(connection: Connection, reports: Sequence[Report]) -> None:
 def _after_all(report: Report, head: _Head) -> bool:
     """Whether `report` comes after every stored report of its node, or is the latest one again (as far as
     `head` tells)."""
-    if head.ts is None or report.ts > head.ts:
+    ts = report.node.ts
+    if head.ts is None or ts > head.ts:
         return True
     # Of one time, the larger comes after: known only while the head's state is.
-    return report.ts == head.ts and head.state is not None and report.state >= head.state
+    return ts == head.ts and head.state is not None and report.node.state >= head.state
 
 
 def _lock_heads(connection: Connection, node_ids: list[str]) -> dict[str, _Head]:
@@ -137,7 +133,7 @@ def _next_report(connection: Connection, report: Report) -> Report | None:
     """Of the node's stored reports in the report's cluster, the first after it in the store's order."""
     query = (
         select(*_FIELDS)
-        .where(EVENTS.c.cluster_id == report.cluster_id, NODE_STATUS_ONLY, EVENTS.c.ts >= report.ts)
+        .where(EVENTS.c.cluster_id == report.cluster_id, NODE_STATUS_ONLY, EVENTS.c.ts >= report.node.ts)
         .order_by(EVENTS.c.ts)
         .execution_options(yield_per=500)
     )
@@ -146,13 +142,13 @@ def _next_report(connection: Connection, report: Report) -> Report | None:
     try:
         for event_id, cluster_id, node_id, ts, status, gpus, model in result:
             when = as_utc(ts)
-            if first is not None and when > first.ts:
+            if first is not None and when > first.node.ts:
                 break  # past the time of the first one found: of that time, `first` is the smallest after it
-            if node_id != report.node_id:
+            if node_id != report.node.node_id:
                 continue
-            candidate = Report(str(event_id), cluster_id, node_id, when, status, int(gpus), model)
-            if candidate.key > report.key and (first is None or candidate.key < first.key):
-                first = candidate
+            found = NodeReport(node_id, when, status, int(gpus), model)
+            if found.key > report.node.key and (first is None or found.key < first.node.key):
+                first = Report(str(event_id), cluster_id, found)
     finally:
         result.close()
     return first

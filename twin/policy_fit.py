@@ -109,11 +109,8 @@ def as_recorded(plan: JobPlan, after: RebuiltState, at: datetime, horizon_s: flo
         job = after.jobs.get(job_id)
         if job is None:
             continue
-        left_unstarted = (
-            job.started_at is None
-            and job.ended_at is not None
-            and (as_utc(job.ended_at) - at).total_seconds() <= horizon_s
-        )
+        ended = math.inf if job.ended_at is None else (as_utc(job.ended_at) - at).total_seconds()
+        left_unstarted = job.started_at is None and ended <= horizon_s
         if job.state == "rejected" or left_unstarted:  # never held a GPU: out of the queues, as refused
             plan.reject[k] = Reject.RULE
             continue
@@ -124,8 +121,8 @@ def as_recorded(plan: JobPlan, after: RebuiltState, at: datetime, horizon_s: flo
             continue
         start[k] = began
         ran_from = max(began, 0.0)  # a job running at T: the simulation holds it for the rest of its run
-        if job.ended_at is not None and (as_utc(job.ended_at) - at).total_seconds() <= horizon_s:
-            plan.hold_s[k] = max((as_utc(job.ended_at) - at).total_seconds() - ran_from, 0.0)
+        if ended <= horizon_s:
+            plan.hold_s[k] = max(ended - ran_from, 0.0)
             plan.fails[k] = job.state == "failed"
         else:
             plan.hold_s[k] = max(plan.hold_s[k], horizon_s - ran_from)
