@@ -229,12 +229,13 @@ def test_rejecting_asks_for_the_key_unechoed_and_a_comment(api_server: dict, bro
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     # The page's 15 s polling stopped (its clock paused): a poll ending between the rejection and the read
     # of the status line said "updated ..." where the rejection had said "rejected".
-    opened = datetime.now(UTC)
-    page.clock.install(time=opened)
+    page.clock.install(time=datetime.now(UTC))
     prompted: list[str] = []
     page.on("dialog", lambda d: (prompted.append(d.message), d.dismiss()))
     page.goto(api_server["url"] + "/")
-    page.clock.pause_at(opened + timedelta(seconds=1))
+    # A second past the wall clock, which the page's clock (set to it before, running since) has not
+    # reached: a fixed second past the install was in the page's past after a load that took longer.
+    page.clock.pause_at(datetime.now(UTC) + timedelta(seconds=1))
     use_key(page, keys["viewer"])
     page.click(f"button[data-action=reject][data-recommendation='{rec_id}']")
     dialog = page.locator("dialog#ask")
