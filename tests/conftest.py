@@ -73,6 +73,10 @@ _session_dir("FINETWIN_DATA_DIR", "finetwin-test-data-", per_worker=True)
 # Nor its cache: the native trees (calibrate.native_trees) compiled during a session stay in the session's,
 # shared by its workers (calibrate.native_trees builds each one once, whoever asks first).
 _session_dir("FINETWIN_CACHE_DIR", "finetwin-test-cache-")
+# What the session's workers make once for all of them (`calibrated_models_dir`): never the caller's, which
+# may outlive the session and hand it what an older checkout made.
+SESSION_SHARED = "PYTEST_FINETWIN_SHARED_DIR"
+_session_dir(SESSION_SHARED, "finetwin-test-shared-")
 
 # Off for pydantic's words for false, as the product reads its yes/no settings (`no` turned it on).
 REQUIRE_SERVICES = os.environ.get("FINETWIN_REQUIRE_SERVICES", "").strip().lower() not in (
@@ -331,25 +335,37 @@ def api_headers(engine: Engine, role: str = "approver", name: str = "test") -> d
 
 
 @pytest.fixture(scope="session")
-def calibrated_models_dir(tmp_path_factory: pytest.TempPathFactory, sample_csv: Path) -> Path:
+def calibrated_models_dir(sample_csv: Path) -> Path:
     """A model registry with one version (v0001, in use), made once per session on the real sample by
     `finetwin calibrate --models DIR` (the bundled sample by default); what it printed is in
     `calibrate.out` beside it.
 
+    Made once for all the session's workers, in the directory they share: the first to ask makes it
+    while the others wait on a lock (a calibration per worker took each ~30 s of its time, up to ~90 s
+    when both ran at once).
+
     Shared: copy it (`registry_copy`) before promoting, rolling back or tampering with anything.
     """
     import contextlib
+    import fcntl
     import io
 
     from finetwin.cli import main
 
-    models_dir = tmp_path_factory.mktemp("calibrated") / "models"
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        # No --bench: the bundled sample is calibrate's default (as for report and replay).
-        status = main(["calibrate", "--models", str(models_dir)])
-    (models_dir.parent / "calibrate.out").write_text(printed.getvalue())
-    assert status == 0, printed.getvalue()
+    root = Path(os.environ[SESSION_SHARED]) / "calibrated"
+    root.mkdir(exist_ok=True)
+    models_dir, printed_path = root / "models", root / "calibrate.out"
+    with (root / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its process dies
+        if printed_path.exists():  # written last: a calibration that passed
+            return models_dir
+        shutil.rmtree(models_dir, ignore_errors=True)  # what a failed or killed calibration left
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            # No --bench: the bundled sample is calibrate's default (as for report and replay).
+            status = main(["calibrate", "--models", str(models_dir)])
+        assert status == 0, printed.getvalue()
+        printed_path.write_text(printed.getvalue())
     return models_dir
 
 
