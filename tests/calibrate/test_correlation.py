@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from calibrate.correlation import Z90, shared_share, standardize
-from calibrate.fit import fit_models
+from calibrate.fit import CalibratedModels
 from calibrate.loader import load_benchmark
 
 
@@ -29,11 +28,8 @@ def test_residuals_are_standardized_by_the_band_and_small_samples_say_nothing() 
     assert shared_share(np.ones(4), np.array([0, 0, 1, 1])) is None  # two families are too few
 
 
-def test_a_fitted_version_carries_its_error_correlation(sample_csv) -> None:  # type: ignore[no-untyped-def]
-    table = load_benchmark(sample_csv)
-    table = table[table["outcome"] == "valid"].head(900)
-    table = pd.concat([table, load_benchmark(sample_csv).query("outcome != 'valid'").head(100)])
-    models = fit_models(table)
+def test_a_fitted_version_carries_its_error_correlation(models: CalibratedModels) -> None:
+    """The session's calibrated version (tests/calibrate/conftest.py)."""
     shares = models.info["error_correlation"]
     # By novelty level, from seen (0) over a seen region's edge (2) to a new region (1): never decreasing.
     assert set(shares) == {"0", "1", "2"} and 0.0 <= shares["0"] <= shares["2"] <= shares["1"] < 1.0
@@ -48,17 +44,18 @@ def test_a_fitted_version_carries_its_error_correlation(sample_csv) -> None:  # 
     assert p10 == pytest.approx(-Z90, abs=0.35) and p90 == pytest.approx(Z90, abs=0.35)
 
 
-def test_a_fitted_version_carries_its_failure_correlation_through_the_registry_parts(sample_csv) -> None:  # type: ignore[no-untyped-def]
-    from calibrate.fit import CalibratedModels
+def test_a_fitted_version_carries_its_failure_correlation_through_the_registry_parts(
+    models: CalibratedModels,
+) -> None:
+    """The session's calibrated version (tests/calibrate/conftest.py)."""
     from twin.domain import JobConfig
 
-    models = fit_models(load_benchmark(sample_csv).head(1500))
     share = models.info["failure_error_correlation"]
     assert 0.0 <= share < 1.0 and share == models.failure.error_correlation
     estimators, params = models.to_parts()
     assert params["failure"]["error_correlation"] == share
     again = CalibratedModels.from_parts(estimators, params)
-    config = JobConfig("llama3-8b", "lora", "NVIDIA-A100-SXM4-80GB", 2, 1, 4, 1024)
+    config = JobConfig("llama3.1-8b", "lora", "NVIDIA-A100-SXM4-80GB", 2, 1, 4, 1024)  # a pair it knows
     assert again.predict_failure_correlation([config, config]).tolist() == [share, share]
     del params["failure"]["error_correlation"]  # a version saved before it: independent failures
     assert CalibratedModels.from_parts(estimators, params).failure.error_correlation == 0.0

@@ -1,8 +1,9 @@
 """The calibrated models on the real benchmark sample: exact admission rules, a prediction for every row,
 unseen model names, the physics the models must respect, and persistence through skops.
 
-One fit on the whole sample is shared by the module (a few seconds); accuracy itself is measured in
-`bench/accuracy.py`, not here.
+The models are the session's calibrated version (`models`, tests/calibrate/conftest.py): `finetwin calibrate`
+on the whole sample, whose predictions are `fit_models(sample, seed=0)`'s to the last digit, without a fit
+of the module's own (20-30 s). Accuracy itself is measured in `bench/accuracy.py`, not here.
 """
 
 from __future__ import annotations
@@ -39,11 +40,6 @@ BAND = ["tokens_per_second_p10", "tokens_per_second_p50", "tokens_per_second_p90
 @pytest.fixture(scope="module")
 def sample(sample_csv) -> pd.DataFrame:  # type: ignore[no-untyped-def]
     return load_benchmark(sample_csv)
-
-
-@pytest.fixture(scope="module")
-def models(sample: pd.DataFrame) -> CalibratedModels:
-    return fit_models(sample, seed=0)
 
 
 @pytest.fixture(scope="module")
