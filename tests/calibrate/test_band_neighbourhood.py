@@ -10,9 +10,8 @@ import pytest
 
 from calibrate import accuracy, boosting
 from calibrate import performance as perf
-from calibrate.encoding import FeatureEncoding
 from calibrate.features import FEATURE_NAMES, feature_columns
-from calibrate.fit import fit_models
+from calibrate.fit import CalibratedModels, fit_models
 from calibrate.loader import load_benchmark
 from calibrate.splits import random_holdout
 from twin.domain import Outcome
@@ -24,16 +23,18 @@ def sample(sample_csv) -> pd.DataFrame:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def valid_matrix(sample: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def valid_matrix(sample: pd.DataFrame, models: CalibratedModels) -> tuple[np.ndarray, np.ndarray]:
+    """The sample's valid runs, encoded as the session's calibrated version encodes them."""
     valid = sample[sample["outcome"] == Outcome.VALID.value]
     columns, _ = feature_columns(valid)
-    X = FeatureEncoding.fit(columns).matrix(columns)
-    return X, valid["dataset_tokens_per_second"].to_numpy(dtype=float)
+    return models.encoding.matrix(columns), valid["dataset_tokens_per_second"].to_numpy(dtype=float)
 
 
 @pytest.fixture(scope="module")
-def fitted(valid_matrix: tuple[np.ndarray, np.ndarray]) -> perf.ThroughputModel:
-    return perf.fit_throughput(*valid_matrix, None, seed=0)
+def fitted(models: CalibratedModels) -> perf.ThroughputModel:
+    """The throughput model of the session's calibrated version (tests/calibrate/conftest.py), fitted on
+    those runs: no fit of the module's own."""
+    return models.throughput
 
 
 def test_siblings_are_counted_apart_from_the_configuration(
