@@ -2,8 +2,8 @@
 unseen model names, the physics the models must respect, and persistence through skops.
 
 The models are the session's calibrated version (`models`, tests/calibrate/conftest.py): `finetwin calibrate`
-on the whole sample, whose predictions are `fit_models(sample, seed=0)`'s to the last digit, without a fit
-of the module's own (20-30 s). Accuracy itself is measured in `bench/accuracy.py`, not here.
+on the whole sample, which predicts as `fit_models(sample, seed=0)` does (checked to 1e-9 relative), without
+a fit of the module's own (20-30 s). Accuracy itself is measured in `bench/accuracy.py`, not here.
 """
 
 from __future__ import annotations
