@@ -36,12 +36,11 @@ import msgspec
 import sqlalchemy
 from psycopg.types.json import Json
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine, Table, Text, any_, bindparam, func, select
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ingest import node_changes
-from ingest.bulk import insert_new_rows, insert_rows, update_rows
+from ingest.bulk import insert_new_rows, insert_rows, select_locked, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
 from twin import job_fold
@@ -330,17 +329,8 @@ def _refold_raced_jobs(
 def _lock_jobs(connection: Connection, job_ids: list[str]) -> dict[str, dict[str, Any]]:
     """The stored rows of these jobs, locked until the transaction ends (PostgreSQL; SQLite holds the whole
     database's write lock already, since the raw-event insert came first)."""
-    found: dict[str, dict[str, Any]] = {}
-    if connection.dialect.name == "postgresql":  # one array parameter, not one parameter per id
-        ids = bindparam("job_ids", job_ids, type_=postgresql.ARRAY(Text()))
-        chunks = [JOBS.c.job_id == any_(ids)]
-    else:
-        chunks = [JOBS.c.job_id.in_(chunk) for chunk in in_chunks(job_ids)]
-    for condition in chunks:
-        query = select(JOBS).where(condition).order_by(JOBS.c.job_id).with_for_update()
-        for row in connection.execute(query).mappings():
-            found[row["job_id"]] = dict(row)
-    return found
+    rows = select_locked(connection, [JOBS], JOBS.c.job_id, job_ids)
+    return {row.job_id: dict(row._mapping) for row in rows}
 
 
 def _empty_job(job_id: str, cluster_id: str) -> dict[str, Any]:

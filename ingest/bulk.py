@@ -23,7 +23,7 @@ SQLite: an executemany, which SQLAlchemy batches into multi-row VALUES statement
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -39,8 +39,10 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Table,
+    Text,
     TypeDecorator,
     Uuid,
+    any_,
     bindparam,
     column,
     exists,
@@ -51,8 +53,23 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 
+from twin.db import in_chunks
+
 Row = Sequence[Any]  # a row's values, in the order of the `names` that come with it
 Finish = Callable[[Any], Any]  # adds ON CONFLICT / RETURNING to an INSERT
+
+
+def select_locked(connection: Connection, columns: Sequence[Any], key: Any, keys: list[str]) -> Iterator[Any]:
+    """The rows of `columns` whose `key` column is one of `keys`, each locked until the transaction ends, in
+    `key` order: two transactions that lock some of the same rows take them in one order, so neither waits
+    on the other in a circle. PostgreSQL: FOR UPDATE, the keys as one array parameter, not one parameter per
+    key; SQLite holds the whole database's write lock already, and takes the keys in chunks it accepts."""
+    if connection.dialect.name == "postgresql":
+        conditions = [key == any_(bindparam("keys", keys, type_=postgresql.ARRAY(Text())))]
+    else:
+        conditions = [key.in_(chunk) for chunk in in_chunks(keys)]
+    for condition in conditions:
+        yield from connection.execute(select(*columns).where(condition).order_by(key).with_for_update())
 
 
 def insert_rows(

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Table, Text, any_, bindparam, select
+from sqlalchemy import Connection, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from ingest.bulk import select_locked
 from twin.clock import as_utc
-from twin.db import in_chunks
 from twin.gpus_up import NodeReport
 from twin.store import NODE_STATUS_ONLY, Node, NodeStatusChange, TelemetryEvent
 
@@ -96,22 +96,15 @@ def _after_all(report: Report, head: _Head) -> bool:
 def _lock_heads(connection: Connection, node_ids: list[str]) -> dict[str, _Head]:
     columns = (NODES.c.node_id, NODES.c.cluster_id, NODES.c.status, NODES.c.gpu_count, NODES.c.gpu_model,
                NODES.c.updated_at, NODES.c.last_report_at)  # fmt: skip
-    if connection.dialect.name == "postgresql":  # one array parameter, not one parameter per id
-        conditions = [
-            NODES.c.node_id == any_(bindparam("node_ids", node_ids, type_=postgresql.ARRAY(Text())))
-        ]
-    else:
-        conditions = [NODES.c.node_id.in_(chunk) for chunk in in_chunks(node_ids)]
     heads: dict[str, _Head] = {}
-    for condition in conditions:
-        query = select(*columns).where(condition).order_by(NODES.c.node_id).with_for_update()
-        for node_id, cluster_id, status, gpus, model, updated_at, last_report_at in connection.execute(query):
-            if last_report_at is None:  # a row written without telemetry: no report stored
-                heads[node_id] = _Head(None, None, cluster_id)
-                continue
-            latest = as_utc(last_report_at)
-            row_is_latest = as_utc(updated_at) == latest
-            heads[node_id] = _Head(latest, (status, int(gpus), model) if row_is_latest else None, cluster_id)
+    for row in select_locked(connection, columns, NODES.c.node_id, node_ids):
+        node_id, cluster_id, status, gpus, model, updated_at, last_report_at = row
+        if last_report_at is None:  # a row written without telemetry: no report stored
+            heads[node_id] = _Head(None, None, cluster_id)
+            continue
+        latest = as_utc(last_report_at)
+        row_is_latest = as_utc(updated_at) == latest
+        heads[node_id] = _Head(latest, (status, int(gpus), model) if row_is_latest else None, cluster_id)
     return heads
 
 
