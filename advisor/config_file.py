@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from twin.text_files import TOO_DEEP, TextFileError, parse_yaml, utf8_text, yaml_message
+from twin.text_files import TOO_DEEP, TextFileError, parse_yaml, python_reason, utf8_text, yaml_message
 
 MAX_FILE_BYTES = 1_000_000
 
@@ -44,6 +44,8 @@ def read_config_file(path: Path) -> Any:
         raise ConfigFileError(
             f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
         ) from exc
+    except ValueError as exc:  # valid JSON Python will not hold: an integer of over 4,300 digits
+        raise ConfigFileError(f"{path}: a number too long to read ({python_reason(exc)})") from None
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path}: {yaml_message(exc)}") from exc
     except RecursionError:

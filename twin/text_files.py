@@ -79,6 +79,23 @@ _YAML_12_FLOAT = re.compile(
 )
 
 
+def python_reason(exc: ValueError) -> str:
+    """Python's reason for refusing a value, as the middle of a sentence, without its advice for programmers
+    (an integer of over 4,300 digits: "use sys.set_int_max_str_digits() to increase the limit")."""
+    reason = str(exc).split(";")[0]
+    return reason[:1].lower() + reason[1:]
+
+
+def unreadable_scalar(tag: str, value: str, exc: Exception) -> str:
+    """What is wrong with a YAML value its type's constructor refused: the value (its start, for a long one),
+    the type it was read as and why, with the fix for a text read as a date."""
+    kind = tag.rsplit(":", 1)[-1]
+    shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value):,} characters)"
+    reason = python_reason(exc) if type(exc) is ValueError else "not written as one"
+    hint = "; quote it to keep it as text" if kind == "timestamp" else ""
+    return f"{shown} is not a valid {kind} ({reason}){hint}"
+
+
 @functools.cache
 def _yaml_loader() -> type:
     import yaml
@@ -103,6 +120,19 @@ def _yaml_loader() -> type:
                     )  # fmt: skip
                 first_line[key] = key_node.start_mark.line
             return super().construct_mapping(node, deep)
+
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            # PyYAML's scalar constructors raise Python's own errors for a value that looks like their type
+            # and is not one (`2026-13-45`, `!!int abc`, `!!bool maybe`, an integer of 5,000 digits): said
+            # as YAML errors, at the value's line and column, not as a traceback.
+            try:
+                return super().construct_object(node, deep)
+            except (ValueError, KeyError, AttributeError, IndexError, OverflowError) as exc:
+                if not isinstance(node, yaml.ScalarNode):
+                    raise
+                raise yaml.constructor.ConstructorError(
+                    None, None, unreadable_scalar(node.tag, node.value, exc), node.start_mark
+                ) from None
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+0123456789."))
     return Loader

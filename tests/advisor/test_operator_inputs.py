@@ -113,6 +113,21 @@ def test_a_key_given_twice_in_a_file_is_refused_naming_both_lines(
     assert merged["job"] == {"number_gpus": 4, "batch_size": 8}
 
 
+def test_a_json_number_too_long_for_python_is_refused_saying_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Valid JSON that Python will not hold (an integer of over 4,300 digits) was a traceback (ValueError)."""
+    config = tmp_path / "job.json"
+    config.write_text('{"model_name": "llama3-8b", "number_gpus": ' + "9" * 5000 + "}")
+    assert main(["advise", str(config)]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert (
+        "job.json: a number too long to read (exceeds the limit (4300 digits) for integer string conversion: "
+        "value has 5000 digits)" in error
+    ), error
+    assert "Traceback" not in error and "set_int_max_str_digits" not in error
+
+
 LORA_JOB = (
     "model_name: llama3-8b\nmethod: lora\ngpu_model: L40S\nnumber_gpus: 2\nbatch_size: 8\n"
     "tokens_per_sample: 2048\n"

@@ -277,6 +277,44 @@ def test_a_yaml_file_in_another_encoding_or_indented_with_tabs_is_named_at_its_l
         assert said in error and "Traceback" not in error, error
 
 
+# Values PyYAML reads as a type they are not, each with what is said at its line and column (all were
+# tracebacks: ValueError, KeyError, AttributeError, IndexError from its constructors).
+UNREADABLE_VALUES = [
+    ("when: 2026-13-45", "line 2, column 7: '2026-13-45' is not a valid timestamp (month must be in 1..12); "
+                         "quote it to keep it as text"),
+    ("when: [1, {at: 2026-02-30}]", "line 2, column 16: '2026-02-30' is not a valid timestamp (day is out of "
+                                    "range for month)"),
+    ("fast: !!bool maybe", "line 2, column 7: 'maybe' is not a valid bool (not written as one)"),
+    ("gpus: !!int _", "line 2, column 7: '_' is not a valid int (not written as one)"),
+    ("gpus: " + "9" * 5000, "line 2, column 7: '" + "9" * 40 + "'... (5,000 characters) is not a valid int "
+                            "(exceeds the limit (4300 digits) for integer string conversion: value has 5000 "
+                            "digits)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["cluster", "scenario", "slo", "advice"])
+@pytest.mark.parametrize(
+    ("line", "said"), UNREADABLE_VALUES, ids=["date", "nested-date", "bool", "int", "digits"]
+)
+def test_a_yaml_value_that_is_not_the_type_it_looks_like_is_named_at_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, line: str, said: str
+) -> None:
+    jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
+    cluster = write(tmp_path, "cluster.yaml", CLUSTER)
+    path = write(tmp_path, "odd.yaml", f"name: x\n{line}\n")
+    command = {
+        "cluster": ["simulate", "--cluster", str(path), "--workload", str(jobs)],
+        "scenario": ["whatif", str(path)],
+        "slo": ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--slo", str(path), "--vary",
+                "A100-SXM=1..2"],
+        "advice": ["advise", str(path)],
+    }[kind]  # fmt: skip
+    assert main(command) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"odd.yaml: not valid YAML: {said}" in error and "Traceback" not in error, error
+    assert "set_int_max_str_digits" not in error
+
+
 @pytest.mark.parametrize(
     ("options", "duration_s", "expected"),
     [
