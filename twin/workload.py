@@ -190,25 +190,7 @@ def read_jobs_csv(path: str | Path) -> Workload:
             raise _not_utf8(path) from None
         except csv.Error as exc:
             raise WorkloadFormatError(path, 1, None, f"not a CSV header: {exc}") from None
-        if len(header) > MAX_CSV_COLUMNS:
-            raise WorkloadFormatError(path, 1, None, too_many_columns(len(header)))
-        other_separator = separator_hint(header)
-        if other_separator:
-            raise WorkloadFormatError(path, 1, None, other_separator)
-        for column in REQUIRED_COLUMNS:
-            if column not in header and not (column == "gpus" and GPUS_SYNONYM in header):
-                raise WorkloadFormatError(
-                    path, 1, column, "missing from the header" + _header_hint(column, header)
-                )
-        if "duration_s" not in header:
-            for column in CONFIG_REQUIRED:
-                if column not in header:
-                    raise WorkloadFormatError(
-                        path,
-                        1,
-                        column,
-                        "missing (needed when there is no duration_s)" + _header_hint(column, header),
-                    )
+        _check_header(path, header)
         builder = _Builder(path, {name: i for i, name in enumerate(header)})
         try:
             for row in reader:
@@ -226,6 +208,25 @@ def read_jobs_csv(path: str | Path) -> Workload:
     if not builder.job_ids:
         raise WorkloadFormatError(path, None, None, "no jobs in the file")
     return builder.build()
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    """Raises WorkloadFormatError for a header the rows cannot be read by: too many columns, another
+    separator, a required column missing (with the name it resembles, for a misspelling)."""
+    if len(header) > MAX_CSV_COLUMNS:
+        raise WorkloadFormatError(path, 1, None, too_many_columns(len(header)))
+    other_separator = separator_hint(header)
+    if other_separator:
+        raise WorkloadFormatError(path, 1, None, other_separator)
+    for column in REQUIRED_COLUMNS:
+        if column not in header and not (column == "gpus" and GPUS_SYNONYM in header):
+            missing = "missing from the header"
+            raise WorkloadFormatError(path, 1, column, missing + _header_hint(column, header))
+    if "duration_s" not in header:
+        for column in CONFIG_REQUIRED:
+            if column not in header:
+                needed = "missing (needed when there is no duration_s)"
+                raise WorkloadFormatError(path, 1, column, needed + _header_hint(column, header))
 
 
 MAX_INTEGER = 10_000_000  # the largest whole number a cell may hold (GPUs, nodes, batch, tokens per sample)
