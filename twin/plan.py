@@ -218,6 +218,20 @@ def prepare_catalog(
     if options.admission is Admission.REJECT:
         reject[(reject == Reject.NONE) & (p_valid < options.min_p_valid)] = Reject.PREDICTED_FAILURE
     changed = np.array([a != b for a, b in zip(configs, catalog, strict=True)], dtype=bool)
+    correlation, quantiles, failure_correlation, error_range = _error_structure(models, configs)
+    return PreparedCatalog(
+        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles,
+        failure_correlation, p_valid_members, power_scale, power_correlation, error_range,
+    )  # fmt: skip
+
+
+def _error_structure(
+    models: JobModels, configs: list[JobConfig]
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """What the models say of how their errors behave, per configuration, where they say it: the share of the
+    throughput error its family shares (0: independent), the standardized error's quantiles, the share of
+    the failure model's error its family shares, and the range of held-out throughput errors."""
+    k = len(configs)
     correlation = np.zeros(k)
     if isinstance(models, ErrorCorrelationModel):
         correlation = _checked(models.predict_error_correlation(configs), (k,), "error correlation")
@@ -241,10 +255,7 @@ def prepare_catalog(
         error_range = _checked(models.predict_error_range(configs), (k, 2), "error range")
         if np.isnan(error_range).any() or (error_range[:, 0] > 0).any() or (error_range[:, 1] < 0).any():
             raise ValueError("the model returned an error range that does not hold 0")
-    return PreparedCatalog(
-        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles,
-        failure_correlation, p_valid_members, power_scale, power_correlation, error_range,
-    )  # fmt: skip
+    return correlation, quantiles, failure_correlation, error_range
 
 
 def _power_error(
