@@ -224,6 +224,39 @@ def _oversized_note(oversized: list[tuple[str, int]]) -> str:
     )
 
 
+def _current_jobs(
+    active: list[JobRecord], down: set[str], observed_work: dict[str, float], typical: float, now: datetime
+) -> tuple[_Rows, int, int, int]:
+    """The queued and running jobs as the plan's rows, in submission order, and how many were left out for
+    want of a configuration, left out because a node they ran on is down, and given the typical work."""
+    current = _Rows()
+    skipped = lost = imputed = 0
+    for job in sorted(active, key=lambda j: (utc(j.submitted_at) if j.submitted_at else now, j.job_id)):
+        config = job_config(job)
+        if config is None:
+            skipped += 1
+            continue
+        if job.state == "running" and down.intersection(job.node_ids or ()):
+            lost += 1  # its node went down: it is not running, and telemetry will say how it ended
+            continue
+        work = job_work(job, observed_work)
+        if work is None:
+            work, imputed = typical, imputed + 1
+        submitted = utc(job.submitted_at) if job.submitted_at else now
+        running = None
+        if job.state == "running":
+            started = utc(job.started_at) if job.started_at else now
+            running = RunningState(
+                elapsed_s=max((now - started).total_seconds(), 0.0),
+                tokens_done=job.tokens_processed,
+                tokens_per_second=job.last_tokens_per_second,
+                power_w=plausible_power(job.last_power_watts),  # the plan keeps only a measured one
+                node_ids=tuple(dict.fromkeys(job.node_ids or ())),  # a node named twice is one node
+            )
+        current.add(job.job_id, min((submitted - now).total_seconds(), 0.0), config, work, running)
+    return current, skipped, lost, imputed
+
+
 def inputs_from_rows(
     rows: StoreRows,
     *,
@@ -250,38 +283,13 @@ def inputs_from_rows(
 
     known_typical = typical_work(history, observed_work)
     typical = known_typical or DEFAULT_WORK_TOKENS
-    imputed = 0
 
     if cluster.draining:
         notes.append(
             f"{cluster.draining} node(s) draining: they run their jobs to the end and take no new one"
         )
     down = {n.node_id for n in nodes if n.status == "down"}
-    current = _Rows()
-    skipped = lost = 0
-    for job in sorted(active, key=lambda j: (utc(j.submitted_at) if j.submitted_at else now, j.job_id)):
-        config = job_config(job)
-        if config is None:
-            skipped += 1
-            continue
-        if job.state == "running" and down.intersection(job.node_ids or ()):
-            lost += 1  # its node went down: it is not running, and telemetry will say how it ended
-            continue
-        work = job_work(job, observed_work)
-        if work is None:
-            work, imputed = typical, imputed + 1
-        submitted = utc(job.submitted_at) if job.submitted_at else now
-        running = None
-        if job.state == "running":
-            started = utc(job.started_at) if job.started_at else now
-            running = RunningState(
-                elapsed_s=max((now - started).total_seconds(), 0.0),
-                tokens_done=job.tokens_processed,
-                tokens_per_second=job.last_tokens_per_second,
-                power_w=plausible_power(job.last_power_watts),  # the plan keeps only a measured one
-                node_ids=tuple(dict.fromkeys(job.node_ids or ())),  # a node named twice is one node
-            )
-        current.add(job.job_id, min((submitted - now).total_seconds(), 0.0), config, work, running)
+    current, skipped, lost, imputed = _current_jobs(active, down, observed_work, typical, now)
     if skipped:
         notes.append(f"{skipped} queued or running job(s) left out: their configuration is not known yet")
     if lost:
