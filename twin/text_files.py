@@ -86,7 +86,7 @@ def python_reason(exc: ValueError) -> str:
     return reason[:1].lower() + reason[1:]
 
 
-def unreadable_scalar(tag: str, value: str, exc: Exception) -> str:
+def _unreadable_scalar(tag: str, value: str, exc: Exception) -> str:
     """What is wrong with a YAML value its type's constructor refused: the value (its start, for a long one),
     the type it was read as and why, with the fix for a text read as a date."""
     kind = tag.rsplit(":", 1)[-1]
@@ -131,7 +131,7 @@ def _yaml_loader() -> type:
                 if not isinstance(node, yaml.ScalarNode):
                     raise
                 raise yaml.constructor.ConstructorError(
-                    None, None, unreadable_scalar(node.tag, node.value, exc), node.start_mark
+                    None, None, _unreadable_scalar(node.tag, node.value, exc), node.start_mark
                 ) from None
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+0123456789."))
