@@ -9,14 +9,18 @@ what it says is what the API does (`tests/advisor/test_fuzz.py` checks responses
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.routing import compile_path
 
 from advisor.asgi_body import read_as_json
 from advisor.auth import V1_PREFIX
@@ -88,10 +92,31 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return validation_error_response(exc, route_body_model(request), request.headers.get("content-type"))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(request, exc.headers)}
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(ExecutorUnavailable)
     async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:
         # FINETWIN_RAY_ADDRESS names a Ray cluster that does not answer: the server's to fix, not the caller.
         return JSONResponse(status_code=503, content={"detail": str(exc)})
+
+
+_HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _allowed_methods(request: Request, headers: Mapping[str, str] | None) -> str:
+    """A 405's Allow: the methods of every route of the document whose path holds the request's, and those
+    of the route that refused it (`headers`' Allow). Starlette names the refusing route's only, the first
+    that holds the path, so paths with a route per method (GET and PUT /v1/slos) or under a path parameter
+    (/v1/recommendations/{id} before POST /v1/recommendations/run) said too few, or others."""
+    methods = {m.strip() for m in (headers or {}).get("Allow", "").split(",") if m.strip()}
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if compile_path(template)[0].match(request.scope["path"]):
+            methods |= {m.upper() for m in operations} & _HTTP_METHODS
+    return ", ".join(sorted(methods))
 
 
 # Answers that can come from outside the route itself, by when they apply.

@@ -472,3 +472,24 @@ def test_unknown_keys_are_remembered_and_limited_per_address(engine: Engine, tmp
         assert len(lookups) == 5
         # ... but a valid key never seen from there waits like any other guess.
         _refused(client.get("/v1/jobs", headers=api_headers(engine, "viewer")), 429)
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/v1/slos", "GET, PUT"),  # a route per method: Starlette's Allow named the first only
+        ("/v1/plan", "GET, POST"),
+        # POST /v1/recommendations/run, after GET /v1/recommendations/{id}: Allow said GET alone
+        ("/v1/recommendations/run", "GET, POST"),
+        ("/v1/forecast", "GET"),  # and HEAD, which no route answers, is refused naming GET alone
+    ],
+)
+def test_a_method_a_path_does_not_take_is_405_naming_every_method_it_does(
+    api: TestClient, path: str, allowed: str
+) -> None:
+    for method in ("DELETE", "PATCH", "HEAD"):
+        response = api.request(method, path)
+        assert response.status_code == 405, (method, response.text)
+        assert response.headers["allow"] == allowed, method
+        if method != "HEAD":  # an answer to HEAD has no body
+            assert response.json() == {"detail": "Method Not Allowed"}
