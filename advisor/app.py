@@ -21,6 +21,7 @@ from advisor.batching import Batcher
 from advisor.errors import document_errors, install_error_handlers
 from advisor.fastpath import RepeatedAdviceFastPath
 from advisor.guards import RequestGuard
+from advisor.head_requests import HeadAsGet
 from advisor.outbox import RelayThread
 from advisor.parts import ApiParts, ApiRuntime
 from advisor.query_params import reject_unknown_query
@@ -133,10 +134,12 @@ def create_app(parts: ApiParts) -> FastAPI:
     # FastAPI parses it: see advisor.fastpath.
     if parts.settings.advice_fast_path:
         app.add_middleware(RepeatedAdviceFastPath, runtime=runtime)
-    # Added last, so outermost: no body over the limit and no NUL character reaches anything else.
+    # Added last but one, so outermost but for HEAD's: no body over the limit and no NUL character
+    # reaches anything else.
     # The guard also refuses an address that failed too many key checks: it reads the runtime's key
     # cache and failure limiter.
     app.add_middleware(RequestGuard, max_body_bytes=parts.settings.max_body_bytes, state=runtime)
+    app.add_middleware(HeadAsGet)  # outermost: a HEAD is a GET to everything inside (advisor.head_requests)
     install_error_handlers(app)
     app.openapi = document_errors(app)  # type: ignore[method-assign]
     return app

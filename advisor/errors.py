@@ -116,6 +116,8 @@ def _allowed_methods(request: Request, headers: Mapping[str, str] | None) -> str
     for template, operations in request.app.openapi().get("paths", {}).items():
         if compile_path(template)[0].match(request.scope["path"]):
             methods |= {m.upper() for m in operations} & _HTTP_METHODS
+    if "GET" in methods:  # answered as GET without the body (advisor.head_requests)
+        methods.add("HEAD")
     return ", ".join(sorted(methods))
 
 
