@@ -249,13 +249,24 @@ def test_files_saved_with_a_byte_order_mark_read_as_without(
     )
 
 
+def reading_yaml(tmp_path: Path, kind: str, path: Path) -> list[str]:
+    """A command that reads `path` as its YAML file of `kind` (the other files it needs written beside it)."""
+    jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
+    cluster = write(tmp_path, "cluster.yaml", CLUSTER)
+    return {
+        "cluster": ["simulate", "--cluster", str(path), "--workload", str(jobs)],
+        "scenario": ["whatif", str(path)],
+        "slo": ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--slo", str(path), "--vary",
+                "A100-SXM=1..2"],
+        "advice": ["advise", str(path)],
+    }[kind]  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", ["cluster", "scenario", "slo", "advice"])
 def test_a_yaml_file_in_another_encoding_or_indented_with_tabs_is_named_at_its_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     """Both were tracebacks (UnicodeDecodeError) or the parser's four-line message."""
-    jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
-    cluster = write(tmp_path, "cluster.yaml", CLUSTER)
     legacy, tabbed = tmp_path / "legacy.yaml", tmp_path / "tabbed.yaml"
     legacy.write_bytes("# owner: Jos\u00e9\nname: x\n".encode("cp1252"))
     tabbed.write_text("name: x\nchanges:\n\tnodes: []\n")
@@ -265,14 +276,7 @@ def test_a_yaml_file_in_another_encoding_or_indented_with_tabs_is_named_at_its_l
         (tabbed, "tabbed.yaml: not valid YAML: line 3, column 1: found character '\\t' that cannot start any "
                  "token (YAML indents with spaces, not tabs)"),
     ):  # fmt: skip
-        command = {
-            "cluster": ["simulate", "--cluster", str(path), "--workload", str(jobs)],
-            "scenario": ["whatif", str(path)],
-            "slo": ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--slo", str(path), "--vary",
-                    "A100-SXM=1..2"],
-            "advice": ["advise", str(path)],
-        }[kind]  # fmt: skip
-        assert main(command) == 2
+        assert main(reading_yaml(tmp_path, kind, path)) == 2
         error = capsys.readouterr().err
         assert said in error and "Traceback" not in error, error
 
@@ -299,17 +303,8 @@ UNREADABLE_VALUES = [
 def test_a_yaml_value_that_is_not_the_type_it_looks_like_is_named_at_its_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, line: str, said: str
 ) -> None:
-    jobs = write(tmp_path, "jobs.csv", "job_id,arrival_s,gpus,duration_s\nj1,0,1,10\n")
-    cluster = write(tmp_path, "cluster.yaml", CLUSTER)
     path = write(tmp_path, "odd.yaml", f"name: x\n{line}\n")
-    command = {
-        "cluster": ["simulate", "--cluster", str(path), "--workload", str(jobs)],
-        "scenario": ["whatif", str(path)],
-        "slo": ["plan", "--cluster", str(cluster), "--workload", str(jobs), "--slo", str(path), "--vary",
-                "A100-SXM=1..2"],
-        "advice": ["advise", str(path)],
-    }[kind]  # fmt: skip
-    assert main(command) == 2
+    assert main(reading_yaml(tmp_path, kind, path)) == 2
     error = " ".join(capsys.readouterr().err.split())
     assert f"odd.yaml: not valid YAML: {said}" in error and "Traceback" not in error, error
     assert "set_int_max_str_digits" not in error
