@@ -89,7 +89,10 @@ class RefitProcess:
             atexit.unregister(self.stop)
         if kind == "done":
             return payload
-        if kind == "interrupted" or (kind == "died" and self._stopping):
+        # Stopped, a child that died or failed was interrupted: a library may turn the KeyboardInterrupt into
+        # an error of its own (numpy, mid-fit: "not a valid PEP 3118 buffer format string" from it), which
+        # was logged as a failed refit with its traceback each time the API stopped during one.
+        if kind == "interrupted" or (kind in ("died", "failed") and self._stopping):
             raise KeyboardInterrupt
         if kind == "died":
             died = f"the refit's process ended without an answer (exit code {process.exitcode})"

@@ -20,6 +20,7 @@ from calibrate.refit_process import REFIT_NICE, RefitFailed, RefitProcess
 from calibrate.registry import ModelRegistry
 from finetwin.schema import migrate
 from finetwin.settings import Settings
+from tests.conftest import wait_for
 from twin.db import make_engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +38,16 @@ def refuse(engine: Any, **kwargs: Any) -> None:
 
 def wait_forever(engine: Any, **kwargs: Any) -> None:
     threading.Event().wait()
+
+
+def fail_when_interrupted(engine: Any, **kwargs: Any) -> None:
+    """Waits, having said so in a file; interrupted, raises an error of its own from the KeyboardInterrupt, as
+    numpy does when one comes mid-fit."""
+    Path(kwargs["waiting"]).touch()
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt as exc:
+        raise ValueError("'T{=d:sum_gradients:}' is not a valid PEP 3118 buffer format string") from exc
 
 
 def test_the_child_runs_niced_in_its_own_group_on_the_same_store(tmp_path: Path) -> None:
@@ -88,6 +99,27 @@ def test_stop_ends_the_child_as_an_interruption(ctrl_c_ignored: None, when: str)
     assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt), outcome
     with pytest.raises(KeyboardInterrupt):  # stopped for good: the API is stopping
         process.run(where_am_i, None)
+
+
+def test_a_child_stopped_mid_fit_is_interrupted_whatever_its_libraries_raise(tmp_path: Path) -> None:
+    """Stopping the API during a refit logged "refit failed" with numpy's traceback, where the refit was
+    abandoned as the API stopped."""
+    process = RefitProcess()
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            process.run(fail_when_interrupted, None, waiting=str(tmp_path / "waiting"))
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the assertion
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_for(lambda: (tmp_path / "waiting").exists(), 60, "the child to run its target")
+    process.stop()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt), outcome
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3) to await a process")
