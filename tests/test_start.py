@@ -58,6 +58,18 @@ def test_up_on_a_taken_port_fails_before_starting_anything_and_names_a_free_one(
     assert not (tmp_path / "data").exists()
 
 
+def test_api_on_a_taken_port_fails_before_the_store_is_touched_and_names_a_free_one(
+    tmp_path: Path, taken_port: int
+) -> None:
+    """uvicorn said it as a log line, with its own exit status 3, after the store was migrated and the
+    schedulers had started."""
+    done = run(["api", "--port", str(taken_port)], environment(tmp_path / "data"))
+    assert done.returncode == 2, done.stderr
+    assert f"finetwin api: error: cannot serve the API on 127.0.0.1:{taken_port}" in done.stderr
+    assert int(done.stderr.split("--port ")[-1].split()[0]) != taken_port
+    assert not (tmp_path / "data").exists()  # no store was made or migrated
+
+
 def test_the_port_is_checked_before_the_replay_is_read_or_the_parts_imported(
     tmp_path: Path, taken_port: int
 ) -> None:
@@ -102,7 +114,7 @@ def test_a_second_up_on_the_same_data_directory_is_refused_before_it_starts_anyt
 def test_the_default_port_when_taken_is_replaced_by_a_free_one(
     taken_port: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from finetwin.commands.up import reserve_port
+    from finetwin.commands.ports import reserve_port
 
     listener = reserve_port("127.0.0.1", taken_port, asked=False)
     try:

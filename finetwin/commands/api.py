@@ -11,11 +11,13 @@ import typer
 
 from finetwin.commands import add_command
 from finetwin.commands.options import Bootstrap
+from finetwin.commands.ports import reserve_port
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
 
 log = logging.getLogger("finetwin.relay")
+api_log = logging.getLogger("finetwin.api")
 
 
 def register(app: typer.Typer) -> None:
@@ -48,22 +50,34 @@ def api(
         ),
     ] = None,
 ) -> int:
-    import uvicorn
-
-    from finetwin.wiring import api_app, api_parts, migrated_engine
-
     settings: Settings = ctx.obj
-    app = api_app(api_parts(settings, migrated_engine(settings)))
-    uvicorn.run(
-        app,
-        host=host or settings.api_host,
-        port=port or settings.api_port,
-        log_level="info",
-        access_log=access_log,
-        proxy_headers=True,
-        # None: uvicorn's own default (its FORWARDED_ALLOW_IPS variable, else 127.0.0.1).
-        forwarded_allow_ips=forwarded_allow_ips or settings.forwarded_allow_ips,
-    )
+    host, port = host or settings.api_host, port or settings.api_port
+    # The port first: taken, it is said before the store is migrated and the schedulers start (uvicorn
+    # said it only after them, as a log line, with its own exit status 3). A server's port is never
+    # replaced by another one, as `finetwin up`'s default is: its clients know the one it was given.
+    listener = reserve_port(host, port, asked=True)
+    try:
+        import uvicorn
+
+        from finetwin.wiring import api_app, api_parts, migrated_engine
+
+        app = api_app(api_parts(settings, migrated_engine(settings)))
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=access_log,
+            proxy_headers=True,
+            # None: uvicorn's own default (its FORWARDED_ALLOW_IPS variable, else 127.0.0.1).
+            forwarded_allow_ips=forwarded_allow_ips or settings.forwarded_allow_ips,
+        )
+        # uvicorn names the address only where it opens the socket itself.
+        where = f"[{host}]" if ":" in host else host
+        api_log.info("serving the API and dashboard on http://%s:%d (Ctrl-C stops it)", where, port)
+        uvicorn.Server(config).run(sockets=[listener])
+    finally:
+        listener.close()
     return 0
 
 

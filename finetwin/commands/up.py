@@ -19,6 +19,7 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command, up_replay
 from finetwin.commands.options import BUNDLED, bench_option, refuse_options
+from finetwin.commands.ports import reserve_port
 from finetwin.commands.telemetry import (
     EXIT_UNDECODABLE,
     Epoch,
@@ -310,41 +311,6 @@ def data_dir_lock(data_dir: Path) -> Iterator[None]:
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
-
-
-def reserve_port(host: str, port: int, *, asked: bool) -> socket.socket:
-    """A listening socket on host:port, handed to uvicorn later. A port that was asked for (--port or
-    FINETWIN_API_PORT) and is taken is an error naming a free one; the default port, when taken, is
-    replaced by a free one (the banner says which)."""
-    try:
-        return _listen(host, port)
-    except OSError as exc:
-        taken = exc
-    spare = _listen(host, 0)
-    free = spare.getsockname()[1]
-    if asked:
-        spare.close()
-        raise CommandError(
-            f"cannot serve the API on {host}:{port}: {taken.strerror or taken} (another finetwin up, or "
-            f"another program, has it); choose another port with --port, e.g. --port {free}"
-        )
-    output.say(
-        f"port {port} on {host} is taken: serving on port {free} instead (--port chooses)", stderr=True
-    )
-    return spare
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
-    try:
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def banner(url: str, first_key: str | None, settings: Settings) -> str:
