@@ -398,6 +398,8 @@ def backtest(
         table = load_benchmark_table(bench)
     except ValueError as exc:  # BenchmarkFormatError names the file, line and column
         raise CommandError(str(exc)) from None
+    if not len(table):  # was an IndexError from the replay's last arrival
+        raise CommandError(f"{bench}: no rows to replay (a header and no data rows)")
     try:
         nodes = load_cluster(cluster) if cluster is not None else None
     except ClusterFormatError as exc:
@@ -405,7 +407,13 @@ def backtest(
     if models is not None:
         job_models_, source = job_models(models, settings, needed=True)
     else:
-        job_models_, source = fit_benchmark_models(bench, seed=seed), f"calibrated on {bench.name}"
+        try:
+            job_models_, source = fit_benchmark_models(bench, seed=seed), f"calibrated on {bench.name}"
+        except ValueError as exc:  # too few runs of a kind to fit on: was a traceback
+            raise CommandError(
+                f"cannot calibrate the backtest's models on {bench}: {exc}; give --models DIR to backtest "
+                "with a calibrated version instead"
+            ) from None
     with output.progress(runs, "backtest", "runs", quiet=as_json) as tick:
         document = checked(
             lambda: run_backtest(

@@ -92,6 +92,16 @@ def test_backtest_command_calibrates_on_the_benchmark(
     monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
     assert main(["backtest", "--bench", str(sample_csv), "--window", "9h:1h"]) == 2
     assert "--window: the window ends before it starts" in capsys.readouterr().err
+    header_only = tmp_path / "header.csv"
+    header_only.write_text(sample_csv.read_text().splitlines()[0] + "\n")
+    assert main(["backtest", "--bench", str(header_only)]) == 2  # was an IndexError
+    assert f"{header_only}: no rows to replay (a header and no data rows)" in capsys.readouterr().err
+    few = tmp_path / "few.csv"
+    few.write_text("\n".join(sample_csv.read_text().splitlines()[:4]) + "\n")
+    assert main(["backtest", "--bench", str(few)]) == 2  # was a ValueError traceback from the fit
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"cannot calibrate the backtest's models on {few}: need at least 10 valid runs" in error, error
+    assert "give --models DIR" in error
     assert main(["backtest", "--bench", str(sample_csv), "--window", "0:12h", "--runs", "3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["models"] == f"calibrated on {sample_csv.name}" and doc["jobs_in_window"] > 500
