@@ -282,7 +282,7 @@ def test_a_yaml_file_in_another_encoding_or_indented_with_tabs_is_named_at_its_l
 
 
 # Values PyYAML reads as a type they are not, each with what is said at its line and column (all were
-# tracebacks: ValueError, KeyError, AttributeError, IndexError from its constructors).
+# tracebacks: ValueError, KeyError or IndexError from its constructors).
 UNREADABLE_VALUES = [
     ("when: 2026-13-45", "line 2, column 7: '2026-13-45' is not a valid timestamp (month must be in 1..12); "
                          "quote it to keep it as text"),
