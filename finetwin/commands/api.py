@@ -11,7 +11,7 @@ import typer
 
 from finetwin.commands import add_command
 from finetwin.commands.options import Bootstrap
-from finetwin.commands.ports import reserve_port
+from finetwin.commands.ports import listener_url, reserve_port
 from finetwin.errors import CommandError
 from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
@@ -73,8 +73,7 @@ def api(
             forwarded_allow_ips=forwarded_allow_ips or settings.forwarded_allow_ips,
         )
         # uvicorn names the address only where it opens the socket itself.
-        where = f"[{host}]" if ":" in host else host
-        api_log.info("serving the API and dashboard on http://%s:%d (Ctrl-C stops it)", where, port)
+        api_log.info("serving the API and dashboard on %s (Ctrl-C stops it)", listener_url(listener))
         uvicorn.Server(config).run(sockets=[listener])
     finally:
         listener.close()

@@ -43,3 +43,9 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def listener_url(listener: socket.socket) -> str:
+    """The http URL of a listening socket (an IPv6 address in brackets)."""
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

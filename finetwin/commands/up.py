@@ -19,7 +19,7 @@ import typer
 from finetwin import output
 from finetwin.commands import add_command, up_replay
 from finetwin.commands.options import BUNDLED, bench_option, refuse_options
-from finetwin.commands.ports import reserve_port
+from finetwin.commands.ports import listener_url, reserve_port
 from finetwin.commands.telemetry import (
     EXIT_UNDECODABLE,
     Epoch,
@@ -355,5 +355,4 @@ def _serve_api(app: object, listener: socket.socket, parts: contextlib.ExitStack
         if not thread.is_alive():
             raise CommandError(f"cannot serve the API on {host}:{port}")
         threading.Event().wait(0.02)
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
+    return listener_url(listener)
