@@ -10,12 +10,19 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, text
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy.exc import DBAPIError
 
 from twin.db import normalize_url
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 _MIGRATION_LOCK_KEY = 0x66696E6574776E  # "finetwn"
+
+
+class StoreError(Exception):
+    """A store this finetwin cannot use as it is, said in words its user can act on."""
 
 
 def alembic_config(url: str) -> Config:
@@ -34,4 +41,65 @@ def migrate(engine: Engine, revision: str = "head") -> None:
             # the lock is held until this transaction ends, and the second one then finds it up to date.
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
+        _check_not_another_applications(connection)
+        _check_known_revision(connection, config)
         command.upgrade(config, revision)
+
+
+def _check_not_another_applications(connection: Connection) -> None:
+    """StoreError when finetwin never migrated the store and it holds tables of the names finetwin's would
+    have: another application's database. Said before anything is written (SQLite does not take back a
+    table created in a transaction that then fails)."""
+    existing = set(inspect(connection).get_table_names())
+    if not existing or "alembic_version" in existing:
+        return
+    clash = sorted(existing & _finetwin_tables())
+    if clash:
+        raise StoreError(
+            f"it holds tables finetwin did not make ({', '.join(clash)}) and no record of finetwin's "
+            "migrations: is it another application's database? Use a store of finetwin's own"
+        )
+
+
+def _finetwin_tables() -> set[str]:
+    from sqlmodel import SQLModel
+
+    import advisor.records  # noqa: F401  (every package's tables, as finetwin/migrations/env.py imports them)
+    import calibrate.records  # noqa: F401
+    import twin.forecast_store  # noqa: F401
+    import twin.store  # noqa: F401
+
+    return set(SQLModel.metadata.tables)
+
+
+def _check_known_revision(connection: Connection, config: Config) -> None:
+    """StoreError when the store is at a revision this finetwin has no migration for: a newer finetwin
+    migrated it (Alembic's own message, "Can't locate revision", came as a traceback)."""
+    scripts = ScriptDirectory.from_config(config)
+    known = {script.revision for script in scripts.walk_revisions()}
+    for current in MigrationContext.configure(connection).get_current_heads():
+        if current not in known:
+            raise StoreError(
+                f"its schema is at revision {current}, which this finetwin does not know (it knows up to "
+                f"{scripts.get_current_head()}): a newer finetwin migrated it. Run that one, or use another "
+                "store"
+            )
+
+
+def store_failure(exc: Exception) -> str:
+    """Why a store could not be opened or migrated, without the SQL or the driver's traceback, and what to
+    do where that is known."""
+    if not isinstance(exc, DBAPIError):
+        return str(exc)
+    # PostgreSQL's own message without the statement it quotes; a client-side error (a refused connection)
+    # has none, and its text may go on with a hint of the driver's.
+    primary = getattr(getattr(exc.orig, "diag", None), "message_primary", None)
+    reason = primary or str(exc.orig).strip()
+    if "file is not a database" in reason:  # SQLite's word for a file of anything else
+        return f"{reason}: point FINETWIN_DATABASE_URL or FINETWIN_DATA_DIR at finetwin's store"
+    if getattr(exc.orig, "sqlstate", None) == "42501":  # PostgreSQL's insufficient_privilege
+        return (
+            f"{reason}: its schema needs migrating, and this role may not; run `finetwin migrate` as the "
+            "schema's owner"
+        )
+    return reason

@@ -38,17 +38,18 @@ log = logging.getLogger(__name__)
 
 def migrated_engine(settings: Settings) -> Engine:
     """The store's engine, its schema brought to the newest migration (a clear error if it cannot open)."""
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import DBAPIError
 
-    from finetwin.schema import migrate
+    from finetwin.schema import StoreError, migrate, store_failure
     from twin.db import engine_from_settings
 
     engine = engine_from_settings(settings)
     try:
         migrate(engine)
-    except OperationalError as exc:
-        url = engine.url.render_as_string()
-        raise CommandError(f"cannot open the store at {url}: {exc.orig}") from exc
+    except (DBAPIError, StoreError) as exc:
+        engine.dispose()
+        url = engine.url.render_as_string(hide_password=True)
+        raise CommandError(f"cannot open the store at {url}: {store_failure(exc)}") from exc
     return engine
 
 

@@ -1,9 +1,12 @@
-"""The store's schema comes from the migrations, on both backends, and concurrent start-ups don't race."""
+"""The store's schema comes from the migrations, on both backends, concurrent start-ups don't race, and a
+store that cannot be used is said as such."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import pytest
 from sqlalchemy import inspect, text
 
 from finetwin.schema import migrate
@@ -48,4 +51,71 @@ def test_the_migrations_build_the_tables_the_code_declares(database_url: str) ->
     with engine.connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
     assert differences == []
+    engine.dispose()
+
+
+# A store finetwin cannot use: every command that opens it says why, names the store and says what to do,
+# with status 2 and no traceback (each was a traceback but a refused connection).
+STORE_COMMANDS = (["migrate"], ["keys", "list"], ["forecast"])
+
+
+def _said_by_each_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], url: str
+) -> list[str]:
+    from finetwin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", url)
+    said = []
+    for command in STORE_COMMANDS:
+        assert main(command) == 2, command
+        error = capsys.readouterr().err
+        assert "Traceback" not in error and "sqlalche.me" not in error, error
+        said.append(" ".join(error.split()))
+    return said
+
+
+def test_a_store_file_that_is_not_a_database_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "finetwin.db"
+    store.write_text("not a database\n" * 100)
+    for error in _said_by_each_command(monkeypatch, capsys, f"sqlite:///{store}"):
+        assert f"{store}: file is not a database: point FINETWIN_DATABASE_URL or FINETWIN_DATA_DIR" in error
+    assert store.read_text() == "not a database\n" * 100  # nothing written over it
+
+
+def test_a_store_migrated_by_a_newer_finetwin_is_said(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = make_engine(database_url)
+    migrate(engine)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = 'f00d0001'"))
+    engine.dispose()
+    for error in _said_by_each_command(monkeypatch, capsys, database_url):
+        assert (
+            "its schema is at revision f00d0001, which this finetwin does not know (it knows up to " in error
+        )
+        assert "a newer finetwin migrated it" in error
+
+
+def test_a_store_of_another_application_is_said(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE jobs (ticket INTEGER)"))
+        connection.execute(text("CREATE TABLE invoices (id INTEGER)"))
+    for error in _said_by_each_command(monkeypatch, capsys, database_url):
+        assert "it holds tables finetwin did not make (jobs) and no record of finetwin's migrations" in error
+    assert sorted(inspect(engine).get_table_names()) == ["invoices", "jobs"]  # nothing written
+    engine.dispose()
+
+
+def test_a_store_shared_with_other_tables_of_other_names_is_migrated(database_url: str) -> None:
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE invoices (id INTEGER)"))
+    migrate(engine)
+    assert {"invoices", "jobs", "alembic_version"} <= set(inspect(engine).get_table_names())
     engine.dispose()

@@ -22,8 +22,9 @@ def register(app: typer.Typer) -> None:
 
 
 def migrate(ctx: typer.Context) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.exc import DBAPIError
 
+    from finetwin.schema import StoreError, store_failure
     from finetwin.schema import migrate as migrate_schema
     from twin.db import engine_from_settings
 
@@ -32,8 +33,8 @@ def migrate(ctx: typer.Context) -> int:
     where = engine.url.render_as_string(hide_password=True)
     try:
         migrate_schema(engine)
-    except SQLAlchemyError as exc:
-        raise CommandError(f"cannot migrate {where}: {exc}") from None
+    except (DBAPIError, StoreError) as exc:
+        raise CommandError(f"cannot migrate {where}: {store_failure(exc)}") from None
     finally:
         engine.dispose()
     output.say(f"{where}: schema up to date")

@@ -50,7 +50,9 @@ def _url(role: str, database: str) -> str:
 
 
 @pytest.fixture
-def two_roles(monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoRoles]:
+def two_roles(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoRoles]:
+    """The two roles on a new database, its schema migrated by the owner (to the revision the test gives as
+    the fixture's parameter, else the newest)."""
     if not _postgres_reachable():
         service_missing("PostgreSQL not reachable")
     psql = shutil.which("psql")
@@ -75,7 +77,11 @@ def two_roles(monkeypatch: pytest.MonkeyPatch) -> Iterator[TwoRoles]:
         service_engine = make_engine(_url(service, database))
         engines += [owner_engine, service_engine]
         monkeypatch.setenv("FINETWIN_DATABASE_URL", _url(owner, database))
-        assert main(["migrate"]) == 0  # as the deployment does it: `finetwin migrate`, as the owner
+        revision = getattr(request, "param", None)
+        if revision is None:
+            assert main(["migrate"]) == 0  # as the deployment does it: `finetwin migrate`, as the owner
+        else:
+            migrate(owner_engine, revision)
         yield TwoRoles(owner_engine, service_engine, service)
     finally:
         for engine in engines:
@@ -153,3 +159,22 @@ def test_the_app_works_as_the_service_role(two_roles: TwoRoles, tmp_path: Path) 
         audit = client.get("/v1/audit", headers=operator).json()
     subjects = [entry["subject"] for entry in audit["entries"]]
     assert f"recommendation:{rec_id}" in subjects and "slos" in subjects
+
+
+@pytest.mark.parametrize("two_roles", ["0013"], indirect=True)
+def test_a_service_that_may_not_migrate_a_schema_behind_says_who_must(
+    two_roles: TwoRoles, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newer finetwin started as the service before `finetwin migrate` ran as the owner: it was a
+    ProgrammingError traceback."""
+    service_url = two_roles.service.url.render_as_string(hide_password=False)
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", service_url)
+    assert main(["keys", "list"]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert (
+        "permission denied for schema public: its schema needs migrating, and this role may not; run "
+        "`finetwin migrate` as the schema's owner"
+    ) in error, error
+    assert "secret" not in error and "Traceback" not in error
+    with two_roles.owner.connect() as connection:  # nothing changed
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0013"
