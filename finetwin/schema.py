@@ -12,6 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicError
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.exc import DBAPIError
 
@@ -42,8 +43,11 @@ def migrate(engine: Engine, revision: str = "head") -> None:
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         _check_not_another_applications(connection)
-        _check_known_revision(connection, config)
-        command.upgrade(config, revision)
+        try:
+            command.upgrade(config, revision)
+        except AlembicError:
+            _check_known_revision(connection, config)  # the usual reason, said as such
+            raise
 
 
 def _check_not_another_applications(connection: Connection) -> None:
