@@ -503,7 +503,14 @@ class RefitScheduler:
             self.check_drift, "interval", seconds=self.settings.drift_check_seconds, id=DRIFT_CHECK_JOB_ID,
             replace_existing=True, coalesce=True, max_instances=1,
         )  # fmt: skip
-        if self.registry.in_use() is None:
+        try:
+            fresh = self.registry.in_use() is None
+        except RegistryError as exc:
+            # The registry's own files, damaged (the API stopped at its start): said, and left as they are
+            # for the operator to mend; the advice and forecasts that need the model say so meanwhile.
+            log.error("the model registry cannot be read: %s", exc)
+            fresh = False
+        if fresh:
             # A fresh installation has no model: fit the first one now rather than in an hour, so forecasts
             # and advice use calibrated models (they fall back to uncalibrated ones until it lands).
             self.scheduler.add_job(
@@ -531,7 +538,10 @@ class RefitScheduler:
         return True
 
     def check_drift(self) -> bool:
-        version = self.registry.in_use()
+        try:
+            version = self.registry.in_use()
+        except RegistryError:  # said at the start and by every refit, not again every few seconds
+            return False
         if version is None:
             return False
         with self.engine.connect() as connection:

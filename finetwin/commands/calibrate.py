@@ -61,6 +61,7 @@ def calibrate(
     from calibrate.dataset import WeightPolicy
     from calibrate.loader import BenchmarkFormatError
     from calibrate.refit import calibrate_version
+    from calibrate.registry import RegistryError
     from finetwin.wiring import migrated_engine
 
     settings: Settings = ctx.obj
@@ -87,7 +88,7 @@ def calibrate(
         )
     except BenchmarkFormatError as exc:
         raise CommandError(f"bad benchmark: {exc}") from None
-    except ValueError as exc:
+    except (ValueError, RegistryError) as exc:  # RegistryError: the version in use cannot be read
         raise CommandError(str(exc)) from None
     finally:
         if engine is not None:

@@ -43,11 +43,14 @@ def register(app: typer.Typer) -> None:
 
 
 def list_versions(ctx: typer.Context, models: ModelsDir = None, as_json: Json = False) -> int:
-    from calibrate.registry import ModelRegistry
+    from calibrate.registry import ModelRegistry, RegistryError
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
-    versions = registry.list_versions()
+    try:
+        versions = registry.list_versions()
+    except RegistryError as exc:
+        raise CommandError(str(exc)) from None
     if as_json:
         print(json.dumps([_listed(info) for info in versions], indent=2))
         return 0
@@ -157,8 +160,8 @@ def rollback(ctx: typer.Context, models: ModelsDir = None) -> int:
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
-    current = registry.in_use()
     try:
+        current = registry.in_use()
         version = registry.rollback(reason="finetwin models rollback")
     except RegistryError as exc:
         raise CommandError(str(exc)) from None

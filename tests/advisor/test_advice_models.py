@@ -15,7 +15,7 @@ from advisor.advice_answer import RECOMMEND_P_VALID_LOW
 from advisor.advice_schemas import AdviceRequest
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
-from tests.conftest import api_app, api_headers
+from tests.conftest import api_app, api_headers, api_parts
 from twin.db import make_engine
 
 pytestmark = pytest.mark.slow
@@ -242,3 +242,27 @@ def test_a_configuration_beyond_the_measured_sizes_is_never_recommended_with_con
     assert valid["verdict"]["status"] == "valid", valid["verdict"]
     assert "beyond the sizes the models learned from" in valid["verdict"]["message"]
     assert any("outside the 1-32 the models learned from" in note for note in valid["notes"])
+
+
+def test_the_api_starts_on_a_damaged_registry_and_says_it_where_the_model_is_needed(
+    sqlite_url: str, registry_copy: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An in-use pointer that is not JSON stopped the API at its start (a RegistryError from the refits'
+    first-model check), and the drift check raised it every few seconds."""
+    from advisor.app import create_app
+    from calibrate.refit import REFIT_NOW_JOB_ID
+
+    pointer = registry_copy / "IN_USE.json"
+    pointer.write_text("garbage")
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    parts = api_parts(advisor_settings(tmp_path, models_dir=registry_copy), engine)
+    with TestClient(create_app(parts), headers=api_headers(engine, "viewer")) as client:
+        assert client.get("/healthz").status_code == 200
+        response = client.post("/v1/advise", json=JOB)
+        assert response.status_code == 409  # as for a model in use that fails verification
+        assert f"{pointer} cannot be read as JSON" in response.json()["detail"]
+        assert parts.refits.check_drift() is False
+        assert REFIT_NOW_JOB_ID not in {job.id for job in parts.scheduler.get_jobs()}  # no first fit over it
+    assert f"the model registry cannot be read: {pointer} cannot be read as JSON" in caplog.text
+    assert pointer.read_text() == "garbage"

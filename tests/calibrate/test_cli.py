@@ -181,6 +181,40 @@ def test_predict_without_a_model_or_with_a_tampered_one_exits_nonzero(
     assert json.loads(shown.out)["verified"].startswith("FAILED: ") and "fails verification" in shown.err
 
 
+DAMAGED_POINTER = {"garbage": "IN_USE.json cannot be read as JSON", "[]": "IN_USE.json is not a JSON object"}
+
+
+@pytest.mark.parametrize("content", DAMAGED_POINTER)
+def test_every_models_command_says_a_damaged_in_use_pointer_and_leaves_it_as_it_was(
+    content: str, registry_copy: Path, sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`models list`, `models rollback` and `calibrate` ended in a RegistryError traceback (calibrate before
+    it fitted anything, as now it says so)."""
+    (registry_copy / "IN_USE.json").write_text(content)
+    before = {path: path.read_bytes() for path in registry_copy.rglob("*") if path.is_file()}
+    models = ["--models", str(registry_copy)]
+    commands = [
+        ["models", "list", *models], ["models", "list", "--json", *models], ["models", "show", *models],
+        ["models", "rollback", *models], ["models", "promote", "v0001", "--force", *models],
+        ["calibrate", "--bench", str(sample_csv), *models],
+        predict_argv(registry_copy, sample_csv, tmp_path / "pred.csv"),
+    ]  # fmt: skip
+    for command in commands:
+        assert main(command) == 2, command
+        error = capsys.readouterr().err
+        assert DAMAGED_POINTER[content] in error and "Traceback" not in error, (command, error)
+    assert {path: path.read_bytes() for path in registry_copy.rglob("*") if path.is_file()} == before
+
+
+def test_models_list_says_a_version_whose_metadata_is_damaged(
+    registry_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metadata = registry_copy / "versions" / "v0001" / "metadata.json"
+    metadata.write_text('{"data": [1,')
+    assert main(["models", "list", "--models", str(registry_copy)]) == 2
+    assert f"{metadata} cannot be read as JSON" in capsys.readouterr().err
+
+
 def test_calibrate_wrote_a_version_that_models_list_and_show_report(
     calibrated_models_dir: Path, sample_csv: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
