@@ -159,9 +159,17 @@ def ingest_worker(
 def api_parts(settings: Settings, engine: Engine, *, kafka_bootstrap: str | None = None) -> ApiParts:
     """The API's parts: the registry's models in use, the scheduler with the online refits on it, and the
     outbox relay that publishes approved actions to `kafka_bootstrap` (else FINETWIN_KAFKA_BOOTSTRAP; with
-    neither, approved actions wait in the outbox)."""
+    neither, approved actions wait in the outbox). CommandError when the SLOs in force cannot be read."""
     from advisor.parts import ApiParts
+    from advisor.slos_in_force import current_slos
+    from twin.slo_attainment import SloFormatError
 
+    try:
+        # The app checks them too as it starts, but there uvicorn said "Application startup failed" with a
+        # traceback (and `finetwin up`, "cannot serve the API on HOST:PORT").
+        current_slos(engine, settings)
+    except SloFormatError as exc:
+        raise CommandError(f"the SLO file (FINETWIN_SLO_FILE): {exc}") from None
     bootstrap = kafka_bootstrap or settings.kafka_bootstrap
     relay = outbox_relay(engine, bootstrap) if bootstrap else None
     return ApiParts.assemble(settings, engine, outbox_relay=relay)

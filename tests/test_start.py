@@ -276,3 +276,19 @@ def test_bash_completes_commands(tmp_path: Path) -> None:
         env=environment(tmp_path / "data"), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert script.returncode == 0 and "_FINETWIN_COMPLETE" in script.stdout, script.stderr
+
+
+@pytest.mark.parametrize("command", [["api"], ["up", "--no-replay"]])
+def test_a_bad_slo_file_is_said_before_the_api_serves(tmp_path: Path, command: list[str]) -> None:
+    """The app found it as it started: uvicorn said "Application startup failed" with a traceback, and
+    `finetwin up` then blamed its port ("cannot serve the API on ...")."""
+    slo_file = tmp_path / "slo.yaml"
+    slo_file.write_text("slos: [unclosed\n")
+    env = environment(tmp_path / "data", FINETWIN_SLO_FILE=str(slo_file))
+    done = run([*command, "--port", str(free_port())], env)
+    assert done.returncode == 2, done.stderr
+    said = (
+        f"finetwin {command[0]}: error: the SLO file (FINETWIN_SLO_FILE): {slo_file}: not valid YAML: line 2"
+    )
+    assert said in done.stderr
+    assert "Traceback" not in done.stderr and "cannot serve" not in done.stderr
