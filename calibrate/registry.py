@@ -57,6 +57,8 @@ ESTIMATOR_SUFFIX = ".skops"
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 MAX_ROLLBACK_DEPTH = 20  # versions in use before the current one that rollback can return to
 ANY = object()  # `promote` without a condition on the version it replaces
+# What to do about an in-use pointer that cannot be read (the API, `models` and `calibrate` all stop at it).
+MEND_POINTER = "restore it, or put a version in use anew: finetwin models promote VERSION --force"
 
 # The only types (beyond skops' defaults: builtins, numpy, scikit-learn estimators) a saved estimator may
 # contain: the fitted trees of HistGradientBoosting and the input check of its categorical preprocessing
@@ -130,9 +132,12 @@ class ModelRegistry:
         path = self.root / POINTER
         if not path.exists():
             return None
-        pointer = _read_json(path)
+        try:
+            pointer = _read_json(path)
+        except RegistryError as exc:
+            raise RegistryError(f"{exc}; {MEND_POINTER}") from None
         if not isinstance(pointer.get("version"), str) or not isinstance(pointer.get("stack"), list):
-            raise RegistryError(f"{path} is not a valid in-use pointer; restore it or promote a version")
+            raise RegistryError(f"{path} is not a valid in-use pointer; {MEND_POINTER}")
         return pointer
 
     def in_use(self) -> str | None:
@@ -347,18 +352,26 @@ class ModelRegistry:
         """Drop what `stage` wrote for a version that will not be committed."""
         shutil.rmtree(staging, ignore_errors=True)
 
-    def promote(self, version: str, *, reason: str, replacing: str | None | object = ANY) -> bool:
+    def promote(
+        self, version: str, *, reason: str, replacing: str | None | object = ANY, mend: bool = False
+    ) -> bool:
         """Put `version` in use (it is verified first); the one it replaces can be rolled back to.
 
         With `replacing`, only if that version (None: no version) is still the one in use, so that a fit
         compared with one version never replaces another that was promoted meanwhile; returns whether
-        `version` is in use now.
+        `version` is in use now. `mend`: an in-use pointer that cannot be read is replaced (with it, what
+        rollback could go back to), where it is otherwise an error.
         """
         path = self.path(version)
         self.verify(version)
         manifest_sha256 = sha256_file(path / MANIFEST)
         with self._locked():
-            pointer = self.pointer()
+            try:
+                pointer = self.pointer()
+            except RegistryError:
+                if not mend:
+                    raise
+                pointer = None
             stack = list(pointer["stack"]) if pointer else []
             previous = pointer["version"] if pointer else None
             if previous == version:

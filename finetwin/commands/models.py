@@ -133,9 +133,15 @@ def promote(
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
+    damaged = None  # why the in-use pointer could not be read, when --force replaces it
     try:
         candidate = registry.metadata(version)
-        current = registry.in_use()
+        try:
+            current = registry.in_use()
+        except RegistryError as exc:
+            if not force:
+                raise
+            current, damaged = None, exc
         if current == version:
             output.say(f"{version} is already in use")
             return 0
@@ -148,9 +154,17 @@ def promote(
                 "Use --force to promote it anyway."
             )
         reason = "finetwin models promote" + (" --force" if force and not verdict.not_worse else "")
-        registry.promote(version, reason=reason)
+        if damaged is not None:
+            reason += " (the in-use pointer could not be read, and was replaced)"
+        registry.promote(version, reason=reason, mend=damaged is not None)
     except RegistryError as exc:
         raise CommandError(str(exc)) from None
+    if damaged is not None:
+        output.say(
+            f"{version} is in use; the in-use pointer that could not be read was replaced, and with it what "
+            "`models rollback` could go back to"
+        )
+        return 0
     output.say(f"{version} is in use (was {current or 'none'}; {basis})")
     return 0
 

@@ -195,7 +195,7 @@ def test_every_models_command_says_a_damaged_in_use_pointer_and_leaves_it_as_it_
     models = ["--models", str(registry_copy)]
     commands = [
         ["models", "list", *models], ["models", "list", "--json", *models], ["models", "show", *models],
-        ["models", "rollback", *models], ["models", "promote", "v0001", "--force", *models],
+        ["models", "rollback", *models], ["models", "promote", "v0001", *models],
         ["calibrate", "--bench", str(sample_csv), *models],
         predict_argv(registry_copy, sample_csv, tmp_path / "pred.csv"),
     ]  # fmt: skip
@@ -203,7 +203,13 @@ def test_every_models_command_says_a_damaged_in_use_pointer_and_leaves_it_as_it_
         assert main(command) == 2, command
         error = capsys.readouterr().err
         assert DAMAGED_POINTER[content] in error and "Traceback" not in error, (command, error)
+        assert "restore it, or put a version in use anew: finetwin models promote VERSION --force" in error
     assert {path: path.read_bytes() for path in registry_copy.rglob("*") if path.is_file()} == before
+    # What the message says to do works: --force puts a version in use again, over the damaged pointer.
+    assert main(["models", "promote", "v0001", "--force", *models]) == 0
+    assert "the in-use pointer that could not be read was replaced" in capsys.readouterr().out
+    assert ModelRegistry(registry_copy).in_use() == "v0001"
+    assert main(["models", "list", *models]) == 0 and "* v0001" in capsys.readouterr().out
 
 
 def test_models_list_says_a_version_whose_metadata_is_damaged(
