@@ -405,79 +405,28 @@ def build_plan(
     reject = np.zeros(n, dtype=np.int8)
     reject[has_cfg] = catalog.reject[cfg[has_cfg]]
     reject[(reject == Reject.NONE) & ~fits] = Reject.NO_CAPACITY
+    elapsed = np.full(n, np.nan)
+    for row, state in workload.running.items():
+        elapsed[row] = state.elapsed_s
 
     hold = workload.duration_s.astype(np.float64).copy()
     estimate = hold.copy()
     fails = np.zeros(n, dtype=bool)
     power = np.full(n, np.nan)
-    elapsed = np.full(n, np.nan)
-    for row, state in workload.running.items():
-        elapsed[row] = state.elapsed_s
-
     modelled = np.flatnonzero(has_cfg)
+    drawn = None
     if len(modelled):
         if key is None:
             raise ValueError("jobs with a configuration need a run key for their random draws")
-        idx = cfg[modelled]
-        work = workload.work_tokens[modelled]
-        if np.isnan(work).any():
-            bad = workload.job_ids[int(modelled[np.isnan(work)][0])]
-            raise ValueError(f"job {bad!r} has a configuration but no work (dataset tokens)")
-        u = job_uniforms(key, job_keys([workload.job_ids[i] for i in modelled]), STREAMS)
-        band = catalog.throughput[idx]
-        runnable = catalog.reject[idx] == Reject.NONE
-        band = np.where(runnable[:, None], band, 1.0)  # rejected jobs never run; keep the arithmetic finite
-        quantile = shared_uniforms(
-            catalog, idx, key, u[:, STREAM_BAND], catalog.error_correlation, FAMILY_BAND
-        )
-        u_fail = shared_uniforms(
-            catalog, idx, key, u[:, STREAM_FAIL], catalog.failure_correlation, FAMILY_FAIL
-        )
-        p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
-        tokens_per_s = within_range(catalog, idx, band_at(band, error_z(catalog, idx, quantile)), p50)
-        limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
-        run = np.minimum(work / tokens_per_s, limit)
-        est = np.minimum(work / p50, limit)
-        p_fail = 1.0 - run_p_valid(catalog, key)[idx]
-        times = failure_times(failure_times_s)
-        u_time = u[:, STREAM_FAIL_TIME]
-
-        run_elapsed = elapsed[modelled]
-        started = ~np.isnan(run_elapsed)
-        if started.any():
-            # A running job: the rest of its work at the rate it shows (when it reports one). It has not
-            # failed yet, so its chance of failing and its failure time are conditional on surviving so far:
-            # P(fail | alive at e) = (1-p)S(e) / (p + (1-p)S(e)), the time drawn from the tail beyond e.
-            e = run_elapsed[started]
-            rest = _remaining(workload, modelled[started], run[started], e)
-            rest = np.minimum(rest, np.maximum(limit[started] - e, 0.0))
-            run[started] = rest
-            est[started] = rest
-            survive = 1.0 - failure_cdf(times, e)
-            at_risk = p_fail[started] * survive
-            alive = 1.0 - p_fail[started] + at_risk
-            p_fail[started] = np.divide(at_risk, alive, out=np.zeros_like(at_risk), where=alive > 0)
-            u_time[started] = 1.0 - survive + u_time[started] * survive
-        fail_after = np.quantile(times, u_time)
-        if started.any():
-            fail_after[started] = np.maximum(fail_after[started] - run_elapsed[started], 0.0)
-        # A job bound to fail burns its GPUs for as long as failing jobs do (the observed failure times,
-        # not capped by how long its work would take: it never does that work); only a protocol's time
-        # limit can stop it first, and then it counts as a run that completed.
-        fail = (u_fail < p_fail) & (fail_after < limit - np.nan_to_num(run_elapsed, nan=0.0))
-        hold[modelled] = np.where(fail, fail_after, run)
-        estimate[modelled] = est
-        fails[modelled] = fail & runnable
-        power[modelled] = catalog.power_w[idx] * power_factor(catalog, idx, key, u[:, STREAM_POWER])
-
+        drawn = _draw_modelled(workload, catalog, key, modelled, elapsed[modelled], failure_times_s)
+        hold[modelled], estimate[modelled] = drawn.hold, drawn.estimate
+        fails[modelled], power[modelled] = drawn.fails, drawn.power
     fixed = ~has_cfg
     if fixed.any():
         started = fixed & ~np.isnan(elapsed)
         hold[started] = np.maximum(hold[started] - elapsed[started], 0.0)
         estimate[fixed] = hold[fixed]
-        tdp = {name: gpu_tdp_watts(name) * DEFAULT_POWER_FRACTION for name in pools}
-        fallback = gpu_tdp_watts("") * DEFAULT_POWER_FRACTION
-        power[fixed] = [tdp.get(pools[p], fallback) if p >= 0 else fallback for p in pool[fixed]]
+        power[fixed] = _default_power(pool[fixed], pools)
     for row, state in workload.running.items():
         if state.power_w is not None and state.power_w > 0:  # measured: no prediction, no draw
             power[row] = state.power_w
@@ -485,8 +434,8 @@ def build_plan(
         raise ValueError("a job has neither a duration nor a configuration")
     hold[reject != Reject.NONE] = 0.0
     if_run = hold.copy()
-    if len(modelled):
-        if_run[modelled] = np.where(reject[modelled] == Reject.NONE, run, 0.0)
+    if drawn is not None:
+        if_run[modelled] = np.where(reject[modelled] == Reject.NONE, drawn.run, 0.0)
     return JobPlan(
         job_ids=[workload.job_ids[i] for i in order],
         row=order,
@@ -503,6 +452,100 @@ def build_plan(
         run_s=if_run[order],
         nodes=running_nodes(workload, order),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Draws:
+    """One run's draws for the jobs with a configuration, in their order."""
+
+    hold: np.ndarray  # how long each holds its GPUs: its run, or until it fails
+    run: np.ndarray  # its run to the end of its work (or of its time limit)
+    estimate: np.ndarray  # what the scheduler believes it takes: its work at the median throughput
+    fails: np.ndarray  # it fails at runtime (a job the rules reject never runs, so never fails)
+    power: np.ndarray  # watts per GPU
+
+
+def _draw_modelled(
+    workload: Workload,
+    catalog: PreparedCatalog,
+    key: int,
+    modelled: np.ndarray,
+    run_elapsed: np.ndarray,
+    failure_times_s: np.ndarray | None,
+) -> _Draws:
+    """The rows `modelled` (jobs with a configuration) drawn from their own streams and their families'
+    shocks: throughput inside the band, whether and when they fail, their power; a running job's (its
+    `run_elapsed` not NaN) from where it stands."""
+    idx = workload.config_idx[modelled]
+    work = workload.work_tokens[modelled]
+    if np.isnan(work).any():
+        bad = workload.job_ids[int(modelled[np.isnan(work)][0])]
+        raise ValueError(f"job {bad!r} has a configuration but no work (dataset tokens)")
+    u = job_uniforms(key, job_keys([workload.job_ids[i] for i in modelled]), STREAMS)
+    band = catalog.throughput[idx]
+    runnable = catalog.reject[idx] == Reject.NONE
+    band = np.where(runnable[:, None], band, 1.0)  # rejected jobs never run; keep the arithmetic finite
+    quantile = shared_uniforms(catalog, idx, key, u[:, STREAM_BAND], catalog.error_correlation, FAMILY_BAND)
+    u_fail = shared_uniforms(catalog, idx, key, u[:, STREAM_FAIL], catalog.failure_correlation, FAMILY_FAIL)
+    p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
+    tokens_per_s = within_range(catalog, idx, band_at(band, error_z(catalog, idx, quantile)), p50)
+    limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
+    run = np.minimum(work / tokens_per_s, limit)
+    estimate = np.minimum(work / p50, limit)
+    p_fail = 1.0 - run_p_valid(catalog, key)[idx]
+    times = failure_times(failure_times_s)
+    u_time = u[:, STREAM_FAIL_TIME].copy()
+    started = ~np.isnan(run_elapsed)
+    if started.any():
+        rest, p_fail[started], u_time[started] = _from_where_it_stands(
+            workload, modelled[started], run_elapsed[started], run[started], limit[started],
+            p_fail[started], u_time[started], times,
+        )  # fmt: skip
+        run[started] = rest
+        estimate[started] = rest
+    fail_after = np.quantile(times, u_time)
+    if started.any():
+        fail_after[started] = np.maximum(fail_after[started] - run_elapsed[started], 0.0)
+    # A job bound to fail burns its GPUs for as long as failing jobs do (the observed failure times, not
+    # capped by how long its work would take: it never does that work); only a protocol's time limit can
+    # stop it first, and then it counts as a run that completed.
+    fail = (u_fail < p_fail) & (fail_after < limit - np.nan_to_num(run_elapsed, nan=0.0))
+    return _Draws(
+        hold=np.where(fail, fail_after, run),
+        run=run,
+        estimate=estimate,
+        fails=fail & runnable,
+        power=catalog.power_w[idx] * power_factor(catalog, idx, key, u[:, STREAM_POWER]),
+    )
+
+
+def _from_where_it_stands(
+    workload: Workload,
+    rows: np.ndarray,
+    elapsed: np.ndarray,
+    run: np.ndarray,
+    limit: np.ndarray,
+    p_fail: np.ndarray,
+    u_time: np.ndarray,
+    times: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Running jobs: (the rest of their run, their chance of failing, the uniform of their failure time).
+    The rest of the work at the rate each shows (when it reports one). A job has not failed yet, so its
+    chance of failing and its failure time are conditional on surviving so far:
+    P(fail | alive at e) = (1-p)S(e) / (p + (1-p)S(e)), the time drawn from the tail beyond e."""
+    rest = np.minimum(_remaining(workload, rows, run, elapsed), np.maximum(limit - elapsed, 0.0))
+    survive = 1.0 - failure_cdf(times, elapsed)
+    at_risk = p_fail * survive
+    alive = 1.0 - p_fail + at_risk
+    p_fail_now = np.divide(at_risk, alive, out=np.zeros_like(at_risk), where=alive > 0)
+    return rest, p_fail_now, 1.0 - survive + u_time * survive
+
+
+def _default_power(pools_of_rows: np.ndarray, pools: list[str]) -> list[float]:
+    """Watts per GPU for jobs without a configuration: the usual share of their GPU type's TDP."""
+    tdp = {name: gpu_tdp_watts(name) * DEFAULT_POWER_FRACTION for name in pools}
+    fallback = gpu_tdp_watts("") * DEFAULT_POWER_FRACTION
+    return [tdp.get(pools[p], fallback) if p >= 0 else fallback for p in pools_of_rows]
 
 
 # The key of a run's one draw of the failure-model member (no job id hashes to it in practice).
