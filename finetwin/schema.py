@@ -13,7 +13,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError as AlembicError
-from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy import Connection, Engine, MetaData, inspect, text
 from sqlalchemy.exc import DBAPIError
 
 from twin.db import normalize_url
@@ -24,6 +24,18 @@ _MIGRATION_LOCK_KEY = 0x66696E6574776E  # "finetwn"
 
 class StoreError(Exception):
     """A store this finetwin cannot use as it is, said in words its user can act on."""
+
+
+def finetwin_metadata() -> MetaData:
+    """Every package's tables, as the code declares them (what the migrations build)."""
+    from sqlmodel import SQLModel
+
+    import advisor.records  # noqa: F401  (keys, SLOs, recommendations, audit log, outbox: migration 0004)
+    import calibrate.records  # noqa: F401  (model versions, stored predictions, live errors: migration 0002)
+    import twin.forecast_store  # noqa: F401  (standing forecasts: 0003; scores: 0006; their sums: 0008)
+    import twin.store  # noqa: F401  (jobs, nodes, telemetry events: 0001)
+
+    return SQLModel.metadata
 
 
 def alembic_config(url: str) -> Config:
@@ -57,23 +69,12 @@ def _check_not_another_applications(connection: Connection) -> None:
     existing = set(inspect(connection).get_table_names())
     if not existing or "alembic_version" in existing:
         return
-    clash = sorted(existing & _finetwin_tables())
+    clash = sorted(existing & set(finetwin_metadata().tables))
     if clash:
         raise StoreError(
             f"it holds tables finetwin did not make ({', '.join(clash)}) and no record of finetwin's "
             "migrations: is it another application's database? Use a store of finetwin's own"
         )
-
-
-def _finetwin_tables() -> set[str]:
-    from sqlmodel import SQLModel
-
-    import advisor.records  # noqa: F401  (every package's tables, as finetwin/migrations/env.py imports them)
-    import calibrate.records  # noqa: F401
-    import twin.forecast_store  # noqa: F401
-    import twin.store  # noqa: F401
-
-    return set(SQLModel.metadata.tables)
 
 
 def _check_known_revision(connection: Connection, config: Config) -> None:

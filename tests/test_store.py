@@ -39,17 +39,13 @@ def test_the_migrations_build_the_tables_the_code_declares(database_url: str) ->
     change to one without the other is found here, not in a deployment."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
-    from sqlmodel import SQLModel
 
-    import advisor.records  # noqa: F401  (every package's tables, as finetwin/migrations/env.py imports them)
-    import calibrate.records  # noqa: F401
-    import twin.forecast_store  # noqa: F401
-    import twin.store  # noqa: F401
+    from finetwin.schema import finetwin_metadata
 
     engine = make_engine(database_url)
     migrate(engine)
     with engine.connect() as connection:
-        differences = compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
+        differences = compare_metadata(MigrationContext.configure(connection), finetwin_metadata())
     assert differences == []
     engine.dispose()
 

@@ -133,15 +133,15 @@ def promote(
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
-    damaged = None  # why the in-use pointer could not be read, when --force replaces it
+    pointer_damaged = False  # the in-use pointer cannot be read: --force replaces it
     try:
         candidate = registry.metadata(version)
         try:
             current = registry.in_use()
-        except RegistryError as exc:
+        except RegistryError:
             if not force:
                 raise
-            current, damaged = None, exc
+            current, pointer_damaged = None, True
         if current == version:
             output.say(f"{version} is already in use")
             return 0
@@ -154,12 +154,12 @@ def promote(
                 "Use --force to promote it anyway."
             )
         reason = "finetwin models promote" + (" --force" if force and not verdict.not_worse else "")
-        if damaged is not None:
+        if pointer_damaged:
             reason += " (the in-use pointer could not be read, and was replaced)"
-        registry.promote(version, reason=reason, mend=damaged is not None)
+        registry.promote(version, reason=reason, mend=pointer_damaged)
     except RegistryError as exc:
         raise CommandError(str(exc)) from None
-    if damaged is not None:
+    if pointer_damaged:
         output.say(
             f"{version} is in use; the in-use pointer that could not be read was replaced, and with it what "
             "`models rollback` could go back to"

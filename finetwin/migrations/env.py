@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
-from sqlmodel import SQLModel
 
-import advisor.records  # noqa: F401  (keys, SLOs, recommendations, audit log, outbox: migration 0004)
-import calibrate.records  # noqa: F401  (model versions, stored predictions, live errors: migration 0002)
-import twin.forecast_store  # noqa: F401  (standing forecasts: 0003; scores: 0006; their sums: 0008)
-import twin.store  # noqa: F401  (registers the tables on SQLModel.metadata)
+from finetwin.schema import finetwin_metadata
 
 config = context.config
-target_metadata = SQLModel.metadata
+target_metadata = finetwin_metadata()
 
 
 def run_migrations_online() -> None:
