@@ -60,23 +60,31 @@ def description(settings: Settings, *, with_counts: bool = True) -> dict[str, ob
 
 
 def _registry(models: Path) -> dict[str, object]:
-    from calibrate.registry import ModelRegistry
+    """The versions, the one in use and how its trees run; `models_problem`: why the registry cannot be read
+    (a damaged in-use pointer or version), said here where every other command stops at it."""
+    from calibrate.registry import ModelRegistry, RegistryError
 
     registry = ModelRegistry(models)
-    versions = registry.list_versions() if registry.root.exists() else []
+    try:
+        versions = registry.list_versions() if registry.root.exists() else []
+    except RegistryError as exc:
+        return {"model_versions": len(registry.versions()), "model_in_use": None, "trees": None,
+                "models_problem": str(exc)}  # fmt: skip
     in_use = next((info.version for info in versions if info.in_use), None)
     trees = None
     if in_use is not None:
         from calibrate import serving
 
         trees = serving.engine_of_in_use(registry)
-    return {"model_versions": len(versions), "model_in_use": in_use, "trees": trees}
+    return {"model_versions": len(versions), "model_in_use": in_use, "trees": trees, "models_problem": None}
 
 
 def _counts(settings: Settings) -> dict[str, str]:
     described = _registry(settings.resolved_models_dir().resolve())
     in_use = described["model_in_use"]
     counts = {"model versions": f"{described['model_versions']}" + (f", {in_use} in use" if in_use else "")}
+    if described["models_problem"]:
+        counts["model registry"] = f"cannot be read: {described['models_problem']}"
     if in_use is not None:
         counts["trees"] = str(described["trees"] or "none")
     return counts

@@ -92,6 +92,7 @@ def test_info_and_keys_list_speak_json_for_scripts(
     described = json.loads(capsys.readouterr().out)
     assert described["data_dir"] == str((tmp_path / "data").resolve())
     assert (described["model_versions"], described["model_in_use"]) == (1, "v0001")
+    assert described["models_problem"] is None
     assert described["store_exists"] is False and described["store"].endswith("finetwin.db")
     assert main(["keys", "create", "--role", "operator", "--name", "ci"]) == 0
     assert main(["keys", "create", "--role", "viewer", "--name", "gone"]) == 0
@@ -105,3 +106,18 @@ def test_info_and_keys_list_speak_json_for_scripts(
     assert (listed["ci"]["role"], listed["ci"]["revoked_at"]) == ("operator", None)
     assert listed["gone"]["revoked_at"] is not None
     assert listed["ci"]["created_at"].endswith("+00:00")
+
+
+def test_info_says_a_registry_it_cannot_read_where_it_was_a_traceback(
+    registry_copy: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pointer = registry_copy / "IN_USE.json"
+    pointer.write_text("{")
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(registry_copy))
+    assert main(["info"]) == 0
+    said = one_line(capsys.readouterr().out)
+    assert f"model versions 1 model registry cannot be read: {pointer} cannot be read as JSON" in said, said
+    assert main(["info", "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert (described["model_versions"], described["model_in_use"]) == (1, None)
+    assert described["models_problem"].startswith(f"{pointer} cannot be read as JSON")
