@@ -134,6 +134,8 @@ def load_slos(path: str | Path | None) -> SloSet:
         raise SloFormatError(str(exc)) from exc
     if isinstance(data, list):
         data = {"slos": data}
+    if not isinstance(data, dict):  # an empty file, or a lone value (pydantic said "a valid dictionary")
+        raise SloFormatError(f"{path}: expected a mapping with an 'slos' list (or that list alone)")
     try:
         return SloSet.model_validate(data)
     except ValidationError as exc:

@@ -113,6 +113,12 @@ def test_an_slo_file_with_an_unknown_key_is_refused_with_the_key_it_resembles(
     error = " ".join(capsys.readouterr().err.split())
     assert "unknown key 'slos.0.maxx' (did you mean 'max'?)" in error, error
     assert "known keys of slos: name, metric, max, min, gpu_model" in error
+    # An empty file, or a lone value, was said as pydantic's "a valid dictionary or instance of SloSet".
+    for text in ("", "# nothing declared yet\n", "fast\n"):
+        write(tmp_path, "slo.yaml", text)
+        assert main(argv) == 2
+        error = " ".join(capsys.readouterr().err.split())
+        assert f"{slos}: expected a mapping with an 'slos' list (or that list alone)" in error, error
 
 
 def test_tables_speak_hours_and_percent_json_keeps_full_precision(
