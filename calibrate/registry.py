@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -55,6 +56,7 @@ ESTIMATORS = "estimators"
 COMPARISON = "comparison"
 ESTIMATOR_SUFFIX = ".skops"
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+log = logging.getLogger(__name__)
 MAX_ROLLBACK_DEPTH = 20  # versions in use before the current one that rollback can return to
 ANY = object()  # `promote` without a condition on the version it replaces
 # What to do about an in-use pointer that cannot be read (the API, `models` and `calibrate` all stop at it).
@@ -93,6 +95,12 @@ def _entry_time(entry: dict[str, Any]) -> datetime:
     """When a history entry happened, in UTC (an entry written without a zone was UTC)."""
     when = datetime.fromisoformat(str(entry["at"]).replace("Z", "+00:00"))
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1)
 
 
 def sha256_file(path: Path) -> str:
@@ -149,10 +157,26 @@ class ModelRegistry:
         return [VersionInfo(v, self.path(v), self.metadata(v), v == current) for v in self.versions()]
 
     def history(self) -> list[dict[str, Any]]:
+        """Every promotion and rollback, in order. A line that cannot be read (one a crash tore as it was
+        appended) is left out with a warning that names it, and the rest still answer: it made every reader
+        fail (the version in use at a time, for `finetwin backtest --from-store`; `GET /v1/models`)."""
         path = self.root / HISTORY
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        entries, unreadable = [], []
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                _entry_time(entry)
+            except (ValueError, KeyError, TypeError):
+                unreadable.append(str(number))
+                continue
+            entries.append(entry)
+        if unreadable:
+            log.warning("%s: line %s cannot be read; left out of the history", path, ", ".join(unreadable))
+        return entries
 
     def version_in_use_at(self, at: datetime) -> str | None:
         """The version that was in use at `at`, among those that could have been: put in use (promoted or
@@ -433,8 +457,11 @@ class ModelRegistry:
             "previous": previous,
             "reason": reason,
         }
-        with (self.root / HISTORY).open("a") as handle:
-            handle.write(json.dumps(entry) + "\n")
+        path = self.root / HISTORY
+        with path.open("a") as handle:
+            # After a line a crash tore (no newline at its end), on a line of its own.
+            torn = handle.tell() > 0 and _last_byte(path) != b"\n"
+            handle.write(("\n" if torn else "") + json.dumps(entry) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 

@@ -8,7 +8,7 @@ import json
 import math
 import os
 import shutil
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -338,3 +338,21 @@ def test_registry_documents_write_unmeasured_metrics_as_null(tmp_path: Path) -> 
     path = tmp_path / "metrics.json"
     _write_json(path, {"mdape": math.nan, "nested": [np.float64(np.inf), 1.5], "n": np.int64(3)})
     assert json.loads(path.read_text()) == {"mdape": None, "nested": [None, 1.5], "n": 3}
+
+
+def test_a_history_line_torn_by_a_crash_is_left_out_and_the_next_entry_stands_alone(
+    registry_copy: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torn line made every reader of the history fail (json's "Unterminated string"), `finetwin backtest
+    --from-store` among them; and the next entry appended would have joined it."""
+    registry = ModelRegistry(registry_copy)
+    history = registry_copy / "history.jsonl"
+    (put_in_use,) = [datetime.fromisoformat(h["at"]) for h in registry.history()]
+    with history.open("a") as handle:
+        handle.write('{"at": "2026-12-07T0')  # the crash: no end, no newline
+    assert registry.first_put_in_use() == put_in_use
+    assert registry.version_in_use_at(put_in_use + timedelta(seconds=1)) == "v0001"
+    assert f"{history}: line 2 cannot be read; left out of the history" in caplog.text
+    registry.promote(registry.save(Parts(), {"reason": "test"}, []), reason="after the crash")  # type: ignore[arg-type]
+    assert [h["reason"] for h in registry.history()][-1] == "after the crash"
+    assert history.read_text().splitlines()[1] == '{"at": "2026-12-07T0'
