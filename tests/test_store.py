@@ -3,6 +3,7 @@ store that cannot be used is said as such."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -115,3 +116,22 @@ def test_a_store_shared_with_other_tables_of_other_names_is_migrated(database_ur
     migrate(engine)
     assert {"invoices", "jobs", "alembic_version"} <= set(inspect(engine).get_table_names())
     engine.dispose()
+
+
+@pytest.mark.parametrize("name", ["d?mode=ro", "100%25 done", "a%b"])
+def test_a_data_directory_named_with_url_characters_holds_its_own_store(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The store's URL was the path as it is: "?" began SQLAlchemy's query ("d?mode=ro" made a file "d"
+    beside the directory, shared by every "d?..."), and "%25" was decoded to "%" (another directory)."""
+    from finetwin.cli import main
+
+    data = tmp_path / name
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(data))
+    monkeypatch.delenv("FINETWIN_DATABASE_URL", raising=False)
+    assert main(["keys", "create", "--role", "viewer", "--name", "here"]) == 0
+    capsys.readouterr()
+    assert (data / "finetwin.db").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == [name]  # nothing beside it
+    assert main(["keys", "list", "--json"]) == 0
+    assert [key["name"] for key in json.loads(capsys.readouterr().out)] == ["here"]

@@ -94,7 +94,10 @@ class TwinSettings(BaseSettings):
         except OSError as exc:  # a file of that name, no permission: said with the setting that names it
             why = f"the data directory (FINETWIN_DATA_DIR) cannot be made: {exc.strerror or exc}"
             raise OSError(exc.errno, why, str(self.data_dir)) from None
-        return f"sqlite:///{(self.data_dir / 'finetwin.db').resolve()}"
+        store = str((self.data_dir / "finetwin.db").resolve())
+        # SQLAlchemy reads "?" in a URL as the start of its query and decodes "%XX": a data directory named
+        # with either put the store elsewhere (`d?x` made a file `d`, shared by every `d?...`).
+        return "sqlite:///" + store.replace("%", "%25").replace("?", "%3F")
 
     def store_description(self) -> str:
         """Where the store is, for people: the SQLite file, or the database URL without its password."""
