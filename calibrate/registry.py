@@ -42,6 +42,8 @@ from twin.jsonsafe import json_safe
 if TYPE_CHECKING:
     from calibrate.fit import CalibratedModels
 
+log = logging.getLogger(__name__)
+
 VERSION_PATTERN = re.compile(r"^v(\d{4,})$")
 VERSIONS = "versions"
 STAGING_PREFIX = ".tmp-"  # a version being written (never listed: versions are named v0001, ...)
@@ -56,7 +58,6 @@ ESTIMATORS = "estimators"
 COMPARISON = "comparison"
 ESTIMATOR_SUFFIX = ".skops"
 _ESTIMATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
-log = logging.getLogger(__name__)
 MAX_ROLLBACK_DEPTH = 20  # versions in use before the current one that rollback can return to
 ANY = object()  # `promote` without a condition on the version it replaces
 # What to do about an in-use pointer that cannot be read (the API, `models` and `calibrate` all stop at it).
