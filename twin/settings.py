@@ -26,6 +26,10 @@ def default_data_dir() -> Path:
     return user_data_path("finetwin", appauthor=False)
 
 
+# The stores finetwin runs on, as SQLAlchemy names them (`postgresql://` and `postgres://` mean psycopg 3).
+STORE_DRIVERS = ("sqlite", "sqlite+pysqlite", "postgresql+psycopg")
+
+
 class TwinSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FINETWIN_", extra="ignore")
 
@@ -68,15 +72,23 @@ class TwinSettings(BaseSettings):
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:
         """A URL SQLAlchemy reads (`postgresql+psycopg://user@host/db`, `sqlite:///path`): a bad one was a
-        traceback from the first command that touched the store, `info` included."""
+        traceback from the first command that touched the store, `info` included. And one of the two stores
+        finetwin runs on: another (MySQL, `postgresql+psycopg2`) was a traceback about a missing module."""
         if value:
             from sqlalchemy.engine import make_url
             from sqlalchemy.exc import ArgumentError
 
+            from twin.db import normalize_url
+
             try:
-                make_url(value)
+                url = make_url(normalize_url(value))
             except ArgumentError:
                 raise ValueError("not a database URL (e.g. postgresql+psycopg://user@host/db)") from None
+            if url.drivername not in STORE_DRIVERS:
+                raise ValueError(
+                    f"finetwin keeps its store in SQLite or PostgreSQL through psycopg 3 (sqlite:///PATH, "
+                    f"postgresql://USER@HOST/DB), not {url.drivername}"
+                )
         return value
 
     @field_validator("forecast_every", mode="before")

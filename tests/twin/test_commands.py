@@ -444,6 +444,22 @@ def test_a_database_url_that_is_not_one_is_named_without_its_text(
     error = capsys.readouterr().err
     assert "invalid setting: FINETWIN_DATABASE_URL: not a database URL" in error, error
     assert "hunter2" not in error and "Traceback" not in error
+    # A store finetwin does not run on was a traceback about a module ("No module named 'MySQLdb'").
+    for url, driver in (
+        ("mysql://root:hunter2@127.0.0.1/test", "mysql"),
+        ("mariadb+pymysql://root:hunter2@db/finetwin", "mariadb+pymysql"),
+        ("postgresql+psycopg2://user:hunter2@db/finetwin", "postgresql+psycopg2"),
+        ("redis://:hunter2@127.0.0.1:6379", "redis"),
+    ):
+        monkeypatch.setenv("FINETWIN_DATABASE_URL", url)
+        assert main(["keys", "list"]) == 2
+        error = " ".join(capsys.readouterr().err.split())
+        assert (
+            "FINETWIN_DATABASE_URL: finetwin keeps its store in SQLite or PostgreSQL through psycopg 3"
+            in error
+        )
+        assert error.endswith(f"not {driver}"), error
+        assert "hunter2" not in error and "Traceback" not in error
 
 
 def test_bad_cluster_says_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
