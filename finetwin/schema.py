@@ -6,6 +6,9 @@ library never migrates a database itself; the wiring (or a test fixture) does, o
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -48,7 +51,7 @@ def alembic_config(url: str) -> Config:
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Create or upgrade the schema to `revision` on the engine's database."""
     config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
+    with _sqlite_file_lock(engine), engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             # Processes starting together (two ingest workers, the API) must not race to create the schema:
             # the lock is held until this transaction ends, and the second one then finds it up to date.
@@ -60,6 +63,30 @@ def migrate(engine: Engine, revision: str = "head") -> None:
         except AlembicError:
             _check_known_revision(connection, config)  # the usual reason, said as such
             raise
+
+
+@contextmanager
+def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
+    """PostgreSQL's advisory lock, for a SQLite file: a lock file beside it, held while the schema is
+    migrated. Processes starting together on a new store (the API and an ingest worker) raced to create it,
+    and all but one stopped ("table jobs already exists")."""
+    database = engine.url.database
+    if (
+        engine.dialect.name != "sqlite"
+        or not database
+        or database == ":memory:"
+        or database.startswith("file:")
+    ):
+        yield
+        return
+    try:
+        handle = open(f"{database}.migrate.lock", "a")  # noqa: SIM115  (held across the yield)
+    except OSError:  # no such directory: SQLite says so itself, in words the caller turns into a message
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _check_not_another_applications(connection: Connection) -> None:
