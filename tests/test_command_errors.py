@@ -35,6 +35,12 @@ def unwritable() -> int:
     raise OSError(13, "Permission denied", "/srv/finetwin")
 
 
+def damaged_registry() -> int:
+    from calibrate.registry import RegistryError
+
+    raise RegistryError("/srv/models/IN_USE.json cannot be read as JSON; restore it")
+
+
 @pytest.mark.parametrize(
     ("function", "status", "message"),
     [
@@ -42,6 +48,11 @@ def unwritable() -> int:
         (mistake, 2, "--input is not a file"),
         (interrupted, 130, ""),
         (unwritable, 1, "finetwin demo: error: /srv/finetwin: Permission denied"),
+        (
+            damaged_registry,
+            2,
+            "finetwin demo: error: /srv/models/IN_USE.json cannot be read as JSON; restore it",
+        ),
     ],
 )
 def test_a_command_that_fails_says_why_without_a_traceback(function, status: int, message: str) -> None:  # type: ignore[no-untyped-def]

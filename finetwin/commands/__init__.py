@@ -34,10 +34,11 @@ def add_command(
 
 
 def _reporting(name: str, function: Callable[..., int | None]) -> Callable[..., None]:
-    """The command as typer runs it: a CommandError becomes a message and exit status 2 (no traceback), a
-    second Ctrl-C exit status 130, running out of memory or an operating system's error (a path that cannot
-    be made) a message and exit status 1, output whose reader went away (`| head`) exit status 1 without a
-    message, a non-zero return its exit status."""
+    """The command as typer runs it: a CommandError becomes a message and exit status 2 (no traceback), and
+    so does a model registry that cannot be used (`calibrate.registry.RegistryError`: its message names the
+    file and what to do); a second Ctrl-C exit status 130; running out of memory or an operating system's
+    error (a path that cannot be made) a message and exit status 1; output whose reader went away (`| head`)
+    exit status 1 without a message; a non-zero return its exit status."""
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> None:
@@ -57,10 +58,21 @@ def _reporting(name: str, function: Callable[..., int | None]) -> Callable[..., 
             raise typer.Exit(1) from None
         except OSError as exc:  # the machine's to fix (a path, a permission, a full disk): said, no traceback
             _say_os_error(name, exc)
+        except Exception as exc:
+            if not _is_registry_error(exc):
+                raise
+            output.error(name, str(exc))
+            raise typer.Exit(2) from None
         if status:
             raise typer.Exit(status)
 
     return run
+
+
+def _is_registry_error(exc: Exception) -> bool:
+    from calibrate.registry import RegistryError  # here, not above: it brings numpy to every `--help`
+
+    return isinstance(exc, RegistryError)
 
 
 def _say_os_error(name: str, exc: OSError) -> NoReturn:

@@ -61,7 +61,6 @@ def calibrate(
     from calibrate.dataset import WeightPolicy
     from calibrate.loader import BenchmarkFormatError
     from calibrate.refit import calibrate_version
-    from calibrate.registry import RegistryError
     from finetwin.wiring import migrated_engine
 
     settings: Settings = ctx.obj
@@ -88,7 +87,7 @@ def calibrate(
         )
     except BenchmarkFormatError as exc:
         raise CommandError(f"bad benchmark: {exc}") from None
-    except (ValueError, RegistryError) as exc:  # RegistryError: the version in use cannot be read
+    except ValueError as exc:
         raise CommandError(str(exc)) from None
     finally:
         if engine is not None:
@@ -133,13 +132,10 @@ def predict(
         raise CommandError(_bad_input(exc)) from None
     directory = models_dir(models, settings)
     registry = ModelRegistry(directory)
-    try:
-        # The version as this machine last ran it, if it did (no scikit-learn, no skops); else the registry's.
-        loaded = serving.load_in_use(registry)
-        from_snapshot = loaded is not None
-        loaded = loaded or registry.load_in_use()
-    except RegistryError as exc:
-        raise CommandError(str(exc)) from None
+    # The version as this machine last ran it, if it did (no scikit-learn, no skops); else the registry's.
+    loaded = serving.load_in_use(registry)
+    from_snapshot = loaded is not None
+    loaded = loaded or registry.load_in_use()
     if loaded is None:
         raise CommandError(f"no model version is in use in {directory}; run `finetwin calibrate` first")
     version, job_models = loaded

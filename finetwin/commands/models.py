@@ -43,14 +43,11 @@ def register(app: typer.Typer) -> None:
 
 
 def list_versions(ctx: typer.Context, models: ModelsDir = None, as_json: Json = False) -> int:
-    from calibrate.registry import ModelRegistry, RegistryError
+    from calibrate.registry import ModelRegistry
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
-    try:
-        versions = registry.list_versions()
-    except RegistryError as exc:
-        raise CommandError(str(exc)) from None
+    versions = registry.list_versions()
     if as_json:
         print(json.dumps([_listed(info) for info in versions], indent=2))
         return 0
@@ -103,13 +100,10 @@ def show(
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
-    try:
-        version = version or registry.in_use()
-        if version is None:
-            raise CommandError(f"no version is in use in {registry.root}; name one (finetwin models list)")
-        metadata = registry.metadata(version)
-    except RegistryError as exc:
-        raise CommandError(str(exc)) from None
+    version = version or registry.in_use()
+    if version is None:
+        raise CommandError(f"no version is in use in {registry.root}; name one (finetwin models list)")
+    metadata = registry.metadata(version)
     try:
         registry.verify(version)
         verified, status = "every artifact matches its manifest", 0
@@ -134,31 +128,28 @@ def promote(
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
     pointer_damaged = False  # the in-use pointer cannot be read: --force replaces it
+    candidate = registry.metadata(version)
     try:
-        candidate = registry.metadata(version)
-        try:
-            current = registry.in_use()
-        except RegistryError:
-            if not force:
-                raise
-            current, pointer_damaged = None, True
-        if current == version:
-            output.say(f"{version} is already in use")
-            return 0
-        in_use = registry.metadata(current) if current else None
-        verdict, basis = manual_verdict(candidate, in_use, settings.promote_tolerance)
-        if not verdict.not_worse and not force:
-            reasons = "; ".join(r for r in verdict.reasons if "WORSE" in r or "cannot" in r)
-            raise CommandError(
-                f"{version} is worse than {current} in use ({basis}): {reasons}. "
-                "Use --force to promote it anyway."
-            )
-        reason = "finetwin models promote" + (" --force" if force and not verdict.not_worse else "")
-        if pointer_damaged:
-            reason += " (the in-use pointer could not be read, and was replaced)"
-        registry.promote(version, reason=reason, mend=pointer_damaged)
-    except RegistryError as exc:
-        raise CommandError(str(exc)) from None
+        current = registry.in_use()
+    except RegistryError:
+        if not force:
+            raise
+        current, pointer_damaged = None, True
+    if current == version:
+        output.say(f"{version} is already in use")
+        return 0
+    in_use = registry.metadata(current) if current else None
+    verdict, basis = manual_verdict(candidate, in_use, settings.promote_tolerance)
+    if not verdict.not_worse and not force:
+        reasons = "; ".join(r for r in verdict.reasons if "WORSE" in r or "cannot" in r)
+        raise CommandError(
+            f"{version} is worse than {current} in use ({basis}): {reasons}. "
+            "Use --force to promote it anyway."
+        )
+    reason = "finetwin models promote" + (" --force" if force and not verdict.not_worse else "")
+    if pointer_damaged:
+        reason += " (the in-use pointer could not be read, and was replaced)"
+    registry.promote(version, reason=reason, mend=pointer_damaged)
     if pointer_damaged:
         output.say(
             f"{version} is in use; the in-use pointer that could not be read was replaced, and with it what "
@@ -170,14 +161,11 @@ def promote(
 
 
 def rollback(ctx: typer.Context, models: ModelsDir = None) -> int:
-    from calibrate.registry import ModelRegistry, RegistryError
+    from calibrate.registry import ModelRegistry
 
     settings: Settings = ctx.obj
     registry = ModelRegistry(models_dir(models, settings))
-    try:
-        current = registry.in_use()
-        version = registry.rollback(reason="finetwin models rollback")
-    except RegistryError as exc:
-        raise CommandError(str(exc)) from None
+    current = registry.in_use()
+    version = registry.rollback(reason="finetwin models rollback")
     output.say(f"{version} is in use again (was {current})")
     return 0
