@@ -15,7 +15,8 @@ The features are physics first (what decides memory and speed), names second:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -138,104 +139,172 @@ def _row_notes(
     return np.array(joined, dtype=object)[rows.reshape(-1)].tolist()
 
 
-def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
-    """`build_features` as one array per feature (FEATURE_NAMES order), without the frame around them: the
-    prediction path encodes these straight into a numeric matrix (`calibrate.encoding`). Building a frame
-    column by column cost most of a ~100-row prediction."""
-    frame = validated_configs(table)
-    out: dict[str, np.ndarray] = {}
+@dataclass(frozen=True)
+class _Llms:
+    """What each row's LLM name says, worked out once per distinct name and taken row by row."""
 
-    # Per distinct LLM, GPU, method and tuning version, then taken row by row (`distinct_values`).
-    name_codes, distinct_names = distinct_values(frame["model_name"])
-    params, active, name_notes = (np.asarray(x) for x in model_sizes(distinct_names))
-    params, active = params[name_codes], active[name_codes]
-    gpu_codes, distinct_gpus = distinct_values(frame["gpu_model"])
-    gpus_named = np.array([canonical_gpu_name(g) for g in distinct_gpus], dtype=object)
-    gpus_known = [GPU_TYPES.get(g) for g in gpus_named]
-    catalogue = [g or UNKNOWN_GPU for g in gpus_known]
+    codes: np.ndarray  # the row's distinct name (`distinct_values`)
+    notes: np.ndarray  # per distinct name: what was guessed about its size
+    params: np.ndarray  # billions of parameters
+    active: np.ndarray  # billions active per token (below `params` for a mixture of experts)
+    families: np.ndarray
+    vocabulary: np.ndarray
+    hybrid_mamba: np.ndarray
+    width_depth: np.ndarray  # layers x hidden width, from the active parameters
+
+
+def _llms(names: np.ndarray) -> _Llms:
+    codes, distinct_names = distinct_values(names)
+    params, active, notes = (np.asarray(x) for x in model_sizes(distinct_names))
+    distinct_families = [model_family(name) for name in distinct_names]
+    vocabulary = [VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in distinct_families]
+    active = active[codes]
+    return _Llms(
+        codes=codes,
+        notes=notes,
+        params=params[codes],
+        active=active,
+        families=np.array(distinct_families, dtype=object)[codes],
+        vocabulary=np.array(vocabulary, dtype=float)[codes],
+        hybrid_mamba=np.array(["-h-" in name for name in distinct_names], dtype=float)[codes],
+        width_depth=_WIDTH_DEPTH_AT_7B * (active / 7.0) ** _WIDTH_DEPTH_EXPONENT,
+    )
+
+
+@dataclass(frozen=True)
+class _Gpus:
+    """Each row's GPU type from the catalogue (an unknown name taken as an A100-PCIe, and said)."""
+
+    codes: np.ndarray  # the row's distinct GPU name (`distinct_values`)
+    notes: list[str]  # per distinct name: unknown, from its data sheet, or nothing
+    named: np.ndarray  # the catalogue's name for it
+    memory_gb: np.ndarray
+    tflops: np.ndarray
+    relative_speed: np.ndarray
+    intra_node_gbs: np.ndarray
+
+
+def _gpus(names: np.ndarray) -> _Gpus:
+    codes, distinct_gpus = distinct_values(names)
+    named = np.array([canonical_gpu_name(g) for g in distinct_gpus], dtype=object)
+    known = [GPU_TYPES.get(g) for g in named]
+    catalogue = [g or UNKNOWN_GPU for g in known]
     memory, tflops, relative_speed, intra_node_gbs = (
-        np.array([getattr(g, spec) for g in catalogue], dtype=float)[gpu_codes]
+        np.array([getattr(g, spec) for g in catalogue], dtype=float)[codes]
         for spec in ("memory_gb", "dense_tflops", "relative_speed", "intra_node_gbs")
     )
-    gpus_named = gpus_named[gpu_codes]
-    gpu_notes = [
-        UNKNOWN_GPU_NOTE if g is None else "" if g.benchmarked else DATA_SHEET_GPU_NOTE for g in gpus_known
-    ]
-    notes = _row_notes(name_notes, name_codes, gpu_notes, gpu_codes)
-    method_codes, distinct_methods = distinct_values(frame["method"])
-    methods = frame["method"]
-
-    gpus = frame["number_gpus"]
-    nodes = frame["number_nodes"]
-    batch = frame["batch_size"]
-    tokens = frame["tokens_per_sample"]
-    roce = frame["enable_roce"].astype(bool)
-    expert_parallel = frame["fast_moe"].astype(float)
-    time_limit = frame["time_limit_s"].astype(float)
-    protocol = protocol_columns(frame["experiment_id"], frame["identifier"])
-    distinct_families = [model_family(name) for name in distinct_names]
-    families = np.array(distinct_families, dtype=object)[name_codes]
-    vocabulary = np.array(
-        [VOCABULARY_BY_FAMILY.get(f, DEFAULT_VOCABULARY) for f in distinct_families], dtype=float
-    )[name_codes]
-
-    gpus_per_node = gpus / nodes
-    batch_per_gpu = batch / gpus
-    data_parallel_only = protocol["data_parallel_only"].astype(float)
-    hybrid_shard = protocol["hybrid_shard"].astype(float)
-    # FSDP shards the training state over every GPU of the job; HYBRID_SHARD only within a node; plain
-    # data parallelism keeps a full copy on each GPU.
-    shard_degree = np.where(data_parallel_only == 1, 1.0, np.where(hybrid_shard == 1, gpus_per_node, gpus))
-
-    # Memory per GPU, in GB.
-    state_bytes = _per_method(method_codes, distinct_methods, STATE_BYTES_PER_PARAM)
-    state_gb = params * state_bytes / shard_degree
-    width_depth = _WIDTH_DEPTH_AT_7B * (active / 7.0) ** _WIDTH_DEPTH_EXPONENT
-    activation_gb = _ACTIVATION_BYTES * batch_per_gpu * tokens * width_depth / 1e9
-    logits_gb = _LOGIT_BYTES * batch_per_gpu * tokens * vocabulary / 1e9
-    needed_gb = state_gb + activation_gb + logits_gb
-
-    # Speed: compute time of one step on one GPU against the time to move weights and gradients.
-    flops_per_token = (
-        _per_method(method_codes, distinct_methods, FLOPS_PER_PARAM) * active * 1e9
-        + 12.0 * width_depth * tokens  # attention scores and values, forward and backward
+    return _Gpus(
+        codes=codes,
+        notes=[
+            UNKNOWN_GPU_NOTE if g is None else "" if g.benchmarked else DATA_SHEET_GPU_NOTE for g in known
+        ],
+        named=named[codes],
+        memory_gb=memory,
+        tflops=tflops,
+        relative_speed=relative_speed,
+        intra_node_gbs=intra_node_gbs,
     )
-    effective_flops = _REFERENCE_TFLOPS * 1e12 * relative_speed
-    compute_s = flops_per_token * batch_per_gpu * tokens / (effective_flops * NOMINAL_UTILIZATION)
-    weight_bytes = _per_method(method_codes, distinct_methods, WEIGHT_BYTES_PER_PARAM) * params * 1e9
-    gradient_bytes = _per_method(method_codes, distinct_methods, GRADIENT_BYTES_PER_PARAM) * params * 1e9
+
+
+def _physics_tokens_per_second(
+    frame: dict[str, np.ndarray],
+    llms: _Llms,
+    gpus: _Gpus,
+    per_method: Callable[[Mapping[str, float]], np.ndarray],
+    data_parallel_only: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The speed bound of each row: the compute time of one step on one GPU, slowed by the time the step
+    spends moving weights and gradients between GPUs. (FLOPs per token, communication / compute time, the
+    bound in tokens/s.)"""
+    number_gpus, nodes, tokens = frame["number_gpus"], frame["number_nodes"], frame["tokens_per_sample"]
+    flops_per_token = (
+        per_method(FLOPS_PER_PARAM) * llms.active * 1e9
+        + 12.0 * llms.width_depth * tokens  # attention scores and values, forward and backward
+    )
+    effective_flops = _REFERENCE_TFLOPS * 1e12 * gpus.relative_speed
+    compute_s = (
+        flops_per_token
+        * (frame["batch_size"] / number_gpus)
+        * tokens
+        / (effective_flops * NOMINAL_UTILIZATION)
+    )
+    weight_bytes = per_method(WEIGHT_BYTES_PER_PARAM) * llms.params * 1e9
+    gradient_bytes = per_method(GRADIENT_BYTES_PER_PARAM) * llms.params * 1e9
     # FSDP gathers the weights for the forward and again for the backward pass and reduce-scatters the
     # gradients; plain data parallelism all-reduces the gradients only.
     step_bytes = np.where(data_parallel_only == 1, 2.0 * gradient_bytes, 2.0 * weight_bytes + gradient_bytes)
-    step_bytes = step_bytes * (gpus - 1.0) / gpus
+    step_bytes = step_bytes * (number_gpus - 1.0) / number_gpus
+    roce = frame["enable_roce"].astype(bool)
     link_gbs = np.where(
-        nodes > 1, np.where(roce, INTER_NODE_GBS[True], INTER_NODE_GBS[False]), intra_node_gbs
+        nodes > 1, np.where(roce, INTER_NODE_GBS[True], INTER_NODE_GBS[False]), gpus.intra_node_gbs
     )
     communication_s = step_bytes / (link_gbs * 1e9)
-    physics_tokens_per_second = (
-        gpus
+    bound = (
+        number_gpus
         * effective_flops
         * NOMINAL_UTILIZATION
         / flops_per_token
         * compute_s
         / (compute_s + communication_s)
     )
+    return flops_per_token, (communication_s + 1e-6) / compute_s, bound
 
-    out["method"] = methods
-    out["gpu_model"] = np.array(gpus_named, dtype=object)
-    out["model_family"] = families
+
+def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
+    """`build_features` as one array per feature (FEATURE_NAMES order), without the frame around them: the
+    prediction path encodes these straight into a numeric matrix (`calibrate.encoding`). Building a frame
+    column by column cost most of a ~100-row prediction."""
+    frame = validated_configs(table)
+    llms = _llms(frame["model_name"])
+    gpus = _gpus(frame["gpu_model"])
+    notes = _row_notes(llms.notes, llms.codes, gpus.notes, gpus.codes)
+    method_codes, distinct_methods = distinct_values(frame["method"])
+
+    def per_method(table: Mapping[str, float]) -> np.ndarray:
+        return _per_method(method_codes, distinct_methods, table)
+
+    number_gpus, nodes, batch, tokens = (
+        frame[name] for name in ("number_gpus", "number_nodes", "batch_size", "tokens_per_sample")
+    )
+    roce = frame["enable_roce"].astype(bool)
+    expert_parallel = frame["fast_moe"].astype(float)
+    protocol = protocol_columns(frame["experiment_id"], frame["identifier"])
+    gpus_per_node = number_gpus / nodes
+    batch_per_gpu = batch / number_gpus
+    data_parallel_only = protocol["data_parallel_only"].astype(float)
+    hybrid_shard = protocol["hybrid_shard"].astype(float)
+    # FSDP shards the training state over every GPU of the job; HYBRID_SHARD only within a node; plain
+    # data parallelism keeps a full copy on each GPU.
+    shard_degree = np.where(
+        data_parallel_only == 1, 1.0, np.where(hybrid_shard == 1, gpus_per_node, number_gpus)
+    )
+
+    # Memory per GPU, in GB.
+    state_bytes = per_method(STATE_BYTES_PER_PARAM)
+    state_gb = llms.params * state_bytes / shard_degree
+    activation_gb = _ACTIVATION_BYTES * batch_per_gpu * tokens * llms.width_depth / 1e9
+    logits_gb = _LOGIT_BYTES * batch_per_gpu * tokens * llms.vocabulary / 1e9
+    needed_gb = state_gb + activation_gb + logits_gb
+    flops_per_token, communication_ratio, physics_tokens_per_second = _physics_tokens_per_second(
+        frame, llms, gpus, per_method, data_parallel_only
+    )
+
+    out: dict[str, np.ndarray] = {}
+    out["method"] = frame["method"]
+    out["gpu_model"] = np.array(gpus.named, dtype=object)
+    out["model_family"] = llms.families
     out["protocol"] = protocol["protocol"]
     out["tuning_version"] = frame["fms_hf_tuning_version"]
-    out["log_params"] = np.log(params)
-    out["log_active_params"] = np.log(active)
-    out["is_moe"] = (active < params * 0.95).astype(float)
-    out["hybrid_mamba"] = np.array(["-h-" in name for name in distinct_names], dtype=float)[name_codes]
-    out["log_vocabulary"] = np.log(vocabulary)
-    out["log_gpu_memory"] = np.log(memory)
-    out["log_gpu_tflops"] = np.log(tflops)
-    out["log_gpu_relative_speed"] = np.log(relative_speed)
-    out["number_gpus"] = gpus
-    out["log_gpus"] = np.log(gpus)
+    out["log_params"] = np.log(llms.params)
+    out["log_active_params"] = np.log(llms.active)
+    out["is_moe"] = (llms.active < llms.params * 0.95).astype(float)
+    out["hybrid_mamba"] = llms.hybrid_mamba
+    out["log_vocabulary"] = np.log(llms.vocabulary)
+    out["log_gpu_memory"] = np.log(gpus.memory_gb)
+    out["log_gpu_tflops"] = np.log(gpus.tflops)
+    out["log_gpu_relative_speed"] = np.log(gpus.relative_speed)
+    out["number_gpus"] = number_gpus
+    out["log_gpus"] = np.log(number_gpus)
     out["number_nodes"] = nodes
     out["gpus_per_node"] = gpus_per_node
     out["multi_node"] = (nodes > 1).astype(float)
@@ -247,9 +316,9 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     out["log_tokens_per_gpu_step"] = np.log(batch_per_gpu * tokens)
     out["expert_parallel"] = expert_parallel
     # How many GPUs each expert group spans: the token exchange fast MoE pays for.
-    out["experts_spread"] = np.where(expert_parallel > 0, np.minimum(expert_parallel, gpus), 0.0)
+    out["experts_spread"] = np.where(expert_parallel > 0, np.minimum(expert_parallel, number_gpus), 0.0)
     out["fast_kernels"] = frame["fast_kernels"].astype(float)
-    out["time_limited"] = (~np.isnan(time_limit)).astype(float)
+    out["time_limited"] = (~np.isnan(frame["time_limit_s"].astype(float))).astype(float)
     out["auto_stop"] = protocol["auto_stop"].astype(float)
     out["data_parallel_only"] = data_parallel_only
     out["hybrid_shard"] = hybrid_shard
@@ -263,10 +332,10 @@ def feature_columns(table: Table) -> tuple[dict[str, np.ndarray], list[str]]:
     out["log_state_gb"] = np.log(state_gb)
     out["log_activation_gb"] = np.log(activation_gb)
     out["log_logits_gb"] = np.log(logits_gb)
-    out["log_memory_ratio"] = np.log(needed_gb / memory)
-    out["memory_headroom_gb"] = memory - needed_gb
+    out["log_memory_ratio"] = np.log(needed_gb / gpus.memory_gb)
+    out["memory_headroom_gb"] = gpus.memory_gb - needed_gb
     out["log_flops_per_token"] = np.log(flops_per_token)
-    out["log_communication_ratio"] = np.log((communication_s + 1e-6) / compute_s)
+    out["log_communication_ratio"] = np.log(communication_ratio)
     out[THROUGHPUT_OFFSET] = np.log(physics_tokens_per_second)
     return {name: out[name] for name in FEATURE_NAMES}, notes
 
