@@ -36,7 +36,7 @@ from twin.config_changes import Admission
 from twin.domain import GPUS_PER_NODE, known_gpu_name
 from twin.ensemble import EnsembleSpec, run_one, spread
 from twin.executors import Executor, Progress, TaskFailure
-from twin.forecast import TwinInputs, catalog_of
+from twin.forecast import TwinInputs, catalog_of, models_for
 from twin.jsonsafe import json_safe
 from twin.limits import MAX_ENSEMBLE_RUNS, interval_problem, simulated_duration
 from twin.plan import PlanOptions, PreparedCatalog, Reject, pool_index, prepare_catalog
@@ -333,7 +333,7 @@ def prepare_inputs(
         raise SweepError("the horizon must be positive")
     if horizon is None and inputs.arrivals is not None and not len(inputs.workload):
         raise SweepError("the live arrival process needs a horizon (e.g. 24h)")
-    configs = catalog_of(inputs)
+    configs, models = catalog_of(inputs), models_for(inputs, models)
     catalogs = {
         a.value: prepare_catalog(configs, models, PlanOptions(admission=a)) for a in request.admissions
     }

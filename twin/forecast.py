@@ -20,10 +20,12 @@ from twin.cluster import Cluster
 from twin.domain import JobConfig
 from twin.ensemble import EnsembleSpec, RunOutput, run_ensemble, summarize
 from twin.jsonsafe import json_safe
+from twin.observed_outcomes import ObservedOutcomes
 from twin.plan import PlanOptions, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.protocols import JobModels
 from twin.slo_attainment import DEFAULT_SLOS, SloSet
+from twin.uncalibrated import FALLBACK_LABEL, FallbackModels
 from twin.workload import Workload
 
 if TYPE_CHECKING:
@@ -43,6 +45,8 @@ class TwinInputs:
     clock: dict[str, object] | None = None  # live forecasts: which clock `start` was read from (twin.clock)
     # Live forecasts: the running jobs of `workload` that need a person's attention (twin.job_health), by id.
     attention: dict[str, Attention] = field(default_factory=dict)
+    # Live forecasts: how the cluster's runs ended, which the uncalibrated fallback's failures follow.
+    outcomes: ObservedOutcomes | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,15 @@ def catalog_of(inputs: TwinInputs) -> list[JobConfig]:
     return list(inputs.workload.catalog) + list(mix)
 
 
+def models_for(inputs: TwinInputs, models: JobModels | None) -> JobModels | None:
+    """The models the runs ask: the uncalibrated fallback, which has no failure model, told how the
+    cluster's own runs ended (a calibrated version learned failures from the benchmark, and from these
+    runs once refitted with them)."""
+    if isinstance(models, FallbackModels) and models.outcomes is None and inputs.outcomes is not None:
+        return FallbackModels(inputs.outcomes)
+    return models
+
+
 def make_spec(
     inputs: TwinInputs, models: JobModels | None, options: ForecastOptions, slos: SloSet = DEFAULT_SLOS
 ) -> EnsembleSpec:
@@ -78,7 +91,7 @@ def make_spec(
     return EnsembleSpec(
         cluster=inputs.cluster,
         workload=inputs.workload,
-        catalog=prepare_catalog(catalog_of(inputs), models, options.plan),
+        catalog=prepare_catalog(catalog_of(inputs), models_for(inputs, models), options.plan),
         arrivals=inputs.arrivals if options.horizon_s is not None else None,
         failure_times_s=inputs.failure_times_s,
         policy=Policy(options.policy),
@@ -112,8 +125,14 @@ def describe(inputs: TwinInputs, options: ForecastOptions, model_source: str) ->
             "queued": len(inputs.workload) - len(inputs.workload.running),
         },
         "arrivals_per_day": inputs.arrivals.daily_jobs if inputs.arrivals is not None else 0.0,
-        "notes": list(inputs.notes),
+        "notes": list(inputs.notes) + _fallback_notes(inputs, model_source),
     }
+
+
+def _fallback_notes(inputs: TwinInputs, model_source: str) -> list[str]:
+    if model_source != FALLBACK_LABEL or inputs.outcomes is None:
+        return []
+    return [inputs.outcomes.note()]
 
 
 def run_forecast(

@@ -22,6 +22,7 @@ from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
 from twin.job_health import DEFAULT_GRACE, attention_by_job, attention_grace, attention_notes
 from twin.limits import plausible_power
+from twin.observed_outcomes import ObservedOutcomes
 from twin.settings import TwinSettings
 from twin.store import JOB_ROWS, Job, JobRecord, Node, ObservedRun, job_records
 from twin.workload import RunningState, Workload, catalog_key
@@ -301,6 +302,7 @@ def inputs_from_rows(
 
     mix = _Rows()
     submitted_at: list[datetime] = []
+    ended: list[tuple[JobConfig, bool]] = []  # (configuration, whether it ran) of the runs that ended
     for job in history:
         if job.submitted_at is None:
             continue
@@ -308,6 +310,8 @@ def inputs_from_rows(
         config = job_config(job)
         if config is not None:
             mix.add(job.job_id, 0.0, config, job_work(job, observed_work) or typical, None)
+            if job.state in ("completed", "failed"):
+                ended.append((config, job.state == "completed"))
     if imputed or (known_typical is None and len(mix.ids)):
         notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical:,.0f} tokens")
     arrivals = fit_arrivals(submitted_at, mix.build(), now, now - since) if submitted_at else None
@@ -323,4 +327,5 @@ def inputs_from_rows(
         notes=notes,
         clock=clock.describe() if clock is not None else None,
         attention={job_id: flagged[job_id] for job_id in set(current.ids) & flagged.keys()},
+        outcomes=ObservedOutcomes.of(ended),
     )

@@ -160,6 +160,7 @@ def apply_changes(
         failure_times_s=inputs.failure_times_s,
         start=inputs.start,
         notes=inputs.notes,
+        outcomes=inputs.outcomes,
     )
     return scenario_inputs, options.with_changes(policy=changes.policy or options.policy, plan=plan)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,11 +16,14 @@ from finetwin.settings import Settings
 from tests.conftest import api_headers, api_parts
 from tests.twin.query_plans import sqlite_plans
 from twin.db import make_engine, session_scope
-from twin.forecast import ForecastOptions, forecast
+from twin.forecast import ForecastOptions, forecast, models_for
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
 from twin.live_state import NoClusterError, load_live_inputs
+from twin.policies import Policy
+from twin.protocols import JobModels
 from twin.store import Job, Node, ObservedRun
-from twin.uncalibrated import FallbackModels
+from twin.uncalibrated import FALLBACK_LABEL, FallbackModels
+from twin.whatif import ScenarioChanges, apply_changes
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -80,6 +83,25 @@ def test_live_inputs_from_the_store(engine: Engine) -> None:
     assert doc["start"] == NOW.isoformat()
     assert doc["summary"]["jobs"]["mean"] >= 2
     assert doc["summary"]["utilization_by_type"][A100]["mean"] > 0
+
+
+def test_before_a_calibration_jobs_fail_in_the_forecast_as_the_clusters_runs_failed(engine: Engine) -> None:
+    """The uncalibrated fallback has no failure model: it forecast that no job fails, where a fifth of
+    this cluster's runs had failed (`finetwin up`'s first forecast: 0 failures an hour against 17)."""
+    populate(engine)
+    inputs = load_live_inputs(engine, now=NOW, lookback=timedelta(days=2))
+    # One configuration: 49 runs ended in the window, 10 of them failed at runtime.
+    assert inputs.outcomes is not None and (inputs.outcomes.ran, inputs.outcomes.failed) == (39, 10)
+    options = ForecastOptions(horizon_s=24 * 3600.0, runs=8, workers=1)
+    doc = forecast(inputs, FallbackModels(), options, model_source=FALLBACK_LABEL)
+    assert 0.1 < doc["summary"]["runtime_failure_ratio"]["mean"] < 0.35  # p_valid (39 + 2 x 40/51) / 51
+    assert inputs.outcomes.note() in doc["notes"] and "10 of 49 ended runs" in inputs.outcomes.note()
+    # A what-if's scenario keeps them, and a calibrated model is left as it is.
+    scenario, _ = apply_changes(inputs, options, ScenarioChanges(policy=Policy.BACKFILL))
+    assert scenario.outcomes is inputs.outcomes
+    assert models_for(inputs, FallbackModels()).outcomes is inputs.outcomes  # type: ignore[union-attr]
+    calibrated = cast(JobModels, object())
+    assert models_for(inputs, calibrated) is calibrated
 
 
 def test_the_order_a_store_keeps_its_jobs_in_does_not_change_the_forecast(tmp_path: Path) -> None:
