@@ -15,12 +15,14 @@ from finetwin.schema import migrate
 from finetwin.settings import Settings
 from tests.conftest import api_headers, api_parts
 from tests.twin.query_plans import sqlite_plans
+from twin.capacity import SweepRequest, prepare_inputs
 from twin.db import make_engine, session_scope
 from twin.forecast import ForecastOptions, forecast, models_for
 from twin.forecast_store import STANDING, latest_forecast, save_forecast
 from twin.live_state import NoClusterError, load_live_inputs
 from twin.policies import Policy
 from twin.protocols import JobModels
+from twin.slo_attainment import DEFAULT_SLOS
 from twin.store import Job, Node, ObservedRun
 from twin.uncalibrated import FALLBACK_LABEL, FallbackModels
 from twin.whatif import ScenarioChanges, apply_changes
@@ -100,6 +102,11 @@ def test_before_a_calibration_jobs_fail_in_the_forecast_as_the_clusters_runs_fai
     scenario, _ = apply_changes(inputs, options, ScenarioChanges(policy=Policy.BACKFILL))
     assert scenario.outcomes is inputs.outcomes
     assert models_for(inputs, FallbackModels()).outcomes is inputs.outcomes  # type: ignore[union-attr]
+    # So does a capacity plan's sweep, which asks the models itself.
+    sweep = prepare_inputs(
+        inputs, FallbackModels(), SweepRequest(vary=[f"{A100}=1..2"], runs=1), DEFAULT_SLOS
+    )
+    assert 0.7 < sweep.catalogs["off"].p_valid.max() < 0.9
     calibrated = cast(JobModels, object())
     assert models_for(inputs, calibrated) is calibrated
 
