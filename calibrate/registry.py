@@ -115,6 +115,11 @@ def sha256_file(path: Path) -> str:
 class ModelRegistry:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():  # read as empty, then failed at the first write
+            raise RegistryError(
+                f"the model registry {self.root} is a file, not a directory: point --models or "
+                "FINETWIN_MODELS_DIR at a directory"
+            )
 
     # --- reading
 

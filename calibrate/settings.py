@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from twin.settings import TwinSettings
 
@@ -40,6 +40,14 @@ class CalibrateSettings(TwinSettings):
     promote_tolerance: float = Field(default=0.002, ge=0)
     # Online refits delete older versions (never one rollback can reach)
     models_keep_versions: int = Field(default=20, ge=1)
+
+    @field_validator("models_dir")
+    @classmethod
+    def _a_directory(cls, value: Path | None) -> Path | None:
+        """A file there was read as a registry without versions, and every refit of the API failed on it."""
+        if value is not None and value.exists() and not value.is_dir():
+            raise ValueError("a file, not a directory")
+        return value
 
     def resolved_models_dir(self) -> Path:
         return self.models_dir if self.models_dir is not None else self.data_dir / "models"

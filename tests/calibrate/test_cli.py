@@ -212,6 +212,33 @@ def test_every_models_command_says_a_damaged_in_use_pointer_and_leaves_it_as_it_
     assert main(["models", "list", *models]) == 0 and "* v0001" in capsys.readouterr().out
 
 
+def test_a_models_directory_that_is_a_file_is_said_by_every_command(
+    sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`models list` said "No model versions in FILE", `calibrate` fitted and then failed with "FILE/versions:
+    Not a directory", and the API started and logged a traceback at every refit."""
+    named = tmp_path / "models.tar"
+    named.write_text("not a directory")
+    models = ["--models", str(named)]
+    commands = [
+        ["models", "list", *models], ["models", "show", *models], ["models", "rollback", *models],
+        ["models", "promote", "v0001", *models], ["calibrate", "--bench", str(sample_csv), *models],
+        predict_argv(named, sample_csv, tmp_path / "pred.csv"),
+    ]  # fmt: skip
+    for command in commands:
+        assert main(command) == 2, command
+        error = " ".join(capsys.readouterr().err.split())
+        assert f"the model registry {named} is a file, not a directory" in error, (command, error)
+    # Named by the setting: refused at the start, as any invalid setting is, by the API too.
+    monkeypatch.setenv("FINETWIN_MODELS_DIR", str(named))
+    for command in (["info"], ["models", "list"], ["api", "--port", "0"]):
+        assert main(command) == 2, command
+        error = " ".join(capsys.readouterr().err.split())
+        said = f"invalid setting: FINETWIN_MODELS_DIR: a file, not a directory (got '{named}')"
+        assert said in error, error
+    assert named.read_text() == "not a directory"
+
+
 def test_models_list_says_a_version_whose_metadata_is_damaged(
     registry_copy: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
