@@ -157,21 +157,23 @@ def calibrate_version(
     )
     if engine is not None:
         record_version(engine, registry.metadata(version), promoted=promoted)
-    if promoted:
-        verdict = (
-            f"in use (not worse than {comparison.against})"
-            if comparison.against
-            else "in use (the first version)"
-        )
-    elif comparison.not_worse:
-        replaced = registry.in_use()
-        verdict = f"NOT promoted: {replaced} was put in use while it was compared with {comparison.against}"
-    else:
-        verdict = f"NOT promoted, worse than {comparison.against} in use: {_worse(comparison)}"
+    verdict = _verdict(comparison, promoted, registry)
     message = f"{version}: {len(data)} rows, calibrated in {fit_seconds:.1f} s; {verdict}"
     return RefitResult(
         version, promoted, registry.in_use(), comparison, fit_seconds, len(data), message, metadata
     )
+
+
+def _verdict(comparison: Comparison, promoted: bool, registry: ModelRegistry) -> str:
+    """What became of the new version, for its message."""
+    if promoted:
+        if comparison.against:
+            return f"in use (not worse than {comparison.against})"
+        return "in use (the first version)"
+    if comparison.not_worse:
+        replaced = registry.in_use()
+        return f"NOT promoted: {replaced} was put in use while it was compared with {comparison.against}"
+    return f"NOT promoted, worse than {comparison.against} in use: {_worse(comparison)}"
 
 
 def _leave_serving_snapshot(registry: ModelRegistry, version: str, models: CalibratedModels) -> None:
