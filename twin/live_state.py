@@ -216,6 +216,14 @@ def typical_work(history: list[JobRecord], observed_work: dict[str, float]) -> f
     return float(np.median(known)) if known else None
 
 
+def _outcomes(mix: Workload, states: list[str]) -> ObservedOutcomes | None:
+    """How the mix's runs that ended did: to completion, or failing at runtime (`states`: each job's)."""
+    state = np.asarray(states, dtype=str)
+    completed, failed = state == "completed", state == "failed"
+    ended = completed | failed
+    return ObservedOutcomes.of(mix.catalog, mix.config_idx[ended], completed[ended])
+
+
 def _oversized_note(oversized: list[tuple[str, int]]) -> str:
     named = ", ".join(f"{node_id!r} ({count:,} GPUs)" for node_id, count in oversized[:3])
     more = f" and {len(oversized) - 3} more" if len(oversized) > 3 else ""
@@ -302,7 +310,7 @@ def inputs_from_rows(
 
     mix = _Rows()
     submitted_at: list[datetime] = []
-    ended: list[tuple[JobConfig, bool]] = []  # (configuration, whether it ran) of the runs that ended
+    states: list[str] = []  # of the mix's jobs: how the runs that ended did
     for job in history:
         if job.submitted_at is None:
             continue
@@ -310,11 +318,11 @@ def inputs_from_rows(
         config = job_config(job)
         if config is not None:
             mix.add(job.job_id, 0.0, config, job_work(job, observed_work) or typical, None)
-            if job.state in ("completed", "failed"):
-                ended.append((config, job.state == "completed"))
+            states.append(job.state)
     if imputed or (known_typical is None and len(mix.ids)):
         notes.append(f"work (dataset tokens) unknown for some jobs: assumed {typical:,.0f} tokens")
-    arrivals = fit_arrivals(submitted_at, mix.build(), now, now - since) if submitted_at else None
+    history_mix = mix.build()
+    arrivals = fit_arrivals(submitted_at, history_mix, now, now - since) if submitted_at else None
     failure_times = np.asarray([f for f in failures if f is not None and f >= 0], dtype=float)
     if not len(failure_times):
         notes.append("no runtime failure observed yet: failures assumed 1-10 min into the run")
@@ -327,5 +335,5 @@ def inputs_from_rows(
         notes=notes,
         clock=clock.describe() if clock is not None else None,
         attention={job_id: flagged[job_id] for job_id in set(current.ids) & flagged.keys()},
-        outcomes=ObservedOutcomes.of(ended),
+        outcomes=_outcomes(history_mix, states),
     )

@@ -10,7 +10,7 @@ configuration seen once is not called certain either way, and one never seen tak
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,15 +31,20 @@ class ObservedOutcomes:
     failed: int
 
     @classmethod
-    def of(cls, ended: Iterable[tuple[JobConfig, bool]]) -> ObservedOutcomes | None:
-        """From (configuration, whether it ran) of each ended run; None when none ended."""
-        counts: dict[Hashable, list[int]] = {}
-        for config, ran in ended:
-            counts.setdefault(catalog_key(config), [0, 0])[0 if ran else 1] += 1
-        if not counts:
+    def of(
+        cls, configs: Sequence[JobConfig], config_idx: np.ndarray, ran: np.ndarray
+    ) -> ObservedOutcomes | None:
+        """From each ended run's configuration (its index into `configs`) and whether it ran; None when no
+        run ended. Counted per configuration, not per run: a week of a busy cluster is a million runs."""
+        if not len(config_idx):
             return None
-        by_config = {key: (ran, failed) for key, (ran, failed) in counts.items()}
-        return cls(by_config, sum(r for r, _ in by_config.values()), sum(f for _, f in by_config.values()))
+        ran_counts = np.bincount(config_idx[ran], minlength=len(configs))
+        failed_counts = np.bincount(config_idx[~ran], minlength=len(configs))
+        by_config = {
+            catalog_key(configs[k]): (int(ran_counts[k]), int(failed_counts[k]))
+            for k in np.flatnonzero(ran_counts + failed_counts).tolist()
+        }
+        return cls(by_config, int(ran_counts.sum()), int(failed_counts.sum()))
 
     @property
     def cluster_p_valid(self) -> float:

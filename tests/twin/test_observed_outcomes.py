@@ -22,7 +22,7 @@ def config(batch: int, **extra: str) -> JobConfig:
 
 def test_each_configuration_follows_its_own_runs_shrunk_towards_the_clusters_share() -> None:
     fails, runs, unseen = config(64), config(8), config(16)
-    outcomes = ObservedOutcomes.of([(fails, False)] * 3 + [(runs, True)] * 2)
+    outcomes = ObservedOutcomes.of([fails, runs, unseen], np.array([0, 0, 0, 1, 1]), np.arange(5) >= 3)
     assert outcomes is not None and (outcomes.ran, outcomes.failed) == (2, 3)
     cluster = (2 + 1) / (5 + 2)  # Laplace: three in seven
     assert outcomes.cluster_p_valid == pytest.approx(cluster)
@@ -37,7 +37,7 @@ def test_each_configuration_follows_its_own_runs_shrunk_towards_the_clusters_sha
 
 def test_configurations_of_another_protocol_are_counted_apart() -> None:
     plain, capped = config(8), config(8, experiment_id="finetune-v1-capped")
-    outcomes = ObservedOutcomes.of([(plain, False), (plain, False)])
+    outcomes = ObservedOutcomes.of([plain, capped], np.array([0, 0]), np.array([False, False]))
     assert outcomes is not None
     p_plain, p_capped = outcomes.p_valid([plain, capped])
     assert p_plain < p_capped == pytest.approx(outcomes.cluster_p_valid)
@@ -45,5 +45,5 @@ def test_configurations_of_another_protocol_are_counted_apart() -> None:
 
 
 def test_without_ended_runs_the_fallback_predicts_no_runtime_failure() -> None:
-    assert ObservedOutcomes.of([]) is None
+    assert ObservedOutcomes.of([config(8)], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)) is None
     np.testing.assert_array_equal(FallbackModels().predict_failure([config(8), config(64)]), [1.0, 1.0])
