@@ -22,6 +22,7 @@ import numpy as np
 from twin.csv_cells import MAX_CSV_COLUMNS, neutralise_row, too_many_columns
 from twin.csv_hints import resembling, separator_hint
 from twin.domain import METHODS, JobConfig, UnknownGpuModel, fewest_nodes, known_gpu_name
+from twin.job_config import DESCRIPTOR_FIELDS
 from twin.limits import MAX_SIMULATED_SECONDS
 from twin.text_files import SPREADSHEET_UTF8, not_utf8
 
@@ -52,6 +53,8 @@ OPTIONAL_COLUMNS = (
     "fast_kernels",
     "time_limit_s",
     "dataset_tokens",
+    # The benchmark's descriptors of the run, which the models' protocol features read.
+    *DESCRIPTOR_FIELDS,
 )
 
 
@@ -172,7 +175,8 @@ def concat(parts: Sequence[Workload]) -> Workload:
 def read_jobs_csv(path: str | Path) -> Workload:
     """JOBS.csv: `job_id, arrival_s, gpus` and per row either `duration_s` or a benchmark configuration
     (`model_name, method, gpu_model, batch_size, tokens_per_sample, dataset_tokens`, optionally
-    `number_nodes, enable_roce, fast_moe, fast_kernels, time_limit_s`). `gpus` is the configuration's
+    `number_nodes, enable_roce, fast_moe, fast_kernels, time_limit_s` and the benchmark's descriptors of the
+    run, `experiment_id, identifier, fms_hf_tuning_version, torch_dtype`). `gpus` is the configuration's
     `number_gpus`, and a `number_gpus` column may stand for it or stand beside it (a row whose two differ
     is refused). Raises WorkloadFormatError naming the line and column of the first problem."""
     path = Path(path)
@@ -383,6 +387,7 @@ class _Builder:
                 fast_moe=self.integer(row, "fast_moe", line, minimum=0, default=0),
                 fast_kernels=self.flag(row, "fast_kernels", line),
                 time_limit_s=self.number(row, "time_limit_s", line, positive=True) if time_limit else None,
+                extra={name: text for name in DESCRIPTOR_FIELDS if (text := self.cell(row, name))},
             )
             config = self.catalog.setdefault(catalog_key(cfg), len(self.catalog))
             if config == len(self.configs):
@@ -438,5 +443,6 @@ def write_jobs_csv(workload: Workload, path: str | Path) -> None:
                     "fast_kernels": int(cfg.fast_kernels),
                     "time_limit_s": "" if cfg.time_limit_s is None else cfg.time_limit_s,
                     "dataset_tokens": repr(float(workload.work_tokens[i])),
+                    **cfg.extra,
                 }
             writer.writerow(neutralise_row(row.get(c, "") for c in columns))

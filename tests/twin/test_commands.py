@@ -200,6 +200,34 @@ def test_a_workload_row_without_number_nodes_spans_the_fewest_nodes_its_gpus_div
     assert nodes == [1, 3, 2, 2]
 
 
+def test_a_workload_row_keeps_its_protocol_for_the_models_and_writes_it_back(tmp_path: Path) -> None:
+    """A jobs file derived from the benchmark keeps its descriptor columns (experiment id, identifier,
+    tuning version, dtype), which the models' protocol features read; the reader left them out, so every
+    row was predicted as of no known protocol."""
+    from twin.workload import read_jobs_csv, write_jobs_csv
+
+    text = (
+        "job_id,arrival_s,gpus,gpu_model,model_name,method,batch_size,tokens_per_sample,dataset_tokens,"
+        "experiment_id,identifier,fms_hf_tuning_version,torch_dtype\n"
+        "capped,0,2,L40S,llama3-8b,lora,8,1024,1e7,SFTTrainer.finetune-lora-time-limit-v1.0.0,"
+        "model_name.llama3-8b-number_gpus.2.0,2.4.0,bfloat16\n"
+        "plain,0,2,L40S,llama3-8b,lora,8,1024,1e7,,,,\n"
+    )
+    path = write(tmp_path, "jobs.csv", text)
+    workload = read_jobs_csv(path)
+    capped, plain = (workload.catalog[int(k)] for k in workload.config_idx)
+    assert capped.extra == {
+        "experiment_id": "SFTTrainer.finetune-lora-time-limit-v1.0.0",
+        "identifier": "model_name.llama3-8b-number_gpus.2.0",
+        "fms_hf_tuning_version": "2.4.0",
+        "torch_dtype": "bfloat16",
+    }
+    assert plain.extra == {} and len(workload.catalog) == 2  # the same configuration, another protocol
+    write_jobs_csv(workload, tmp_path / "again.csv")
+    again = read_jobs_csv(tmp_path / "again.csv")
+    assert [c.extra for c in again.catalog] == [capped.extra, {}]
+
+
 def test_a_workload_in_another_encoding_is_named_at_its_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
