@@ -3,18 +3,20 @@ the answer, shared by `POST /v1/advise` and `finetwin advise`."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 
 from twin.domain import JobConfig, known_gpu_name
-from twin.job_config import JobConfigIn, JobConfigOut, method_in_any_case, not_blank
+from twin.job_config import DescribedJobConfig, JobConfigOut, method_in_any_case, not_blank
 
 
-class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
-    """One fine-tuning job configuration in the benchmark's terms (`twin.domain.JobConfig`), plus the work
-    it has to do. Stricter than the telemetry in what it can advise on: a GPU model of the catalogue, a model
-    name that is not blank."""
+class AdviceRequest(DescribedJobConfig):
+    """One fine-tuning job configuration in the benchmark's terms (`twin.domain.JobConfig`), with the
+    benchmark's descriptors of the run where known (its protocol, which the models' protocol features read),
+    plus the work it has to do. Stricter than the telemetry in what it can advise on: a GPU model of the
+    catalogue, a model name that is not blank."""
 
     dataset_tokens: StrictFloat | None = Field(
         default=None, gt=0, le=1e15, allow_inf_nan=False, description="the job's work, in tokens"
@@ -29,7 +31,15 @@ class AdviceRequest(JobConfigIn):  # type: ignore[misc,valid-type]
     lower_method = field_validator("method", mode="before")(method_in_any_case)
 
     def to_job(self) -> tuple[JobConfig, float | None]:
-        return self.to_config(), self.dataset_tokens
+        config = self.to_config()
+        if config.time_limit_s is None and self.experiment_id:
+            from calibrate.loader import time_limit_seconds  # a regex; loaded with the models anyway
+
+            # As the loader reads a benchmark row: a protocol that stops after N seconds caps the run at N.
+            limit = time_limit_seconds(self.experiment_id)
+            if math.isfinite(limit):
+                config = config.with_changes(time_limit_s=limit)
+        return config, self.dataset_tokens
 
 
 class Evidence(BaseModel):

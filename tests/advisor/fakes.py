@@ -17,6 +17,7 @@ class FakeModels:
     def __init__(self) -> None:
         self.calls: dict[str, int] = {"throughput": 0, "failure": 0, "power": 0}
         self.rows_seen = 0
+        self.protocols_seen: list[dict[str, str]] = []  # each configuration's `extra`, as asked
 
     def _p50(self, c: JobConfig) -> float:
         per_gpu = c.batch_size / c.number_gpus
@@ -40,6 +41,7 @@ class FakeModels:
     def predict_throughput(self, configs: Sequence[JobConfig]) -> np.ndarray:
         self.calls["throughput"] += 1
         self.rows_seen += len(configs)
+        self.protocols_seen += [c.extra for c in configs]
         p50 = np.array([self._p50(c) for c in configs])
         return np.column_stack([0.85 * p50, p50, 1.15 * p50])
 

@@ -239,6 +239,30 @@ def test_advise_over_http(client: TestClient, keys: dict, in_use: FakeInUse) -> 
     assert newer["model_version"] == "v-next" and models.calls["throughput"] == calls["throughput"] + 1
 
 
+def test_advice_is_asked_with_the_runs_protocol_and_capped_at_its_time_limit(
+    client: TestClient, keys: dict, in_use: FakeInUse
+) -> None:
+    """`POST /v1/predict` takes the benchmark's descriptors of the run, which the models' protocol features
+    read; advice refused them (422), so a question about a time-capped protocol was answered as one of no
+    known protocol, its run times uncapped."""
+    models = FakeModels()
+    in_use.models = models
+    protocol = {
+        "experiment_id": "SFTTrainer.finetune-stop_after_seconds.600-v1.0.0",
+        "torch_dtype": "float16",
+    }
+    body = {**BODY, "batch_size": 8, "dataset_tokens": 1e10, **protocol}
+    response = client.post("/v1/advise", json=body, headers=keys["viewer"])
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["config"]["time_limit_s"] == 600  # as the loader reads the protocol of a benchmark row
+    assert answer["verdict"]["prediction"]["run_time_s"]["p90"] == 600
+    assert protocol in models.protocols_seen and {} not in models.protocols_seen
+    # A time limit given beside the protocol is the one that holds.
+    capped = client.post("/v1/advise", json={**body, "time_limit_s": 300}, headers=keys["viewer"]).json()
+    assert capped["config"]["time_limit_s"] == 300
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
