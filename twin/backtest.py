@@ -35,6 +35,7 @@ from twin.cluster import Cluster, NodeSpec, gpu_tdp_watts
 from twin.domain import GPUS_PER_NODE, JobConfig, canonical_gpu_name
 from twin.ensemble import relative_error, run_ensemble, spread
 from twin.forecast import ForecastOptions, TwinInputs, json_safe, make_spec
+from twin.job_config import descriptors_of
 from twin.plan import (
     DEFAULT_FAILURE_TIMES_S,
     DEFAULT_POWER_FRACTION,
@@ -58,7 +59,6 @@ from twin.workload import RunningState, Workload, catalog_key
 DEFAULT_LOAD = 0.7
 DEFAULT_NODES = 8
 FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s", "energy_kwh")
-_PROTOCOL_COLUMNS = ("experiment_id", "identifier", "fms_hf_tuning_version", "torch_dtype")
 
 
 @dataclass
@@ -72,15 +72,6 @@ class ReplayedBenchmark:
     truth_tokens_per_s: np.ndarray  # measured throughput (NaN when the job did not run to the end)
     truth_reject: np.ndarray  # Reject codes
     truth_has_power: np.ndarray  # bool: the row carries its measured power
-
-
-def _protocol(row: Any) -> dict[str, str]:
-    out = {}
-    for key in _PROTOCOL_COLUMNS:
-        value = getattr(row, key, None)
-        if value is not None and not (isinstance(value, float) and math.isnan(value)) and str(value) != "":
-            out[key] = str(value)
-    return out
 
 
 def _configs(table: pd.DataFrame) -> tuple[list[JobConfig], np.ndarray]:
@@ -103,7 +94,7 @@ def _configs(table: pd.DataFrame) -> tuple[list[JobConfig], np.ndarray]:
             time_limit_s=None
             if limit is None or (isinstance(limit, float) and math.isnan(limit))
             else float(limit),
-            extra=_protocol(row),
+            extra=descriptors_of(row),
         )
         k = index.setdefault(catalog_key(config), len(configs))
         if k == len(configs):

@@ -15,10 +15,12 @@ accept the same messages, and tests/twin/test_job_config.py that every model der
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
+from operator import attrgetter
 from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin, get_type_hints
 
 import annotated_types
@@ -136,6 +138,31 @@ FIELD_TYPES: dict[str, type] = {name: _python_type(_HINTS[name]) for name in CON
 DESCRIPTOR_FIELDS: tuple[str, ...] = tuple(
     name for name in DescribedJobConfig.model_fields if name not in CONFIG_FIELDS
 )
+
+
+_ALL_DESCRIPTORS = attrgetter(*DESCRIPTOR_FIELDS)
+
+
+def descriptors_of(row: Any) -> dict[str, str]:
+    """The benchmark's descriptors of a run (`DESCRIPTOR_FIELDS`: the protocol the models' features read) of
+    a record that has them as attributes (a store's job record, a pandas row of `itertuples`), the missing
+    and empty ones left out. Each distinct set is made once and shared, never changed: a forecast reads
+    thousands of jobs of a few protocols."""
+    try:
+        values = _ALL_DESCRIPTORS(row)
+    except AttributeError:  # a row without some of the columns
+        values = tuple(getattr(row, name, None) for name in DESCRIPTOR_FIELDS)
+    return _descriptors(values) if any(values) else {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _descriptors(values: tuple[Any, ...]) -> dict[str, str]:
+    return {name: str(value) for name, value in zip(DESCRIPTOR_FIELDS, values, strict=True) if _given(value)}
+
+
+def _given(value: Any) -> bool:
+    """Not None, NaN or the empty string (a cell of only spaces is kept, as the records hold it)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and str(value) != ""
 
 
 def config_from_row(row: Mapping[str, Any]) -> JobConfig:

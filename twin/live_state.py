@@ -7,11 +7,9 @@ inputs' notes; a job without its work (dataset tokens) gets the median work of t
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from operator import attrgetter
 
 import numpy as np
 from sqlalchemy import Engine
@@ -22,7 +20,7 @@ from twin.clock import TwinClock, as_utc, twin_clock, window_start
 from twin.cluster import MAX_GPUS_PER_NODE, cluster_from_inventory, oversized_nodes
 from twin.domain import JobConfig, canonical_gpu_name, fewest_nodes
 from twin.forecast import TwinInputs
-from twin.job_config import DESCRIPTOR_FIELDS
+from twin.job_config import descriptors_of
 from twin.job_health import DEFAULT_GRACE, attention_by_job, attention_grace, attention_notes
 from twin.limits import plausible_power
 from twin.observed_outcomes import ObservedOutcomes
@@ -41,21 +39,6 @@ class NoClusterError(ValueError):
 
 
 utc = as_utc
-
-
-_DESCRIPTORS = attrgetter(*DESCRIPTOR_FIELDS)
-
-
-def _protocol(job: JobRecord) -> dict[str, str]:
-    """What telemetry said of the job's protocol. A forecast reads thousands of jobs of a few protocols:
-    each protocol's mapping is made once, and shared by its jobs' configurations (never changed)."""
-    values = _DESCRIPTORS(job)
-    return _protocol_of(values) if any(values) else {}
-
-
-@functools.lru_cache(maxsize=4096)
-def _protocol_of(values: tuple[str | None, ...]) -> dict[str, str]:
-    return {name: str(value) for name, value in zip(DESCRIPTOR_FIELDS, values, strict=True) if value}
 
 
 def job_config(job: JobRecord) -> JobConfig | None:
@@ -77,7 +60,7 @@ def job_config(job: JobRecord) -> JobConfig | None:
         fast_moe=int(job.fast_moe or 0),
         fast_kernels=bool(job.fast_kernels),
         time_limit_s=job.time_limit_s,
-        extra=_protocol(job),
+        extra=descriptors_of(job),
     )
 
 
