@@ -3,7 +3,6 @@ the answer, shared by `POST /v1/advise` and `finetwin advise`."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
@@ -32,14 +31,9 @@ class AdviceRequest(DescribedJobConfig):
 
     def to_job(self) -> tuple[JobConfig, float | None]:
         config = self.to_config()
-        if config.time_limit_s is None and self.experiment_id:
-            from calibrate.loader import time_limit_seconds  # a regex; loaded with the models anyway
-
-            # As the loader reads a benchmark row: a protocol that stops after N seconds caps the run at N.
-            limit = time_limit_seconds(self.experiment_id)
-            if math.isfinite(limit):
-                config = config.with_changes(time_limit_s=limit)
-        return config, self.dataset_tokens
+        # As the loader reads a benchmark row: a protocol that stops after N seconds caps the run at N, and
+        # the answer says the limit it assumed.
+        return config.with_changes(time_limit_s=config.run_limit_s), self.dataset_tokens
 
 
 class Evidence(BaseModel):

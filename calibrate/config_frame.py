@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate.loader import distinct_rows_of, distinct_values, time_limit_seconds
+from calibrate.loader import distinct_rows_of, distinct_values
 from twin.domain import METHODS, JobConfig, name_key
 from twin.job_config import (
     CONFIG_DEFAULTS,
@@ -49,10 +49,7 @@ def configs_to_columns(configs: Sequence[JobConfig]) -> dict[str, np.ndarray]:
         default = OPTIONAL_COLUMNS[key]
         columns[key] = [c.extra.get(key, default) for c in configs]
     # As the loader does for a benchmark row: a protocol with `stop_after_seconds` is time-limited.
-    columns["time_limit_s"] = [
-        time_limit_seconds(experiment) if c.time_limit_s is None else float(c.time_limit_s)
-        for c, experiment in zip(configs, columns["experiment_id"], strict=True)
-    ]
+    columns["time_limit_s"] = [c.run_limit_s for c in configs]
     arrays = {name: np.asarray(columns[name]) for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)}
     arrays["time_limit_s"] = arrays["time_limit_s"].astype(float)
     return arrays

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -32,6 +33,7 @@ from twin.domain import (
     Outcome,
     broken_rules,
     canonical_gpu_name,
+    protocol_time_limit,
     unknown_gpu_message,
 )  # fmt: skip
 from twin.job_config import CONFIG_FIELDS, DESCRIPTOR_FIELDS, FIELD_MAXIMUMS
@@ -69,7 +71,6 @@ MEASURED_COLUMNS: tuple[str, ...] = tuple(
 # A valid run without these is not a run we can learn from.
 REQUIRED_WHEN_VALID = ("dataset_tokens_per_second", "train_runtime")
 
-_TIME_LIMIT = re.compile(r"stop_after_seconds\.(\d+(?:\.\d+)?)")
 _IDENTIFIER_SPLIT = re.compile(r"-(?=[a-z_]+\.)")
 
 BUNDLED_BENCHMARK = "llmftbench_sample.csv"
@@ -708,9 +709,9 @@ def _raise_first(frame: _Frame, bad: np.ndarray, column: str, message: str) -> N
 
 
 def time_limit_seconds(experiment_id: str) -> float:
-    """The `stop_after_seconds` cap of a protocol, NaN when it runs without a time limit."""
-    found = _TIME_LIMIT.search(experiment_id)
-    return float(found.group(1)) if found else float("nan")
+    """The cap of a protocol (`twin.domain.protocol_time_limit`), NaN when it runs without a time limit."""
+    limit = protocol_time_limit(experiment_id)
+    return math.nan if limit is None else limit
 
 
 def identifier_settings(identifier: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, and_, or_
 from sqlmodel import col, select
 
 from calibrate.loader import BENCHMARK_COLUMNS, MEASURED_COLUMNS, each_distinct
-from twin.domain import Outcome, broken_rules, canonical_gpu_name
+from twin.domain import Outcome, broken_rules, canonical_gpu_name, run_time_limit
 from twin.store import Job, ObservedRun
 
 OBSERVED_SOURCE = "observed"
@@ -96,7 +96,10 @@ def observed_table(bind: Engine | Connection) -> pd.DataFrame:
         "fast_kernels": _truthy(cells["fast_kernels"]),
         "fms_hf_tuning_version": _or(cells["fms_hf_tuning_version"], ""),
         "torch_dtype": _or(cells["torch_dtype"], DEFAULT_DTYPE),
-        "time_limit_s": [np.nan if t is None else t for t in cells["time_limit_s"]],
+        "time_limit_s": [
+            np.nan if (limit := run_time_limit(t, e)) is None else limit
+            for t, e in zip(cells["time_limit_s"], cells["experiment_id"], strict=True)
+        ],
         "is_valid": valid.astype(np.int64),
         "lh_created_at": [when.isoformat() if when else "" for when in observed_at],
         "rule": broken_rules(

@@ -291,11 +291,35 @@ class JobConfig:
         return self.batch_size / self.number_gpus
 
     @property
+    def run_limit_s(self) -> float | None:
+        """How long the run may last (`run_time_limit`): its time limit, else its protocol's cap."""
+        return run_time_limit(self.time_limit_s, self.extra.get("experiment_id"))
+
+    @property
     def gpus_per_node(self) -> float:
         return self.number_gpus / self.number_nodes
 
     def with_changes(self, **changes: object) -> JobConfig:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+# A benchmark protocol that stops its trainer after N seconds says so in its experiment id.
+_STOP_AFTER_SECONDS = re.compile(r"stop_after_seconds\.(\d+(?:\.\d+)?)")
+
+
+@functools.lru_cache(maxsize=1024)
+def protocol_time_limit(experiment_id: str | None) -> float | None:
+    """The time cap of a benchmark protocol, `stop_after_seconds.N` in its experiment id; None without one."""
+    found = _STOP_AFTER_SECONDS.search(experiment_id) if experiment_id else None
+    return float(found.group(1)) if found else None
+
+
+def run_time_limit(time_limit_s: float | None, experiment_id: str | None) -> float | None:
+    """How long a run may last: the time limit it was given, else the cap of its protocol (its trainer stops
+    itself there, as the benchmark's capped runs did), else None. The one rule of the loader's rows, the
+    models' features, the twin's runs and advice: a live job whose telemetry names a capped protocol and no
+    limit ran uncapped in the twin while the models were asked about it as capped."""
+    return time_limit_s if time_limit_s is not None else protocol_time_limit(experiment_id)
 
 
 def broken_rule(number_gpus: int, batch_size: int, fast_moe: int, number_nodes: int) -> Rule | None:

@@ -489,7 +489,7 @@ def _draw_modelled(
     u_fail = shared_uniforms(catalog, idx, key, u[:, STREAM_FAIL], catalog.failure_correlation, FAMILY_FAIL)
     p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
     tokens_per_s = within_range(catalog, idx, band_at(band, error_z(catalog, idx, quantile)), p50)
-    limit = np.array([_limit(catalog.configs[k].time_limit_s) for k in idx])
+    limit = np.array([_limit(config.run_limit_s) for config in catalog.configs])[idx]
     run = np.minimum(work / tokens_per_s, limit)
     estimate = np.minimum(work / p50, limit)
     p_fail = 1.0 - run_p_valid(catalog, key)[idx]

@@ -18,6 +18,7 @@ from twin.store import Job, ObservedRun
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 GPU_SPELLINGS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "L40S", "h100")
+CAPPED_PROTOCOL, CAPPED_AT = "SFTTrainer.x-stop_after_seconds.900.0-optim.adamw", 900.0
 CONFIG_FIELDS = (
     "model_name", "method", "gpu_model", "number_gpus", "number_nodes", "batch_size", "tokens_per_sample",
 )  # fmt: skip
@@ -58,7 +59,12 @@ def reference_observed_table(engine: Engine) -> pd.DataFrame:
             "enable_roce": bool(job.enable_roce), "fast_moe": int(job.fast_moe or 0),
             "fast_kernels": bool(job.fast_kernels), "fms_hf_tuning_version": job.fms_hf_tuning_version or "",
             "torch_dtype": job.torch_dtype or DEFAULT_DTYPE,
-            "time_limit_s": job.time_limit_s if job.time_limit_s is not None else np.nan,
+            # A protocol that stops after N seconds caps a run telemetry gave no limit, as a benchmark row.
+            "time_limit_s": job.time_limit_s
+            if job.time_limit_s is not None
+            else CAPPED_AT
+            if job.experiment_id == CAPPED_PROTOCOL
+            else np.nan,
             "is_valid": int(outcome == Outcome.VALID),
             "lh_created_at": observed_at.isoformat() if observed_at else "",
             "rule": rule.value if rule is not None else None, "outcome": outcome.value, "job_id": job.job_id,
@@ -90,7 +96,8 @@ def odd_jobs(count: int, seed: int) -> tuple[list[dict], list[dict]]:
             "batch_size": pick([8, 16, 7, 0, -4, None]), "tokens_per_sample": pick([512, 4096] * 4 + [None]),
             "enable_roce": pick([True, False, None]), "fast_moe": pick([None, 0, 2, 3]),
             "fast_kernels": pick([True, False, None]), "time_limit_s": pick([None, 600.0, 0.0]),
-            "identifier": pick([None, "", "id.x"]), "experiment_id": pick([None, "", "SFTTrainer.v1"]),
+            "identifier": pick([None, "", "id.x"]),
+            "experiment_id": pick([None, "", "SFTTrainer.v1", CAPPED_PROTOCOL]),
             "fms_hf_tuning_version": pick([None, "", "3.1.0"]), "torch_dtype": pick([None, "", "float16"]),
             "submitted_at": T0, "ended_at": ended, "updated_at": T0 + timedelta(minutes=i),
         }  # fmt: skip
@@ -114,6 +121,7 @@ def test_observed_runs_read_as_columns_equal_the_per_job_reading(engine: Engine)
     got, want = observed_table(engine), reference_observed_table(engine)
     assert set(got["outcome"]) == {"valid", "runtime", "rejected"}  # every kind of row is there
     assert got["rule"].notna().any() and got["rule"].isna().any()
+    assert (got["time_limit_s"] == CAPPED_AT).any()  # some capped by their protocol alone
     pd.testing.assert_frame_equal(got, want)
 
 

@@ -88,12 +88,25 @@ def test_running_job_finishes_its_rest_at_its_observed_rate() -> None:
     assert plan.elapsed_s[0] == 300.0
 
 
-def test_time_limit_caps_the_run() -> None:
-    config = JobConfig("llama3-8b", "lora", A100, 1, 1, 8, 1024, time_limit_s=600.0)
+CAPPED_PROTOCOL = {"experiment_id": "SFTTrainer.x-stop_after_seconds.600.0-optim.adamw"}
+
+
+@pytest.mark.parametrize(
+    ("time_limit_s", "extra", "cap"),
+    [
+        (600.0, {}, 600.0),
+        # The trainer of a protocol that stops after N seconds stops itself there, time limit or not (a live
+        # job whose telemetry names its protocol but no limit, a jobs file's row with an empty limit).
+        (None, CAPPED_PROTOCOL, 600.0),
+        (300.0, CAPPED_PROTOCOL, 300.0),
+    ],
+)
+def test_time_limit_caps_the_run(time_limit_s: float | None, extra: dict[str, str], cap: float) -> None:
+    config = JobConfig("llama3-8b", "lora", A100, 1, 1, 8, 1024, time_limit_s=time_limit_s, extra=extra)
     plan = build_plan(
         one_config_workload(50, config, work=1e8), prepare_catalog([config], RuleModels()), mixed_cluster(), 1
     )
-    assert (plan.hold_s == 600.0).all() and (plan.estimate_s == 600.0).all()
+    assert (plan.hold_s == cap).all() and (plan.estimate_s == cap).all()
 
 
 def test_repair_and_optimizations_and_right_sizing() -> None:
