@@ -79,9 +79,14 @@ def series_intervals_problem(window_s: float, interval_s: float) -> str | None:
     if count <= MAX_SERIES_INTERVALS:
         return None
     return (
-        f"{window_s:,.0f} s in intervals of {interval_s:,.0f} s is {count:,.0f} intervals; at most "
+        f"{window_s:,.0f} s in intervals of {_seconds(interval_s)} s is {count:,.0f} intervals; at most "
         f"{MAX_SERIES_INTERVALS:,} (a longer --interval, or a shorter --horizon)"
     )
+
+
+def _seconds(value: float) -> str:
+    """Whole seconds with thousands separators, a fraction as given (an interval of 0.5 s read "0 s")."""
+    return f"{value:,.0f}" if value == round(value) else f"{value:,.6f}".rstrip("0")
 
 
 # Text the store can hold: PostgreSQL refuses NUL in `text` and `json`. (A lone UTF-16 surrogate, which

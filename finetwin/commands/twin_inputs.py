@@ -48,7 +48,7 @@ def forecast_options(
 ) -> ForecastOptions:
     from twin.config_changes import Admission, Optimization
     from twin.forecast import ForecastOptions
-    from twin.limits import MAX_SIMULATED_SECONDS, series_intervals_problem
+    from twin.limits import MAX_SIMULATED_SECONDS, interval_problem, series_intervals_problem
     from twin.plan import PlanOptions
     from twin.policies import Policy
     from twin.units import parse_duration
@@ -66,7 +66,11 @@ def forecast_options(
     if horizon is not None:
         if horizon > MAX_SIMULATED_SECONDS:
             raise CommandError(f"--horizon: at most {MAX_SIMULATED_SECONDS / 86400:,.0f} days (ten years)")
-        problem = series_intervals_problem(horizon, interval)
+        # An --interval asked for and longer than the horizon is refused, as whatif and plan refuse it (the
+        # settings' default interval may exceed a short --horizon: the series is then one interval).
+        problem = series_intervals_problem(horizon, interval) or (
+            interval_problem(horizon_text, choices.interval) if choices.interval is not None else None
+        )
         if problem is not None:
             raise CommandError(problem)
     return ForecastOptions(

@@ -345,9 +345,13 @@ def test_a_yaml_value_that_is_not_the_type_it_looks_like_is_named_at_its_line(
         (["--interval", "1s", "--horizon", "3000d"], 10, "259,200,000 intervals; at most 100,000 (a longer"),
         # No --horizon: the series spans the jobs, known once they ran.
         (["--interval", "60s"], 3e8, "the series cannot be made: 300,000,000 s in intervals of 60 s is"),
+        # Said "in intervals of 0 s".
+        (["--interval", "0.5s", "--horizon", "24h"], 10, "86,400 s in intervals of 0.5 s is 172,800"),
+        # Answered as if stepped by 48 h, its series one interval of 24 h (as whatif and plan refuse it).
+        (["--interval", "48h", "--horizon", "24h"], 10, "interval '48h' is longer than the horizon '24h'"),
     ],
 )
-def test_a_series_too_long_to_hold_is_refused_with_its_size(
+def test_a_series_that_cannot_be_made_is_refused_saying_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], duration_s: float, expected: str
 ) -> None:
     """Each was a traceback (numpy: 'Unable to allocate 745. GiB') or 'Maximum allowed size exceeded'."""
