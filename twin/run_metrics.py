@@ -250,15 +250,25 @@ def wait_quantiles(
         waiting = np.arange(len(jobs)) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
         slot = np.concatenate([slot, waiting])
         waits = np.concatenate([waits, np.maximum(ends[waiting] - submitted[jobs], 0.0)])
-    p50, p95 = np.full(bins, np.nan), np.full(bins, np.nan)
     order = np.argsort(slot, kind="stable")
     slot, waits = slot[order], waits[order]
     bounds = np.searchsorted(slot, np.arange(bins + 1))
-    for b in range(bins):
-        chunk = waits[bounds[b] : bounds[b + 1]]
-        if len(chunk):
-            p50[b], p95[b] = np.quantile(chunk, [0.5, 0.95])
+    p50, p95 = chunk_quantiles(waits, bounds, (0.5, 0.95))
     return p50, p95
+
+
+def chunk_quantiles(values: np.ndarray, bounds: np.ndarray, levels: tuple[float, ...]) -> np.ndarray:
+    """Per chunk `values[bounds[b]:bounds[b + 1]]`, its quantiles at `levels` (NumPy's default method), NaN
+    for an empty chunk: a row per level. The chunks of one length are taken at once, each a row of one
+    array, which gives the floats of one `np.quantile` per chunk (tests/twin/test_spread.py); that cost
+    25 us a chunk, 2.4 s of a run's metrics over a day of one-second intervals."""
+    starts, sizes = bounds[:-1], np.diff(bounds)
+    out = np.full((len(levels), len(sizes)), np.nan)
+    for size in np.unique(sizes[sizes > 0]):
+        chunks = np.flatnonzero(sizes == size)
+        rows = values[starts[chunks, None] + np.arange(size)]
+        out[:, chunks] = np.quantile(rows, levels, axis=1)
+    return out
 
 
 def _count_in_bins(times: np.ndarray, edges: np.ndarray) -> np.ndarray:

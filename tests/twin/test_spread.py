@@ -1,5 +1,6 @@
 """The ensemble's spread per interval, taken for every interval at once, equals the spread of each interval
-taken alone (`twin.ensemble.spread`, the reference kept here), float for float, whatever runs lack."""
+taken alone (`twin.ensemble.spread`, the reference kept here), float for float, whatever runs lack; so do
+the quantiles of a run's waits per interval, taken for every interval at once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from twin.ensemble import spread, spread_series
+from twin.run_metrics import chunk_quantiles
 
 
 def spread_of_each_interval(rows: list[np.ndarray]) -> dict[str, list[float | None]]:
@@ -43,3 +45,19 @@ def test_the_spread_of_every_interval_at_once_equals_each_intervals_own(runs: in
     want = spread_of_each_interval(rows)
     assert got == want  # exactly: None where no run has a value, the same floats elsewhere
     assert None in got["mean"] and any(v is not None for v in got["mean"])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_quantiles_of_every_chunk_at_once_equal_each_chunks_own(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = rng.choice([0, 0, 1, 2, 3, 7, 20, 101], size=500)  # empty intervals, one wait, many
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    values = rng.lognormal(5.0, 2.0, int(bounds[-1]))
+    values[rng.random(len(values)) < 0.1] = 0.0  # jobs that never waited: ties
+    got = chunk_quantiles(values, bounds, (0.5, 0.95))
+    for b in range(len(sizes)):
+        chunk = values[bounds[b] : bounds[b + 1]]
+        if len(chunk):
+            assert got[:, b].tolist() == np.quantile(chunk, [0.5, 0.95]).tolist()
+        else:
+            assert np.isnan(got[:, b]).all()
