@@ -50,6 +50,7 @@ from calibrate.correlation import Z_CLIP, shared_share
 from calibrate.encoding import columns
 from calibrate.features import MEMORY_FEATURES
 from calibrate.loader import each_distinct
+from calibrate.too_few_runs import TooFewRuns
 from twin.domain import name_key
 
 if TYPE_CHECKING:  # imported where the model is fitted: predicting from compiled trees never needs them
@@ -189,7 +190,7 @@ def fit_failure(
     ran = np.asarray(ran, dtype=bool)
     counts = np.bincount(ran.astype(int), minlength=2)
     if counts.min() < MEMBERS:
-        raise ValueError(
+        raise TooFewRuns(
             f"need at least {MEMBERS} valid runs and {MEMBERS} runtime failures to fit the failure model, "
             f"got {counts[1]} and {counts[0]}"
         )

@@ -36,6 +36,7 @@ from calibrate.correlation import error_quantiles, shared_share, standardize
 from calibrate.encoding import column, columns
 from calibrate.features import CATEGORICAL_FEATURES, FEATURE_NAMES, THROUGHPUT_OFFSET
 from calibrate.loader import combined_codes, first_rows
+from calibrate.too_few_runs import TooFewRuns
 from twin.families import ERROR_QUANTILE_LEVELS
 
 if TYPE_CHECKING:  # imported where the model is fitted: predicting from compiled trees never needs it
@@ -65,6 +66,10 @@ RESIDUAL_PARAMS: dict[str, Any] = REGRESSOR_PARAMS | {"max_iter": 100, "learning
 # The residuals come from a few folds of a split of the rows into RESIDUAL_PARTS parts: random parts, and
 # contiguous blocks spread over the table (each fold holds out one part, so its model sees most rows).
 RESIDUAL_PARTS = 6
+# The fewest valid runs a throughput fit takes: its errors are measured on each part of RESIDUAL_PARTS held
+# out in turn, and each fold's fit needs 10 rows (12 - 2 held out). With 10 or 11 runs no fold could be
+# fitted, and the calibration failed on an empty list of residuals.
+MIN_VALID_RUNS = 12
 RANDOM_FOLDS = 2
 BLOCK_FOLDS = 3
 # Each out-of-fold fit sees at most this many rows, so the band costs no more on the full benchmark than on
@@ -242,8 +247,8 @@ def fit_throughput(
 ) -> ThroughputModel:
     """Fit on valid runs: rows of the encoded feature matrix and their measured tokens/s (positive);
     `families`, each row's error family (`twin.families`), to measure how much error a family shares."""
-    if len(X) < 10:
-        raise ValueError(f"need at least 10 valid runs to fit throughput, got {len(X)}")
+    if len(X) < MIN_VALID_RUNS:
+        raise TooFewRuns(f"need at least {MIN_VALID_RUNS} valid runs to fit throughput, got {len(X)}")
     target = np.log(tokens_per_second) - X[:, _OFFSET]
     regressor = boosting.regressor(FEATURE_NAMES, seed, REGRESSOR_PARAMS)
     regressor.fit(boosting.trainable(X, FEATURE_NAMES), target, sample_weight=weight)

@@ -37,6 +37,7 @@ from calibrate.dataset import TrainingData
 from calibrate.fit import score
 from calibrate.registry import ModelRegistry, write_parts
 from calibrate.splits import hashed_holdout
+from calibrate.too_few_runs import TooFewRuns
 
 HOLDOUT_FRACTION = 0.15
 BAND_TARGET = (0.70, 0.92)
@@ -48,6 +49,7 @@ KEPT_FIT = "same split, its kept fit"  # ... when its comparison fit on a split 
 # How the held-out rows are chosen, recorded with each comparison: a version's kept fit is scored again only
 # on a split of the same kind (and seed and share), never on rows it may have trained on.
 SPLIT_SCHEME = "row-hash-v1"
+UNMEASURED = "unmeasured"  # the key of a comparison fit's result that says why it could not be made
 
 LOWER_IS_BETTER = ("throughput_mdape", "throughput_mape")
 HIGHER_IS_BETTER = ("failure_balanced_accuracy",)
@@ -71,6 +73,9 @@ class Comparison:
     not_worse: bool
     reasons: list[str] = field(default_factory=list)
     split: dict[str, Any] = field(default_factory=dict)  # `split_of(seed)`: how the held-out rows were chosen
+    # Why the candidate has no held-out metrics, where its fit on the split's training part could not be
+    # made (`calibrate.too_few_runs.TooFewRuns`); None where it has them.
+    unmeasured: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,12 +192,23 @@ def start_comparison(
         # first spend ~2 s importing them beside the two fits.
         kept_metrics = _score_kept_fit(kept, test_table) if kept is not None else None
         candidate_metrics = candidate_side.result() | {"n_test": n_test}
+        unmeasured = candidate_metrics.pop(UNMEASURED, None)
         if incumbent is None:
-            return Comparison(None, basis, n_test, candidate_metrics, None, True, split=split_of(seed))
+            return Comparison(
+                None,
+                basis,
+                n_test,
+                candidate_metrics,
+                None,
+                True,
+                split=split_of(seed),
+                unmeasured=unmeasured,
+            )
         if kept_metrics is not None:
             incumbent_metrics = kept_metrics | {"n_test": n_test}
         elif incumbent_side is not None:
             incumbent_metrics = incumbent_side.result() | {"n_test": n_test}
+            incumbent_metrics.pop(UNMEASURED, None)  # its metrics are missing: "cannot be measured"
         elif basis == SAME_ROWS:
             incumbent_metrics = dict(candidate_metrics)
         else:
@@ -200,7 +216,7 @@ def start_comparison(
         verdict = not_worse(candidate_metrics, incumbent_metrics, tolerance)
         return Comparison(
             incumbent.version, basis, n_test, candidate_metrics, incumbent_metrics, verdict.not_worse,
-            verdict.reasons, split_of(seed),
+            verdict.reasons, split_of(seed), unmeasured,
         )  # fmt: skip
 
     return finish
@@ -234,11 +250,14 @@ def _fit_and_score(
     fit: FitFunction,
     seed: int,
     keep: Path | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     if not train.any():
         return {"n_train": 0}
     # Without the power model: `score` compares no power, and its fits would cost each side ~0.6 s of CPU.
-    model = fit(union.table[train].reset_index(drop=True), union.weights[train], seed=seed, power=False)
+    try:
+        model = fit(union.table[train].reset_index(drop=True), union.weights[train], seed=seed, power=False)
+    except TooFewRuns as exc:  # the version had enough rows, the split's training part has not
+        return {"n_train": int(train.sum()), UNMEASURED: str(exc)}
     result = score(model, test_table)
     result["n_train"] = int(train.sum())
     if keep is not None:

@@ -173,6 +173,11 @@ def _verdict(comparison: Comparison, promoted: bool, registry: ModelRegistry) ->
     if comparison.not_worse:
         replaced = registry.in_use()
         return f"NOT promoted: {replaced} was put in use while it was compared with {comparison.against}"
+    if comparison.unmeasured:
+        return (
+            f"NOT promoted: not measured on held-out rows ({comparison.unmeasured}), so not shown to be "
+            f"as good as {comparison.against} in use"
+        )
     return f"NOT promoted, worse than {comparison.against} in use: {_worse(comparison)}"
 
 

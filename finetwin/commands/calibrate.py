@@ -99,7 +99,13 @@ def calibrate(
     if left_out:  # said, not done silently: a file given twice, or a run no hardware makes
         output.say("left out: " + ", ".join(f"{why} {count}" for why, count in left_out.items()))
     comparison = result.comparison
-    if comparison is not None:
+    if comparison is not None and comparison.unmeasured:
+        # The version is fitted on all its rows; its comparison fit, on the split's training part, on fewer.
+        output.say(
+            f"not measured on held-out rows: {comparison.unmeasured} on the training part of the split "
+            f"({comparison.candidate.get('n_train', 0)} rows; {comparison.test_rows} held out)"
+        )
+    elif comparison is not None:
         output.say(f"held-out ({comparison.test_rows} rows, basis: {comparison.basis}):")
         output.show(_metrics_table(comparison.candidate, comparison.incumbent, comparison.against))
     return 0

@@ -414,3 +414,42 @@ def test_models_list_says_what_each_version_learned_from(by_source: dict[str, in
     from finetwin.commands.models import _sources
 
     assert _sources({"rows_by_source": by_source}) == said
+
+
+def rows_of(sample_csv: Path, tmp_path: Path, valid: int, runtime: int) -> Path:
+    """A benchmark file of the sample's first `valid` valid runs and `runtime` runtime failures."""
+    table = load_benchmark(sample_csv)
+    lines = sorted(
+        [
+            *table.loc[table["outcome"] == "valid", "line"][:valid],
+            *table.loc[table["outcome"] == "runtime", "line"][:runtime],
+        ]
+    )
+    text = sample_csv.read_text().splitlines()
+    path = tmp_path / f"few-{valid}.csv"
+    path.write_text("\n".join([text[0], *(text[line - 1] for line in lines)]) + "\n")
+    return path
+
+
+def test_calibrate_on_too_few_runs_says_how_many_it_needs(
+    sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    few = rows_of(sample_csv, tmp_path, valid=11, runtime=10)
+    assert main(["calibrate", "--bench", str(few), "--models", str(tmp_path / "models")]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    # Was "need at least one array to concatenate": 10 and 11 runs passed the check of 10, and then every
+    # fold that measures the errors out of fold had fewer than 10 to fit on.
+    assert "need at least 12 valid runs to fit throughput" in error and "got 11" in error, error
+
+
+def test_calibrate_on_just_enough_runs_fits_a_version_without_a_held_out_measure(
+    sample_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    enough = rows_of(sample_csv, tmp_path, valid=12, runtime=10)
+    models = tmp_path / "models"
+    assert main(["calibrate", "--bench", str(enough), "--models", str(models)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    # The version is fitted on all 12; the comparison's fit on the split's training part has fewer.
+    assert "in use (the first version)" in printed, printed
+    assert "not measured on held-out rows: need at least 12 valid runs to fit throughput" in printed, printed
+    assert ModelRegistry(models).in_use() == "v0001"

@@ -100,7 +100,7 @@ def test_backtest_command_calibrates_on_the_benchmark(
     few.write_text("\n".join(sample_csv.read_text().splitlines()[:4]) + "\n")
     assert main(["backtest", "--bench", str(few)]) == 2  # was a ValueError traceback from the fit
     error = " ".join(capsys.readouterr().err.split())
-    assert f"cannot calibrate the backtest's models on {few}: need at least 10 valid runs" in error, error
+    assert f"cannot calibrate the backtest's models on {few}: need at least 12 valid runs" in error, error
     assert "give --models DIR" in error
     assert main(["backtest", "--bench", str(sample_csv), "--window", "0:12h", "--runs", "3", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
