@@ -113,3 +113,29 @@ def test_a_replay_that_would_run_past_the_contracts_bound_is_refused_at_start(
     # Pinned, the replay is what was asked for: no bound is looked up.
     pinned = up_replay.replay_start(plan_for, "bound-", datetime.now(UTC), engine, Settings())
     assert pinned.pass_number == 0 and len(pinned.job_ids) == len(rows)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["up", "--speed", "0", "--exit-when-done", "--port", "0", "--replay"],
+        ["replay", "--bootstrap", "127.0.0.1:9", "--bench"],
+        ["backtest", "--bench"],
+    ],
+    ids=["up", "replay", "backtest"],
+)
+def test_a_benchmark_without_rows_is_refused_before_anything_starts(
+    sample_csv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    command: list[str],
+) -> None:  # fmt: skip
+    """`up` served an empty cluster (and logged a broker error as it stopped); a backtest met an
+    IndexError, before its own check."""
+    from finetwin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATA_DIR", str(tmp_path / "data"))
+    header_only = tmp_path / "header.csv"
+    header_only.write_text(sample_csv.read_text().splitlines()[0] + "\n")
+    assert main([*command, str(header_only)]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"{header_only}: no rows to replay (a header and no data rows)" in error, error
+    assert not (tmp_path / "data" / "finetwin.db").exists()  # no store was made for it

@@ -24,6 +24,7 @@ from finetwin.settings import Settings
 from finetwin.signals import stop_on_signals
 
 if TYPE_CHECKING:
+    import pandas as pd
     from sqlalchemy import Engine
 
     from ingest.replay import ReplayPlan
@@ -348,6 +349,21 @@ def replay_plan(
     return plan_for(job_prefix_of(job_prefix, seed), epoch or datetime.now(UTC))
 
 
+def rows_to_replay(path: Path) -> pd.DataFrame:
+    """A benchmark file's rows to replay (`replay`, `up`, `backtest --bench`), or the CommandError that says
+    why there are none: a bad cell (named by line and column), or a header without data rows (which `up`
+    served as an empty cluster, and a backtest met as an IndexError from the replay's last arrival)."""
+    from finetwin.wiring import load_benchmark_table
+
+    try:
+        table = load_benchmark_table(path)
+    except ValueError as exc:  # BenchmarkFormatError names the file, line and column
+        raise CommandError(str(exc)) from exc
+    if not len(table):
+        raise CommandError(f"{path}: no rows to replay (a header and no data rows)")
+    return table
+
+
 def replay_planner(
     settings: Settings,
     bench: Path | None,
@@ -359,14 +375,10 @@ def replay_planner(
 ) -> Callable[[str, datetime], ReplayPlan]:
     """`plan_for(job prefix, epoch)`: the benchmark's rows (read once, here: a bad file is said now) as
     timed telemetry events."""
-    from finetwin.wiring import bundled_benchmark_path, load_benchmark_table
+    from finetwin.wiring import bundled_benchmark_path
     from ingest.replay import plan_replay
 
-    path = bench or bundled_benchmark_path()
-    try:
-        table = load_benchmark_table(path)
-    except ValueError as exc:  # BenchmarkFormatError names the file, line and column
-        raise CommandError(str(exc)) from exc
+    table = rows_to_replay(bench or bundled_benchmark_path())
     _check_timeline(len(table), mean_interarrival)
 
     def plan_for(prefix: str, epoch: datetime) -> ReplayPlan:

@@ -360,7 +360,8 @@ def backtest(
     ] = False,
     as_json: Json = False,
 ) -> int:
-    from finetwin.wiring import fit_benchmark_models, load_benchmark_table
+    from finetwin.commands.telemetry import rows_to_replay
+    from finetwin.wiring import fit_benchmark_models
     from twin.backtest import parse_window, run_backtest
     from twin.cluster import ClusterFormatError, load_cluster
     from twin.policies import Policy
@@ -394,12 +395,7 @@ def backtest(
         span = parse_window(window)
     except ValueError as exc:
         raise CommandError(f"--window: {exc}") from None
-    try:
-        table = load_benchmark_table(bench)
-    except ValueError as exc:  # BenchmarkFormatError names the file, line and column
-        raise CommandError(str(exc)) from None
-    if not len(table):  # was an IndexError from the replay's last arrival
-        raise CommandError(f"{bench}: no rows to replay (a header and no data rows)")
+    table = rows_to_replay(bench)
     try:
         nodes = load_cluster(cluster) if cluster is not None else None
     except ClusterFormatError as exc:
