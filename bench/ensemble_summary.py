@@ -24,26 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from timing import Row, best_of, print_table  # noqa: E402
 
-from twin.ensemble import spread, spread_series  # noqa: E402
+from tests.twin.test_spread import spread_of_each_interval  # noqa: E402  (the reference: the code before)
+from twin.ensemble import spread_series  # noqa: E402
 from twin.run_metrics import SERIES_FIGURES  # noqa: E402
 
 SERIES_PER_DOCUMENT = len(SERIES_FIGURES) + 4 + 3  # the figures, utilization of 4 GPU types, 3 SLOs
 WIDTHS = (("a day of hourly intervals", 24), ("a week of 5-minute intervals", 2016),
           ("a day of 1-second intervals", 86_400))  # fmt: skip
-
-
-def spread_of_each_interval(rows: list[np.ndarray]) -> dict[str, list[float | None]]:
-    """The baseline: spread_series before, one `spread` per interval."""
-    width = max(len(r) for r in rows)
-    stack = np.full((len(rows), width), np.nan)
-    for i, r in enumerate(rows):
-        stack[i, : len(r)] = r
-    out: dict[str, list[float | None]] = {"mean": [], "p10": [], "p90": []}
-    for column in stack.T:
-        s = spread(column)
-        for k in out:
-            out[k].append(s[k])
-    return out
 
 
 def main() -> None:

@@ -86,7 +86,7 @@ def series_intervals_problem(window_s: float, interval_s: float) -> str | None:
 
 def _seconds(value: float) -> str:
     """Whole seconds with thousands separators, a fraction as given (an interval of 0.5 s read "0 s")."""
-    return f"{value:,.0f}" if value == round(value) else f"{value:,.6f}".rstrip("0")
+    return f"{value:,.0f}" if value == round(value) else f"{value:,.6g}"
 
 
 # Text the store can hold: PostgreSQL refuses NUL in `text` and `json`. (A lone UTF-16 surrogate, which
