@@ -181,6 +181,9 @@ def _signed(error: float | None) -> str:
 
 def print_skill(doc: dict[str, Any], store: str = "the store", cluster_id: str = "default") -> None:
     if not doc["scored"]:
+        if doc.get("since"):  # the window may be what is empty, not the record
+            output.say(f"no interval of cluster {cluster_id!r} scored since {doc['since']} in {store}")
+            return
         output.say(
             f"no forecast of cluster {cluster_id!r} scored yet in {store}: the standing forecast is made by "
             "`finetwin api` (and `up`) and scored as telemetry time passes its intervals"

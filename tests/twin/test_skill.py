@@ -364,6 +364,10 @@ def test_skill_over_http_prometheus_and_the_cli(
     # A time that names no zone is UTC.
     assert main(["forecast", "--skill", "--since", "2025-03-01T00:30:00", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["figures"]["utilization"]["n"] == 1
+    # A window after every scored interval is what is empty, not the record (it said "scored yet").
+    assert main(["forecast", "--skill", "--since", "2030-01-01T00:00:00"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no interval of cluster 'default' scored since 2030-01-01T00:00:00+00:00" in out, out
     assert main(["forecast", "--skill", "--since", "last tuesday"]) == 2
     assert "--since: not a time or a duration: 'last tuesday'" in capsys.readouterr().err
     assert main(["forecast", "--skill", "--since", "9999-12-31T23:59:59"]) == 2  # was a traceback
