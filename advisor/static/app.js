@@ -302,7 +302,7 @@ async function loadVsActual() {
     const versus = s.brier_skill === null ? ""
       : `, ${Math.round(Math.abs(s.brier_skill) * 100)} % ${s.brier_skill >= 0 ? "better" : "worse"} than persistence`;
     return `${name}: forecast to hold in ${pct(s.forecast_share)} of ${s.n} intervals, held in ` +
-      `${pct(s.held_share)}, Brier ${s.brier.toFixed(2)} (always ${pct(s.held_share)}: ` +
+      `${pct(s.held_share)}, Brier ${s.brier.toFixed(2)} (always ${pct(s.held_share)}, known in hindsight: ` +
       `${s.climatology_brier.toFixed(2)})${versus}`;
   });
   document.getElementById("slo-skill").textContent = sloSkill.length

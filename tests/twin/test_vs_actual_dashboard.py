@@ -113,7 +113,7 @@ def test_forecast_against_actuals_is_drawn_with_its_age(chromium_path: Path, tmp
                 # (held the hour before too) made no error, so nothing is said against it.
                 assert page.text_content("#slo-skill") == (
                     "The forecasts' SLOs against what happened: p95 wait ≤ 30 min: forecast to hold in 90 % "
-                    "of 1 intervals, held in 100 %, Brier 0.01 (always 100 %: 0.00)"
+                    "of 1 intervals, held in 100 %, Brier 0.01 (always 100 %, known in hindsight: 0.00)"
                 )
                 # The forecast's SLO beside its first hour (tests.twin.test_skill): A waited 30 min, B 15 so
                 # far: held.
