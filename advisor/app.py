@@ -9,6 +9,7 @@ that runs the periodic ones; it stops them in reverse.
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -38,6 +39,7 @@ from advisor.routers import (
     recommendations,
     slos,
 )
+from twin.executors import set_worker_niceness
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
@@ -87,6 +89,12 @@ def create_app(parts: ApiParts) -> FastAPI:
         # (bench/api.py, 50 clients x 1/s: p99 166 -> 87 ms). Later objects are collected as before.
         gc.collect()
         gc.freeze()
+        # The twin's work shares the machine with the requests: its worker processes niced, and the threads
+        # that run it here (steering's what-ifs, small forecasts) made to hand the interpreter to a waiting
+        # request sooner (bench/busy_latency.py).
+        niceness = set_worker_niceness(parts.settings.twin_worker_nice)
+        switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(parts.settings.api_switch_interval_ms / 1000.0)
         slos.check_slo_file(runtime)
         if parts.refits is not None:
             parts.refits.install()
@@ -112,6 +120,8 @@ def create_app(parts: ApiParts) -> FastAPI:
                 runtime.relay.stop()
                 runtime.relay = None
             runtime.plan_jobs.pool.shutdown(wait=True, cancel_futures=True)  # a running plan stops soon too
+            set_worker_niceness(niceness)  # the process as it was (an app in a test, a command after it)
+            sys.setswitchinterval(switch_interval)
 
     # /docs (Swagger UI) and /redoc from files the fastapi-offline package ships, not from a CDN: the API's
     # documentation works on a machine without internet, as the dashboard does with its vendored Chart.js.

@@ -30,6 +30,12 @@ class AdvisorSettings(CalibrateSettings):
     auth_negative_cache_seconds: float = Field(30.0, ge=0)
     # POST /v1/forecast/refresh: at most one stored refresh per this many seconds.
     forecast_refresh_min_seconds: float = Field(60.0, ge=0)
+    # How much lower the twin's workers run than the requests (`os.nice`): the standing forecast, steering
+    # runs and plans take the cores the requests leave, as refits do (`calibrate.refit_process`).
+    twin_worker_nice: int = Field(10, ge=0, le=19)
+    # How long a thread of the API's process may hold the interpreter while another waits for it (Python's
+    # default is 5 ms): steering's what-ifs run on a thread of this process, and held it from the requests.
+    api_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
     # Declared SLOs file (YAML); unset = built-in defaults.
     slo_file: Path | None = None

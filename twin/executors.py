@@ -73,21 +73,45 @@ def _init_worker(shared: Any) -> None:
     _SHARED = shared
 
 
+# How much lower than the rest the workers of the pools made from now on run (`os.nice`): 0 for a command,
+# whose runs are what its user waits for; the API's (`set_worker_niceness`), whose standing forecast,
+# steering runs and plans share the cores with the requests it answers.
+_worker_niceness = 0
+
+
+def worker_niceness() -> int:
+    """How much lower than the rest the workers of the pools made now run (`set_worker_niceness`)."""
+    return _worker_niceness
+
+
+def set_worker_niceness(increment: int) -> int:
+    """Run the workers of the pools made from now on `increment` lower in the kernel's scheduling (0-19);
+    returns the increment before."""
+    global _worker_niceness
+    if not 0 <= increment <= 19:
+        raise ValueError(f"a niceness increment is from 0 to 19, got {increment}")
+    before, _worker_niceness = _worker_niceness, increment
+    return before
+
+
 def worker_pool(
     workers: int, initializer: Callable[..., object], initargs: tuple[Any, ...], preload: Sequence[str] = ()
 ) -> ProcessPoolExecutor:
     """The twin's local process pool: `workers` processes forked from the forkserver (`start_forkserver`,
-    with `preload`), each running `initializer(*initargs)` once, with Ctrl-C left to this process.
-    forkserver: workers start from a clean process, safe even when the caller runs threads (the API)."""
+    with `preload`), each running `initializer(*initargs)` once, with Ctrl-C left to this process, at the
+    niceness `set_worker_niceness` set. forkserver: workers start from a clean process, safe even when the
+    caller runs threads (the API)."""
     start_forkserver(preload)
     return ProcessPoolExecutor(
         workers, mp_context=get_context("forkserver"), initializer=_start_worker,
-        initargs=(initializer, initargs),
+        initargs=(initializer, initargs, _worker_niceness),
     )  # fmt: skip
 
 
-def _start_worker(initializer: Callable[..., object], initargs: tuple[Any, ...]) -> None:
+def _start_worker(initializer: Callable[..., object], initargs: tuple[Any, ...], niceness: int = 0) -> None:
     ignore_terminal_interrupt()
+    if niceness:
+        os.nice(niceness)
     initializer(*initargs)
 
 
