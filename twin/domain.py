@@ -309,9 +309,12 @@ _STOP_AFTER_SECONDS = re.compile(r"stop_after_seconds\.(\d+(?:\.\d+)?)")
 
 @functools.lru_cache(maxsize=1024)
 def protocol_time_limit(experiment_id: str | None) -> float | None:
-    """The time cap of a benchmark protocol, `stop_after_seconds.N` in its experiment id; None without one."""
+    """The time cap of a benchmark protocol, `stop_after_seconds.N` in its experiment id; None without one,
+    and for an N no time limit could be (0, or past MAX_TIME_LIMIT_S: 400 digits read as infinity, which
+    then reached the advice's JSON)."""
     found = _STOP_AFTER_SECONDS.search(experiment_id) if experiment_id else None
-    return float(found.group(1)) if found else None
+    cap = float(found.group(1)) if found else None
+    return cap if cap is not None and 0 < cap <= MAX_TIME_LIMIT_S else None
 
 
 def run_time_limit(time_limit_s: float | None, experiment_id: str | None) -> float | None:

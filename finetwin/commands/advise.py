@@ -3,8 +3,6 @@ and cost, placement, optimizations)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -60,8 +58,8 @@ def advise(
     except ModelsUnusable as exc:
         raise CommandError(f"{exc}; run `finetwin calibrate`") from exc
     if as_json:
-        json.dump(answer.model_dump(mode="json"), sys.stdout, indent=2)
-        print()
+        # As the API answers: a number JSON cannot hold (infinity, NaN) is null, never `Infinity`.
+        print(answer.model_dump_json(indent=2))
     else:
         output.say(render_text(answer))
     return 0

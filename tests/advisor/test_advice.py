@@ -263,6 +263,19 @@ def test_advice_is_asked_with_the_runs_protocol_and_capped_at_its_time_limit(
     assert capped["config"]["time_limit_s"] == 300
 
 
+@pytest.mark.parametrize("cap", ["0", "0.0", "1" + "0" * 400, "2000000000"])
+def test_a_protocols_cap_that_no_run_could_have_caps_nothing(
+    client: TestClient, keys: dict, in_use: FakeInUse, cap: str
+) -> None:
+    """A cap of 0 s, or past the contract's 1e9 s (400 digits read as infinity: the answer was not JSON),
+    is no cap: the run is advised as uncapped, as a time_limit_s of that size is refused."""
+    in_use.models = FakeModels()
+    body = {**BODY, "experiment_id": f"SFTTrainer.finetune-stop_after_seconds.{cap}-v1.0.0"}
+    response = client.post("/v1/advise", json=body, headers=keys["viewer"])
+    assert response.status_code == 200, response.text
+    assert response.json()["config"]["time_limit_s"] is None
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

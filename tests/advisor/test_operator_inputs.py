@@ -141,6 +141,21 @@ def models_in_use(calibrated_models_dir: Path, monkeypatch: pytest.MonkeyPatch) 
     return calibrated_models_dir
 
 
+def _not_json(constant: str) -> None:
+    raise AssertionError(f"{constant} is not JSON")
+
+
+def test_advise_json_is_json_whatever_the_protocols_cap_says(
+    tmp_path: Path, models_in_use: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A protocol's `stop_after_seconds` of 400 digits read as an infinite cap, printed as `Infinity`."""
+    config = tmp_path / "job.yaml"
+    config.write_text(f"{LORA_JOB}experiment_id: SFTTrainer.x-stop_after_seconds.{'1' + '0' * 400}-v1\n")
+    assert main(["advise", str(config), "--json"]) == 0, capsys.readouterr().err
+    answer = json.loads(capsys.readouterr().out, parse_constant=_not_json)
+    assert answer["config"]["time_limit_s"] is None  # no run could be capped there: no cap
+
+
 def test_advise_reads_a_number_written_with_an_exponent_as_the_number(
     tmp_path: Path, models_in_use: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
