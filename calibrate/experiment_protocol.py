@@ -22,6 +22,7 @@ _PROTOCOL_KEYS = (
 )
 _SETTING_SPLIT = re.compile(r"-(?=[a-z_]+\.)")
 _PROTOCOL_VERSION = re.compile(r"-v\d+(?:\.\d+)*$")
+_PART_DIGITS = 9
 _IDENTIFIER_SETTINGS = {
     key: re.compile(rf"(?:^|-){key}\.([A-Za-z0-9_.]+?)(?=-[a-z_]+\.|$)")
     for key in (
@@ -39,7 +40,9 @@ def version_number(version: str) -> float:
     parts = re.findall(r"\d+", version)
     if not parts:
         return float("nan")
-    return float(sum(int(p) / 100.0**i for i, p in enumerate(parts[:4])))
+    # A part read from its first digits only: int() refuses 4,300 digits and more (a traceback of predict),
+    # and no version has a part past a few digits.
+    return float(sum(int(p[:_PART_DIGITS]) / 100.0**i for i, p in enumerate(parts[:4])))
 
 
 def protocol_columns(experiment_ids: np.ndarray, identifiers: np.ndarray) -> dict[str, np.ndarray]:

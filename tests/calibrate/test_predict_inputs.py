@@ -223,3 +223,26 @@ def test_a_large_file_is_predicted_a_part_at_a_time_as_it_is_whole(
     line = len(rows) + 2  # the header, then the rows before it
     assert f"line {line}: column 'batch_size'" in error and f"(data row {len(rows) + 1})" in error, error
     assert not output.exists() and not list(tmp_path.glob(".bad-pred.csv.*"))
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        # int() refuses 4,300 digits and more: a traceback ("Exceeds the limit ... for integer string
+        # conversion") from the version's ordering number.
+        ("fms_hf_tuning_version", "9" * 5000),
+        ("experiment_id", "SFTTrainer.finetune-full-v1-gradient_accumulation_steps.1e400"),  # infinite
+        ("identifier", "x-gradient_accumulation_steps." + "9" * 5000),
+    ],
+    ids=["version-digits", "steps-overflow", "steps-digits"],
+)
+def test_a_protocol_cell_past_any_real_value_is_predicted_as_an_unknown_one(
+    calibrated_models_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], column: str, value: str
+) -> None:
+    odd = ROW | {column: value}
+    configs = write(tmp_path / "odd.csv", [*ROW, column], [odd])
+    output = tmp_path / "pred.csv"
+    assert predict(calibrated_models_dir, configs, output) == 0, capsys.readouterr().err
+    written = pd.read_csv(output)
+    assert written.loc[0, "outcome"] in ("valid", "runtime")
+    assert 0 < written.loc[0, "tokens_per_second_p50"] < 1e9 and 0 <= written.loc[0, "p_valid"] <= 1
