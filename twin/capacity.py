@@ -49,6 +49,7 @@ from twin.workload import NO_CONFIG, Workload
 _Duration = Annotated[str, Field(min_length=1, max_length=32)]  # `24h`, `90m`
 MAX_SCENARIOS = 5000
 DEFAULT_CHUNK_RUNS = 8  # runs per task: small enough to spread 24 scenarios over many workers
+MAX_VARY_NODES = 100_000
 _VARY = re.compile(r"^\s*(?P<gpu>.+?)\s*=\s*(?P<low>\d+)\s*(?:\.\.\s*(?P<high>\d+))?\s*$")
 
 
@@ -62,8 +63,8 @@ class VaryRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gpu_model: str = Field(min_length=1, max_length=100)
-    min: StrictInt = Field(ge=0, le=100_000)
-    max: StrictInt = Field(ge=0, le=100_000)
+    min: StrictInt = Field(ge=0, le=MAX_VARY_NODES)
+    max: StrictInt = Field(ge=0, le=MAX_VARY_NODES)
 
     @model_validator(mode="before")
     @classmethod
@@ -72,8 +73,15 @@ class VaryRange(BaseModel):
             match = _VARY.match(value)
             if match is None:
                 raise ValueError(f"expected GPU=MIN..MAX (e.g. NVIDIA-A100-SXM4-80GB=1..6), got {value!r}")
-            low = int(match["low"])
-            return {"gpu_model": match["gpu"], "min": low, "max": int(match["high"] or low)}
+            low, high = match["low"], match["high"] or match["low"]
+            if max(len(low), len(high)) > len(
+                str(MAX_VARY_NODES)
+            ):  # before int(), which refuses 4,300 digits
+                digits = max(len(low), len(high))
+                raise ValueError(
+                    f"at most {MAX_VARY_NODES:,} nodes of a type; {match['gpu']}'s is {digits:,} digits long"
+                )
+            return {"gpu_model": match["gpu"], "min": int(low), "max": int(high)}
         return value
 
     @model_validator(mode="after")

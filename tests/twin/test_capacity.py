@@ -200,6 +200,13 @@ def test_bad_vary_ranges_are_refused(text: str) -> None:
         VaryRange.model_validate(text)
 
 
+def test_a_node_count_of_thousands_of_digits_is_refused_by_its_bound() -> None:
+    """int() refused it first, with Python's own words ("use sys.set_int_max_str_digits()")."""
+    with pytest.raises(ValidationError) as raised:
+        VaryRange.model_validate("L40S=" + "9" * 5000)
+    assert "at most 100,000 nodes" in str(raised.value) and "set_int_max_str_digits" not in str(raised.value)
+
+
 def test_a_misspelled_gpu_type_is_refused_with_the_closest_names() -> None:
     """It was planned as a phantom pool no job asks for: "no scenario meets the SLOs"."""
     with pytest.raises(ValidationError, match=r"unknown GPU model 'A100-SMX'; did you mean '.*A100-SXM"):
