@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-VERSION_PATTERN = re.compile(r"^v(\d{4,})$")
+# v0001 on: 18 digits at most, a number any index holds and a name any file system takes.
+VERSION_PATTERN = re.compile(r"^v(\d{4,18})$")
 VERSIONS = "versions"
 STAGING_PREFIX = ".tmp-"  # a version being written (never listed: versions are named v0001, ...)
 POINTER = "IN_USE.json"
@@ -132,7 +133,10 @@ class ModelRegistry:
 
     def path(self, version: str) -> Path:
         if not VERSION_PATTERN.match(version):
-            raise RegistryError(f"{version!r} is not a version name (expected v0001, v0002, ...)")
+            shown = repr(version)
+            if len(version) > 40:
+                shown = f"{version[:21]!r}... ({len(version):,} characters)"
+            raise RegistryError(f"{shown} is not a version name (expected v0001, v0002, ...)")
         path = self.root / VERSIONS / version
         if not path.is_dir():
             known = ", ".join(self.versions()) or "none"

@@ -319,6 +319,9 @@ def test_no_version_in_use_means_no_models(tmp_path: Path) -> None:
         ModelRegistry(tmp_path / "empty").rollback()
     with pytest.raises(RegistryError, match="not a version name"):
         ModelRegistry(tmp_path).path("../../etc")
+    # Its directory's name was too long for the file system ("File name too long", and 5,000 digits said).
+    with pytest.raises(RegistryError, match=r"^'v9{20}'\.\.\. \(5,001 characters\) is not a version name"):
+        ModelRegistry(tmp_path).path("v" + "9" * 5000)
 
 
 def test_prune_keeps_the_newest_versions_and_every_one_rollback_can_reach(registry_copy: Path) -> None:
