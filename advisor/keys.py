@@ -6,11 +6,27 @@ from sqlalchemy import Engine
 
 from advisor import audit_log
 from advisor.auth import Role, any_key_exists, create_key, revoke_key
+from advisor.records import ApiKey
 from twin.db import session_scope
+from twin.limits import is_storable_text
+
+
+def key_name_problem(name: str) -> str | None:
+    """Why the store cannot hold `name` as a key's name, None when it can."""
+    most = next(m.max_length for m in ApiKey.model_fields["name"].metadata if hasattr(m, "max_length"))
+    if len(name) > most:
+        return f"is {len(name):,} characters long: at most {most}"
+    if not is_storable_text(name):
+        return "holds a character no database stores (NUL, or half of a surrogate pair)"
+    return None
 
 
 def create_api_key(engine: Engine, role: Role, *, name: str, actor: str) -> str:
-    """A new key (returned once: only its hash is kept)."""
+    """A new key (returned once: only its hash is kept). Raises ValueError for a name the store cannot
+    hold (`key_name_problem`)."""
+    problem = key_name_problem(name)
+    if problem is not None:
+        raise ValueError(f"the key's name {problem}")
     with session_scope(engine) as session:
         row, key = create_key(session, role, name)
         subject = f"api_key:{row.key_id}"

@@ -33,11 +33,14 @@ def create(
     name: Annotated[str | None, typer.Option(help="who or what uses it (shown in the audit log)")] = None,
 ) -> int:
     from advisor.auth import Role
-    from advisor.keys import create_api_key
+    from advisor.keys import create_api_key, key_name_problem
     from finetwin.wiring import migrated_engine
 
     if name is not None and not name.strip():  # it became "viewer key" without a word
         raise CommandError("--name is empty: give who or what uses the key, or leave --name out")
+    problem = key_name_problem(name) if name is not None else None
+    if problem is not None:  # before the store is touched: PostgreSQL refused it with a traceback
+        raise CommandError(f"--name {problem}")
     engine = migrated_engine(ctx.obj)
     key = create_api_key(engine, Role(role), name=name or f"{role} key", actor="cli")
     print(key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -161,6 +162,28 @@ def test_names_are_printed_as_they_are_never_as_markup_or_terminal_codes(
         assert "--name is empty" in capsys.readouterr().err
     assert main(["keys", "list"]) == 0
     assert capsys.readouterr().out.count("viewer key") == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [("x" * 201, "--name is 201 characters long: at most 200"), ("bot\x00", "--name holds a character")],
+    ids=["long", "nul"],
+)
+def test_a_key_name_the_store_cannot_hold_is_refused_before_any_key_is_made(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, said: str
+) -> None:
+    """On PostgreSQL each was a traceback from the database (a value too long for varchar(200); NUL in
+    text); SQLite kept the long one."""
+    from finetwin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    assert main(["keys", "create", "--role", "viewer", "--name", name]) == 2
+    error = capsys.readouterr().err
+    assert said in " ".join(error.split()) and "Traceback" not in error, error
+    assert main(["keys", "create", "--role", "viewer", "--name", "y" * 200]) == 0  # the bound itself
+    capsys.readouterr()
+    assert main(["keys", "list", "--json"]) == 0
+    assert [k["name"] for k in json.loads(capsys.readouterr().out)] == ["y" * 200]
 
 
 def test_the_dashboard_is_open_and_serves_only_its_own_files(client: TestClient) -> None:
