@@ -74,10 +74,8 @@ class VaryRange(BaseModel):
             if match is None:
                 raise ValueError(f"expected GPU=MIN..MAX (e.g. NVIDIA-A100-SXM4-80GB=1..6), got {value!r}")
             low, high = match["low"], match["high"] or match["low"]
-            if max(len(low), len(high)) > len(
-                str(MAX_VARY_NODES)
-            ):  # before int(), which refuses 4,300 digits
-                digits = max(len(low), len(high))
+            digits = max(len(low), len(high))
+            if digits > len(str(MAX_VARY_NODES)):  # said before int(), which refuses 4,300 digits and more
                 raise ValueError(
                     f"at most {MAX_VARY_NODES:,} nodes of a type; {match['gpu']}'s is {digits:,} digits long"
                 )
