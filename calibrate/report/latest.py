@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,11 @@ POINTER_FILE = "latest.json"
 def reports_root(settings: CalibrateSettings) -> Path:
     """The directory that holds reports written without --out, and the latest-report pointer."""
     return settings.data_dir / "reports"
+
+
+def new_report_dir(settings: CalibrateSettings) -> Path:
+    """Where a report written without --out goes: `<data_dir>/reports/<UTC time>`."""
+    return reports_root(settings) / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def record_latest(report: Any, root: Path) -> Path:

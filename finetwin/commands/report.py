@@ -60,7 +60,7 @@ def report(
 
     from calibrate.loader import BenchmarkFormatError, load_benchmark
     from calibrate.report.build import build_report, report_file_names
-    from calibrate.report.latest import record_latest, reports_root
+    from calibrate.report.latest import new_report_dir, record_latest, reports_root
     from twin.output_files import OutputPathError, check_output_dir
 
     settings: Settings = ctx.obj
@@ -98,7 +98,7 @@ def report(
         tables.append(runs)
         sources.append(f"observed runs in {store}")
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
-    directory = out or reports_root(settings) / pd.Timestamp.now(tz="UTC").strftime("%Y%m%dT%H%M%SZ")
+    directory = out or new_report_dir(settings)
     formats = ("md", "html") if report_format == "html" else ("md",)
     try:
         built = build_report(table, directory, source=" + ".join(sources), formats=formats)

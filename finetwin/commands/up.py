@@ -170,7 +170,15 @@ def _up(
     as_json: bool,
 ) -> int:
     from advisor.keys import ensure_first_key
-    from finetwin.wiring import api_app, api_parts, ensure_topics, ingest_worker, migrated_engine
+    from finetwin.commands.up_report import start_first_report
+    from finetwin.wiring import (
+        api_app,
+        api_parts,
+        bundled_benchmark_path,
+        ensure_topics,
+        ingest_worker,
+        migrated_engine,
+    )
     from ingest.replay import send_replay
 
     # Read before anything starts: a bad file is said before a broker and a store are set up for it.
@@ -211,6 +219,9 @@ def _up(
         url = _serve_api(api_app(api), listener, parts)
         output.say(banner(url, first_key, settings), stderr=True)
         if start is not None:
+            report = start_first_report(settings, bench or bundled_benchmark_path())
+            if report is not None:
+                parts.callback(report.join)  # at most a few seconds: a report is never left half-written
             producer = parts.enter_context(contextlib.closing(bus.producer()))
 
             def send(start: ReplayStart) -> None:

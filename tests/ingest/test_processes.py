@@ -230,6 +230,13 @@ def test_finetwin_up_replays_to_the_store_and_prints_the_counts(
         assert done.returncode == 0, done.stderr[-3000:]
         assert json.loads(done.stdout) == expected  # one JSON object, nothing else on stdout
         assert stored(tmp_path / "data" / "finetwin.db", "jobs") == run * len(sample_table)
+        # The characterization report of the replayed file, for the dashboard's report panel (it said "run
+        # `finetwin report`"): written by the first run, left as it is by the second.
+        pointer = json.loads((tmp_path / "data" / "reports" / "latest.json").read_text())
+        assert pointer["source"] == str(sample_csv) and Path(pointer["report_md"]).is_file()
+        if run == 1:
+            first_report = pointer
+    assert pointer == first_report
     assert "replaying the file again as new jobs replay-0-1-*" in done.stderr
 
 
