@@ -187,7 +187,7 @@ def scheduler_estimates(replay: ReplayedBenchmark, catalog: PreparedCatalog) -> 
     (the same belief the twin's scheduler has), capped by the protocol's time limit."""
     w = replay.workload
     p50 = np.maximum(np.nan_to_num(catalog.throughput[w.config_idx, 1], nan=1.0), 1e-9)
-    limit = np.array([c.run_limit_s or math.inf for c in catalog.configs])[w.config_idx]
+    limit = catalog.run_limits_s()[w.config_idx]
     return np.minimum(w.work_tokens / p50, limit)
 
 

@@ -54,7 +54,7 @@ def miss_sources(table: pd.DataFrame, models: JobModels, *, seed: int, load: flo
         tokens_per_s = within_range(
             catalog, k, band_at(band, error_z(catalog, k, np.tile(_LEVELS, len(rows)))), band[:, 1]
         )
-        limit = np.array([c.run_limit_s or np.inf for c in catalog.configs])[k]
+        limit = catalog.run_limits_s()[k]
         run_s = np.minimum(np.repeat(workload.work_tokens[rows], len(_LEVELS)) / tokens_per_s, limit)
         expected_run[rows] = run_s.reshape(len(rows), -1).mean(axis=1)
     failing_s = float(np.quantile(failure_times(None), _LEVELS).mean())  # what the backtest's twin draws from

@@ -145,6 +145,11 @@ class PreparedCatalog:
     # None: unbounded.
     error_range: np.ndarray | None = None
 
+    def run_limits_s(self) -> np.ndarray:
+        """(k,) how long each configuration's run may last (`JobConfig.run_limit_s`), inf without a limit."""
+        limits = [c.run_limit_s for c in self.configs]
+        return np.array([math.inf if s is None else float(s) for s in limits], dtype=float)
+
     @classmethod
     def empty(cls) -> PreparedCatalog:
         z = np.zeros(0)
@@ -489,7 +494,7 @@ def _draw_modelled(
     u_fail = shared_uniforms(catalog, idx, key, u[:, STREAM_FAIL], catalog.failure_correlation, FAMILY_FAIL)
     p50 = np.maximum(np.sort(band, axis=1)[:, 1], 1e-9)
     tokens_per_s = within_range(catalog, idx, band_at(band, error_z(catalog, idx, quantile)), p50)
-    limit = np.array([_limit(config.run_limit_s) for config in catalog.configs])[idx]
+    limit = catalog.run_limits_s()[idx]
     run = np.minimum(work / tokens_per_s, limit)
     estimate = np.minimum(work / p50, limit)
     p_fail = 1.0 - run_p_valid(catalog, key)[idx]
@@ -604,10 +609,6 @@ def failure_cdf(times: np.ndarray, t: np.ndarray) -> np.ndarray:
     if len(times) == 1:
         return (t >= times[0]).astype(float)
     return np.interp(t, times, np.linspace(0.0, 1.0, len(times)))
-
-
-def _limit(time_limit_s: float | None) -> float:
-    return math.inf if time_limit_s is None else float(time_limit_s)
 
 
 def _remaining(workload: Workload, rows: np.ndarray, run: np.ndarray, elapsed: np.ndarray) -> np.ndarray:
