@@ -34,7 +34,8 @@ class AdvisorSettings(CalibrateSettings):
     # runs and plans take the cores the requests leave, as refits do (`calibrate.refit_process`).
     twin_worker_nice: int = Field(10, ge=0, le=19)
     # How long a thread of the API's process may hold the interpreter while another waits for it (Python's
-    # default is 5 ms): steering's what-ifs run on a thread of this process, and held it from the requests.
+    # default is 5 ms): a standing forecast too small for worker processes, and steering's preparation of
+    # its what-ifs (the models asked for each), run on a thread of this process and held it from requests.
     api_switch_interval_ms: float = Field(0.5, gt=0, le=100)
 
     # Declared SLOs file (YAML); unset = built-in defaults.

@@ -39,6 +39,7 @@ from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from twin.db import session_scope
 from twin.domain import GPU_TYPES, GPUS_PER_NODE, JobConfig, canonical_gpu_name, gpu_type
+from twin.ensemble import EnsembleSpec
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.slo_attainment import SloSet
 
@@ -216,28 +217,40 @@ def evaluate(
     inputs: TwinInputs, models: Any, options: ForecastOptions, slos: SloSet, found: list[Candidate],
     progress: Callable[[], object] | None = None,
 ) -> list[tuple[Candidate, dict[str, Any]]]:  # fmt: skip
-    """Each candidate's paired effect on mean SLO attainment, against one baseline ensemble. `progress` is
+    """Each candidate's paired effect on mean SLO attainment, against one baseline ensemble. The ensembles
+    are prepared here (the models asked) and run as one batch on `options.workers` processes (1: in this
+    thread); in the API those run niced and never hold its interpreter from the requests. `progress` is
     called after every run (an exception it raises stops the evaluation)."""
-    from twin.ensemble import run_ensemble
-    from twin.whatif import ScenarioChanges, apply_changes, compare, paired_difference
+    from twin.ensemble import run_ensembles
+    from twin.executors import LocalExecutor
+    from twin.whatif import compare, paired_difference
 
-    baseline = run_ensemble(make_spec(inputs, models, options, slos), options.runs, options.workers, progress)
-    base_attainment = mean_attainment(baseline)
+    baseline = make_spec(inputs, models, options, slos)
+    specs = [baseline] + [scenario_spec(inputs, models, options, slos, c, baseline) for c in found]
+    base, *scenarios = run_ensembles(specs, options.runs, LocalExecutor(options.workers), progress)
+    base_attainment = mean_attainment(base)
     results = []
-    for candidate in found:
-        scenario_inputs = _transformed(inputs, candidate.transform) if candidate.transform else inputs
-        changes = ScenarioChanges.model_validate(candidate.changes)
-        scenario_inputs, scenario_options = apply_changes(scenario_inputs, options, changes)
-        scenario = run_ensemble(
-            make_spec(scenario_inputs, models, scenario_options, slos),
-            options.runs,
-            options.workers,
-            progress,
-        )
+    for candidate, scenario in zip(found, scenarios, strict=True):
         effect = paired_difference(base_attainment, mean_attainment(scenario))
-        per_slo = compare(baseline, scenario, slos)["slos"]
+        per_slo = compare(base, scenario, slos)["slos"]
         results.append((candidate, {"effect": effect, "per_slo": per_slo}))
     return results
+
+
+def scenario_spec(
+    inputs: TwinInputs, models: Any, options: ForecastOptions, slos: SloSet, candidate: Candidate,
+    baseline: EnsembleSpec,
+) -> EnsembleSpec:  # fmt: skip
+    """The candidate's ensemble. One that changes neither the configurations nor how they are prepared (a
+    node, a policy) runs the baseline's prepared catalog: asking the models again would give the same."""
+    from twin.whatif import ScenarioChanges, apply_changes
+
+    scenario_inputs = _transformed(inputs, candidate.transform) if candidate.transform else inputs
+    changes = ScenarioChanges.model_validate(candidate.changes)
+    scenario_inputs, scenario_options = apply_changes(scenario_inputs, options, changes)
+    same_configs = scenario_inputs.workload is inputs.workload and scenario_inputs.arrivals is inputs.arrivals
+    shared = baseline.catalog if same_configs and scenario_options.plan == options.plan else None
+    return make_spec(scenario_inputs, models, scenario_options, slos, shared)
 
 
 def proposals(evaluated: list[tuple[Candidate, dict[str, Any]]], runs: int) -> list[workflow.Proposal]:
@@ -369,7 +382,8 @@ def run_steering(
             source=source,
             ttl=timedelta(hours=settings.recommendation_ttl_hours),
         )
-    notes = list(inputs.notes) + [f"{len(found)} candidates in {time.perf_counter() - began:.1f} s"]
+    where = "in the API's process" if options.workers == 1 else "on worker processes"
+    notes = list(inputs.notes) + [f"{len(found)} candidates in {time.perf_counter() - began:.1f} s {where}"]
     why = None if chosen else why_nothing(evaluated)
     return SteeringResult(evaluated=len(found), recommendations=recorded, notes=notes, why_none=why)
 
@@ -387,7 +401,7 @@ def baseline_options(settings: AdvisorSettings) -> ForecastOptions:
         seed=settings.forecast_seed,
         policy=Policy(settings.forecast_policy),
         plan=PlanOptions(admission=Admission(settings.forecast_admission)),
-        workers=1,  # many small ensembles: worker processes would cost more than they save
+        workers=settings.forecast_workers,
     )
 
 

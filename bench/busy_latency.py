@@ -1,10 +1,11 @@
 """Advice latency while the API runs the twin: `POST /v1/advise` of new configurations, paced, while a
-steering run evaluates its candidates (what-ifs on a thread of the API's own process) and while a capacity
+steering run evaluates its candidates (what-ifs, on the API's niced worker processes) and while a capacity
 plan sweeps (a local pool of worker processes), with this checkout's settings and with the settings before
 them (`FINETWIN_API_SWITCH_INTERVAL_MS=5`, Python's default; `FINETWIN_TWIN_WORKER_NICE=0`, the workers at
-the API's priority), one server after the other in the same run.
+the API's priority), or with another checkout's code (`--baseline DIR`, on the same store and models), one
+server after the other in the same run.
 
-    .venv/bin/python bench/busy_latency.py [--rate 20] [--rounds 2]
+    .venv/bin/python bench/busy_latency.py [--rate 20] [--rounds 2] [--baseline DIR]
 
 The store is the bundled sample replayed by `finetwin up --speed 0` (its cluster, queue and arrivals) with
 the models `finetwin calibrate` fits on it; the scheduler is off, so nothing else runs. Each round: a steering
@@ -105,10 +106,10 @@ def plan(port: int, key: str) -> None:
         time.sleep(0.5)  # polling another process's progress: it offers nothing to await
 
 
-def measure(env: dict[str, str], key: str, rate: float, rounds: int) -> dict[str, float]:
+def measure(env: dict[str, str], key: str, rate: float, rounds: int, tree: Path = REPO) -> dict[str, float]:
     samples: dict[str, list[float]] = {"steering": [], "plan": [], "idle": []}
     walls: dict[str, float] = {"steering": 0.0, "plan": 0.0}
-    with api_server(REPO, env) as port:
+    with api_server(tree, tree_env(tree, env)) as port:
         warm_up(port, key)
         for round_ in range(rounds):
             for name, work in (("steering", steering), ("plan", plan)):
@@ -132,13 +133,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=20.0, help="advice requests offered per second")
     parser.add_argument("--rounds", type=int, default=3, help="steering runs and plans, each")
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR", help="another checkout to compare with (the same store)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         env, key = prepare(Path(directory))
         print(f"store and models ready; {args.rounds} rounds at {args.rate:g} requests/s", file=sys.stderr)
         now = measure(env, key, args.rate, args.rounds)
-        before = measure(env | BEFORE, key, args.rate, args.rounds)
-    rows: list[Row] = [(name, now[name], before[name], "the settings before") for name in now]
+        if args.baseline is None:
+            before, what = measure(env | BEFORE, key, args.rate, args.rounds), "the settings before"
+        else:
+            tree = args.baseline.resolve()
+            before, what = measure(env, key, args.rate, args.rounds, tree), f"the code of {tree}"
+    rows: list[Row] = [(name, now[name], before[name], what) for name in now]
     print_table(rows, value="now", baseline="before")
 
 

@@ -19,7 +19,7 @@ import simpy
 
 from twin.arrivals import ArrivalModel
 from twin.cluster import Cluster
-from twin.executors import worker_pool
+from twin.executors import Executor, TaskFailure, worker_pool
 from twin.plan import JobPlan, PreparedCatalog, build_plan
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.randomness import run_key
@@ -214,6 +214,44 @@ def run_ensemble(
             # dropped instead of being waited for when the pool closes.
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+    return outputs
+
+
+def _figures_of_runs(_shared: None, task: tuple[EnsembleSpec, int]) -> list[RunOutput]:
+    """Runs 0..runs-1 of one spec, without their series (what a paired comparison reads: the summary,
+    per-type utilization and SLOs), so that what a worker sends back stays small."""
+    spec, runs = task
+    empty = np.empty(0)
+    return [
+        RunOutput(output.summary, output.utilization_by_type, empty, {}, {}, output.slos)
+        for output in (run_one(spec, index) for index in range(runs))
+    ]
+
+
+def run_ensembles(
+    specs: Sequence[EnsembleSpec], runs: int, executor: Executor, progress: Callable[[], object] | None = None
+) -> list[list[RunOutput]]:
+    """Runs 0..runs-1 of every spec on `executor`, one pool for them all (an ensemble each would start a
+    pool each). Per spec, its runs in order, as `run_ensemble` makes them but without their series. A task
+    is one spec's runs: each spec is pickled on its own, a few milliseconds each, where all of them at once
+    (a worker's shared inputs) held the interpreter from the caller's other threads for tens. `progress` is
+    called once per finished run; an exception it raises stops the batch and propagates, as does a spec
+    whose runs fail on every attempt."""
+    if runs < 1:
+        raise ValueError("an ensemble needs at least one run")
+
+    reported = 0
+
+    def done(finished: int, _total: int) -> None:
+        nonlocal reported
+        while progress is not None and reported < finished * runs:
+            reported += 1
+            progress()
+
+    outputs = executor.run(_figures_of_runs, None, [(spec, runs) for spec in specs], progress=done)
+    for k, output in enumerate(outputs):
+        if isinstance(output, TaskFailure):
+            raise RuntimeError(f"the runs of ensemble {k} failed, {output.attempts} times: {output.error}")
     return outputs
 
 

@@ -21,7 +21,7 @@ from twin.domain import JobConfig
 from twin.ensemble import EnsembleSpec, RunOutput, run_ensemble, summarize
 from twin.jsonsafe import json_safe
 from twin.observed_outcomes import ObservedOutcomes
-from twin.plan import PlanOptions, prepare_catalog
+from twin.plan import PlanOptions, PreparedCatalog, prepare_catalog
 from twin.policies import DEFAULT_BACKFILL_DEPTH, Policy
 from twin.protocols import JobModels
 from twin.slo_attainment import DEFAULT_SLOS, SloSet
@@ -82,16 +82,24 @@ def models_for(inputs: TwinInputs, models: JobModels | None) -> JobModels | None
 
 
 def make_spec(
-    inputs: TwinInputs, models: JobModels | None, options: ForecastOptions, slos: SloSet = DEFAULT_SLOS
+    inputs: TwinInputs,
+    models: JobModels | None,
+    options: ForecastOptions,
+    slos: SloSet = DEFAULT_SLOS,
+    catalog: PreparedCatalog | None = None,
 ) -> EnsembleSpec:
+    """The ensemble's spec; `catalog`: one prepared before for the same configurations, models and plan
+    (scenarios that change only the cluster or the policy share their baseline's), else it is prepared."""
     if options.horizon_s is not None and options.horizon_s <= 0:
         raise ValueError("the horizon must be positive")
     if options.interval_s <= 0:
         raise ValueError("the interval must be positive")
+    if catalog is None:
+        catalog = prepare_catalog(catalog_of(inputs), models_for(inputs, models), options.plan)
     return EnsembleSpec(
         cluster=inputs.cluster,
         workload=inputs.workload,
-        catalog=prepare_catalog(catalog_of(inputs), models_for(inputs, models), options.plan),
+        catalog=catalog,
         arrivals=inputs.arrivals if options.horizon_s is not None else None,
         failure_times_s=inputs.failure_times_s,
         policy=Policy(options.policy),

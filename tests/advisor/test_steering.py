@@ -6,20 +6,22 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from advisor.records import Recommendation, SloDocument
-from advisor.steering import candidates, job_target
+from advisor.steering import candidates, evaluate, job_target, scenario_spec
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.conftest import api_app, api_headers, api_parts
 from twin.db import make_engine, session_scope
-from twin.forecast import ForecastOptions
+from twin.forecast import ForecastOptions, make_spec
 from twin.live_state import load_live_inputs
+from twin.slo_attainment import SloSet
 from twin.store import Job, Node, utcnow
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -51,6 +53,28 @@ def test_candidates_cover_the_action_kinds(store: Engine) -> None:
     kinds = {c.kind for c in candidates(inputs, ForecastOptions())}
     assert {"add_nodes", "admission_repair", "policy", "optimization_default", "cap_batch"} <= kinds
     assert "remove_nodes" not in kinds  # only one node of the type: nothing to remove
+
+
+def test_candidates_weighed_on_worker_processes_as_on_this_thread(store: Engine) -> None:
+    """The API weighs the candidates on (niced) worker processes: the same effects, to the last bit, as
+    on one thread; and a candidate that changes no configuration runs its baseline's catalog, which is
+    what asking the models again would give."""
+    inputs = load_live_inputs(store)
+    slos = SloSet.model_validate(WAIT_SLO)
+    here = ForecastOptions(horizon_s=12 * 3600.0, runs=4, workers=1)
+    found = candidates(inputs, here)
+    on_thread = evaluate(inputs, FakeModels(), here, slos, found)
+    on_pool = evaluate(inputs, FakeModels(), here.with_changes(workers=2), slos, found)
+    assert repr([r for _, r in on_pool]) == repr([r for _, r in on_thread])  # repr: NaN equals NaN
+    assert any(r["effect"]["mean"] for _, r in on_pool)  # not all zero: the candidates do differ
+
+    baseline = make_spec(inputs, FakeModels(), here, slos)
+    shared = {c.kind for c in found if scenario_spec(inputs, FakeModels(), here, slos, c, baseline).catalog
+              is baseline.catalog}  # fmt: skip
+    assert shared == {"add_nodes", "policy"}
+    fresh = make_spec(inputs, FakeModels(), here.with_changes(policy="spf"), slos).catalog
+    for name in ("throughput", "p_valid", "power_w", "reject"):
+        assert np.array_equal(getattr(fresh, name), getattr(baseline.catalog, name), equal_nan=True)
 
 
 def test_steering_recommends_what_helps_the_slos(app_client: TestClient, store: Engine) -> None:

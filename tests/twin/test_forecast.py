@@ -7,10 +7,12 @@ import pytest
 
 from tests.twin.conftest import A100, RuleModels, config_workload, mixed_cluster
 from twin.arrivals import ArrivalModel
-from twin.forecast import ForecastOptions, TwinInputs, forecast
+from twin.ensemble import run_ensemble, run_ensembles
+from twin.executors import LocalExecutor
+from twin.forecast import ForecastOptions, TwinInputs, forecast, make_spec
 from twin.run_metrics import SERIES_FIGURES, SUMMARY_FIGURES
 from twin.slo_attainment import DEFAULT_SLOS, Slo, SloSet
-from twin.whatif import NodeChange, ScenarioChanges, WhatIf, run_whatif
+from twin.whatif import NodeChange, ScenarioChanges, WhatIf, apply_changes, run_whatif
 from twin.workload import RunningState
 
 
@@ -170,3 +172,30 @@ def test_whatif_rejects_bad_bodies() -> None:
         WhatIf(changes={"policy": "lottery"})
     with pytest.raises(ValueError):
         WhatIf(runs=0)
+
+
+def test_ensembles_run_as_one_batch_give_each_ensembles_runs(models: RuleModels) -> None:
+    """`run_ensembles` on a pool of two: run for run, the figures of `run_ensemble` in this process (the
+    series are left out), for every spec, in the specs' order; progress once per run."""
+    inputs = live_like_inputs()
+    bigger, _ = apply_changes(inputs, options(), ScenarioChanges(nodes=[NodeChange(gpu_model=A100, add=1)]))
+    specs = [make_spec(inputs, models, options()), make_spec(bigger, models, options(policy="backfill"))]
+    finished: list[int] = []
+    batched = run_ensembles(specs, 3, LocalExecutor(2), progress=lambda: finished.append(1))
+    assert len(finished) == 2 * 3
+    for spec, runs in zip(specs, batched, strict=True):
+        alone = run_ensemble(spec, 3, workers=1)
+        for figures in ("summary", "slos", "utilization_by_type"):  # repr: NaN (no value) equals NaN
+            assert repr([getattr(r, figures) for r in runs]) == repr([getattr(r, figures) for r in alone])
+        assert all(not r.series and not len(r.edges_s) for r in runs)
+    assert batched[0][0].summary != batched[1][0].summary  # the second spec really is another cluster
+
+
+def test_a_batch_stops_when_its_progress_raises(models: RuleModels) -> None:
+    specs = [make_spec(live_like_inputs(), models, options())] * 4
+
+    def stop() -> None:
+        raise KeyboardInterrupt  # what the API's check raises is its own; any exception stops the batch
+
+    with pytest.raises(KeyboardInterrupt):
+        run_ensembles(specs, 6, LocalExecutor(2), progress=stop)
