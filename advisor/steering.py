@@ -218,9 +218,10 @@ def evaluate(
     progress: Callable[[], object] | None = None,
 ) -> list[tuple[Candidate, dict[str, Any]]]:  # fmt: skip
     """Each candidate's paired effect on mean SLO attainment, against one baseline ensemble. The ensembles
-    are prepared here (the models asked) and run as one batch on `options.workers` processes (1: in this
-    thread); in the API those run niced and never hold its interpreter from the requests. `progress` is
-    called after every run (an exception it raises stops the evaluation)."""
+    are prepared here (the models asked about what each candidate changes) and run as one batch on
+    `options.workers` processes (1: in this thread); in the API those run niced and never hold its
+    interpreter from the requests. `progress` is called after every run (an exception it raises stops the
+    evaluation)."""
     from twin.ensemble import run_ensembles
     from twin.executors import LocalExecutor
     from twin.whatif import compare, paired_difference
@@ -241,16 +242,14 @@ def scenario_spec(
     inputs: TwinInputs, models: Any, options: ForecastOptions, slos: SloSet, candidate: Candidate,
     baseline: EnsembleSpec,
 ) -> EnsembleSpec:  # fmt: skip
-    """The candidate's ensemble. One that changes neither the configurations nor how they are prepared (a
-    node, a policy) runs the baseline's prepared catalog: asking the models again would give the same."""
+    """The candidate's ensemble. The models are asked only about the configurations it changes (a cap, an
+    optimization, a repair); the rest take the baseline's predictions, which asking again would give."""
     from twin.whatif import ScenarioChanges, apply_changes
 
     scenario_inputs = _transformed(inputs, candidate.transform) if candidate.transform else inputs
     changes = ScenarioChanges.model_validate(candidate.changes)
     scenario_inputs, scenario_options = apply_changes(scenario_inputs, options, changes)
-    same_configs = scenario_inputs.workload is inputs.workload and scenario_inputs.arrivals is inputs.arrivals
-    shared = baseline.catalog if same_configs and scenario_options.plan == options.plan else None
-    return make_spec(scenario_inputs, models, scenario_options, slos, shared)
+    return make_spec(scenario_inputs, models, scenario_options, slos, known=baseline.catalog)
 
 
 def proposals(evaluated: list[tuple[Candidate, dict[str, Any]]], runs: int) -> list[workflow.Proposal]:

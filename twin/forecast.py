@@ -86,20 +86,18 @@ def make_spec(
     models: JobModels | None,
     options: ForecastOptions,
     slos: SloSet = DEFAULT_SLOS,
-    catalog: PreparedCatalog | None = None,
+    known: PreparedCatalog | None = None,
 ) -> EnsembleSpec:
-    """The ensemble's spec; `catalog`: one prepared before for the same configurations, models and plan
-    (scenarios that change only the cluster or the policy share their baseline's), else it is prepared."""
+    """The ensemble's spec. `known`: a catalog prepared before with the same models (a what-if's
+    baseline's), whose predictions the configurations it holds take instead of asking the models again."""
     if options.horizon_s is not None and options.horizon_s <= 0:
         raise ValueError("the horizon must be positive")
     if options.interval_s <= 0:
         raise ValueError("the interval must be positive")
-    if catalog is None:
-        catalog = prepare_catalog(catalog_of(inputs), models_for(inputs, models), options.plan)
     return EnsembleSpec(
         cluster=inputs.cluster,
         workload=inputs.workload,
-        catalog=catalog,
+        catalog=prepare_catalog(catalog_of(inputs), models_for(inputs, models), options.plan, known),
         arrivals=inputs.arrivals if options.horizon_s is not None else None,
         failure_times_s=inputs.failure_times_s,
         policy=Policy(options.policy),

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
 
 import numpy as np
@@ -181,8 +181,15 @@ def family_hashes(configs: Sequence[JobConfig]) -> np.ndarray:
 
 
 def prepare_catalog(
-    catalog: Sequence[JobConfig], models: JobModels | None, options: PlanOptions = PlanOptions()
+    catalog: Sequence[JobConfig],
+    models: JobModels | None,
+    options: PlanOptions = PlanOptions(),
+    known: PreparedCatalog | None = None,
 ) -> PreparedCatalog:
+    """The configurations after the plan's changes, with the models' predictions. `known`: a catalog
+    prepared before with the same models; the rows of the configurations it holds (the same objects) are
+    copied from it instead of asking the models again (a prediction is its configuration's own: no row
+    depends on another). A what-if that changes a few configurations asks about those alone."""
     if not catalog:
         return PreparedCatalog.empty()
     if models is None:
@@ -194,6 +201,16 @@ def prepare_catalog(
         configs = [optimize_config(c, options.optimizations) for c in configs]
     if options.right_size_batches:
         configs = right_size_batches(configs, models, options.min_p_valid)
+    prepared = _predicted(configs, models) if known is None else _reusing(known, configs, models)
+    if options.admission is Admission.REJECT:
+        doubted = (prepared.reject == Reject.NONE) & (prepared.p_valid < options.min_p_valid)
+        prepared.reject[doubted] = Reject.PREDICTED_FAILURE
+    prepared.changed = np.array([a != b for a, b in zip(configs, catalog, strict=True)], dtype=bool)
+    return prepared
+
+
+def _predicted(configs: list[JobConfig], models: JobModels) -> PreparedCatalog:
+    """`configs` with the models' predictions, rejected by the rules alone, none marked changed."""
     reject = np.array([Reject.RULE if config_rule(c) is not None else Reject.NONE for c in configs], np.int8)
     runnable = [c for c, r in zip(configs, reject, strict=True) if r == Reject.NONE]
     k = len(configs)
@@ -220,14 +237,49 @@ def prepare_catalog(
             gpu_tdp_watts(c.gpu_model) * DEFAULT_POWER_FRACTION
             for c in np.asarray(configs, object)[missing_power]
         ]
-    if options.admission is Admission.REJECT:
-        reject[(reject == Reject.NONE) & (p_valid < options.min_p_valid)] = Reject.PREDICTED_FAILURE
-    changed = np.array([a != b for a, b in zip(configs, catalog, strict=True)], dtype=bool)
     correlation, quantiles, failure_correlation, error_range = _error_structure(models, configs)
     return PreparedCatalog(
-        configs, throughput, p_valid, power, reject, changed, correlation, family_hashes(configs), quantiles,
-        failure_correlation, p_valid_members, power_scale, power_correlation, error_range,
+        configs, throughput, p_valid, power, reject, np.zeros(k, bool), correlation, family_hashes(configs),
+        quantiles, failure_correlation, p_valid_members, power_scale, power_correlation, error_range,
     )  # fmt: skip
+
+
+# What `_reusing` copies row by row: every column but the configurations themselves and what the plan decides.
+_PREDICTED_COLUMNS = tuple(
+    f.name for f in fields(PreparedCatalog) if f.name not in ("configs", "reject", "changed")
+)
+
+
+def _reusing(known: PreparedCatalog, configs: list[JobConfig], models: JobModels) -> PreparedCatalog:
+    """`_predicted(configs, models)`, with the rows of the configurations `known` holds copied from it."""
+    # By identity: a what-if's unchanged configurations are its baseline's own objects, and equality would
+    # leave out `extra`, which the models may read. An equal configuration made anew is simply asked again.
+    row_of = {id(c): i for i, c in enumerate(known.configs)}
+    rows = np.array([row_of.get(id(c), -1) for c in configs], dtype=np.intp)
+    held = rows >= 0
+    if not held.any():
+        return _predicted(configs, models)
+    new = [c for c, h in zip(configs, held, strict=True) if not h]
+    fresh = _predicted(new, models) if new else None
+    columns: dict[str, np.ndarray | None] = {}
+    for name in _PREDICTED_COLUMNS:
+        old = getattr(known, name)
+        added = getattr(fresh, name) if fresh is not None else None
+        if old is None and added is None:
+            columns[name] = None  # the models say nothing of it
+            continue
+        if old is None or (fresh is not None and added is None):
+            return _predicted(configs, models)  # one side had nothing to run, so no such column: ask anew
+        column = np.empty((len(configs), *old.shape[1:]), dtype=old.dtype)
+        column[held] = old[rows[held]]
+        if added is not None:
+            column[~held] = added
+        columns[name] = column
+    reject = np.where(known.reject[rows] == Reject.RULE, Reject.RULE, Reject.NONE).astype(np.int8)
+    if fresh is not None:
+        reject[~held] = fresh.reject
+    changed = np.zeros(len(configs), bool)
+    return PreparedCatalog(configs, reject=reject, changed=changed, **columns)  # type: ignore[arg-type]
 
 
 def _error_structure(

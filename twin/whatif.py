@@ -283,7 +283,7 @@ def run_whatif(
     options = whatif.baseline_options(workers, ray_address)
     scenario_inputs, scenario_options = apply_changes(inputs, options, whatif.changes)
     baseline_spec = make_spec(inputs, models, options, slos)
-    scenario_spec = make_spec(scenario_inputs, models, scenario_options, slos)
+    scenario_spec = make_spec(scenario_inputs, models, scenario_options, slos, known=baseline_spec.catalog)
     baseline = run_ensemble(baseline_spec, options.runs, workers, progress, ray_address=ray_address)
     scenario = run_ensemble(scenario_spec, options.runs, workers, progress, ray_address=ray_address)
     return json_safe(

@@ -3,6 +3,7 @@ recorded as pending recommendations ranked by effect per cost."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tests.conftest import api_app, api_headers, api_parts
 from twin.db import make_engine, session_scope
 from twin.forecast import ForecastOptions, make_spec
 from twin.live_state import load_live_inputs
+from twin.plan import PreparedCatalog
 from twin.slo_attainment import SloSet
 from twin.store import Job, Node, utcnow
 
@@ -57,8 +59,8 @@ def test_candidates_cover_the_action_kinds(store: Engine) -> None:
 
 def test_candidates_weighed_on_worker_processes_as_on_this_thread(store: Engine) -> None:
     """The API weighs the candidates on (niced) worker processes: the same effects, to the last bit, as
-    on one thread; and a candidate that changes no configuration runs its baseline's catalog, which is
-    what asking the models again would give."""
+    on one thread. Each candidate's catalog, which takes its baseline's predictions where it changed no
+    configuration, is the catalog prepared anew."""
     inputs = load_live_inputs(store)
     slos = SloSet.model_validate(WAIT_SLO)
     here = ForecastOptions(horizon_s=12 * 3600.0, runs=4, workers=1)
@@ -69,12 +71,13 @@ def test_candidates_weighed_on_worker_processes_as_on_this_thread(store: Engine)
     assert any(r["effect"]["mean"] for _, r in on_pool)  # not all zero: the candidates do differ
 
     baseline = make_spec(inputs, FakeModels(), here, slos)
-    shared = {c.kind for c in found if scenario_spec(inputs, FakeModels(), here, slos, c, baseline).catalog
-              is baseline.catalog}  # fmt: skip
-    assert shared == {"add_nodes", "policy"}
-    fresh = make_spec(inputs, FakeModels(), here.with_changes(policy="spf"), slos).catalog
-    for name in ("throughput", "p_valid", "power_w", "reject"):
-        assert np.array_equal(getattr(fresh, name), getattr(baseline.catalog, name), equal_nan=True)
+    nothing_known = replace(baseline, catalog=PreparedCatalog.empty())
+    for candidate in found:
+        spec = scenario_spec(inputs, FakeModels(), here, slos, candidate, baseline)
+        anew = scenario_spec(inputs, FakeModels(), here, slos, candidate, nothing_known)
+        assert spec.catalog.configs == anew.catalog.configs
+        for name in ("throughput", "p_valid", "power_w", "reject", "changed"):
+            assert np.array_equal(getattr(spec.catalog, name), getattr(anew.catalog, name), equal_nan=True)
 
 
 def test_steering_recommends_what_helps_the_slos(app_client: TestClient, store: Engine) -> None:

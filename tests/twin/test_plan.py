@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from calibrate.loader import bundled_benchmark_path, load_benchmark
+from calibrate.registry import ModelRegistry
 from tests.twin.conftest import A100, RuleModels, config_workload, mixed_cluster
-from twin.config_changes import Optimization, optimize_config, repair_config
+from twin.config_changes import Admission, Optimization, optimize_config, repair_config
 from twin.domain import JobConfig
-from twin.plan import JobPlan, PlanOptions, band_draw, build_plan, prepare_catalog
+from twin.job_config import config_from_row
+from twin.plan import JobPlan, PlanOptions, PreparedCatalog, band_draw, build_plan, prepare_catalog
 from twin.randomness import job_keys, job_uniforms
 from twin.workload import RunningState, Workload
 
@@ -171,3 +177,44 @@ def test_a_running_job_draws_the_power_it_reports() -> None:
         assert by_row[1] != POWER_W and by_row[2] != POWER_W  # drawn about the model's 300 W
     known = prepare_catalog(workload.catalog, RuleModels())
     assert power_by_row(build_plan(workload, known, mixed_cluster(), 1)).tolist() == [412.5, 300.0, 300.0]
+
+
+def test_a_catalog_prepared_from_a_known_one_equals_one_prepared_anew(calibrated_models_dir: Path) -> None:
+    """The calibrated models on the sample's configurations, every column (members, error quantiles,
+    correlations, ranges, power error): a what-if's catalog prepared from its baseline's (some of its
+    configurations capped, repaired, optimized or new) equals, bit for bit, the catalog prepared anew."""
+    models = ModelRegistry(calibrated_models_dir).load_in_use()[1]  # type: ignore[index]
+    rows = load_benchmark(bundled_benchmark_path()).head(600)
+    configs = [config_from_row(row) for _, row in rows.iterrows()]
+    known = prepare_catalog(configs, models)
+    capped = [c.with_changes(batch_size=1) if c.batch_size > 64 else c for c in configs]
+    scenario = capped[:500] + [
+        c.with_changes(tokens_per_sample=c.tokens_per_sample + 1) for c in configs[500:]
+    ]
+    for plan in (
+        PlanOptions(),
+        PlanOptions(admission=Admission.REPAIR, optimizations=frozenset(Optimization)),
+    ):
+        again = prepare_catalog(scenario, models, plan)
+        reused = prepare_catalog(scenario, models, plan, known)
+        for column in fields(PreparedCatalog):
+            a, b = getattr(again, column.name), getattr(reused, column.name)
+            if column.name == "configs":
+                assert a == b
+            else:
+                assert a is not None and a.dtype == b.dtype, column.name
+                assert np.array_equal(a, b, equal_nan=True), column.name
+
+
+def test_what_a_known_catalog_holds_is_copied_not_asked_again(models: RuleModels) -> None:
+    """The rows of the very configurations the known catalog holds are its rows (here made wrong on purpose
+    to show it); an equal configuration made anew is asked again (equality leaves out `extra`, which the
+    models may read)."""
+    config = JobConfig("llama3-8b", "lora", A100, 2, 1, 8, 1024)
+    known = prepare_catalog([config], models)
+    known.throughput[:] = 1.0
+    equal_but_new = config.with_changes(batch_size=8)
+    assert equal_but_new == config and equal_but_new is not config
+    reused = prepare_catalog([config, equal_but_new], models, known=known)
+    assert reused.throughput[0].tolist() == [1.0, 1.0, 1.0]
+    assert reused.throughput[1].tolist() == prepare_catalog([config], models).throughput[0].tolist()
