@@ -1,6 +1,6 @@
 """One run at a time of a costly job, shared by whoever asks while it runs.
 
-A steering run evaluates every candidate action with the twin's ensemble: about 40 s of both cores. Two
+A steering run evaluates every candidate action with the twin's ensemble: seconds to minutes of two cores. Two
 operators pressing "run steering now", or one pressing it while the scheduled run is under way, ran it twice
 at once, each at half speed, to the same answer. Whoever asks while a run is under way now waits for that
 run and gets its outcome (its result, or the exception it raised) — or, with `start`, does not wait: the

@@ -269,7 +269,7 @@ def _prefers_async(prefer: str | None) -> bool:
     "/run",
     response_model=RunOut,
     summary="Run cluster steering now: what-ifs against the SLOs, recording those that help (operator)",
-    description="Waits for the run (about 40 s of both cores) and answers its outcome. With `Prefer: "
+    description="Waits for the run (seconds to minutes of both cores) and answers its outcome. With `Prefer: "
     "respond-async` (RFC 7240) it answers 202 at once with the run under way, and its outcome is at "
     f"GET {STEERING_POLL} once `under_way` is null: for clients and proxies that will not wait that long.",
     responses={

@@ -1,6 +1,6 @@
 """`POST /v1/recommendations/run` with `Prefer: respond-async` (RFC 7240) answers 202 at once with the run
 under way, and the run's outcome is at `GET /v1/recommendations/steering` once `under_way` is null. Without
-the header a request waited the whole run (about 40 s), longer than many proxies wait."""
+the header a request waited the whole run (seconds to minutes), longer than many proxies wait."""
 
 from __future__ import annotations
 
