@@ -90,8 +90,8 @@ def create_app(parts: ApiParts) -> FastAPI:
         gc.collect()
         gc.freeze()
         # The twin's work shares the machine with the requests: its worker processes niced, and the threads
-        # that run it here (steering's what-ifs, small forecasts) made to hand the interpreter to a waiting
-        # request sooner (bench/busy_latency.py).
+        # that run it here (small forecasts, steering's preparation of its what-ifs) made to hand the
+        # interpreter to a waiting request sooner (bench/busy_latency.py).
         niceness = set_worker_niceness(parts.settings.twin_worker_nice)
         switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(parts.settings.api_switch_interval_ms / 1000.0)
