@@ -333,16 +333,18 @@ def make_tasks(scenarios: Sequence[Scenario], runs: int, chunk_runs: int) -> lis
 def prepare_inputs(
     inputs: TwinInputs, models: JobModels | None, request: SweepRequest, slos: SloSet
 ) -> SweepInputs:
-    """Asks the models once per admission setting (the only thing a scenario changes about the jobs)."""
+    """A catalog per admission setting (the only thing a scenario changes about the jobs); the models are
+    asked about each configuration once, whichever settings keep it."""
     horizon = request.horizon_s
     if horizon is not None and horizon <= 0:
         raise SweepError("the horizon must be positive")
     if horizon is None and inputs.arrivals is not None and not len(inputs.workload):
         raise SweepError("the live arrival process needs a horizon (e.g. 24h)")
     configs, models = catalog_of(inputs), models_for(inputs, models)
-    catalogs = {
-        a.value: prepare_catalog(configs, models, PlanOptions(admission=a)) for a in request.admissions
-    }
+    catalogs: dict[str, PreparedCatalog] = {}
+    known = None
+    for admission in request.admissions:
+        known = catalogs[admission.value] = prepare_catalog(configs, models, PlanOptions(admission), known)
     return SweepInputs(
         base=inputs.cluster,
         workload=inputs.workload,

@@ -186,15 +186,19 @@ def test_a_catalog_prepared_from_a_known_one_equals_one_prepared_anew(calibrated
     models = ModelRegistry(calibrated_models_dir).load_in_use()[1]  # type: ignore[index]
     rows = load_benchmark(bundled_benchmark_path()).head(600)
     configs = [config_from_row(row) for _, row in rows.iterrows()]
-    known = prepare_catalog(configs, models)
     capped = [c.with_changes(batch_size=1) if c.batch_size > 64 else c for c in configs]
     scenario = capped[:500] + [
         c.with_changes(tokens_per_sample=c.tokens_per_sample + 1) for c in configs[500:]
     ]
-    for plan in (
-        PlanOptions(),
-        PlanOptions(admission=Admission.REPAIR, optimizations=frozenset(Optimization)),
+    every_change = PlanOptions(admission=Admission.REPAIR, optimizations=frozenset(Optimization))
+    # The last: a plan's catalogs, each admission's prepared from the one before (twin.capacity).
+    for known_plan, plan in (
+        (PlanOptions(), PlanOptions()),
+        (PlanOptions(), every_change),
+        (PlanOptions(Admission.REPAIR), PlanOptions(Admission.REJECT)),
+        (PlanOptions(Admission.REJECT), PlanOptions()),  # the known rows' predicted failures are not carried
     ):
+        known = prepare_catalog(configs, models, known_plan)
         again = prepare_catalog(scenario, models, plan)
         reused = prepare_catalog(scenario, models, plan, known)
         for column in fields(PreparedCatalog):
