@@ -381,7 +381,9 @@ def run_steering(
             source=source,
             ttl=timedelta(hours=settings.recommendation_ttl_hours),
         )
-    where = "in the API's process" if options.workers == 1 else "on worker processes"
+    from twin.executors import LocalExecutor
+
+    where = "in the API's process" if LocalExecutor(options.workers).workers == 1 else "on worker processes"
     notes = list(inputs.notes) + [f"{len(found)} candidates in {time.perf_counter() - began:.1f} s {where}"]
     why = None if chosen else why_nothing(evaluated)
     return SteeringResult(evaluated=len(found), recommendations=recorded, notes=notes, why_none=why)
