@@ -191,11 +191,10 @@ def test_a_catalog_prepared_from_a_known_one_equals_one_prepared_anew(calibrated
         c.with_changes(tokens_per_sample=c.tokens_per_sample + 1) for c in configs[500:]
     ]
     every_change = PlanOptions(admission=Admission.REPAIR, optimizations=frozenset(Optimization))
-    # The last: a plan's catalogs, each admission's prepared from the one before (twin.capacity).
     for known_plan, plan in (
         (PlanOptions(), PlanOptions()),
         (PlanOptions(), every_change),
-        (PlanOptions(Admission.REPAIR), PlanOptions(Admission.REJECT)),
+        (PlanOptions(Admission.REPAIR), PlanOptions(Admission.REJECT)),  # as a plan's (twin.capacity)
         (PlanOptions(Admission.REJECT), PlanOptions()),  # the known rows' predicted failures are not carried
     ):
         known = prepare_catalog(configs, models, known_plan)
