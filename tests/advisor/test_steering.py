@@ -3,6 +3,7 @@ recorded as pending recommendations ranked by effect per cost."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -105,6 +106,9 @@ def test_steering_recommends_what_helps_the_slos(app_client: TestClient, store: 
         assert rec["effect"]["helps"]["attainment_change"] > 0
     last = app_client.get("/v1/recommendations/steering", headers=viewer).json()
     assert last["ran"] and last["recommended"] == len(recs) and last["why_none"] is None
+    # The what-ifs ran on the API's worker processes, one per core (FINETWIN_FORECAST_WORKERS unset).
+    where = "on worker processes" if (os.cpu_count() or 1) > 1 else "in the API's process"
+    assert run["notes"][-1].endswith(where), run["notes"]
     assert [r["score"] for r in recs] == sorted((r["score"] for r in recs), reverse=True)
 
     again = app_client.post("/v1/recommendations/run", headers=operator).json()
