@@ -39,7 +39,8 @@ from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
 from twin.db import session_scope
 from twin.domain import GPU_TYPES, GPUS_PER_NODE, JobConfig, canonical_gpu_name, gpu_type
-from twin.ensemble import EnsembleSpec
+from twin.ensemble import EnsembleSpec, run_ensembles
+from twin.executors import Executor, LocalExecutor
 from twin.forecast import ForecastOptions, TwinInputs, make_spec
 from twin.slo_attainment import SloSet
 
@@ -215,20 +216,19 @@ def mean_attainment(outputs: list[Any]) -> list[float]:
 
 def evaluate(
     inputs: TwinInputs, models: Any, options: ForecastOptions, slos: SloSet, found: list[Candidate],
-    progress: Callable[[], object] | None = None,
+    progress: Callable[[], object] | None = None, executor: Executor | None = None,
 ) -> list[tuple[Candidate, dict[str, Any]]]:  # fmt: skip
     """Each candidate's paired effect on mean SLO attainment, against one baseline ensemble. The ensembles
     are prepared here (the models asked about what each candidate changes) and run as one batch on
-    `options.workers` processes (1: in this thread); in the API those run niced and never hold its
-    interpreter from the requests. `progress` is called after every run (an exception it raises stops the
-    evaluation)."""
-    from twin.ensemble import run_ensembles
-    from twin.executors import LocalExecutor
+    `executor` (default: `options.workers` local processes, 1: in this thread); in the API those run niced
+    and never hold its interpreter from the requests. `progress` is called after every run (an exception
+    it raises stops the evaluation)."""
     from twin.whatif import compare, paired_difference
 
     baseline = make_spec(inputs, models, options, slos)
     specs = [baseline] + [scenario_spec(inputs, models, options, slos, c, baseline) for c in found]
-    base, *scenarios = run_ensembles(specs, options.runs, LocalExecutor(options.workers), progress)
+    runner = executor if executor is not None else LocalExecutor(options.workers)
+    base, *scenarios = run_ensembles(specs, options.runs, runner, progress)
     base_attainment = mean_attainment(base)
     results = []
     for candidate, scenario in zip(found, scenarios, strict=True):
@@ -371,7 +371,8 @@ def run_steering(
     inputs, slos = start.inputs, start.slos
     options = baseline_options(settings)
     found = candidates(inputs, options)
-    evaluated = evaluate(inputs, start.models, options, slos, found, progress)
+    executor = LocalExecutor(options.workers)
+    evaluated = evaluate(inputs, start.models, options, slos, found, progress, executor)
     chosen = proposals(evaluated, options.runs)
     with session_scope(engine) as session:
         recorded = workflow.propose(
@@ -381,9 +382,7 @@ def run_steering(
             source=source,
             ttl=timedelta(hours=settings.recommendation_ttl_hours),
         )
-    from twin.executors import LocalExecutor
-
-    where = "in the API's process" if LocalExecutor(options.workers).workers == 1 else "on worker processes"
+    where = "in the API's process" if executor.workers == 1 else "on worker processes"
     notes = list(inputs.notes) + [f"{len(found)} candidates in {time.perf_counter() - began:.1f} s {where}"]
     why = None if chosen else why_nothing(evaluated)
     return SteeringResult(evaluated=len(found), recommendations=recorded, notes=notes, why_none=why)

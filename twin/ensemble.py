@@ -151,6 +151,24 @@ def _run_chunk(spec: EnsembleSpec, chunk: tuple[int, int]) -> list[RunOutput]:
     return [run_one(spec, index) for index in range(*chunk)]
 
 
+def _per_run(
+    progress: Callable[[], object] | None, runs_per_task: int, runs: int
+) -> Callable[[int, int], None] | None:
+    """An executor's progress (tasks finished, tasks in all) as `progress()` once per finished run, for
+    tasks of `runs_per_task` runs each and `runs` runs in all."""
+    if progress is None:
+        return None
+    reported = 0
+
+    def done(finished: int, _total: int) -> None:
+        nonlocal reported
+        while reported < min(finished * runs_per_task, runs):
+            reported += 1
+            progress()
+
+    return done
+
+
 def run_on_ray(
     spec: EnsembleSpec, runs: int, address: str, progress: Callable[[], object] | None = None
 ) -> list[RunOutput]:
@@ -159,17 +177,9 @@ def run_on_ray(
     from twin.executors import RayExecutor, TaskFailure
 
     chunks = [(first, min(first + RAY_CHUNK_RUNS, runs)) for first in range(0, runs, RAY_CHUNK_RUNS)]
-
-    reported = 0
-
-    def done(finished: int, _total: int) -> None:
-        nonlocal reported
-        if progress is not None:  # per run, as the local pool reports (chunks finish in any order)
-            while reported < min(finished * RAY_CHUNK_RUNS, runs):
-                reported += 1
-                progress()
-
-    results = RayExecutor(address).run(_run_chunk, spec, chunks, progress=done if progress else None)
+    # Per run, as the local pool reports (chunks finish in any order).
+    done = _per_run(progress, RAY_CHUNK_RUNS, runs)
+    results = RayExecutor(address).run(_run_chunk, spec, chunks, progress=done)
     outputs: list[RunOutput] = []
     for (first, stop), result in zip(chunks, results, strict=True):
         if isinstance(result, TaskFailure):
@@ -239,15 +249,7 @@ def run_ensembles(
     whose runs fail on every attempt."""
     if runs < 1:
         raise ValueError("an ensemble needs at least one run")
-
-    reported = 0
-
-    def done(finished: int, _total: int) -> None:
-        nonlocal reported
-        while progress is not None and reported < finished * runs:
-            reported += 1
-            progress()
-
+    done = _per_run(progress, runs, runs * len(specs))
     outputs = executor.run(_figures_of_runs, None, [(spec, runs) for spec in specs], progress=done)
     for k, output in enumerate(outputs):
         if isinstance(output, TaskFailure):

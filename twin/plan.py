@@ -244,10 +244,9 @@ def _predicted(configs: list[JobConfig], models: JobModels) -> PreparedCatalog:
     )  # fmt: skip
 
 
-# What `_reusing` copies row by row: every column but the configurations themselves and what the plan decides.
-_PREDICTED_COLUMNS = tuple(
-    f.name for f in fields(PreparedCatalog) if f.name not in ("configs", "reject", "changed")
-)
+# What `_reusing` copies row by row: every column but the configurations themselves and what the plan
+# decides after (`changed`; `reject` is copied and then left with the rules' rejections alone).
+_PREDICTED_COLUMNS = tuple(f.name for f in fields(PreparedCatalog) if f.name not in ("configs", "changed"))
 
 
 def _reusing(known: PreparedCatalog, configs: list[JobConfig], models: JobModels) -> PreparedCatalog:
@@ -275,11 +274,11 @@ def _reusing(known: PreparedCatalog, configs: list[JobConfig], models: JobModels
         if added is not None:
             column[~held] = added
         columns[name] = column
-    reject = np.where(known.reject[rows] == Reject.RULE, Reject.RULE, Reject.NONE).astype(np.int8)
-    if fresh is not None:
-        reject[~held] = fresh.reject
+    reject = columns["reject"]
+    assert reject is not None
+    reject[reject == Reject.PREDICTED_FAILURE] = Reject.NONE  # the known plan's doubts, not this one's
     changed = np.zeros(len(configs), bool)
-    return PreparedCatalog(configs, reject=reject, changed=changed, **columns)  # type: ignore[arg-type]
+    return PreparedCatalog(configs, changed=changed, **columns)  # type: ignore[arg-type]
 
 
 def _error_structure(
