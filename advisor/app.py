@@ -25,6 +25,7 @@ from advisor.guards import RequestGuard
 from advisor.head_requests import HeadAsGet
 from advisor.outbox import RelayThread
 from advisor.parts import ApiParts, ApiRuntime
+from advisor.plan_jobs import PlanJobs
 from advisor.query_params import reject_unknown_query
 from advisor.routers import (
     advise,
@@ -71,7 +72,7 @@ def build_runtime(parts: ApiParts) -> ApiRuntime:
         ),
         auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds),
         answer_cache=AnswerCache(settings.advice_cache_size),
-        plan_jobs=plan.PlanJobs(),
+        plan_jobs=PlanJobs(parts.engine),
     )
     # Uncached advice is computed in batches; the models in use are looked up per batch.
     runtime.batcher = Batcher(lambda bodies: advise.answers(runtime, bodies), settings.advice_max_batch)
@@ -120,6 +121,7 @@ def create_app(parts: ApiParts) -> FastAPI:
                 runtime.relay.stop()
                 runtime.relay = None
             runtime.plan_jobs.pool.shutdown(wait=True, cancel_futures=True)  # a running plan stops soon too
+            runtime.plan_jobs.close()  # the plans that never started, failed in the store, saying why
             set_worker_niceness(niceness)  # the process as it was (an app in a test, a command after it)
             sys.setswitchinterval(switch_interval)
 

@@ -81,7 +81,7 @@ class ApiRuntime:
     key_cache: KeyCache
     auth_failures: FailureLimiter
     answer_cache: AnswerCache
-    plan_jobs: Any  # advisor.routers.plan.PlanJobs
+    plan_jobs: Any  # advisor.plan_jobs.PlanJobs
     batcher: Batcher[Any, tuple[str, bytes]] | None = None  # set by create_app (it calls back into this)
     relay: RelayThread | None = None  # started by the lifespan when there is an outbox relay
     last_steering: dict[str, Any] | None = None  # the last steering run's outcome, for the dashboard

@@ -1,8 +1,8 @@
-"""The advisor's tables: API keys, declared SLOs, recommendations, the append-only audit log and the
-outbox of actions waiting to be published on Kafka.
+"""The advisor's tables: API keys, declared SLOs, recommendations, the append-only audit log, the outbox of
+actions waiting to be published on Kafka, and capacity plans.
 
-The schema is created by migration 0004 (`finetwin/migrations/versions/0004_advisor.py`); these classes are
-how the code reads and writes it. Timestamps are timezone-aware UTC.
+The schema is created by migration 0004 (`finetwin/migrations/versions/0004_advisor.py`; capacity plans by
+0015); these classes are how the code reads and writes it. Timestamps are timezone-aware UTC.
 """
 
 from __future__ import annotations
@@ -82,6 +82,25 @@ class AuditEntry(SQLModel, table=True):
     from_state: str | None = Field(default=None, max_length=16)
     to_state: str | None = Field(default=None, max_length=16)
     reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class CapacityPlanRecord(SQLModel, table=True):
+    """A capacity plan (`POST /v1/plan`): its progress and, once done, its result, kept across restarts and
+    read by every API process of the store (`advisor.plan_jobs`). A plan queued or running is the process's
+    that took it (`owner`), which marks it alive (`updated_at`) while it lasts."""
+
+    __tablename__ = "capacity_plans"
+    __table_args__ = (Index("ix_capacity_plans_created_at", "created_at"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    created_at: datetime = timestamp_field(nullable=False, default=None)
+    updated_at: datetime = timestamp_field(nullable=False, default=None)
+    status: str = Field(max_length=16)  # queued | running | done | failed
+    done: int  # tasks finished
+    total: int  # tasks in all
+    owner: str = Field(max_length=200)  # the API process that runs it: host, process id, a random part
+    result: dict | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # `finetwin plan --json`
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class OutboxMessage(SQLModel, table=True):

@@ -33,7 +33,7 @@ def finetwin_metadata() -> MetaData:
     """Every package's tables, as the code declares them (what the migrations build)."""
     from sqlmodel import SQLModel
 
-    import advisor.records  # noqa: F401  (keys, SLOs, recommendations, audit log, outbox: migration 0004)
+    import advisor.records  # noqa: F401  (keys, SLOs, recommendations, audit log, outbox: 0004; plans: 0015)
     import calibrate.records  # noqa: F401  (model versions, stored predictions, live errors: migration 0002)
     import twin.forecast_store  # noqa: F401  (standing forecasts: 0003; scores: 0006; their sums: 0008)
     import twin.store  # noqa: F401  (jobs, nodes, telemetry events: 0001)

@@ -6,22 +6,19 @@ once done, the result (the same document as `finetwin plan --json`). `POST /v1/p
 the sweep's cheapest scenario into a pending recommendation that an approver approves like any other; asked
 again (a retry, a second click, six at once) while that recommendation is pending, it answers the same one.
 
-Sweeps run one at a time on a worker thread, at most MAX_QUEUED_PLANS waiting behind it (a 429 beyond); each
-fans out on the local process pool, or on Ray when FINETWIN_RAY_ADDRESS is set. Jobs live in the API process's
-memory (the last MAX_KEPT), not in the store: a restart forgets them, and the recommendations made from them
-are what lasts. A plan running when the API stops ends after its tasks in flight, failed with "stopped: ...",
-rather than holding the API up for the rest of its sweep.
+Sweeps run one at a time on a worker thread of the API process that was asked, at most MAX_QUEUED_PLANS
+waiting behind it (a 429 beyond); each fans out on the local process pool, or on Ray when
+FINETWIN_RAY_ADDRESS is set. Plans are kept in the store (`advisor.plan_jobs`): any API process of it answers
+about any plan, after a restart too. A plan running when the API stops ends after its tasks in flight, failed
+with "stopped: ...", rather than holding the API up for the rest of its sweep.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, Field, StrictFloat, StrictInt
@@ -30,6 +27,7 @@ from advisor import workflow
 from advisor.auth import Principal, Role, access, require_role
 from advisor.deps import get_runtime
 from advisor.parts import ApiRuntime, ShuttingDown
+from advisor.plan_jobs import MAX_KEPT, MAX_QUEUED_PLANS, PLAN_QUEUE_FULL, PlanJob, PlanJobs, PlanOut
 from advisor.routers.forecast import (
     MAX_WHATIF_JOB_RUNS,
     _job_models,
@@ -56,21 +54,12 @@ log = logging.getLogger("finetwin.plan")
 router = APIRouter(prefix="/v1/plan", tags=["capacity plan"])
 
 MAX_API_RUNS = 64
-MAX_KEPT = 20  # finished plans remembered
-NO_STATE = 409
 # A plan runs in the background, so it may take minutes, not hours: the twin simulates ~15k jobs/s on one
 # core, so this many is ~3 minutes on two. Each scenario's cluster and series, and each task's work, are
 # bounded as a what-if's. Without these, one request (a horizon of 1e308 s, or 100,000 nodes of a type) held
 # every core and grew by GBs a minute, and the API could not stop until its workers were killed.
 MAX_PLAN_JOB_RUNS = 5_000_000
-# Plans waiting behind the running one. Each may be minutes of every core and none can be cancelled, so a
-# client in a loop could queue hours of work; beyond this many a new plan is a 429. A constant rather than a
-# setting: four plans queued is ~12 minutes of work at the largest, and a queue of them helps nobody.
-MAX_QUEUED_PLANS = 4
-PLAN_QUEUE_FULL = 429
-# When to try again: about the time the largest plan allowed takes (MAX_PLAN_JOB_RUNS), by when one of the
-# queued plans has usually started.
-PLAN_QUEUE_RETRY_S = 60
+NO_STATE = 409
 CAPACITY_TARGET = "capacity"  # every capacity plan acts on the cluster's shape: a newer one supersedes
 
 
@@ -102,75 +91,10 @@ class PlanBody(SweepRequest):
     cluster: dict[str, Any] | None = None
 
 
-PlanStatus = Literal["queued", "running", "done", "failed"]
-
-
-class PlanOut(BaseModel):
-    id: str
-    status: PlanStatus
-    created_at: datetime
-    progress: dict[str, int]
-    result: dict[str, Any] | None = None
-    error: str | None = None
-
-
-@dataclass
-class PlanJob:
-    id: str
-    created_at: datetime
-    total: int
-    status: PlanStatus = "queued"
-    done: int = 0
-    result: dict[str, Any] | None = None
-    error: str | None = None
-
-    def out(self, with_result: bool = True) -> PlanOut:
-        return PlanOut(
-            id=self.id,
-            status=self.status,
-            created_at=self.created_at,
-            progress={"done": self.done, "total": self.total},
-            result=self.result if with_result else None,
-            error=self.error,
-        )
-
-
-class PlanJobs:
-    """The plans of this API process: one worker thread runs them in order."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[str, PlanJob] = {}
-        self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="finetwin-plan")
-
-    def add(self, job: PlanJob) -> None:
-        """Queue `job`, or refuse it with a 429 when MAX_QUEUED_PLANS are waiting already (checked under the
-        lock, so that plans posted at once cannot all slip under the limit)."""
-        with self.lock:
-            queued = sum(1 for j in self.jobs.values() if j.status == "queued")
-            if queued >= MAX_QUEUED_PLANS:
-                raise HTTPException(
-                    PLAN_QUEUE_FULL,
-                    f"{queued} capacity plans are queued already (at most {MAX_QUEUED_PLANS} wait behind the "
-                    "one running, and plans cannot be cancelled): wait for one to start (GET /v1/plan) and "
-                    "post this one again",
-                    headers={"Retry-After": str(PLAN_QUEUE_RETRY_S)},
-                )
-            self.jobs[job.id] = job
-            finished = [j for j in self.jobs.values() if j.status in ("done", "failed")]
-            for old in sorted(finished, key=lambda j: j.created_at)[: max(0, len(finished) - MAX_KEPT)]:
-                del self.jobs[old.id]
-
-    def get(self, plan_id: str) -> PlanJob:
-        with self.lock:
-            job = self.jobs.get(plan_id)
-        if job is None:
-            raise HTTPException(404, f"no plan {plan_id!r} (plans are kept in memory until a restart)")
-        return job
-
-
 def _run(job: PlanJob, work: Any, runtime: ApiRuntime) -> None:
+    jobs: PlanJobs = runtime.plan_jobs
     job.status = "running"
+    jobs.save(job)
     # Not closed afterwards: on Ray, the API process keeps one connection for its plans and forecasts.
     executor = make_executor(runtime.settings.ray_address, runtime.settings.forecast_workers)
 
@@ -191,6 +115,7 @@ def _run(job: PlanJob, work: Any, runtime: ApiRuntime) -> None:
         log.exception("capacity plan %s failed", job.id)
         job.error = f"{type(exc).__name__}: {exc}"
         job.status = "failed"
+    jobs.save(job)
 
 
 @router.post(
@@ -235,12 +160,13 @@ def post_plan(body: PlanBody, runtime: ApiRuntime = Depends(get_runtime)) -> Pla
     return job.out()
 
 
-@router.get("", response_model=list[PlanOut], summary="The plans of this API process, newest first")
+@router.get(
+    "",
+    response_model=list[PlanOut],
+    summary=f"The plans of every API process of the store, newest first (the newest {MAX_KEPT})",
+)
 def list_plans(runtime: ApiRuntime = Depends(get_runtime)) -> list[PlanOut]:
-    jobs: PlanJobs = runtime.plan_jobs
-    with jobs.lock:
-        found = sorted(jobs.jobs.values(), key=lambda j: j.created_at, reverse=True)
-    return [j.out(with_result=False) for j in found]
+    return [j.out(with_result=False) for j in runtime.plan_jobs.newest()]
 
 
 @router.get(

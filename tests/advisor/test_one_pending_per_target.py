@@ -22,8 +22,8 @@ from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from advisor import workflow
+from advisor.plan_jobs import PlanJob
 from advisor.records import OutboxMessage, Recommendation
-from advisor.routers.plan import PlanJob
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.test_workflow import proposal
 from tests.conftest import api_app, api_headers
@@ -121,7 +121,7 @@ def test_proposals_for_several_targets_in_either_order_do_not_deadlock(engine: E
 
 
 def done_plan(client: TestClient, gpus: int = 1) -> str:
-    """A finished plan in the API's memory, as a sweep leaves one (a sweep itself takes seconds)."""
+    """A finished plan, recorded as a sweep leaves one (a sweep itself takes seconds)."""
     plan_id = str(uuid.uuid4())
     result = {
         "confidence": 0.9,

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from advisor.routers.plan import MAX_QUEUED_PLANS, PLAN_QUEUE_RETRY_S
+from advisor.plan_jobs import MAX_QUEUED_PLANS, PLAN_QUEUE_RETRY_S
 from finetwin.schema import migrate
 from tests.advisor.conftest import advisor_settings
 from tests.advisor.fakes import FakeInUse, FakeModels
