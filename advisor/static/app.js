@@ -533,8 +533,10 @@ async function loadAudit() {
 async function loadReport() {
   const latest = await api("/v1/reports/latest");
   const p = document.getElementById("report-link");
-  if (!latest.available) return;
+  // Said only once the store has answered: before a key, the page does not know whether there is one.
+  document.getElementById("report-none").hidden = latest.available;
   p.replaceChildren();
+  if (!latest.available) return;
   const a = document.createElement("a");
   a.href = latest.url;
   a.textContent = `Latest report (${latest.generated_at || "undated"})`;
@@ -564,9 +566,9 @@ async function loadPlan() {
   const running = plans.find((p) => p.status === "running" || p.status === "queued");
   const meta = document.getElementById("plan-meta");
   meta.textContent = running ? `sweep running: ${running.progress.done}/${running.progress.total} tasks` : "";
+  document.getElementById("plan-empty").hidden = Boolean(latest); // said once the store has answered
   if (!latest) return;
   const plan = (await api(`/v1/plan/${encodeURIComponent(latest.id)}`)).result;
-  document.getElementById("plan-empty").hidden = true;
   document.getElementById("plan-result").hidden = false; // an empty chart and table until there is a plan
   meta.textContent = `${plan.scenarios.length} scenarios x ${plan.runs} runs on ${plan.executor}, ` +
     `confidence ${fmt(plan.confidence * 100, 0)} %` + (meta.textContent ? `; ${meta.textContent}` : "");

@@ -55,6 +55,10 @@ def test_the_dashboard_explains_itself_to_an_operator(
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(api_server["url"] + "/")
+            # Before a key the page knows nothing of the store: it does not say there is no plan or report.
+            page.locator("#status", has_text="enter an API key").wait_for(timeout=30_000)
+            assert not page.locator("#plan-empty").is_visible()
+            assert not page.locator("#report-none").is_visible()
             page.fill("#key-input", keys["viewer"])
             page.click("#key-form button[type=submit]")
             # Headline numbers of the forecast, utilization per GPU type among them.
@@ -81,6 +85,7 @@ def test_the_dashboard_explains_itself_to_an_operator(
             # No capacity plan yet: the panel says how to start one, without an empty chart and table.
             page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=60_000)
             assert page.locator("#plan-empty").is_visible()
+            assert page.locator("#report-none").is_visible()  # none written in this data directory
             assert not page.locator("#chart-plan").is_visible()
             assert not page.locator("#plan-scenarios").is_visible()
             # No job has finished yet: the live error chart says why it is empty.
