@@ -142,11 +142,17 @@ class PlanJobs:
         return job
 
     def newest(self) -> list[PlanJob]:
-        """Every process's plans, newest first, without their results; this process's as they are now."""
+        """Every process's plans, newest first, without their results (up to MAX_KEPT of ~100 KB each, not
+        read for a list the dashboard polls); this process's as they are now."""
         now = utcnow()
-        query = select(CapacityPlanRecord).order_by(col(CapacityPlanRecord.created_at).desc()).limit(MAX_KEPT)
+        table = CapacityPlanRecord.__table__
+        query = (
+            select(*(c for c in table.columns if c.name != "result"))  # type: ignore[attr-defined]
+            .order_by(col(CapacityPlanRecord.created_at).desc())
+            .limit(MAX_KEPT)
+        )
         with Session(self.engine) as session:
-            found = {row.id: _job(row, now, with_result=False) for row in session.exec(query)}
+            found = {row.id: _job(row, now) for row in session.execute(query)}
         with self.lock:
             found.update((job_id, job) for job_id, job in self.jobs.items() if job_id in found)
         return list(found.values())
@@ -231,11 +237,12 @@ class PlanJobs:
                 log.warning("capacity plans: could not record their progress: %s", exc)
 
 
-def _job(row: CapacityPlanRecord, now: datetime, *, with_result: bool = True) -> PlanJob:
-    """A recorded plan as a job; an unfinished one whose process has not written for LOST_AFTER_S, failed."""
+def _job(row: Any, now: datetime) -> PlanJob:
+    """A recorded plan (a record, or a row of its columns without `result`) as a job; an unfinished one
+    whose process has not written for LOST_AFTER_S, failed."""
     job = PlanJob(
-        id=row.id, created_at=as_utc(row.created_at), total=row.total, status=row.status,  # type: ignore[arg-type]
-        done=row.done, result=row.result if with_result else None, error=row.error,
+        id=row.id, created_at=as_utc(row.created_at), total=row.total, status=row.status, done=row.done,
+        result=getattr(row, "result", None), error=row.error,
     )  # fmt: skip
     heard = as_utc(row.updated_at)
     if job.status in UNFINISHED and now - heard > timedelta(seconds=LOST_AFTER_S):
