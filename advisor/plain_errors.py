@@ -197,15 +197,18 @@ def _too_short(error: Any) -> str:
 
 
 def _unknown_key(error: Any, loc: Loc, body_model: type[BaseModel] | None) -> str:
-    """pydantic's "Extra inputs are not permitted", with the key of its section it stands for, or where it
-    belongs when it is another part of the API's field."""
+    """pydantic's "Extra inputs are not permitted", with the key of its section it stands for, where it
+    belongs when it is another part of the API's field, or else the keys its section takes (as an unknown
+    query parameter's message lists the route's): `{"gpu_model": ..., "count": 1}` for a node change said
+    nothing of `add`."""
     said = plain_message(error.get("msg", ""))
     if body_model is None or loc[:1] != ("body",) or len(loc) < 2:
         return said
     name, section = str(loc[-1]), keys_at(body_model, loc[1:-1])
     if name in ELSEWHERE and name not in section:
         return ELSEWHERE[name]
-    return said + did_you_mean(name, section)
+    meant = did_you_mean(name, section)
+    return said + (meant or (f"; it takes {', '.join(section)}" if section else ""))
 
 
 def _kind_of(value: Any) -> str:

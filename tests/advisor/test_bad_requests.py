@@ -293,6 +293,10 @@ def _without(config: dict, key: str) -> dict:
          "body.configs.0.model: Extra inputs are not permitted (did you mean 'model_name'?)"),
         ("/v1/whatif", {"changes": {"nodez": []}},
          "body.changes.nodez: Extra inputs are not permitted (did you mean 'nodes'?)"),
+        # No key of its section is near: the keys it takes.
+        ("/v1/whatif", {"changes": {"nodes": [{"gpu_model": "L40S", "count": 1}]}},
+         "body.changes.nodes.0.count: Extra inputs are not permitted; it takes gpu_model, add, remove, "
+         "gpus_per_node"),
     ],
 )  # fmt: skip
 def test_an_unknown_key_of_a_body_names_the_key_of_its_section_it_stands_for(
