@@ -97,6 +97,7 @@ class PlanJobs:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self._unsaved: set[str] = set()  # plans whose last write failed: the next heartbeat writes them again
 
     def add(self, job: PlanJob) -> None:
         """Queue `job` and record it, or refuse it with a 429 when MAX_QUEUED_PLANS wait in this process
@@ -124,11 +125,24 @@ class PlanJobs:
         self._start_heartbeat()
 
     def save(self, job: PlanJob) -> None:
-        """Record what `job` is now (a start, its end); the next heartbeat retries a write that fails."""
+        """Record what `job` is now (a start, its end); a write that fails is tried again by the heartbeat."""
+        self._write([job])
+
+    def _write(self, jobs: list[PlanJob]) -> None:
         try:
-            self._update([job])
-        except SQLAlchemyError as exc:
-            log.warning("capacity plan %s: could not record it as %s: %s", job.id, job.status, exc)
+            self._update(jobs)
+        except SQLAlchemyError as exc:  # the store away for a moment: written again by the next heartbeat
+            log.warning("capacity plans: could not record %d of them: %s", len(jobs), exc)
+            with self.lock:
+                self._unsaved.update(j.id for j in jobs)
+            return
+        with self.lock:
+            self._unsaved.difference_update(j.id for j in jobs)
+
+    def _to_write(self) -> list[PlanJob]:
+        """This process's plans the record may not hold as they are: the unfinished, and the unsaved."""
+        with self.lock:
+            return [j for j in self.jobs.values() if j.status in UNFINISHED or j.id in self._unsaved]
 
     def get(self, plan_id: str) -> PlanJob:
         with self.lock:
@@ -161,33 +175,21 @@ class PlanJobs:
         """After the worker stopped: this process's unfinished plans (queued ones it cancelled) are failed,
         saying why, and the record holds every plan as it ended."""
         self._closed.set()
-        with self.lock:
-            for job in self.jobs.values():
-                if job.status in UNFINISHED:
-                    when = "started" if job.status == "queued" else "finished"
-                    job.status, job.error = "failed", f"stopped: the API stopped before the plan {when}"
-            ended = list(self.jobs.values())
+        ended = self._to_write()
+        for job in ended:
+            if job.status in UNFINISHED:
+                when = "started" if job.status == "queued" else "finished"
+                job.status, job.error = "failed", f"stopped: the API stopped before the plan {when}"
         if ended:
-            try:
-                self._update(ended)
-            except SQLAlchemyError as exc:
-                log.warning("capacity plans: could not record how %d of them ended: %s", len(ended), exc)
+            self._write(ended)
 
     def _insert(self, job: PlanJob) -> None:
         now = utcnow()
         with session_scope(self.engine) as session:
             session.add(
                 CapacityPlanRecord(
-                    id=job.id,
-                    created_at=job.created_at,
-                    updated_at=now,
-                    status=job.status,
-                    done=job.done,
-                    total=job.total,
-                    owner=self.owner,
-                    result=job.result,
-                    error=job.error,
-                )  # fmt: skip
+                    id=job.id, created_at=job.created_at, updated_at=now, owner=self.owner, **_as_it_is(job)
+                )
             )
             session.flush()
             # The newest MAX_KEPT stay, and any plan another process may still be running.
@@ -208,14 +210,7 @@ class PlanJobs:
                 session.execute(
                     update(CapacityPlanRecord)
                     .where(col(CapacityPlanRecord.id) == job.id)
-                    .values(
-                        updated_at=now,
-                        status=job.status,
-                        done=job.done,
-                        total=job.total,
-                        result=job.result,
-                        error=job.error,
-                    )  # fmt: skip
+                    .values(updated_at=now, **_as_it_is(job))
                 )
 
     def _start_heartbeat(self) -> None:
@@ -227,14 +222,16 @@ class PlanJobs:
 
     def _beat(self) -> None:
         while not self._closed.wait(HEARTBEAT_S):
-            with self.lock:
-                unfinished = [j for j in self.jobs.values() if j.status in UNFINISHED]
-            if not unfinished:
-                continue
-            try:
-                self._update(unfinished)
-            except SQLAlchemyError as exc:  # the store away for a moment: the next beat tries again
-                log.warning("capacity plans: could not record their progress: %s", exc)
+            due = self._to_write()
+            if due:
+                self._write(due)
+
+
+def _as_it_is(job: PlanJob) -> dict[str, Any]:
+    """What a plan's record holds of its job as the job is now."""
+    return {
+        "status": job.status, "done": job.done, "total": job.total, "result": job.result, "error": job.error,
+    }  # fmt: skip
 
 
 def _job(row: Any, now: datetime) -> PlanJob:

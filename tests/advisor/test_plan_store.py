@@ -188,3 +188,33 @@ def test_the_store_keeps_the_newest_plans_and_those_still_running(store: Engine)
     assert kept == set(
         ids[3:]
     )  # the newest MAX_KEPT are listed; the old plan still running is not among them
+
+
+def test_a_plans_end_the_store_could_not_take_is_written_by_the_next_heartbeat(
+    store: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    monkeypatch.setattr(plan_jobs, "HEARTBEAT_S", 0.05)
+    jobs = PlanJobs(store)
+    job = PlanJob(id=str(uuid.uuid4()), created_at=utcnow(), total=2)
+    jobs.add(job)
+    write, refusals = jobs._update, [OperationalError("UPDATE", {}, Exception("database is locked"))]
+
+    def store_away_once(batch: list[PlanJob]) -> None:
+        if refusals and any(j.status == "done" for j in batch):
+            raise refusals.pop()
+        write(batch)
+
+    monkeypatch.setattr(jobs, "_update", store_away_once)
+    job.status, job.done, job.result = "done", 2, {"cheapest": None}
+    jobs.save(job)  # refused: logged, and kept to write again
+    assert not refusals
+    try:
+        seen = wait_for(
+            lambda: (found := PlanJobs(store).get(job.id)).status == "done" and found,
+            what="the plan's end in the store",
+        )
+    finally:
+        jobs.close()
+    assert (seen.done, seen.result) == (2, {"cheapest": None})
