@@ -565,7 +565,10 @@ async function loadPlan() {
   const latest = plans.find((p) => p.status === "done");
   const running = plans.find((p) => p.status === "running" || p.status === "queued");
   const meta = document.getElementById("plan-meta");
-  meta.textContent = running ? `sweep running: ${running.progress.done}/${running.progress.total} tasks` : "";
+  // The newest plan's failure (an error, a stop, an API process lost mid-sweep) is said, not left unseen
+  // behind the last plan that finished.
+  const failed = plans.length && plans[0].status === "failed" ? `latest sweep failed: ${plans[0].error}` : "";
+  meta.textContent = running ? `sweep running: ${running.progress.done}/${running.progress.total} tasks` : failed;
   document.getElementById("plan-empty").hidden = Boolean(latest); // said once the store has answered
   if (!latest) return;
   const plan = (await api(`/v1/plan/${encodeURIComponent(latest.id)}`)).result;

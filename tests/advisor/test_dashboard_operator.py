@@ -1,23 +1,28 @@
 """The dashboard explains itself to an operator, in headless Chromium against a real `finetwin api`: the
 forecast's headline numbers (utilization per GPU type among them), times in the telemetry's clock with
-its zone, SLO bars that tell "no data" from 0 %, and a "Run steering now" button that asks for an operator
-key when the key in use is a viewer's. `FINETWIN_UPDATE_DOCS=1` refreshes docs/dashboard-operator.png."""
+its zone, SLO bars that tell "no data" from 0 %, the newest capacity plan's failure, and a "Run steering
+now" button that asks for an operator key when the key in use is a viewer's. `FINETWIN_UPDATE_DOCS=1`
+refreshes docs/dashboard-operator.png."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from advisor.records import CapacityPlanRecord
 from finetwin.schema import migrate
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.advisor.test_dashboard import CHROMIUM_ARGS
 from tests.conftest import api_headers, finetwin_api
-from twin.db import make_engine
+from twin.db import make_engine, session_scope
+from twin.store import utcnow
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +35,19 @@ def api_server(tmp_path: Path, calibrated_models_dir: Path) -> Iterator[dict[str
     engine = make_engine(f"sqlite:///{data / 'finetwin.db'}")
     migrate(engine)
     seed_overloaded_cluster(engine)
+    with session_scope(engine) as session:  # a sweep whose API process died two hours ago
+        heard = utcnow() - timedelta(hours=2)
+        session.add(
+            CapacityPlanRecord(
+                id=str(uuid.uuid4()),
+                created_at=heard,
+                updated_at=heard,
+                status="running",
+                done=3,
+                total=10,
+                owner="host-b:4242:0badf00d",
+            )  # fmt: skip
+        )
     keys = {role: api_headers(engine, role)["X-API-Key"] for role in ("viewer", "operator")}
     engine.dispose()
     models = Path(shutil.copytree(calibrated_models_dir, tmp_path / "models"))
@@ -86,6 +104,12 @@ def test_the_dashboard_explains_itself_to_an_operator(
             page.wait_for_function("() => document.body.dataset.loaded !== undefined", timeout=60_000)
             assert page.locator("#plan-empty").is_visible()
             assert page.locator("#report-none").is_visible()  # none written in this data directory
+            # The newest plan's failure is said: here a sweep whose API process died mid-way.
+            assert (
+                page.locator("#plan-meta")
+                .inner_text()
+                .startswith("latest sweep failed: lost: the API process that ran it (host-b:4242:0badf00d)")
+            )
             assert not page.locator("#chart-plan").is_visible()
             assert not page.locator("#plan-scenarios").is_visible()
             # No job has finished yet: the live error chart says why it is empty.
