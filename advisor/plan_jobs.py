@@ -90,14 +90,14 @@ class PlanJobs:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        # This process's plans since it started: the live objects its worker updates (at most MAX_KEPT).
+        # This process's plans the store may not hold as they are: the unfinished (the live objects its
+        # worker updates) and the finished whose last write failed. A plan leaves once written as finished.
         self.jobs: dict[str, PlanJob] = {}
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="finetwin-plan")
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
-        self._unsaved: set[str] = set()  # plans whose last write failed: the next heartbeat writes them again
 
     def add(self, job: PlanJob) -> None:
         """Queue `job` and record it, or refuse it with a 429 when MAX_QUEUED_PLANS wait in this process
@@ -113,36 +113,39 @@ class PlanJobs:
                     headers={"Retry-After": str(PLAN_QUEUE_RETRY_S)},
                 )
             self.jobs[job.id] = job
-            finished = [j for j in self.jobs.values() if j.status not in UNFINISHED]
-            for old in sorted(finished, key=lambda j: j.created_at)[: max(0, len(finished) - MAX_KEPT)]:
-                del self.jobs[old.id]
         try:
             self._insert(job)
         except BaseException:
             with self.lock:
                 self.jobs.pop(job.id, None)  # not recorded: not queued either
             raise
-        self._start_heartbeat()
+        if job.status in UNFINISHED:
+            self._start_heartbeat()
+        else:  # recorded as it ends (a plan made elsewhere): the store holds all of it
+            with self.lock:
+                self.jobs.pop(job.id, None)
 
     def save(self, job: PlanJob) -> None:
         """Record what `job` is now (a start, its end); a write that fails is tried again by the heartbeat."""
         self._write([job])
 
     def _write(self, jobs: list[PlanJob]) -> None:
+        """Record the plans as they are now; those written as finished leave this process's memory. A write
+        the store refuses leaves them there, for the next heartbeat."""
+        written = [(job.id, _as_it_is(job)) for job in jobs]  # as of now: the worker may move a plan on
         try:
-            self._update(jobs)
+            self._update(written)
         except SQLAlchemyError as exc:  # the store away for a moment: written again by the next heartbeat
             log.warning("capacity plans: could not record %d of them: %s", len(jobs), exc)
-            with self.lock:
-                self._unsaved.update(j.id for j in jobs)
             return
         with self.lock:
-            self._unsaved.difference_update(j.id for j in jobs)
+            for plan_id, fields in written:
+                if fields["status"] not in UNFINISHED:
+                    self.jobs.pop(plan_id, None)
 
     def _to_write(self) -> list[PlanJob]:
-        """This process's plans the record may not hold as they are: the unfinished, and the unsaved."""
         with self.lock:
-            return [j for j in self.jobs.values() if j.status in UNFINISHED or j.id in self._unsaved]
+            return list(self.jobs.values())
 
     def get(self, plan_id: str) -> PlanJob:
         with self.lock:
@@ -203,14 +206,14 @@ class PlanJobs:
                 )
             )
 
-    def _update(self, jobs: list[PlanJob]) -> None:
+    def _update(self, written: list[tuple[str, dict[str, Any]]]) -> None:
         now = utcnow()
         with session_scope(self.engine) as session:
-            for job in jobs:
+            for plan_id, fields in written:
                 session.execute(
                     update(CapacityPlanRecord)
-                    .where(col(CapacityPlanRecord.id) == job.id)
-                    .values(updated_at=now, **_as_it_is(job))
+                    .where(col(CapacityPlanRecord.id) == plan_id)
+                    .values(updated_at=now, **fields)
                 )
 
     def _start_heartbeat(self) -> None:

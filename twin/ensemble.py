@@ -174,7 +174,7 @@ def run_on_ray(
 ) -> list[RunOutput]:
     """Runs 0..runs-1 as Ray tasks of RAY_CHUNK_RUNS runs each; the spec goes to the object store once.
     The same outputs as a local ensemble: run i is run i wherever it runs."""
-    from twin.executors import RayExecutor, TaskFailure
+    from twin.executors import RayExecutor
 
     chunks = [(first, min(first + RAY_CHUNK_RUNS, runs)) for first in range(0, runs, RAY_CHUNK_RUNS)]
     # Per run, as the local pool reports (chunks finish in any order).

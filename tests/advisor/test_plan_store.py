@@ -201,20 +201,21 @@ def test_a_plans_end_the_store_could_not_take_is_written_by_the_next_heartbeat(
     jobs.add(job)
     write, refusals = jobs._update, [OperationalError("UPDATE", {}, Exception("database is locked"))]
 
-    def store_away_once(batch: list[PlanJob]) -> None:
-        if refusals and any(j.status == "done" for j in batch):
+    def store_away_once(batch: list[tuple[str, dict]]) -> None:
+        if refusals and any(fields["status"] == "done" for _, fields in batch):
             raise refusals.pop()
         write(batch)
 
     monkeypatch.setattr(jobs, "_update", store_away_once)
     job.status, job.done, job.result = "done", 2, {"cheapest": None}
     jobs.save(job)  # refused: logged, and kept to write again
-    assert not refusals
+    assert not refusals and job.id in jobs.jobs
     try:
         seen = wait_for(
             lambda: (found := PlanJobs(store).get(job.id)).status == "done" and found,
             what="the plan's end in the store",
         )
+        wait_for(lambda: job.id not in jobs.jobs, what="the written plan to leave the process's memory")
     finally:
         jobs.close()
     assert (seen.done, seen.result) == (2, {"cheapest": None})
