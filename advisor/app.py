@@ -27,6 +27,7 @@ from advisor.outbox import RelayThread
 from advisor.parts import ApiParts, ApiRuntime
 from advisor.plan_jobs import PlanJobs
 from advisor.query_params import reject_unknown_query
+from advisor.retention_job import schedule_pruning
 from advisor.routers import (
     advise,
     audit,
@@ -101,6 +102,7 @@ def create_app(parts: ApiParts) -> FastAPI:
             parts.refits.install()
         forecast.schedule_standing_forecast(runtime)
         recommendations.schedule_expiry_and_steering(runtime)
+        schedule_pruning(runtime)
         if parts.outbox_relay is not None:
             runtime.relay = RelayThread(parts.outbox_relay, poll_s=parts.settings.relay_poll_seconds).start()
             runtime.relay.wake()  # publish whatever an earlier process left unsent

@@ -25,6 +25,7 @@ from finetwin.commands import (
     migrate,
     models,
     plan,
+    prune,
     report,
     telemetry,
     twin,
@@ -109,7 +110,7 @@ def _root(ctx: typer.Context, verbose: Verbose = 0, version: VersionFlag = False
     ctx.obj = _settings()  # the one settings object, passed down to every part
 
 
-for group in (telemetry, up, calibrate, models, twin, plan, api, keys, advise, report, migrate, info):
+for group in (telemetry, up, calibrate, models, twin, plan, api, keys, advise, report, migrate, prune, info):
     group.register(app)
 
 

@@ -43,7 +43,7 @@ from ingest import node_changes
 from ingest.bulk import insert_new_rows, insert_rows, select_locked, update_rows
 from ingest.events import MEASURED_FIELDS, Event
 from ingest.fastparse import FastEvent
-from twin import job_fold
+from twin import job_fold, retention
 from twin.clock import as_utc
 from twin.db import in_chunks
 from twin.gpus_up import NodeReport
@@ -74,6 +74,9 @@ class ApplyResult:
     applied: int  # events applied for the first time
     duplicates: int  # already in the store, or repeated inside the batch
     applied_events: tuple[AnyEvent, ...] = ()
+    # Dated before their cluster's retention horizon where the store no longer holds their neighbours, with
+    # why (`_before_retention`): not applied; the worker dead-letters them.
+    stale: tuple[tuple[AnyEvent, str], ...] = ()
 
 
 def apply_events(
@@ -118,6 +121,9 @@ def apply_batch(
     now = datetime.now(UTC)
     # SQLite stores a datetime's fields without its offset, so times go in as UTC; psycopg sends the offset.
     stamp: Stamp = _utc if connection.dialect.name == "sqlite" else _as_given
+    stale = _before_retention(connection, unique)
+    if not unique:
+        return ApplyResult(0, len(events) - len(stale), (), tuple(stale))
     known = _insert_new_events(connection, unique, now, stamp)
     fresh = tuple(event for key, event in unique.items() if key not in known)  # in the order they came
     job_events: dict[str, list[AnyEvent]] = {}
@@ -133,7 +139,45 @@ def apply_batch(
         _apply_node_events(connection, node_events)
     for hook in hooks:
         hook(connection, fresh)
-    return ApplyResult(len(fresh), len(events) - len(fresh), fresh)
+    return ApplyResult(len(fresh), len(events) - len(fresh) - len(stale), fresh, tuple(stale))
+
+
+def _before_retention(connection: Connection, unique: dict[int, AnyEvent]) -> list[tuple[AnyEvent, str]]:
+    """Takes out of `unique`, with why, the events dated before their cluster's retention horizon
+    (`twin.retention`) whose neighbours the store pruned: a node's report, which is ordered among the node's
+    reports, and an event of a job that ended before the horizon (a redelivery, most likely: stored again,
+    it would be applied again, its first copy gone). An event of a job still open then, or of one the store
+    has not seen, is applied: its job's events are all kept. One read of a small table per batch."""
+    horizons = retention.horizons(connection)
+    old = {
+        key: (event, horizon)
+        for key, event in unique.items()
+        if (horizon := horizons.get(event.cluster_id)) is not None and event.ts < horizon
+    }
+    if not old:
+        return []
+    job_ids = sorted({event.job_id for event, _ in old.values() if event.job_id is not None})
+    ended: dict[str, datetime] = {}
+    for chunk in in_chunks(job_ids):
+        rows = connection.execute(select(JOBS.c.job_id, JOBS.c.ended_at).where(JOBS.c.job_id.in_(chunk)))
+        ended.update((job_id, as_utc(end)) for job_id, end in rows if end is not None)
+    stale = []
+    for key, (event, horizon) in old.items():
+        kept = f"the store keeps cluster {event.cluster_id!r}'s telemetry from {horizon.isoformat()} on"
+        if event.type == "node.status":
+            why = (
+                f"a node's report dated {event.ts.isoformat()}: {kept}, and the node's older reports are gone"
+            )
+        elif event.job_id in ended and ended[event.job_id] < horizon:
+            why = (
+                f"dated {event.ts.isoformat()}, of job {event.job_id!r}, which ended "
+                f"{ended[event.job_id].isoformat()}: {kept}, and the job's events before it were pruned"
+            )
+        else:
+            continue
+        del unique[key]
+        stale.append((event, why + " (FINETWIN_KEEP_TELEMETRY_DAYS)"))
+    return stale
 
 
 # --- raw events -------------------------------------------------------------------------------------------

@@ -26,11 +26,13 @@ from statistics import median
 
 from sqlalchemy import Engine, select
 
+from ingest.events import Event
 from ingest.replay import ReplayPlan
 from twin.clock import as_utc, telemetry_span
 from twin.db import in_chunks
 from twin.limits import within_time_window
-from twin.store import TERMINAL_STATES, Job, TelemetryEvent
+from twin.retention import kept_from
+from twin.store import NODE_STATUS, TERMINAL_STATES, Job, TelemetryEvent
 
 # Stored times of one timeline agree to the microsecond; a second is room for a store that rounds.
 SAME_TIMELINE_S = 1.0
@@ -97,7 +99,7 @@ def choose_start(
         if len(states) == len(job_ids) and TERMINAL_STATES.issuperset(states.values()):
             continue  # this pass ran to its end
         candidate = first if pass_number == 0 else plan_for(current, now)
-        resumed = _resume(candidate, current, plan_for, engine)
+        resumed = _resume(candidate, current, plan_for, engine, _pruned_rule(engine, cluster_id, states))
         if resumed is not None:
             return ReplayStart(resumed[0], current, job_ids, pass_number, resumed[1])
     raise NoPassLeft(
@@ -105,12 +107,26 @@ def choose_start(
     )
 
 
+def _pruned_rule(engine: Engine, cluster_id: str, states: dict[str, str]) -> Callable[[Event], bool]:
+    """Whether the store pruned an event it lacks (`twin.retention`), rather than never had it: dated before
+    the cluster's horizon, a node's report or an event of a job that ended (ingest would dead-letter it as
+    `before_retention`, and nothing of it is missing)."""
+    horizon = kept_from(engine, cluster_id)
+    if horizon is None:
+        return lambda event: False
+    return lambda event: (
+        as_utc(event.ts) < horizon
+        and (event.type == NODE_STATUS or states.get(event.job_id or "") in TERMINAL_STATES)
+    )
+
+
 def _resume(
-    plan: ReplayPlan, prefix: str, plan_for: Callable[[str, datetime], ReplayPlan], engine: Engine
-) -> tuple[ReplayPlan, int] | None:
+    plan: ReplayPlan, prefix: str, plan_for: Callable[[str, datetime], ReplayPlan], engine: Engine,
+    pruned: Callable[[Event], bool],
+) -> tuple[ReplayPlan, int] | None:  # fmt: skip
     """(the events the store lacks, paced from the first of them; how many it holds) when the stored ones
     are on the timeline of `plan` (the pass `prefix`, at any epoch); None when they are on another, or none is
-    missing."""
+    missing. An event the store `pruned` is not missing."""
     stored = stored_event_times(engine, [str(event.event_id) for _, event in plan.events])
     shifts = [
         (stored[str(event.event_id)] - as_utc(event.ts)).total_seconds()
@@ -120,7 +136,7 @@ def _resume(
     if not shifts or max(shifts) - min(shifts) > SAME_TIMELINE_S:
         return None
     plan = plan_for(prefix, plan.epoch + timedelta(seconds=median(shifts)))  # the first run's epoch
-    left = [(at, event) for at, event in plan.events if str(event.event_id) not in stored]
+    left = [(at, e) for at, e in plan.events if str(e.event_id) not in stored and not pruned(e)]
     if not left:
         return None
     origin = left[0][0]

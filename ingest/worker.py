@@ -75,7 +75,9 @@ LAG = Gauge(
 )
 
 # Why a message is dead-lettered: the first four from `parse_event`, then the worker's clock and the store.
-DEAD_LETTER_KINDS = ("not_json", "too_large", "unknown_type", "schema", "clock_skew", "store", "conflict")
+DEAD_LETTER_KINDS = (
+    "not_json", "too_large", "unknown_type", "schema", "clock_skew", "store", "conflict", "before_retention"
+)  # fmt: skip
 MAX_BACKOFF_S = 5.0
 STATS_LOG_INTERVAL_S = 10.0
 _T = TypeVar("_T")
@@ -240,6 +242,15 @@ def _ahead(ts: datetime, now: datetime, limit: timedelta) -> str:
     )
 
 
+def _stale_letters(result: ApplyResult, events: list[AnyEvent], sources: list[Message]) -> list[DeadLetter]:
+    """The dead letters of the events the store refused for being older than its record (`before_retention`),
+    each with the message it came from."""
+    if not result.stale:
+        return []
+    source_of = {id(event): source for event, source in zip(events, sources, strict=True)}
+    return [DeadLetter(source_of[id(event)], "before_retention", why) for event, why in result.stale]
+
+
 def settle_garbage_collector() -> None:
     """Make the cyclic garbage collector cheap for a process that now does nothing but ingest.
 
@@ -391,7 +402,8 @@ class IngestWorker:
         """Apply the batch; if the database refuses it for what is in it (not for being down), find the
         events it refuses by halving the batch, and return those as dead letters (`store`)."""
         try:
-            return apply_events(self.engine, events, self.hooks), []
+            result = apply_events(self.engine, events, self.hooks)
+            return result, _stale_letters(result, events, sources)
         except ConflictingEvent as exc:  # a job the store holds contradicts an event: find which
             if len(events) == 1:
                 return ApplyResult(0, 0), [DeadLetter(sources[0], "conflict", str(exc)[:1000])]
@@ -407,7 +419,7 @@ class IngestWorker:
         second, refused_second = self.apply_isolating(events[middle:], sources[middle:])
         merged = ApplyResult(
             first.applied + second.applied, first.duplicates + second.duplicates,
-            first.applied_events + second.applied_events,
+            first.applied_events + second.applied_events, first.stale + second.stale,
         )  # fmt: skip
         return merged, refused_first + refused_second
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SEED, MAX_SIMULATED_SECONDS
@@ -54,6 +54,10 @@ class TwinSettings(BaseSettings):
     forecast_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     # Arrivals and the job mix are learned from this much history.
     forecast_lookback_days: float = Field(default=7.0, gt=0, le=MAX_SIMULATED_SECONDS / 86400)
+    # The record the store keeps (twin.retention): what is older than this many days of telemetry time is
+    # pruned (the events of the jobs that ended by then, the nodes' reports, the forecasts' scores); 0 keeps
+    # everything. More than the lookback, which forecasts, their bands and backtests read.
+    keep_telemetry_days: float = Field(default=30.0, ge=0, le=36_500)
     # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
     # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.
     forecast_band_calibration: bool = True
@@ -90,6 +94,16 @@ class TwinSettings(BaseSettings):
                     f"postgresql://USER@HOST/DB), not {url.drivername}"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _keeps_the_lookback(self) -> TwinSettings:
+        if 0 < self.keep_telemetry_days <= self.forecast_lookback_days:
+            raise ValueError(
+                f"FINETWIN_KEEP_TELEMETRY_DAYS ({self.keep_telemetry_days:g}) must be more than "
+                f"FINETWIN_FORECAST_LOOKBACK_DAYS ({self.forecast_lookback_days:g}): forecasts learn from "
+                "that much telemetry (0 keeps everything)"
+            )
+        return self
 
     @field_validator("forecast_every", mode="before")
     @classmethod

@@ -315,7 +315,10 @@ def skill(engine: Engine, cluster_id: str, since: datetime | None = None) -> dic
     per SLO the forecasts judged, their probabilities of its holding against whether it held
     (`skill_totals.Totals.slo_summary`; not counted in `intervals`). From the scores' running sums
     (`twin.skill_totals`): the numbers of every score summarized, in a time that does not grow with the
-    record."""
+    record. A window that starts on a day whose scores were pruned starts at its midnight (`since` says so).
+    """
+    if since is not None:
+        since = skill_totals.window_start(engine, cluster_id, since)
     by_figure, scored = skill_totals.window(engine, cluster_id, since)
     figures = {name: totals for name, totals in by_figure.items() if not name.startswith(SLO_PREFIX)}
     return {

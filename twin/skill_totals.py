@@ -24,6 +24,7 @@ from sqlmodel import Session, col, select
 
 from twin.clock import as_utc
 from twin.forecast_store import FIGURE_MAX_LENGTH, ForecastScore, ScoredForecast, SkillDay
+from twin.retention import kept_from
 
 # The figure name prefix of a declared SLO's forecast: per interval, the share of the runs in which it held,
 # scored against whether it held on the record (1 or 0; `twin.skill`).
@@ -210,7 +211,7 @@ def _values(sums: Totals | SkillDay) -> dict[str, Any]:
 
 def window(engine: Engine, cluster_id: str, since: datetime | None) -> tuple[dict[str, Totals], int]:
     """Per figure, the sums of the scores whose interval starts at or after `since` (all: None), and how many
-    forecasts they are of."""
+    forecasts they are of. (`window_start` first, where the scores may have been pruned.)"""
     whole_days_from: date | None = None
     partial: tuple[datetime, datetime] | None = None
     if since is not None:
@@ -238,6 +239,17 @@ def window(engine: Engine, cluster_id: str, since: datetime | None) -> tuple[dic
             forecasts = forecasts.where(col(ScoredForecast.latest_interval_start) >= since)
         scored = int(session.exec(forecasts).one())
     return {figure: totals for figure, totals in sorted(by_figure.items()) if totals.n}, scored
+
+
+def window_start(engine: Engine, cluster_id: str, since: datetime) -> datetime:
+    """Where a window asked to start at `since` starts: there, unless the scores of its day were pruned
+    (`twin.retention`: the days before the horizon's), then at that day's midnight, whose sums are all that
+    is left of it."""
+    since = as_utc(since)
+    horizon = kept_from(engine, cluster_id)
+    if horizon is not None and since.date() < horizon.date():
+        return datetime.combine(since.date(), time(), tzinfo=UTC)
+    return since
 
 
 def _summed_scores(

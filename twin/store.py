@@ -199,3 +199,15 @@ class NodeStatusChange(SQLModel, table=True):
     status: str = Field(max_length=8)
     gpu_count: int
     gpu_model: str = Field(max_length=100)
+
+
+class TelemetryRetention(SQLModel, table=True):
+    """How far back a cluster's telemetry is whole (`twin.retention`): dated before `kept_from`, the events
+    of the jobs that ended by then, the nodes' reports but each node's latest, and the forecasts' scores of
+    the days before it were deleted. One row per cluster that was pruned; none: nothing was."""
+
+    __tablename__ = "telemetry_retention"
+
+    cluster_id: str = Field(primary_key=True, max_length=200)
+    kept_from: datetime = timestamp_field(nullable=False)
+    pruned_at: datetime = timestamp_field(nullable=False)  # wall time of the latest prune

@@ -36,13 +36,16 @@ from twin.plan import JobPlan, Reject, pool_index, recorded_power_w
 from twin.policies import Policy
 from twin.protocols import JobModels
 from twin.rebuild import BacktestStates, RebuiltState, backtest_states
+from twin.retention import kept_from
 from twin.run_metrics import measure
 from twin.simulator import End, SimResult
 from twin.slo_attainment import SloSet
+from twin.units import duration_text
 from twin.workload import Workload, concat
 
 FIGURES = ("jobs_completed", "gpu_hours", "wait_mean_s", "makespan_s", "energy_kwh")
 OBSERVED, MODEL = "observed", "model"
+LOOKBACK = timedelta(days=7)  # the history before T a backtest learns the arrivals from, as a live forecast
 
 
 def telemetry_held(cluster_id: str, earliest: datetime | None, latest: datetime | None) -> str:
@@ -55,14 +58,26 @@ def telemetry_held(cluster_id: str, earliest: datetime | None, latest: datetime 
     )
 
 
-def check_window(engine: Engine, cluster_id: str, at: datetime, end: datetime) -> None:
+def check_window(
+    engine: Engine, cluster_id: str, at: datetime, end: datetime, lookback: timedelta = LOOKBACK
+) -> None:
     """Raises ValueError, saying what the store holds, unless the telemetry covers `at` to `end`: before its
     first event the state at T is unknown, and after its last what happened is not in the store yet (the
-    truth would read as nothing happening: 0 jobs completed)."""
+    truth would read as nothing happening: 0 jobs completed). Nor may the arrivals' window before T start
+    before the store's retention horizon (`twin.retention`): the jobs that ended before it are gone from
+    the events the window is rebuilt from."""
     earliest, latest = telemetry_span(engine, cluster_id)
     held = telemetry_held(cluster_id, earliest, latest)
     if earliest is None or latest is None:
         raise ValueError(f"{held}: nothing to backtest")
+    horizon = kept_from(engine, cluster_id)
+    if horizon is not None and at - lookback < horizon:
+        raise ValueError(
+            f"T ({at.isoformat()}) less the {duration_text(lookback.total_seconds())} of history a backtest "
+            f"reads is before "
+            f"{horizon.isoformat()}, from which the store keeps cluster {cluster_id!r}'s telemetry "
+            f"(FINETWIN_KEEP_TELEMETRY_DAYS): the earliest T is {(horizon + lookback).isoformat()}"
+        )
     if at < earliest:
         raise ValueError(f"T ({at.isoformat()}) is before any telemetry: {held}")
     if end > latest:
@@ -83,7 +98,7 @@ def backtest_from_store(
     seed: int = 0,
     policy: Policy = Policy.FIFO,
     interval_s: float = 3600.0,
-    lookback: timedelta = timedelta(days=7),
+    lookback: timedelta = LOOKBACK,
     arrivals: str = OBSERVED,
     workers: int | None = None,
     model_source: str = "calibrated",
@@ -146,7 +161,7 @@ def covered_window(
 ) -> tuple[TwinInputs, Workload, BacktestStates]:
     """`_rebuilt_window` over [at, at + horizon_s], after `check_window`; ValueError (what the store holds, or
     that no node was up at `at`) where there is nothing to compare."""
-    check_window(engine, cluster_id, at, at + timedelta(seconds=horizon_s))
+    check_window(engine, cluster_id, at, at + timedelta(seconds=horizon_s), lookback)
     window = _rebuilt_window(engine, cluster_id, at, at + timedelta(seconds=horizon_s), lookback)
     if window is None:
         raise ValueError(f"no node of cluster {cluster_id!r} was up at {at.isoformat()}: nothing to compare")

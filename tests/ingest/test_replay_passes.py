@@ -113,3 +113,31 @@ def test_the_next_pass_of_a_running_up_starts_at_the_last_ones_end(
 
     assert (start.pass_number, start.prefix, start.stored_before) == (1, f"{PREFIX}1-", 0)
     assert start.plan.epoch == end
+
+
+def test_a_resumed_replay_does_not_send_again_what_the_store_pruned(
+    engine: Engine, rows: pd.DataFrame
+) -> None:
+    """Pruned (`twin.retention`), the events of the pass's ended jobs and its node reports before the horizon
+    are not missing: ingest would dead-letter them. The events of its jobs still open are sent as before."""
+    from twin.retention import prune
+
+    first_run = planner(rows)(PREFIX, NOW - timedelta(hours=3))
+    cut = len(first_run.events) * 3 // 5
+    store(engine, first_run, cut)
+    horizon = first_run.events[cut // 2][1].ts
+    assert prune(engine, "default", horizon).events > 0
+    states = job_states(engine, [e.job_id for _, e in first_run.events if e.job_id])
+
+    start = choose_start(planner(rows), PREFIX, engine, "default", NOW)
+
+    sent = {str(event.event_id) for _, event in start.plan.events}
+    rest = [event for _, event in first_run.events[cut:]]
+    # Whatever was never stored is sent, but for the pruned kind (none: the cut is after the horizon).
+    assert {str(e.event_id) for e in rest} <= sent
+    stored = stored_event_times(engine, ids(first_run))
+    gone = [e for _, e in first_run.events[:cut] if str(e.event_id) not in stored]
+    assert gone and not {str(e.event_id) for e in gone} & sent  # pruned: not sent again
+    assert all(
+        e.type == "node.status" or states[e.job_id] in ("completed", "failed", "rejected") for e in gone
+    )
