@@ -20,6 +20,7 @@ from twin.clock import cluster_clock, twin_clock
 from twin.domain import canonical_gpu_name
 from twin.forecast_store import STANDING, latest_forecast
 from twin.job_health import attention_counts, attention_grace
+from twin.retention import kept_from
 from twin.skill import skill
 from twin.store import Job, Node, TelemetryEvent
 
@@ -48,7 +49,14 @@ class _StoreCollector:
         nodes = GaugeMetricFamily(
             "finetwin_nodes", "Nodes by GPU model and status", labels=["gpu_model", "status"]
         )
-        events = GaugeMetricFamily("finetwin_events_applied", "Telemetry events applied to the store")
+        events = GaugeMetricFamily(
+            "finetwin_events_applied", "Telemetry events the store holds (applied, and not pruned since)"
+        )
+        kept = GaugeMetricFamily(
+            "finetwin_telemetry_kept_from_seconds",
+            "Unix time from which the store keeps the cluster's telemetry (FINETWIN_KEEP_TELEMETRY_DAYS); "
+            "0 while nothing was pruned",
+        )
         with Session(self.engine) as session:
             for state, count in session.exec(select(Job.state, func.count()).group_by(Job.state)):
                 jobs.add_metric([state], count)
@@ -60,9 +68,12 @@ class _StoreCollector:
             for (gpu, status), count in sorted(by_type.items()):
                 nodes.add_metric([gpu, status], count)
             events.add_metric([], session.exec(select(func.count()).select_from(TelemetryEvent)).one())
+        horizon = kept_from(self.engine, self.cluster_id)
+        kept.add_metric([], horizon.timestamp() if horizon is not None else 0.0)
         yield jobs
         yield nodes
         yield events
+        yield kept
         yield from self._skill()
         yield self._attention()
         yield self._recommendations()

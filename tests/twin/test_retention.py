@@ -257,8 +257,13 @@ def test_the_api_prunes_its_store_on_its_schedule(engine: Engine, tmp_path: Path
         engine, [new_event("node.status", up, job_id=None, ts=T0 + timedelta(hours=h)) for h in range(hours)]
     )
     settings = advisor_settings(tmp_path, scheduler_enabled=True, keep_telemetry_days=31)
-    with TestClient(api_app(settings, engine, FakeInUse(None))):
+    with TestClient(api_app(settings, engine, FakeInUse(None))) as client:
         wait_for(lambda: kept_from(engine, "default") is not None, 60, "the API's first prune")
-    assert kept_from(engine, "default") == T0 + timedelta(hours=hours - 1, days=-31)
+        horizon = T0 + timedelta(hours=hours - 1, days=-31)
+        scraped = re.search(
+            r"^finetwin_telemetry_kept_from_seconds (\S+)$", client.get("/metrics").text, re.M
+        )
+        assert scraped is not None and float(scraped.group(1)) == horizon.timestamp()
+    assert kept_from(engine, "default") == horizon
     with Session(engine) as session:
         assert session.exec(select(func.count()).select_from(TelemetryEvent)).one() == 31 * 24 + 1
