@@ -32,7 +32,7 @@ from twin.protocols import JobModels
 from twin.randomness import run_key
 from twin.rebuild import RebuiltState
 from twin.simulator import End, simulate
-from twin.store_backtest import covered_window
+from twin.store_backtest import LOOKBACK, covered_window
 from twin.workload import concat
 
 # Start errors this close to the smallest tie with it: a second is no evidence between policies.
@@ -47,7 +47,7 @@ def policy_fit(
     horizon_s: float,
     cluster_id: str = "default",
     interval_s: float = 3600.0,
-    lookback: timedelta = timedelta(days=7),
+    lookback: timedelta = LOOKBACK,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Every policy's fit to the record over [at, at + horizon_s]; raises ValueError (saying what the store

@@ -485,6 +485,7 @@ def _backtest_from_store(
             f"(e.g. 2h); {held}"
         )
     when = _backtest_time(engine, settings.cluster_id, at)
+    lookback = timedelta(days=settings.forecast_lookback_days)  # the history a live forecast at T reads
     try:
         horizon_s = parse_duration(horizon)
     except ValueError as exc:
@@ -492,7 +493,7 @@ def _backtest_from_store(
     if horizon_s > MAX_SIMULATED_SECONDS:  # as a forecast's: past that, T + H was an OverflowError traceback
         raise CommandError(f"--horizon: at most {MAX_SIMULATED_SECONDS / 86400:,.0f} days (ten years)")
     try:  # before the models: a window the store does not cover is the first thing to fix
-        check_window(engine, settings.cluster_id, when, when + timedelta(seconds=horizon_s))
+        check_window(engine, settings.cluster_id, when, when + timedelta(seconds=horizon_s), lookback)
     except OverflowError:  # --at near the calendar's end (year 9999)
         held = telemetry_held(settings.cluster_id, *telemetry_span(engine, settings.cluster_id))
         raise CommandError(f"--at {at} + --horizon {horizon} ends past the year 9999; {held}") from None
@@ -513,7 +514,8 @@ def _backtest_from_store(
 
         document = checked(
             lambda: policy_fit(
-                engine, job_models_, at=when, horizon_s=horizon_s, cluster_id=settings.cluster_id, seed=seed
+                engine, job_models_, at=when, horizon_s=horizon_s, cluster_id=settings.cluster_id, seed=seed,
+                lookback=lookback,
             )
         ) | {"models": source, "in_use": settings.forecast_policy}  # fmt: skip
         twin_output.emit(document, as_json, twin_output.print_policy_fit)
@@ -523,7 +525,7 @@ def _backtest_from_store(
             lambda: backtest_from_store(
                 engine, job_models_, at=when, horizon_s=horizon_s, cluster_id=settings.cluster_id, runs=runs,
                 seed=seed, policy=Policy(policy), arrivals=arrivals, workers=workers,
-                model_source=source, progress=tick,
+                model_source=source, progress=tick, lookback=lookback,
                 ray_address=settings.ray_address,
             )
         )  # fmt: skip

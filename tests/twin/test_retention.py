@@ -241,6 +241,16 @@ def test_finetwin_prune_deletes_what_its_dry_run_counted(
         )
     assert main(["prune", "--keep-days", "3"]) == 2
     assert "--keep-days: " in capsys.readouterr().err
+    # A backtest reads the lookback live forecasts read: it may start that long after the horizon.
+    monkeypatch.setenv("FINETWIN_FORECAST_LOOKBACK_DAYS", "2")
+    horizon = datetime.fromisoformat(counted["kept_from"])
+    at = (horizon + timedelta(days=1)).isoformat()
+    assert main(["backtest", "--from-store", "--at", at, "--horizon", "1h"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert (
+        "less the 2 d of history" in said
+        and f"the earliest T is {(horizon + timedelta(days=2)).isoformat()}" in said
+    )
     engine.dispose()
 
 
