@@ -1,13 +1,14 @@
 """What pruning a store to FINETWIN_KEEP_TELEMETRY_DAYS costs (`twin.retention`), and what it saves.
 
-    .venv/bin/python bench/retention.py [--days 60] [--keep-days 30]
+    .venv/bin/python bench/retention.py [--days 60] [--keep-days 30] [--database-url URL]
 
-A SQLite store with `--days` of telemetry: a job submitted every 30 s with six events each (`big_store.fill`),
-64 nodes reporting every 10 minutes, and an hourly standing forecast's scores (24 intervals of 10 figures).
-The first prune to `--keep-days` deletes about half of it, while a writer commits an event every 10 ms as
-ingest would. Its baseline is the naive prune, on a copy of the same store, with the same writer: one DELETE
-per table, which holds SQLite's one write lock, so the writer waits for all of it. Then a tick that finds an
-hour more due, as the API's schedule does. One run, same machine.
+A store (SQLite; or PostgreSQL beside `--database-url`) with `--days` of telemetry: a job submitted every
+30 s with six events each (`big_store.fill`), 64 nodes reporting every 10 minutes, and an hourly standing
+forecast's scores (24 intervals of 10 figures). The first prune to `--keep-days` deletes about half of it,
+while a writer commits an event every 10 ms as ingest would. Its baseline is the naive prune, on a copy of
+the same store, with the same writer: one DELETE per table, which holds SQLite's one write lock, so the
+writer waits for all of it. Then a tick that finds an hour more due, as the API's schedule does. One run,
+same machine.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from big_store import T0, fill  # noqa: E402
 from sqlalchemy import Engine, delete, func, insert, or_, select, text  # noqa: E402
-from timing import Row, print_table  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+from timing import Row, analyze, print_table  # noqa: E402
 
 import twin.retention as retention  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
-from twin.db import make_engine  # noqa: E402
+from twin.db import make_engine, normalize_url  # noqa: E402
 from twin.forecast_store import ForecastScore  # noqa: E402
 from twin.store import Job, NodeStatusChange, TelemetryEvent  # noqa: E402
 
@@ -125,47 +127,92 @@ def naive_prune(engine: Engine, before: datetime) -> float:
     return time.perf_counter() - started
 
 
+class TwoStores:
+    """A store and a copy of it, the prune's and the baseline's: SQLite files in a temporary directory, or
+    two databases beside `--database-url`'s (the copy by CREATE DATABASE ... TEMPLATE), dropped after."""
+
+    def __init__(self, database_url: str | None) -> None:
+        self.admin = database_url
+        self.work = Path(tempfile.mkdtemp(prefix="bench-retention-"))
+        self.names = ("finetwin_bench_retention", "finetwin_bench_retention_copy")
+
+    def url(self, copy: bool = False) -> str:
+        if self.admin is None:
+            return f"sqlite:///{self.work / ('copy.db' if copy else 'store.db')}"
+        return str(make_url(normalize_url(self.admin)).set(database=self.names[copy]))
+
+    def _admin(self, *statements: str) -> None:
+        import psycopg
+
+        conninfo = make_url(normalize_url(self.admin or "")).set(drivername="postgresql", database="postgres")
+        with psycopg.connect(conninfo.render_as_string(hide_password=False), autocommit=True) as connection:
+            for statement in statements:
+                connection.execute(statement)  # type: ignore[arg-type]
+
+    def create(self) -> None:
+        if self.admin is not None:
+            self._admin(*(f"DROP DATABASE IF EXISTS {n} WITH (FORCE)" for n in self.names),
+                        f"CREATE DATABASE {self.names[0]}")  # fmt: skip
+
+    def copy(self) -> None:
+        if self.admin is None:
+            shutil.copy(self.work / "store.db", self.work / "copy.db")
+        else:
+            self._admin(f"CREATE DATABASE {self.names[1]} TEMPLATE {self.names[0]}")
+
+    def drop(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        if self.admin is not None:
+            self._admin(*(f"DROP DATABASE IF EXISTS {n} WITH (FORCE)" for n in self.names))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--days", type=int, default=60)
     parser.add_argument("--keep-days", type=float, default=30.0)
+    parser.add_argument(
+        "--database-url", help="a PostgreSQL server to run on (its two databases are dropped)"
+    )
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-retention-"))
+    stores = TwoStores(args.database_url)
+    sqlite = args.database_url is None
     try:
-        store = work / "store.db"
-        engine = make_engine(f"sqlite:///{store}")
+        stores.create()
+        engine = make_engine(stores.url())
         migrate(engine)
         fill(engine, args.days * 2880)
         add_reports_and_scores(engine, args.days)
+        if not sqlite:
+            analyze(engine)
         engine.dispose()
-        shutil.copy(store, work / "copy.db")
+        stores.copy()
         newest = T0 + timedelta(days=args.days)
         before = newest - timedelta(days=args.keep_days)
 
-        engine = make_engine(f"sqlite:///{store}")
-        rows_before, pages_before = rows(engine), pages_in_use(engine)
-        with Writer(f"sqlite:///{store}", newest) as writer:
+        engine = make_engine(stores.url())
+        rows_before, pages_before = rows(engine), pages_in_use(engine) if sqlite else 0
+        with Writer(stores.url(), newest) as writer:
             started = time.perf_counter()
             pruned = retention.prune(engine, "default", before)
             first = time.perf_counter() - started
         waits = writer.waits
-        rows_after, pages_after = rows(engine) - len(waits), pages_in_use(engine)
+        rows_after, pages_after = rows(engine) - len(waits), pages_in_use(engine) if sqlite else 0
         started = time.perf_counter()
         retention.prune(engine, "default", before + timedelta(hours=1))
         tick = time.perf_counter() - started
         engine.dispose()
 
-        copy = make_engine(f"sqlite:///{work / 'copy.db'}")
-        with Writer(f"sqlite:///{work / 'copy.db'}", newest) as naive_writer:
+        copy = make_engine(stores.url(copy=True))
+        with Writer(stores.url(copy=True), newest) as naive_writer:
             naive = naive_prune(copy, before)
         naive_waits = naive_writer.waits
         naive_rows = rows(copy) - len(naive_waits)
         copy.dispose()
         assert naive_rows == rows_after, (naive_rows, rows_after)  # the same rows deleted
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        stores.drop()
     print(
         f"{args.days} days of telemetry, {rows_before:,} rows of events, node changes and scores; kept "
         f"{args.keep_days:g} days: {pruned.events:,} events and {pruned.scores:,} scores deleted\n"
@@ -181,8 +228,16 @@ def main() -> None:
         ),  # fmt: skip
         ("a tick that finds 1 h more due, s", tick, first, "the first prune"),
         ("rows kept", float(rows_after), float(rows_before), "before the prune"),
-        ("SQLite pages in use", float(pages_after), float(pages_before), "before (freed pages are reused)"),
     ]
+    if sqlite:
+        table.append(
+            (
+                "SQLite pages in use",
+                float(pages_after),
+                float(pages_before),
+                "before (freed pages are reused)",
+            )
+        )
     print_table(table)
 
 

@@ -171,12 +171,29 @@ def _delete_events(engine: Engine, cluster_id: str, before: datetime, chunk: int
         query = _old_events(cluster_id, before).limit(chunk)
         if since is not None:
             query = query.where(EVENTS.c.ts >= since)
-        with engine.connect() as connection:  # read outside the write transaction: it holds SQLite's lock
-            rows = connection.execute(query).all()
-        deleted += _delete_keys(engine, EVENTS.c.event_id, [str(event_id) for event_id, _ in rows], chunk)
-        if len(rows) < chunk:
+        count, last = _delete_chunk(engine, query)
+        deleted += count
+        if count < chunk:
             return deleted
-        since = rows[-1][1]
+        since = last
+
+
+def _delete_chunk(engine: Engine, query: Select) -> tuple[int, datetime | None]:
+    """Delete the events `query` selects (id, time); how many, and the latest time among them.
+
+    PostgreSQL deletes them in one statement, without a round trip of their ids (a tenth of the time: row
+    locks let ingest write meanwhile). SQLite reads them first, outside the transaction, whose write lock
+    ingest waits for."""
+    if engine.dialect.name == "postgresql":
+        doomed = query.cte("doomed")
+        gone = delete(EVENTS).where(EVENTS.c.event_id == doomed.c.event_id).returning(EVENTS.c.ts).cte("gone")
+        with engine.begin() as connection:
+            count, last = connection.execute(select(func.count(), func.max(gone.c.ts))).one()
+        return int(count), last
+    with engine.connect() as connection:
+        rows = connection.execute(query).all()
+    _delete_keys(engine, EVENTS.c.event_id, [str(event_id) for event_id, _ in rows], len(rows) or 1)
+    return len(rows), rows[-1][1] if rows else None
 
 
 def _old_changes(cluster_id: str, before: datetime) -> Select:
