@@ -56,7 +56,8 @@ class TwinSettings(BaseSettings):
     forecast_lookback_days: float = Field(default=7.0, gt=0, le=MAX_SIMULATED_SECONDS / 86400)
     # The record the store keeps (twin.retention): what is older than this many days of telemetry time is
     # pruned (the events of the jobs that ended by then, the nodes' reports, the forecasts' scores); 0 keeps
-    # everything. More than the lookback, which forecasts, their bands and backtests read.
+    # everything. More than the lookback, which forecasts, their bands and backtests read: unset, 30 days or
+    # the lookback and a week more, whichever is longer.
     keep_telemetry_days: float = Field(default=30.0, ge=0, le=36_500)
     # Live forecasts' bands recalibrated on how the stored forecasts of the last lookback did
     # (twin.band_calibration: split conformal on the skill record); false = the ensemble's bands as they are.
@@ -97,7 +98,9 @@ class TwinSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _keeps_the_lookback(self) -> TwinSettings:
-        if 0 < self.keep_telemetry_days <= self.forecast_lookback_days:
+        if "keep_telemetry_days" not in self.model_fields_set:  # a long lookback asked for, and kept
+            self.keep_telemetry_days = max(self.keep_telemetry_days, self.forecast_lookback_days + 7.0)
+        elif 0 < self.keep_telemetry_days <= self.forecast_lookback_days:
             raise ValueError(
                 f"FINETWIN_KEEP_TELEMETRY_DAYS ({self.keep_telemetry_days:g}) must be more than "
                 f"FINETWIN_FORECAST_LOOKBACK_DAYS ({self.forecast_lookback_days:g}): forecasts learn from "

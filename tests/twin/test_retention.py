@@ -204,7 +204,10 @@ def test_an_event_from_before_the_record_is_dead_lettered_unless_its_job_is_stil
 
 def test_the_settings_keep_more_than_the_lookback(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().keep_telemetry_days == 30
-    monkeypatch.setenv("FINETWIN_KEEP_TELEMETRY_DAYS", "5")
+    monkeypatch.setenv("FINETWIN_FORECAST_LOOKBACK_DAYS", "60")  # a long lookback, and no retention set
+    assert Settings().keep_telemetry_days == 67
+    monkeypatch.delenv("FINETWIN_FORECAST_LOOKBACK_DAYS")
+    monkeypatch.setenv("FINETWIN_KEEP_TELEMETRY_DAYS", "5")  # set: refused at or below the lookback
     with pytest.raises(ValueError, match=r"must be more than FINETWIN_FORECAST_LOOKBACK_DAYS \(7\)"):
         Settings()
     monkeypatch.setenv("FINETWIN_KEEP_TELEMETRY_DAYS", "0")  # keeps everything
