@@ -1,6 +1,7 @@
 """No message stops or stalls ingest (issue 10): values Python or the store cannot hold are refused by the
-schema, events dated ahead of the worker's clock are dead-lettered, any failure to parse one message
-dead-letters that message, and an event the store refuses is isolated on SQLite as on PostgreSQL."""
+schema, events dated ahead of the worker's clock (or before the store's record) are dead-lettered, any
+failure to parse one message dead-letters that message, and an event the store refuses is isolated on SQLite
+as on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.conftest import unique
 from tests.ingest.conftest import new_topic, produce, read_topic, store_count, worker_thread
 from twin.cluster import MAX_GPUS_PER_NODE
 from twin.limits import STORE_INT_MAX
+from twin.retention import prune
 from twin.store import Job, Node, TelemetryEvent
 
 SUBMITTED: dict[str, Any] = {
@@ -155,6 +157,9 @@ def test_no_message_stalls_the_worker_on_either_store(kafka_bootstrap: str, engi
         bad[f"bounds-{n}".encode()] = (raw, "schema")
     ahead = json.dumps(document(ts=(now + timedelta(hours=2)).isoformat(), job_id="ahead")).encode()
     bad[b"ahead"] = (ahead, "clock_skew")
+    # The store keeps telemetry from a day ago (twin.retention): a node's report from before that is refused.
+    prune(engine, "default", now - timedelta(days=1))
+    bad[b"before-horizon"] = (node_status("n-old", "up", now - timedelta(days=2)), "before_retention")
     good = {f"good-{n}".encode(): submitted() for n in range(20)}
     # Ahead of this clock, but within the default skew (1 h): an event.
     good[b"slightly-ahead"] = json.dumps(document(ts=(now + timedelta(minutes=30)).isoformat())).encode()
