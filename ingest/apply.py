@@ -163,18 +163,19 @@ def _before_retention(connection: Connection, unique: dict[int, AnyEvent]) -> li
         ended.update((job_id, as_utc(end)) for job_id, end in rows if end is not None)
     stale = []
     for key, (event, horizon) in old.items():
+        end = ended.get(event.job_id or "")
+        if not retention.pruned(event.type, event.ts, end, horizon):
+            continue
         kept = f"the store keeps cluster {event.cluster_id!r}'s telemetry from {horizon.isoformat()} on"
-        if event.type == "node.status":
+        if end is None:  # a node's report
             why = (
                 f"a node's report dated {event.ts.isoformat()}: {kept}, and the node's older reports are gone"
             )
-        elif event.job_id in ended and ended[event.job_id] < horizon:
-            why = (
-                f"dated {event.ts.isoformat()}, of job {event.job_id!r}, which ended "
-                f"{ended[event.job_id].isoformat()}: {kept}, and the job's events before it were pruned"
-            )
         else:
-            continue
+            why = (
+                f"dated {event.ts.isoformat()}, of job {event.job_id!r}, which ended {end.isoformat()}: "
+                f"{kept}, and the job's events before it were pruned"
+            )
         del unique[key]
         stale.append((event, why + " (FINETWIN_KEEP_TELEMETRY_DAYS)"))
     return stale

@@ -25,14 +25,15 @@ from datetime import datetime, timedelta
 from statistics import median
 
 from sqlalchemy import Engine, select
+from sqlmodel import col
 
 from ingest.events import Event
 from ingest.replay import ReplayPlan
 from twin.clock import as_utc, telemetry_span
 from twin.db import in_chunks
 from twin.limits import within_time_window
-from twin.retention import kept_from
-from twin.store import NODE_STATUS, TERMINAL_STATES, Job, TelemetryEvent
+from twin.retention import kept_from, pruned
+from twin.store import TERMINAL_STATES, Job, TelemetryEvent
 
 # Stored times of one timeline agree to the microsecond; a second is room for a store that rounds.
 SAME_TIMELINE_S = 1.0
@@ -99,7 +100,7 @@ def choose_start(
         if len(states) == len(job_ids) and TERMINAL_STATES.issuperset(states.values()):
             continue  # this pass ran to its end
         candidate = first if pass_number == 0 else plan_for(current, now)
-        resumed = _resume(candidate, current, plan_for, engine, _pruned_rule(engine, cluster_id, states))
+        resumed = _resume(candidate, current, plan_for, engine, _pruned_rule(engine, cluster_id, job_ids))
         if resumed is not None:
             return ReplayStart(resumed[0], current, job_ids, pass_number, resumed[1])
     raise NoPassLeft(
@@ -107,17 +108,21 @@ def choose_start(
     )
 
 
-def _pruned_rule(engine: Engine, cluster_id: str, states: dict[str, str]) -> Callable[[Event], bool]:
-    """Whether the store pruned an event it lacks (`twin.retention`), rather than never had it: dated before
-    the cluster's horizon, a node's report or an event of a job that ended (ingest would dead-letter it as
-    `before_retention`, and nothing of it is missing)."""
+def _pruned_rule(engine: Engine, cluster_id: str, job_ids: list[str]) -> Callable[[Event], bool]:
+    """Whether the store pruned an event it lacks (`twin.retention.pruned`), rather than never had it: ingest
+    would dead-letter it as `before_retention`, and nothing of it is missing."""
     horizon = kept_from(engine, cluster_id)
     if horizon is None:
         return lambda event: False
-    return lambda event: (
-        as_utc(event.ts) < horizon
-        and (event.type == NODE_STATUS or states.get(event.job_id or "") in TERMINAL_STATES)
-    )
+    ended: dict[str, datetime] = {}
+    with engine.connect() as connection:
+        for chunk in in_chunks(job_ids):
+            query = select(Job.job_id, Job.ended_at).where(
+                Job.job_id.in_(chunk),
+                col(Job.ended_at) < horizon,  # type: ignore[attr-defined]
+            )
+            ended.update((job_id, as_utc(end)) for job_id, end in connection.execute(query))
+    return lambda event: pruned(event.type, as_utc(event.ts), ended.get(event.job_id or ""), horizon)
 
 
 def _resume(

@@ -71,6 +71,12 @@ class Pruned:
         }
 
 
+def pruned(kind: str, ts: datetime, job_ended_at: datetime | None, horizon: datetime) -> bool:
+    """Whether a prune to `horizon` deletes an event of this type and time (`_old_events` is the same rule as
+    a query): dated before the horizon, a node's report, or an event of a job that ended before it."""
+    return ts < horizon and (kind == NODE_STATUS or (job_ended_at is not None and job_ended_at < horizon))
+
+
 def horizons(connection: Connection) -> dict[str, datetime]:
     """Each pruned cluster's horizon (a row per cluster: read whole)."""
     rows = connection.execute(select(RETENTION.c.cluster_id, RETENTION.c.kept_from))

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pandas as pd
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from ingest.apply import apply_events
 from ingest.replay import ReplayPlan, plan_replay
@@ -118,26 +118,37 @@ def test_the_next_pass_of_a_running_up_starts_at_the_last_ones_end(
 def test_a_resumed_replay_does_not_send_again_what_the_store_pruned(
     engine: Engine, rows: pd.DataFrame
 ) -> None:
-    """Pruned (`twin.retention`), the events of the pass's ended jobs and its node reports before the horizon
-    are not missing: ingest would dead-letter them. The events of its jobs still open are sent as before."""
+    """Pruned (`twin.retention`), the events of the pass's jobs that ended before the horizon and its node
+    reports are not missing: ingest would dead-letter them. An event from before the horizon of a job that
+    ended after it is missing (a prune keeps it), and is sent."""
+    from sqlalchemy import delete
+
     from twin.retention import prune
+    from twin.store import Job, TelemetryEvent
 
     first_run = planner(rows)(PREFIX, NOW - timedelta(hours=3))
     cut = len(first_run.events) * 3 // 5
     store(engine, first_run, cut)
     horizon = first_run.events[cut // 2][1].ts
+    stored_part = [event for _, event in first_run.events[:cut]]
+    with engine.connect() as connection:
+        ended = dict(connection.execute(select(Job.job_id, Job.ended_at)).all())
+    # A job submitted before the horizon that ended after it: its submission never reached the store.
+    undelivered = next(
+        e for e in stored_part
+        if e.type == "job.submitted" and e.ts < horizon and ended.get(e.job_id) is not None
+        and ended[e.job_id].replace(tzinfo=UTC) > horizon
+    )  # fmt: skip
+    with engine.begin() as connection:
+        connection.execute(delete(TelemetryEvent).where(TelemetryEvent.event_id == str(undelivered.event_id)))
     assert prune(engine, "default", horizon).events > 0
-    states = job_states(engine, [e.job_id for _, e in first_run.events if e.job_id])
 
     start = choose_start(planner(rows), PREFIX, engine, "default", NOW)
 
     sent = {str(event.event_id) for _, event in start.plan.events}
     rest = [event for _, event in first_run.events[cut:]]
-    # Whatever was never stored is sent, but for the pruned kind (none: the cut is after the horizon).
-    assert {str(e.event_id) for e in rest} <= sent
+    assert {str(e.event_id) for e in rest} | {str(undelivered.event_id)} <= sent
     stored = stored_event_times(engine, ids(first_run))
-    gone = [e for _, e in first_run.events[:cut] if str(e.event_id) not in stored]
+    gone = [e for e in stored_part if str(e.event_id) not in stored and e is not undelivered]
     assert gone and not {str(e.event_id) for e in gone} & sent  # pruned: not sent again
-    assert all(
-        e.type == "node.status" or states[e.job_id] in ("completed", "failed", "rejected") for e in gone
-    )
+    assert all(e.type == "node.status" or ended[e.job_id].replace(tzinfo=UTC) < horizon for e in gone)
