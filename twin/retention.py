@@ -131,11 +131,13 @@ def prune(
     )
 
 
-def prune_due(engine: Engine, settings: TwinSettings, *, wall: datetime | None = None) -> Pruned | None:
+def prune_due(
+    engine: Engine, settings: TwinSettings, *, wall: datetime | None = None, dry_run: bool = False
+) -> Pruned | None:
     """`prune` to the horizon the settings keep now (the API's schedule, `finetwin prune`); None: they keep
     everything, or there is no telemetry."""
     horizon = due_horizon(engine, settings, wall=wall)
-    return None if horizon is None else prune(engine, settings.cluster_id, horizon)
+    return None if horizon is None else prune(engine, settings.cluster_id, horizon, dry_run=dry_run)
 
 
 def _record(connection: Connection, cluster_id: str, before: datetime) -> None:

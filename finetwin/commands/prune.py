@@ -44,8 +44,7 @@ def prune(
     from pydantic import ValidationError
 
     from finetwin.wiring import migrated_engine
-    from twin.retention import due_horizon
-    from twin.retention import prune as prune_store
+    from twin.retention import prune_due
 
     settings: Settings = ctx.obj
     if keep_days is not None:
@@ -57,13 +56,12 @@ def prune(
         raise CommandError("FINETWIN_KEEP_TELEMETRY_DAYS is 0: the store keeps everything (--keep-days DAYS)")
     engine = migrated_engine(settings)
     try:
-        horizon = due_horizon(engine, settings)
-        if horizon is None:
-            output.say(f"the store holds no telemetry of cluster {settings.cluster_id!r}: nothing to prune")
-            return 0
-        pruned = prune_store(engine, settings.cluster_id, horizon, dry_run=dry_run)
+        pruned = prune_due(engine, settings, dry_run=dry_run)
     finally:
         engine.dispose()
+    if pruned is None:  # the settings keep something (checked above): there is no telemetry
+        output.say(f"the store holds no telemetry of cluster {settings.cluster_id!r}: nothing to prune")
+        return 0
     if as_json:
         print(json.dumps(pruned.describe() | {"dry_run": dry_run}, indent=2))
         return 0
