@@ -103,19 +103,25 @@ def attention_grace(settings: TwinSettings) -> timedelta:
     return timedelta(minutes=settings.job_attention_minutes)
 
 
-def attention_counts(session: Session, now: datetime, grace: timedelta = DEFAULT_GRACE) -> dict[str, int]:
-    """The running jobs that need attention, by kind: every kind, at 0 too (a reader compares counts)."""
-    counts = Counter(said.kind for _, said in needing_attention(session, now, grace))
+def attention_counts(
+    session: Session, cluster_id: str, now: datetime, grace: timedelta = DEFAULT_GRACE
+) -> dict[str, int]:
+    """The cluster's running jobs that need attention, by kind: every kind, at 0 too (a reader compares
+    counts)."""
+    counts = Counter(said.kind for _, said in needing_attention(session, cluster_id, now, grace))
     return {kind: counts[kind] for kind in ATTENTION_KINDS}
 
 
 def needing_attention(
-    session: Session, now: datetime, grace: timedelta = DEFAULT_GRACE
+    session: Session, cluster_id: str, now: datetime, grace: timedelta = DEFAULT_GRACE
 ) -> list[tuple[Job, Attention]]:
-    """The running jobs that need attention at `now`, newest submitted first. A cluster runs as many jobs
-    as it has GPUs at most, so they are judged here, not in SQL (time arithmetic differs by database)."""
+    """The cluster's running jobs that need attention at `now` (its clock's), newest submitted first. A
+    cluster runs as many jobs as it has GPUs at most, so they are judged here, not in SQL (time arithmetic
+    differs by database)."""
     running = session.exec(
-        select(Job).where(Job.state == "running").order_by(col(Job.submitted_at).desc(), col(Job.job_id))
+        select(Job)
+        .where(Job.cluster_id == cluster_id, Job.state == "running")
+        .order_by(col(Job.submitted_at).desc(), col(Job.job_id))
     )
     found = ((job, attention(job, now, grace)) for job in running)
     return [(job, said) for job, said in found if said is not None]

@@ -63,11 +63,12 @@ TERMINAL_STATES = frozenset({"rejected", "completed", "failed"})
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
-    # The list's order, newest first, with a state filter or without (GET /v1/jobs); counts by state; the
-    # jobs not ended, or ended in a window (`twin.actuals`).
+    # The list's order, newest first, with a state filter or without (GET /v1/jobs); counts by state, of
+    # the API's cluster (the cluster after the state: migration 0017 says why) or of all; the jobs not ended,
+    # or ended in a window (`twin.actuals`).
     __table_args__ = (
         Index("ix_jobs_submitted_at", "submitted_at"),
-        Index("ix_jobs_state_submitted_at", "state", "submitted_at"),
+        Index("ix_jobs_state_cluster_submitted_at", "state", "cluster_id", "submitted_at"),
         Index("ix_jobs_ended_at", "ended_at"),
     )
 

@@ -1,4 +1,5 @@
-"""The cluster right now: nodes, GPUs by type, running and queued jobs."""
+"""The cluster right now: nodes, GPUs by type, running and queued jobs, of the cluster the API serves
+(FINETWIN_CLUSTER_ID): a store may hold the telemetry of several."""
 
 from __future__ import annotations
 
@@ -49,12 +50,17 @@ class ClusterOut(BaseModel):
 def cluster(
     session: Session = Depends(get_session), settings: AdvisorSettings = Depends(get_settings)
 ) -> ClusterOut:
-    nodes = list(session.exec(select(Node).order_by(Node.node_id)))
-    by_state = dict(session.exec(select(Job.state, func.count()).group_by(Job.state)).all())
+    cluster_id = settings.cluster_id
+    nodes = list(session.exec(select(Node).where(Node.cluster_id == cluster_id).order_by(Node.node_id)))
+    by_state = dict(
+        session.exec(
+            select(Job.state, func.count()).where(Job.cluster_id == cluster_id).group_by(Job.state)
+        ).all()
+    )
     busy = dict(
         session.exec(
             select(Job.gpu_model, func.coalesce(func.sum(Job.number_gpus), 0))
-            .where(Job.state == "running")
+            .where(Job.cluster_id == cluster_id, Job.state == "running")
             .group_by(Job.gpu_model)
         ).all()
     )
@@ -94,4 +100,4 @@ def _attention(session: Session, settings: AdvisorSettings, running: int) -> dic
     if not running:  # no clock to read, no job to judge
         return dict.fromkeys(ATTENTION_KINDS, 0)
     now = cluster_clock(session.get_bind(), settings).now  # type: ignore[arg-type]
-    return attention_counts(session, now, attention_grace(settings))
+    return attention_counts(session, settings.cluster_id, now, attention_grace(settings))

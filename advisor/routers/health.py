@@ -45,12 +45,17 @@ class _StoreCollector:
         self.settings = settings
 
     def collect(self):  # type: ignore[no-untyped-def]
-        jobs = GaugeMetricFamily("finetwin_jobs", "Jobs in the store by state", labels=["state"])
+        # Of the cluster the API serves (FINETWIN_CLUSTER_ID), as the forecasts' gauges: a store may hold
+        # several. But the events: ingest's, which applies every cluster's.
+        jobs = GaugeMetricFamily(
+            "finetwin_jobs", "The cluster's jobs in the store by state", labels=["state"]
+        )
         nodes = GaugeMetricFamily(
-            "finetwin_nodes", "Nodes by GPU model and status", labels=["gpu_model", "status"]
+            "finetwin_nodes", "The cluster's nodes by GPU model and status", labels=["gpu_model", "status"]
         )
         events = GaugeMetricFamily(
-            "finetwin_events_applied", "Telemetry events the store holds (applied, and not pruned since)"
+            "finetwin_events_applied",
+            "Telemetry events the store holds, of every cluster (applied, and not pruned since)",
         )
         kept = GaugeMetricFamily(
             "finetwin_telemetry_kept_from_seconds",
@@ -58,9 +63,16 @@ class _StoreCollector:
             "0 while nothing was pruned",
         )
         with Session(self.engine) as session:
-            for state, count in session.exec(select(Job.state, func.count()).group_by(Job.state)):
+            in_cluster = Job.cluster_id == self.cluster_id
+            for state, count in session.exec(
+                select(Job.state, func.count()).where(in_cluster).group_by(Job.state)
+            ):
                 jobs.add_metric([state], count)
-            query = select(Node.gpu_model, Node.status, func.count()).group_by(Node.gpu_model, Node.status)
+            query = (
+                select(Node.gpu_model, Node.status, func.count())
+                .where(Node.cluster_id == self.cluster_id)
+                .group_by(Node.gpu_model, Node.status)
+            )
             # By GPU type, as the forecast's per-type figures are labelled, whatever each node called it.
             by_type: Counter[tuple[str, str]] = Counter()
             for gpu, status, count in session.exec(query):
@@ -89,7 +101,7 @@ class _StoreCollector:
         if self.settings is not None:
             now = cluster_clock(self.engine, self.settings).now
             with Session(self.engine) as session:
-                counts = attention_counts(session, now, attention_grace(self.settings))
+                counts = attention_counts(session, self.cluster_id, now, attention_grace(self.settings))
             for kind, count in counts.items():  # each kind, at 0 too: an alert compares a present series
                 gauge.add_metric([kind], count)
         return gauge

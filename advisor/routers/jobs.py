@@ -107,8 +107,9 @@ def list_jobs(
 ) -> JobPage:
     if attention is not None:
         return _needing_attention(session, settings, attention, state, gpu_model, limit, offset)
-    query = select(Job)
-    count = select(func.count()).select_from(Job)
+    # The cluster the API serves: a store may hold the jobs of several (FINETWIN_CLUSTER_ID).
+    query = select(Job).where(Job.cluster_id == settings.cluster_id)
+    count = select(func.count()).select_from(Job).where(Job.cluster_id == settings.cluster_id)
     if state is not None:
         query = query.where(Job.state == state)
         count = count.where(Job.state == state)
@@ -152,7 +153,9 @@ def _needing_attention(
     spellings = None if gpu_model is None else gpu_spellings(session, gpu_model)
     if gpu_model is not None and not spellings:
         _known_gpu_or_422(session, gpu_model)
-    found = needing_attention(session, _now(session, settings), attention_grace(settings))
+    found = needing_attention(
+        session, settings.cluster_id, _now(session, settings), attention_grace(settings)
+    )
     keep = [
         (job, said) for job, said in found
         if kind in ("any", said.kind) and state in (None, "running")
@@ -179,6 +182,6 @@ def get_job(
     settings: AdvisorSettings = Depends(get_settings),
 ) -> JobOut:
     job = session.get(Job, job_id)
-    if job is None:
-        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    if job is None or job.cluster_id != settings.cluster_id:  # another cluster's is not this API's to show
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r} in cluster {settings.cluster_id!r}")
     return _with_attention(session, settings, [job])[0]
