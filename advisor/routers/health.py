@@ -45,8 +45,8 @@ class _StoreCollector:
         self.settings = settings
 
     def collect(self):  # type: ignore[no-untyped-def]
-        # Of the cluster the API serves (FINETWIN_CLUSTER_ID), as the forecasts' gauges: a store may hold
-        # several. But the events: ingest's, which applies every cluster's.
+        # The jobs and nodes of the cluster the API serves (FINETWIN_CLUSTER_ID), as the forecasts' gauges
+        # are: a store may hold several. The events are ingest's gauge, which applies every cluster's.
         jobs = GaugeMetricFamily(
             "finetwin_jobs", "The cluster's jobs in the store by state", labels=["state"]
         )
