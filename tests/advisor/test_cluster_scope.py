@@ -19,7 +19,8 @@ from ingest.events import Event, JobStarted, JobSubmitted, NodeStatus, new_event
 from tests.conftest import api_app, api_headers
 from twin.domain import canonical_gpu_name
 
-OTHER = {"A100-SXM": "L40S", "L40S": "A100-SXM"}
+# Each cluster: its GPU type, nodes, running jobs, queued jobs.
+CLUSTERS = {"lab-a": ("A100-SXM", 2, 2, 1), "lab-b": ("L40S", 3, 3, 4)}
 OTHER_CLUSTER = {"lab-a": "lab-b", "lab-b": "lab-a"}
 CONFIG: dict[str, Any] = {
     "model_name": "llama3-8b", "method": "lora", "number_gpus": 8, "number_nodes": 1, "batch_size": 16,
@@ -30,7 +31,8 @@ CONFIG: dict[str, Any] = {
 def cluster_events(
     cluster_id: str, gpu: str, nodes: int, running: int, queued: int, now: datetime
 ) -> list[Event]:
-    """`nodes` nodes up, `running` jobs on them (the first past its time limit: overdue), `queued` more."""
+    """`nodes` nodes up, `running` jobs on them (the first past its time limit: overdue), `queued` more:
+    nodes + 1 + 2 x running + queued events."""
 
     def event(kind: str, payload: Any, ts: datetime, job_id: str | None = None) -> Event:
         return new_event(kind, payload, job_id=job_id, ts=ts, cluster_id=cluster_id)
@@ -52,11 +54,12 @@ def cluster_events(
 
 def test_each_clusters_api_shows_its_own_nodes_jobs_and_counts(engine: Engine, tmp_path: Path) -> None:
     now = datetime.now(UTC).replace(microsecond=0)
-    apply_events(engine, cluster_events("lab-a", "A100-SXM", nodes=2, running=2, queued=1, now=now))
-    apply_events(engine, cluster_events("lab-b", "L40S", nodes=3, running=3, queued=4, now=now))
+    for cluster_id, (gpu, nodes, running, queued) in CLUSTERS.items():
+        apply_events(engine, cluster_events(cluster_id, gpu, nodes, running, queued, now))
+    events = sum(nodes + 1 + 2 * running + queued for _, nodes, running, queued in CLUSTERS.values())
     headers = api_headers(engine, "viewer")
     seen = {}
-    for cluster_id in ("lab-a", "lab-b"):
+    for cluster_id in CLUSTERS:
         settings = Settings(
             data_dir=tmp_path / cluster_id, models_dir=tmp_path / "models", scheduler_enabled=False,
             cluster_id=cluster_id,
@@ -75,15 +78,13 @@ def test_each_clusters_api_shows_its_own_nodes_jobs_and_counts(engine: Engine, t
                 },
             }
 
-    for cluster_id, gpu, nodes, running, queued in (
-        ("lab-a", "A100-SXM", 2, 2, 1),
-        ("lab-b", "L40S", 3, 3, 4),
-    ):
-        shown, gpu, other = seen[cluster_id], canonical_gpu_name(gpu), canonical_gpu_name(OTHER[gpu])
+    for cluster_id, (gpu, nodes, running, queued) in CLUSTERS.items():
+        shown, pool = seen[cluster_id], canonical_gpu_name(gpu)
+        other_pool = canonical_gpu_name(CLUSTERS[OTHER_CLUSTER[cluster_id]][0])
         cluster = shown["cluster"]
         assert [n["node_id"] for n in cluster["nodes"]] == [f"{cluster_id}-n{k}" for k in range(nodes)]
         assert [(p["gpu_model"], p["nodes_up"], p["gpus_busy"]) for p in cluster["pools"]] == [
-            (gpu, nodes, 8 * running)
+            (pool, nodes, 8 * running)
         ]
         assert (cluster["running"], cluster["queued"]) == (running, queued)
         assert cluster["jobs_by_state"] == {"running": running, "submitted": queued}
@@ -102,9 +103,7 @@ def test_each_clusters_api_shows_its_own_nodes_jobs_and_counts(engine: Engine, t
         metrics = shown["metrics"]
         assert metrics["finetwin_jobs", (("state", "running"),)] == running
         assert metrics["finetwin_jobs", (("state", "submitted"),)] == queued
-        assert metrics["finetwin_nodes", (("gpu_model", gpu), ("status", "up"))] == nodes
-        assert ("finetwin_nodes", (("gpu_model", other), ("status", "up"))) not in metrics
-        assert (
-            metrics["finetwin_events_applied", ()] == 2 + 1 + 2 * 2 + 1 + 3 + 1 + 2 * 3 + 4
-        )  # ingest's: both
+        assert metrics["finetwin_nodes", (("gpu_model", pool), ("status", "up"))] == nodes
+        assert ("finetwin_nodes", (("gpu_model", other_pool), ("status", "up"))) not in metrics
+        assert metrics["finetwin_events_applied", ()] == events  # ingest's gauge: both clusters'
         assert metrics["finetwin_jobs_needing_attention", (("kind", "overdue"),)] == 1
