@@ -156,11 +156,9 @@ def _before_retention(connection: Connection, unique: dict[int, AnyEvent]) -> li
     }
     if not old:
         return []
-    job_ids = sorted({event.job_id for event, _ in old.values() if event.job_id is not None})
-    ended: dict[str, datetime] = {}
-    for chunk in in_chunks(job_ids):
-        rows = connection.execute(select(JOBS.c.job_id, JOBS.c.ended_at).where(JOBS.c.job_id.in_(chunk)))
-        ended.update((job_id, as_utc(end)) for job_id, end in rows if end is not None)
+    ended = retention.job_ends(
+        connection, sorted({e.job_id for e, _ in old.values() if e.job_id is not None})
+    )
     stale = []
     for key, (event, horizon) in old.items():
         end = ended.get(event.job_id or "")

@@ -25,14 +25,13 @@ from datetime import datetime, timedelta
 from statistics import median
 
 from sqlalchemy import Engine, select
-from sqlmodel import col
 
 from ingest.events import Event
 from ingest.replay import ReplayPlan
 from twin.clock import as_utc, telemetry_span
 from twin.db import in_chunks
 from twin.limits import within_time_window
-from twin.retention import kept_from, pruned
+from twin.retention import job_ends, kept_from, pruned
 from twin.store import TERMINAL_STATES, Job, TelemetryEvent
 
 # Stored times of one timeline agree to the microsecond; a second is room for a store that rounds.
@@ -114,14 +113,8 @@ def _pruned_rule(engine: Engine, cluster_id: str, job_ids: list[str]) -> Callabl
     horizon = kept_from(engine, cluster_id)
     if horizon is None:
         return lambda event: False
-    ended: dict[str, datetime] = {}
     with engine.connect() as connection:
-        for chunk in in_chunks(job_ids):
-            query = select(Job.job_id, Job.ended_at).where(
-                Job.job_id.in_(chunk),
-                col(Job.ended_at) < horizon,  # type: ignore[attr-defined]
-            )
-            ended.update((job_id, as_utc(end)) for job_id, end in connection.execute(query))
+        ended = job_ends(connection, job_ids)
     return lambda event: pruned(event.type, as_utc(event.ts), ended.get(event.job_id or ""), horizon)
 
 

@@ -77,6 +77,15 @@ def pruned(kind: str, ts: datetime, job_ended_at: datetime | None, horizon: date
     return ts < horizon and (kind == NODE_STATUS or (job_ended_at is not None and job_ended_at < horizon))
 
 
+def job_ends(connection: Connection, job_ids: list[str]) -> dict[str, datetime]:
+    """When each of these jobs ended, for those that did: what `pruned` asks of an event's job."""
+    ended: dict[str, datetime] = {}
+    for chunk in in_chunks(job_ids):
+        rows = connection.execute(select(JOBS.c.job_id, JOBS.c.ended_at).where(JOBS.c.job_id.in_(chunk)))
+        ended.update((job_id, as_utc(end)) for job_id, end in rows if end is not None)
+    return ended
+
+
 def horizons(connection: Connection) -> dict[str, datetime]:
     """Each pruned cluster's horizon (a row per cluster: read whole)."""
     rows = connection.execute(select(RETENTION.c.cluster_id, RETENTION.c.kept_from))
