@@ -73,7 +73,7 @@ def build_runtime(parts: ApiParts) -> ApiRuntime:
         ),
         auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds),
         answer_cache=AnswerCache(settings.advice_cache_size),
-        plan_jobs=PlanJobs(parts.engine),
+        plan_jobs=PlanJobs(parts.engine, settings.cluster_id),
     )
     # Uncached advice is computed in batches; the models in use are looked up per batch.
     runtime.batcher = Batcher(lambda bodies: advise.answers(runtime, bodies), settings.advice_max_batch)

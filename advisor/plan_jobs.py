@@ -10,6 +10,9 @@ A plan queued or running belongs to the process that took it, which writes its p
 that is also how the others know it is alive. One whose process stopped without saying so (kill -9, a lost
 machine) is reported failed once it has not been heard of for LOST_AFTER_S; a process that stops cleanly
 fails its own unfinished plans, saying why (`close`).
+
+A plan is of the cluster its API serves (FINETWIN_CLUSTER_ID): the APIs of other clusters on the same store
+neither list it nor find it, so none recommends one cluster's plan for another.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from twin.store import utcnow
 
 log = logging.getLogger("finetwin.plan")
 
-MAX_KEPT = 100  # plans the store keeps (the newest), and GET /v1/plan lists
+MAX_KEPT = 100  # plans the store keeps of each cluster (the newest), and GET /v1/plan lists
 # Plans waiting behind the running one. Each may be minutes of every core and none can be cancelled, so a
 # client in a loop could queue hours of work; beyond this many a new plan is a 429. A constant rather than a
 # setting: four plans queued is ~12 minutes of work at the largest, and a queue of them helps nobody.
@@ -86,10 +89,12 @@ class PlanJob:
 
 
 class PlanJobs:
-    """This process's plans (one worker thread runs them in order) over the store's record of every plan."""
+    """This process's plans (one worker thread runs them in order) over the store's record of every plan of
+    the cluster."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, cluster_id: str) -> None:
         self.engine = engine
+        self.cluster_id = cluster_id
         # This process's plans the store may not hold as they are: the unfinished (the live objects its
         # worker updates) and the finished whose last write failed. A plan leaves once written as finished.
         self.jobs: dict[str, PlanJob] = {}
@@ -153,18 +158,22 @@ class PlanJobs:
         if job is None:
             with Session(self.engine) as session:
                 row = session.get(CapacityPlanRecord, plan_id)
-                job = _job(row, utcnow()) if row is not None else None
+                job = _job(row, utcnow()) if row is not None and row.cluster_id == self.cluster_id else None
         if job is None:
-            raise HTTPException(404, f"no plan {plan_id!r} (the store keeps the newest {MAX_KEPT})")
+            raise HTTPException(
+                404,
+                f"no plan {plan_id!r} in cluster {self.cluster_id!r} (the store keeps its newest {MAX_KEPT})",
+            )
         return job
 
     def newest(self) -> list[PlanJob]:
-        """Every process's plans, newest first, without their results (up to MAX_KEPT of ~100 KB each, not
-        read for a list the dashboard polls); this process's as they are now."""
+        """Every process's plans of the cluster, newest first, without their results (up to MAX_KEPT of
+        ~100 KB each, not read for a list the dashboard polls); this process's as they are now."""
         now = utcnow()
         table = CapacityPlanRecord.__table__
         query = (
             select(*(c for c in table.columns if c.name != "result"))  # type: ignore[attr-defined]
+            .where(col(CapacityPlanRecord.cluster_id) == self.cluster_id)
             .order_by(col(CapacityPlanRecord.created_at).desc())
             .limit(MAX_KEPT)
         )
@@ -191,18 +200,31 @@ class PlanJobs:
         with session_scope(self.engine) as session:
             session.add(
                 CapacityPlanRecord(
-                    id=job.id, created_at=job.created_at, updated_at=now, owner=self.owner, **_as_it_is(job)
-                )
+                    id=job.id,
+                    cluster_id=self.cluster_id,
+                    created_at=job.created_at,
+                    updated_at=now,
+                    owner=self.owner,
+                    **_as_it_is(job),
+                )  # fmt: skip
             )
             session.flush()
-            # The newest MAX_KEPT stay, and any plan another process may still be running.
-            keep = select(CapacityPlanRecord.id).order_by(col(CapacityPlanRecord.created_at).desc())
+            # The cluster's newest MAX_KEPT stay, and any plan another process may still be running. Another
+            # cluster's plans are its API's to prune.
+            of_cluster = col(CapacityPlanRecord.cluster_id) == self.cluster_id
+            keep = (
+                select(CapacityPlanRecord.id)
+                .where(of_cluster)
+                .order_by(col(CapacityPlanRecord.created_at).desc())
+            )
             alive = col(CapacityPlanRecord.status).in_(UNFINISHED) & (
                 col(CapacityPlanRecord.updated_at) > now - timedelta(seconds=LOST_AFTER_S)
             )
             session.execute(
                 delete(CapacityPlanRecord).where(
-                    col(CapacityPlanRecord.id).not_in(keep.limit(MAX_KEPT).scalar_subquery()), ~alive
+                    of_cluster,
+                    col(CapacityPlanRecord.id).not_in(keep.limit(MAX_KEPT).scalar_subquery()),
+                    ~alive,
                 )
             )
 

@@ -2,7 +2,8 @@
 actions waiting to be published on Kafka, and capacity plans.
 
 The schema is created by migration 0004 (`finetwin/migrations/versions/0004_advisor.py`; capacity plans by
-0015); these classes are how the code reads and writes it. Timestamps are timezone-aware UTC.
+0015; the cluster of a recommendation, an SLO set and a plan by 0018); these classes are how the code reads
+and writes it. Timestamps are timezone-aware UTC.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class SloDocument(SQLModel, table=True):
     __tablename__ = "slo_sets"
 
     id: int | None = Field(default=None, primary_key=True)
+    cluster_id: str = Field(max_length=200)  # the cluster they are of (migration 0018)
     created_at: datetime = timestamp_field(nullable=False, default=None)
     created_by: str = Field(max_length=200)
     document: dict = Field(sa_column=Column(JSON, nullable=False))
@@ -47,11 +49,12 @@ class Recommendation(SQLModel, table=True):
 
     __tablename__ = "recommendations"
     __table_args__ = (
-        Index("ix_recommendations_state", "state"),
+        Index("ix_recommendations_state_cluster", "state", "cluster_id"),
         Index("ix_recommendations_target", "target"),
     )
 
     id: str = Field(primary_key=True, max_length=36)
+    cluster_id: str = Field(max_length=200)  # the cluster it acts on (migration 0018)
     kind: str = Field(max_length=32)  # add_nodes | remove_nodes | admission_repair | policy | ...
     target: str = Field(max_length=TARGET_MAX_LENGTH)  # what it acts on; a newer one for it supersedes
     title: str = Field(sa_column=Column(Text, nullable=False))
@@ -93,6 +96,7 @@ class CapacityPlanRecord(SQLModel, table=True):
     __table_args__ = (Index("ix_capacity_plans_created_at", "created_at"),)
 
     id: str = Field(primary_key=True, max_length=36)
+    cluster_id: str = Field(max_length=200)  # the cluster it plans (migration 0018)
     created_at: datetime = timestamp_field(nullable=False, default=None)
     updated_at: datetime = timestamp_field(nullable=False, default=None)
     status: str = Field(max_length=16)  # queued | running | done | failed

@@ -1,5 +1,7 @@
-"""The SLOs in force: the newest set declared through `PUT /v1/slos` (kept as versions in the store),
-else the YAML file `settings.slo_file`, else the built-in defaults (`twin.slo_attainment.DEFAULT_SLOS`)."""
+"""The SLOs in force for the cluster (FINETWIN_CLUSTER_ID): the newest set declared for it through
+`PUT /v1/slos` (kept as versions in the store), else the YAML file `settings.slo_file`, else the built-in
+defaults (`twin.slo_attainment.DEFAULT_SLOS`). Each cluster of a store has its own declared SLOs: one
+cluster's operator declaring a set does not change what another cluster's API steers toward."""
 
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ class SlosInForce:
 
 
 def current_slos(engine: Engine, settings: AdvisorSettings) -> SlosInForce:
-    """Raises `twin.slo_attainment.SloFormatError` when no set was declared through the API and the file
-    is bad."""
+    """Raises `twin.slo_attainment.SloFormatError` when no set was declared for the cluster through the API
+    and the file is bad."""
+    query = select(SloDocument).where(SloDocument.cluster_id == settings.cluster_id)
     with Session(engine) as session:
-        row = session.exec(select(SloDocument).order_by(col(SloDocument.id).desc()).limit(1)).first()
+        row = session.exec(query.order_by(col(SloDocument.id).desc()).limit(1)).first()
     if row is not None:
         stored = SloSet.model_validate(row.document, context={STORED: True})
         return SlosInForce(stored, "api", row.created_at, row.created_by)
@@ -38,12 +41,19 @@ def current_slos(engine: Engine, settings: AdvisorSettings) -> SlosInForce:
     return SlosInForce(load_slos(None), "default", None, None)
 
 
-def declare_slos(engine: Engine, slos: SloSet, *, actor: str) -> SlosInForce:
+def declare_slos(engine: Engine, slos: SloSet, *, cluster_id: str, actor: str) -> SlosInForce:
     now = utcnow()
+    document = slos.model_dump(mode="json")
     with session_scope(engine) as session:
-        session.add(SloDocument(created_at=now, created_by=actor, document=slos.model_dump(mode="json")))
+        session.add(SloDocument(cluster_id=cluster_id, created_at=now, created_by=actor, document=document))
         names = ", ".join(s.name for s in slos.slos) or "none"
         audit_log.record(
-            session, actor=actor, subject="slos", from_state=None, to_state="declared", reason=names
-        )
+            session, actor=actor, subject=slos_subject(cluster_id), from_state=None, to_state="declared",
+            reason=names,
+        )  # fmt: skip
     return SlosInForce(slos, "api", now, actor)
+
+
+def slos_subject(cluster_id: str) -> str:
+    """The audit log's subject for the cluster's SLOs (as `recommendation:<id>` is for a recommendation)."""
+    return f"slos:{cluster_id}"

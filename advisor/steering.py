@@ -378,6 +378,7 @@ def run_steering(
         recorded = workflow.propose(
             session,
             chosen,
+            cluster_id=settings.cluster_id,
             actor=actor,
             source=source,
             ttl=timedelta(hours=settings.recommendation_ttl_hours),

@@ -9,6 +9,10 @@ Every transition is written to the audit log in the transaction that makes it. T
 conditional updates (`... WHERE state = 'pending'`), so two approvers racing cannot both win and a
 recommendation that expired a moment ago cannot be approved.
 
+Each recommendation is of one cluster (an API serves one, FINETWIN_CLUSTER_ID, and a store may hold
+several): a target is a cluster's, and a recommendation of another cluster is not there to decide (404).
+Expiry is by each one's own time to live, so any API expires what is due, whatever its cluster.
+
 At most one recommendation is pending per target: `propose` claims each target (`claim_targets`) before it
 reads what is pending there, so two proposals for one target, made at the same moment, are made one after
 the other and the second supersedes the first. Without the claim, both read "nothing pending", both were
@@ -25,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import text, update
+from sqlalchemy import ColumnElement, text, update
 from sqlmodel import Session, col, select
 
 from advisor import audit_log
@@ -78,21 +82,23 @@ def as_utc(ts: datetime) -> datetime:
 _TARGET_LOCK_NAMESPACE = 0x72656373  # "recs"
 
 
-def _target_lock_key(target: str) -> int:
-    """A stable signed 32-bit key per target (Python's hash() differs between processes). Two targets that
-    share a key only wait for each other."""
-    return int.from_bytes(hashlib.sha256(target.encode()).digest()[:4], "big", signed=True)
+def _target_lock_key(cluster_id: str, target: str) -> int:
+    """A stable signed 32-bit key per cluster's target (Python's hash() differs between processes). Two
+    targets that share a key only wait for each other."""
+    named = f"{cluster_id}\x00{target}".encode()  # NUL: in neither, so no two pairs name the same
+    return int.from_bytes(hashlib.sha256(named).digest()[:4], "big", signed=True)
 
 
-def claim_targets(session: Session, targets: Iterable[str]) -> None:
-    """Hold, until the session's transaction ends, the right to change what is pending for `targets`: a
-    second transaction that claims one of them waits until this one has committed, then reads what it wrote.
+def claim_targets(session: Session, cluster_id: str, targets: Iterable[str]) -> None:
+    """Hold, until the session's transaction ends, the right to change what is pending for the cluster's
+    `targets`: a second transaction that claims one of them waits until this one has committed, then reads
+    what it wrote.
 
     A unique index on pending targets would need a migration of the store's schema; a lock needs none and
     works on the schema every store already has. Claiming a target twice in one transaction is harmless."""
     if session.get_bind().dialect.name == "postgresql":
         # Sorted: two transactions claiming the same targets in different orders cannot deadlock.
-        for key in sorted({_target_lock_key(t) for t in targets}):
+        for key in sorted({_target_lock_key(cluster_id, t) for t in targets}):
             session.execute(
                 text("SELECT pg_advisory_xact_lock(:namespace, :key)"),
                 {"namespace": _TARGET_LOCK_NAMESPACE, "key": key},
@@ -107,12 +113,22 @@ def claim_targets(session: Session, targets: Iterable[str]) -> None:
     )
 
 
-def pending_for(session: Session, target: str, *, now: datetime | None = None) -> Recommendation | None:
-    """The recommendation pending for `target` (at most one: see `claim_targets`), unless its time to live
-    has passed (it is as good as expired: an approval would be refused)."""
+def _pending(cluster_id: str, target: str) -> ColumnElement[bool]:
+    """The condition of what is pending for the cluster's `target`."""
+    return (
+        (col(Recommendation.target) == target)
+        & (col(Recommendation.cluster_id) == cluster_id)
+        & (col(Recommendation.state) == State.PENDING.value)
+    )
+
+
+def pending_for(
+    session: Session, cluster_id: str, target: str, *, now: datetime | None = None
+) -> Recommendation | None:
+    """The recommendation pending for the cluster's `target` (at most one: see `claim_targets`), unless its
+    time to live has passed (it is as good as expired: an approval would be refused)."""
     query = select(Recommendation).where(
-        Recommendation.target == target,
-        Recommendation.state == State.PENDING.value,
+        _pending(cluster_id, target),
         col(Recommendation.expires_at) > (now or utcnow()),
     )
     return session.exec(query.order_by(col(Recommendation.created_at).desc())).first()
@@ -122,18 +138,20 @@ def propose(
     session: Session,
     proposals: list[Proposal],
     *,
+    cluster_id: str,
     actor: str,
     source: str,
     ttl: timedelta,
     now: datetime | None = None,
 ) -> list[Recommendation]:
-    """Record new pending recommendations; each supersedes the pending one for its target."""
-    claim_targets(session, [p.target for p in proposals])
+    """Record new pending recommendations for the cluster; each supersedes the pending one for its target."""
+    claim_targets(session, cluster_id, [p.target for p in proposals])
     now = now or utcnow()
     created: list[Recommendation] = []
     for proposal in proposals:
         rec = Recommendation(
             id=str(uuid.uuid4()),
+            cluster_id=cluster_id,
             kind=proposal.kind,
             target=proposal.target,
             title=proposal.title,
@@ -146,11 +164,7 @@ def propose(
             created_at=now,
             expires_at=now + ttl,
         )
-        older = session.exec(
-            select(Recommendation.id).where(
-                Recommendation.target == proposal.target, Recommendation.state == State.PENDING.value
-            )
-        ).all()
+        older = session.exec(select(Recommendation.id).where(_pending(cluster_id, proposal.target))).all()
         for old_id in older:
             if _transition(session, old_id, State.SUPERSEDED, now=now, superseded_by=rec.id):
                 audit_log.record(
@@ -179,6 +193,7 @@ def propose(
 
 def approve(
     session: Session,
+    cluster_id: str,
     recommendation_id: str,
     *,
     actor: str,
@@ -186,15 +201,19 @@ def approve(
     actions_topic: str,
     now: datetime | None = None,
 ) -> Recommendation:
-    """Approve a pending recommendation and queue its action for `actions_topic`, in one transaction."""
+    """Approve a pending recommendation of the cluster and queue its action for `actions_topic`, in one
+    transaction. The message names the cluster: every cluster's actions share the topic."""
     now = now or utcnow()
-    rec = _decide(session, recommendation_id, State.APPROVED, actor=actor, comment=comment, now=now)
+    rec = _decide(
+        session, cluster_id, recommendation_id, State.APPROVED, actor=actor, comment=comment, now=now
+    )
     enqueue(
         session,
         topic=actions_topic,
         key=rec.id,
         payload={
             "recommendation_id": rec.id,
+            "cluster_id": rec.cluster_id,
             "kind": rec.kind,
             "target": rec.target,
             "title": rec.title,
@@ -210,11 +229,19 @@ def approve(
 
 
 def reject(
-    session: Session, recommendation_id: str, *, actor: str, comment: str, now: datetime | None = None
+    session: Session,
+    cluster_id: str,
+    recommendation_id: str,
+    *,
+    actor: str,
+    comment: str,
+    now: datetime | None = None,
 ) -> Recommendation:
     if not comment or not comment.strip():
         raise TransitionError(422, "a rejection needs a comment saying why")
-    return _decide(session, recommendation_id, State.REJECTED, actor=actor, comment=comment.strip(), now=now)
+    return _decide(
+        session, cluster_id, recommendation_id, State.REJECTED, actor=actor, comment=comment.strip(), now=now
+    )
 
 
 def expire_due(session: Session, *, now: datetime | None = None) -> list[str]:
@@ -241,8 +268,19 @@ def expire_due(session: Session, *, now: datetime | None = None) -> list[str]:
     return expired
 
 
+def of_cluster(session: Session, cluster_id: str, recommendation_id: str) -> Recommendation | None:
+    """The recommendation, if it is the cluster's: another cluster's is not this API's to show or decide."""
+    rec = session.get(Recommendation, recommendation_id)
+    return rec if rec is not None and rec.cluster_id == cluster_id else None
+
+
+def not_found(cluster_id: str, recommendation_id: str) -> str:
+    return f"no recommendation {recommendation_id!r} in cluster {cluster_id!r}"
+
+
 def _decide(
     session: Session,
+    cluster_id: str,
     recommendation_id: str,
     to: State,
     *,
@@ -251,9 +289,9 @@ def _decide(
     now: datetime | None,
 ) -> Recommendation:
     now = now or utcnow()
-    rec = session.get(Recommendation, recommendation_id)
+    rec = of_cluster(session, cluster_id, recommendation_id)
     if rec is None:
-        raise TransitionError(404, f"no recommendation {recommendation_id!r}")
+        raise TransitionError(404, not_found(cluster_id, recommendation_id))
     if rec.state == State.PENDING.value and as_utc(rec.expires_at) <= now:
         raise TransitionError(409, f"recommendation {recommendation_id} expired at {rec.expires_at}")
     changed = _transition(session, recommendation_id, to, now=now, actor=actor, comment=comment)

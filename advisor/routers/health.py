@@ -108,9 +108,15 @@ class _StoreCollector:
 
     def _recommendations(self) -> GaugeMetricFamily:
         gauge = GaugeMetricFamily(
-            "finetwin_recommendations", "Recommendations by state (pending, approved, ...)", labels=["state"]
+            "finetwin_recommendations",
+            "The cluster's recommendations by state (pending, approved, ...)",
+            labels=["state"],
         )
-        query = select(Recommendation.state, func.count()).group_by(Recommendation.state)
+        query = (
+            select(Recommendation.state, func.count())
+            .where(Recommendation.cluster_id == self.cluster_id)
+            .group_by(Recommendation.state)
+        )
         with Session(self.engine) as session:
             for state, count in session.exec(query):
                 gauge.add_metric([state], count)

@@ -213,13 +213,14 @@ def recommend_plan(
     with session_scope(runtime.engine) as session:
         # Claimed before the look: requests at once for one plan are answered one after the other, and
         # all but the first find the first one's recommendation.
-        workflow.claim_targets(session, [CAPACITY_TARGET])
-        pending = workflow.pending_for(session, CAPACITY_TARGET)
+        workflow.claim_targets(session, settings.cluster_id, [CAPACITY_TARGET])
+        pending = workflow.pending_for(session, settings.cluster_id, CAPACITY_TARGET)
         if pending is not None and pending.effect.get("plan_id") == plan_id:
             return RecommendOut(recommendation_id=pending.id, title=pending.title, created=False)
         (rec,) = workflow.propose(
             session,
             [proposal],
+            cluster_id=settings.cluster_id,
             actor=principal.actor,
             # The plan's id is in the effect: `source` is at most 32 characters in the store.
             source="capacity plan",

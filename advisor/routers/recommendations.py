@@ -1,6 +1,8 @@
 """Recommendations: the queue a person works through (approve / reject), and cluster steering runs.
 
-Approving needs the approver role (checked before the recommendation is looked up); the approval and the
+Each API lists, shows and decides the recommendations of the cluster it serves (FINETWIN_CLUSTER_ID): another
+cluster's, in the same store, is a 404 here. Approving needs the approver role (checked before the
+recommendation is looked up); the approval and the
 outbox message for `finetwin.actions` commit together, and the outbox relay (one of the API's parts, when
 the application gave it a Kafka) publishes it, woken by the approval.
 """
@@ -48,6 +50,7 @@ class RecommendationOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: str
+    cluster_id: str
     kind: str
     target: str
     title: str
@@ -118,7 +121,9 @@ def _out(session: Session, rec: Recommendation) -> RecommendationOut:
     return out
 
 
-@router.get("", response_model=RecommendationPage, summary="Recommendations, pending first, best first")
+@router.get(
+    "", response_model=RecommendationPage, summary="The cluster's recommendations, pending first, best first"
+)
 def list_recommendations(
     runtime: ApiRuntime = Depends(get_runtime),
     state: RecommendationState | None = Query(default=None),
@@ -128,9 +133,10 @@ def list_recommendations(
     engine = runtime.engine
     with session_scope(engine) as session:
         workflow.expire_due(session)  # a reader never sees a pending one past its TTL
+    cluster = col(Recommendation.cluster_id) == runtime.settings.cluster_id
     with Session(engine) as session:
-        query = select(Recommendation)
-        count = select(func.count()).select_from(Recommendation)
+        query = select(Recommendation).where(cluster)
+        count = select(func.count()).select_from(Recommendation).where(cluster)
         if state is not None:
             query = query.where(Recommendation.state == state)
             count = count.where(Recommendation.state == state)
@@ -175,22 +181,23 @@ def last_steering(runtime: ApiRuntime = Depends(get_runtime)) -> dict[str, Any]:
     "/{recommendation_id}",
     response_model=RecommendationOut,
     summary="One recommendation",
-    responses={404: {"description": "no such recommendation"}},
+    responses={404: {"description": "no such recommendation in the cluster"}},
 )
 def get_recommendation(
     recommendation_id: str = RecommendationId, runtime: ApiRuntime = Depends(get_runtime)
 ) -> RecommendationOut:
+    cluster_id = runtime.settings.cluster_id
     with Session(runtime.engine) as session:
-        rec = session.get(Recommendation, recommendation_id)
+        rec = workflow.of_cluster(session, cluster_id, recommendation_id)
         if rec is None:
-            raise HTTPException(status_code=404, detail=f"no recommendation {recommendation_id!r}")
+            raise HTTPException(status_code=404, detail=workflow.not_found(cluster_id, recommendation_id))
         return _out(session, rec)
 
 
 _DECISION_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "no valid API key"},
     403: {"description": "the key is not an approver"},
-    404: {"description": "no such recommendation"},
+    404: {"description": "no such recommendation in the cluster"},
     409: {"description": "not pending (already decided, expired or superseded)"},
 }
 
@@ -216,6 +223,7 @@ def approve(
         with session_scope(engine) as session:
             rec = workflow.approve(
                 session,
+                settings.cluster_id,
                 recommendation_id,
                 actor=principal.actor,
                 comment=body.comment if body else None,
@@ -247,7 +255,13 @@ def reject(
         with session_scope(engine) as session:
             workflow.expire_due(session)
         with session_scope(engine) as session:
-            rec = workflow.reject(session, recommendation_id, actor=principal.actor, comment=body.comment)
+            rec = workflow.reject(
+                session,
+                runtime.settings.cluster_id,
+                recommendation_id,
+                actor=principal.actor,
+                comment=body.comment,
+            )
             out = _out(session, rec)
     except workflow.TransitionError as exc:
         raise HTTPException(status_code=exc.status, detail=exc.message) from exc

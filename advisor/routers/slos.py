@@ -40,7 +40,7 @@ def _out(found: SlosInForce) -> SlosOut:
     )
 
 
-@router.get("", response_model=SlosOut, summary="The SLOs in force and where they come from")
+@router.get("", response_model=SlosOut, summary="The cluster's SLOs in force and where they come from")
 def get_slos(runtime: ApiRuntime = Depends(get_runtime)) -> SlosOut:
     try:
         return _out(current_slos(runtime.engine, runtime.settings))
@@ -48,14 +48,18 @@ def get_slos(runtime: ApiRuntime = Depends(get_runtime)) -> SlosOut:
         raise HTTPException(status_code=409, detail=str(exc)) from None
 
 
-@router.put("", response_model=SlosOut, summary="Declare the SLOs (replaces the set in force; operator)")
+@router.put(
+    "", response_model=SlosOut, summary="Declare the cluster's SLOs (replaces the set in force; operator)"
+)
 def put_slos(
     body: SlosIn,
     runtime: ApiRuntime = Depends(get_runtime),
     principal: Principal = Depends(require_role(Role.OPERATOR)),
 ) -> SlosOut:
     slos = SloSet(slos=body.slos)
-    return _out(declare_slos(runtime.engine, slos, actor=principal.actor))
+    return _out(
+        declare_slos(runtime.engine, slos, cluster_id=runtime.settings.cluster_id, actor=principal.actor)
+    )
 
 
 class SloAsItHappened(BaseModel):

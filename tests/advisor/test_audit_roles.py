@@ -158,7 +158,7 @@ def test_the_app_works_as_the_service_role(two_roles: TwoRoles, tmp_path: Path) 
         assert approved.json()["state"] == "approved"
         audit = client.get("/v1/audit", headers=operator).json()
     subjects = [entry["subject"] for entry in audit["entries"]]
-    assert f"recommendation:{rec_id}" in subjects and "slos" in subjects
+    assert f"recommendation:{rec_id}" in subjects and "slos:default" in subjects
 
 
 @pytest.mark.parametrize("two_roles", ["0013"], indirect=True)

@@ -51,7 +51,9 @@ def seed(engine: Engine) -> str:
             effect={"mean": 0.2, "p10": 0.1, "p90": 0.3, "ci95": [0.15, 0.25], "runs": 8},
             cost=192.0, score=0.001,
         )  # fmt: skip
-        (rec,) = workflow.propose(session, [proposal], actor="system", source="test", ttl=timedelta(hours=1))
+        (rec,) = workflow.propose(
+            session, [proposal], cluster_id="default", actor="system", source="test", ttl=timedelta(hours=1)
+        )
         return rec.id
 
 

@@ -67,7 +67,12 @@ def seed(engine: Engine) -> dict[str, str]:
             cost=384.0, score=0.75,
         )  # fmt: skip
         recs = workflow.propose(
-            session, [steering, capacity], actor="system", source="test", ttl=timedelta(hours=1)
+            session,
+            [steering, capacity],
+            cluster_id="default",
+            actor="system",
+            source="test",
+            ttl=timedelta(hours=1),
         )
         return {r.kind: r.id for r in recs}
 

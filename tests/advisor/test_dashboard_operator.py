@@ -40,6 +40,7 @@ def api_server(tmp_path: Path, calibrated_models_dir: Path) -> Iterator[dict[str
         session.add(
             CapacityPlanRecord(
                 id=str(uuid.uuid4()),
+                cluster_id="default",
                 created_at=heard,
                 updated_at=heard,
                 status="running",

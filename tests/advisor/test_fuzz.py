@@ -63,7 +63,9 @@ def busy_api(tmp_path: Path):  # type: ignore[no-untyped-def]
         proposals = [
             workflow.Proposal(kind="policy", target=f"t{i}", title=f"t{i}", action={}) for i in range(3)
         ]
-        workflow.propose(session, proposals, actor="system", source="test", ttl=timedelta(hours=1))
+        workflow.propose(
+            session, proposals, cluster_id="default", actor="system", source="test", ttl=timedelta(hours=1)
+        )
     settings_ = advisor_settings(tmp_path, steering_replications=2, steering_horizon_hours=2)
     app = api_app(settings_, engine, FakeInUse(FakeModels()))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app).include(path_regex=ADVISOR_PATHS)

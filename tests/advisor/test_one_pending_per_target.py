@@ -85,6 +85,7 @@ def test_proposals_for_one_target_at_once_leave_one_pending(engine: Engine) -> N
             (rec,) = workflow.propose(
                 session,
                 [proposal(target="policy", title=f"policy {i}")],
+                cluster_id="default",
                 actor="system",
                 source="schedule",
                 ttl=timedelta(hours=1),
@@ -108,6 +109,7 @@ def test_proposals_for_several_targets_in_either_order_do_not_deadlock(engine: E
             workflow.propose(
                 session,
                 [proposal(target=t, title=f"{t} {i}") for t in ordered],
+                cluster_id="default",
                 actor="system",
                 source="schedule",
                 ttl=timedelta(hours=1),

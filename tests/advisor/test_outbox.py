@@ -43,11 +43,15 @@ def approve_some(engine: Engine, topic: str, n: int) -> list[str]:
         for i in range(n)
     ]
     with session_scope(engine) as session:
-        recs = workflow.propose(session, proposals, actor="system", source="test", ttl=timedelta(hours=1))
+        recs = workflow.propose(
+            session, proposals, cluster_id="default", actor="system", source="test", ttl=timedelta(hours=1)
+        )
         ids = [r.id for r in recs]
     for rec_id in ids:
         with session_scope(engine) as session:
-            workflow.approve(session, rec_id, actor="key:t (tester)", comment=None, actions_topic=topic)
+            workflow.approve(
+                session, "default", rec_id, actor="key:t (tester)", comment=None, actions_topic=topic
+            )
     return ids
 
 

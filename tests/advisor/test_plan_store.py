@@ -94,7 +94,7 @@ def test_a_running_plans_progress_reaches_the_store_while_it_runs(
     store: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(plan_jobs, "HEARTBEAT_S", 0.05)
-    jobs, elsewhere = PlanJobs(store), PlanJobs(store)
+    jobs, elsewhere = PlanJobs(store, "default"), PlanJobs(store, "default")
     job = PlanJob(id=str(uuid.uuid4()), created_at=utcnow(), total=10)
     jobs.add(job)
     job.status, job.done = "running", 4  # as the worker leaves it between a task and the next
@@ -115,6 +115,7 @@ def record(store: Engine, *, status: str, heard: datetime, created: datetime | N
         session.add(
             CapacityPlanRecord(
                 id=plan_id,
+                cluster_id="default",
                 created_at=created or heard,
                 updated_at=heard,
                 status=status,
@@ -165,7 +166,7 @@ def test_plans_queued_when_the_api_stops_are_failed_saying_why(store: Engine, tm
 
         pool.shutdown = stopping
     # Another process of the store reads what the stopped one recorded.
-    job = PlanJobs(store).get(plan_id)
+    job = PlanJobs(store, "default").get(plan_id)
     assert (job.status, job.error) == ("failed", "stopped: the API stopped before the plan started")
 
 
@@ -173,14 +174,14 @@ def test_the_store_keeps_the_newest_plans_and_those_still_running(store: Engine)
     start = datetime(2026, 1, 1, tzinfo=UTC)
     running_elsewhere = record(store, status="running", heard=utcnow(), created=start - timedelta(days=1))
     dead_elsewhere = record(store, status="running", heard=start, created=start - timedelta(days=1))
-    jobs = PlanJobs(store)
+    jobs = PlanJobs(store, "default")
     ids = []
     for k in range(MAX_KEPT + 3):
         job = PlanJob(id=str(uuid.uuid4()), created_at=start + timedelta(minutes=k), total=1, status="done")
         jobs.add(job)
         ids.append(job.id)
     jobs.close()
-    kept = {j.id for j in PlanJobs(store).newest()}
+    kept = {j.id for j in PlanJobs(store, "default").newest()}
     with session_scope(store) as session:
         recorded = {row.id for row in session.query(CapacityPlanRecord)}
     assert recorded == set(ids[3:]) | {running_elsewhere}
@@ -196,7 +197,7 @@ def test_a_plans_end_the_store_could_not_take_is_written_by_the_next_heartbeat(
     from sqlalchemy.exc import OperationalError
 
     monkeypatch.setattr(plan_jobs, "HEARTBEAT_S", 0.05)
-    jobs = PlanJobs(store)
+    jobs = PlanJobs(store, "default")
     job = PlanJob(id=str(uuid.uuid4()), created_at=utcnow(), total=2)
     jobs.add(job)
     write, refusals = jobs._update, [OperationalError("UPDATE", {}, Exception("database is locked"))]
@@ -212,7 +213,7 @@ def test_a_plans_end_the_store_could_not_take_is_written_by_the_next_heartbeat(
     assert not refusals and job.id in jobs.jobs
     try:
         seen = wait_for(
-            lambda: (found := PlanJobs(store).get(job.id)).status == "done" and found,
+            lambda: (found := PlanJobs(store, "default").get(job.id)).status == "done" and found,
             what="the plan's end in the store",
         )
         wait_for(lambda: job.id not in jobs.jobs, what="the written plan to leave the process's memory")

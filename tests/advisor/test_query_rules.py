@@ -82,6 +82,7 @@ def test_recommendations_equal_in_every_sort_key_come_in_one_order_page_after_pa
         recs = workflow.propose(
             session,
             [proposal(target=f"target-{i}") for i in range(12)],  # the same score for all
+            cluster_id="default",
             actor="system",
             source="schedule",
             ttl=timedelta(hours=1),

@@ -229,7 +229,7 @@ def test_slos_are_validated_and_audited(app_client: TestClient, store: Engine) -
     assert app_client.put("/v1/slos", json=WAIT_SLO, headers=api_headers(store, "viewer")).status_code == 403
     put = app_client.put("/v1/slos", json=WAIT_SLO, headers=operator).json()
     assert put["source"] == "api" and put["slos"][0]["max"] == WAIT_SLO["slos"][0]["max"]
-    audit = app_client.get("/v1/audit", params={"subject": "slos"}, headers=operator).json()
+    audit = app_client.get("/v1/audit", params={"subject": "slos:default"}, headers=operator).json()
     assert audit["entries"][0]["to_state"] == "declared"
 
 
@@ -249,7 +249,9 @@ def test_slos_need_names_of_their_own_and_gpu_types_that_exist(app_client: TestC
     # A set stored before these checks is read as it was stored: the API still serves it.
     with session_scope(store) as session:
         document = {"slos": twice["slos"] + typo["slos"]}
-        session.add(SloDocument(created_at=utcnow(), created_by="then", document=document))
+        session.add(
+            SloDocument(cluster_id="default", created_at=utcnow(), created_by="then", document=document)
+        )
     got = app_client.get("/v1/slos", headers=operator)
     assert got.status_code == 200 and [s["name"] for s in got.json()["slos"]] == ["a", "a", "u"]
 

@@ -29,7 +29,9 @@ def proposal(target: str = "nodes:A100-SXM", title: str = "add 1 A100-SXM node")
 
 def propose(engine: Engine, *props: workflow.Proposal, ttl: timedelta = timedelta(hours=1)) -> list[str]:
     with session_scope(engine) as session:
-        recs = workflow.propose(session, list(props), actor="system", source="on-demand", ttl=ttl)
+        recs = workflow.propose(
+            session, list(props), cluster_id="default", actor="system", source="on-demand", ttl=ttl
+        )
         return [r.id for r in recs]
 
 
@@ -58,7 +60,9 @@ def test_a_newer_recommendation_supersedes_the_pending_one_for_its_target(engine
 def test_approval_and_its_outbox_message_commit_together(engine: Engine) -> None:
     (rec_id,) = propose(engine, proposal())
     with session_scope(engine) as session:
-        workflow.approve(session, rec_id, actor="key:abc (alice)", comment="go", actions_topic="actions")
+        workflow.approve(
+            session, "default", rec_id, actor="key:abc (alice)", comment="go", actions_topic="actions"
+        )
     assert states(engine)[rec_id] == "approved"
     assert trail(engine, rec_id)[-1] == ("pending", "approved", "key:abc (alice)")
     with Session(engine) as session:
@@ -76,7 +80,9 @@ def test_a_failed_approval_leaves_no_trace(engine: Engine, monkeypatch: pytest.M
 
     monkeypatch.setattr(workflow, "enqueue", broken_enqueue)
     with pytest.raises(RuntimeError), session_scope(engine) as session:
-        workflow.approve(session, rec_id, actor="key:abc (alice)", comment=None, actions_topic="actions")
+        workflow.approve(
+            session, "default", rec_id, actor="key:abc (alice)", comment=None, actions_topic="actions"
+        )
     assert states(engine)[rec_id] == "pending"
     assert trail(engine, rec_id) == [(None, "pending", "system")]
 
@@ -84,19 +90,23 @@ def test_a_failed_approval_leaves_no_trace(engine: Engine, monkeypatch: pytest.M
 def test_decisions_only_from_pending(engine: Engine) -> None:
     (a, b) = propose(engine, proposal(target="t1"), proposal(target="t2"))
     with session_scope(engine) as session:
-        workflow.reject(session, a, actor="key:x (bob)", comment="too expensive")
+        workflow.reject(session, "default", a, actor="key:x (bob)", comment="too expensive")
     for decide in (
-        lambda s: workflow.approve(s, a, actor="key:x (bob)", comment=None, actions_topic="actions"),
-        lambda s: workflow.reject(s, a, actor="key:x (bob)", comment="again"),
+        lambda s: workflow.approve(
+            s, "default", a, actor="key:x (bob)", comment=None, actions_topic="actions"
+        ),
+        lambda s: workflow.reject(s, "default", a, actor="key:x (bob)", comment="again"),
     ):
         with pytest.raises(workflow.TransitionError) as error, session_scope(engine) as session:
             decide(session)
         assert error.value.status == 409 and "rejected" in error.value.message
     with pytest.raises(workflow.TransitionError) as error, session_scope(engine) as session:
-        workflow.reject(session, b, actor="key:x (bob)", comment="   ")
+        workflow.reject(session, "default", b, actor="key:x (bob)", comment="   ")
     assert error.value.status == 422
     with pytest.raises(workflow.TransitionError) as error, session_scope(engine) as session:
-        workflow.approve(session, "nope", actor="key:x (bob)", comment=None, actions_topic="actions")
+        workflow.approve(
+            session, "default", "nope", actor="key:x (bob)", comment=None, actions_topic="actions"
+        )
     assert error.value.status == 404
     assert states(engine) == {a: "rejected", b: "pending"}
 
@@ -105,7 +115,7 @@ def test_pending_recommendations_expire_after_their_ttl(engine: Engine) -> None:
     (old,) = propose(engine, proposal(target="t1"), ttl=timedelta(seconds=-1))
     (fresh,) = propose(engine, proposal(target="t2"))
     with pytest.raises(workflow.TransitionError) as error, session_scope(engine) as session:
-        workflow.approve(session, old, actor="key:x (bob)", comment=None, actions_topic="actions")
+        workflow.approve(session, "default", old, actor="key:x (bob)", comment=None, actions_topic="actions")
     assert error.value.status == 409 and "expired" in error.value.message
     with session_scope(engine) as session:
         assert workflow.expire_due(session, now=utcnow()) == [old]

@@ -158,7 +158,7 @@ def test_the_cli_uses_the_slos_declared_through_the_api(
     engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'finetwin.db'}")
     migrate(engine)
     declared = SloSet(slos=[Slo(name="runtime failures ≤ 5 %", metric="runtime_failure_ratio", max=0.05)])
-    declare_slos(engine, declared, actor="test")
+    declare_slos(engine, declared, cluster_id="default", actor="test")
     engine.dispose()
     slo_file = write(
         tmp_path, "slos.yaml", "slos:\n  - {name: from the file, metric: utilization, min: 0.5}\n"
