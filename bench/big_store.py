@@ -6,8 +6,10 @@ times smaller. A read that does not grow with the record keeps a ratio near 1.
 
 Each store holds `--jobs` jobs submitted 30 s apart (all but the last 200 ended: a third each completed,
 failed at runtime and rejected, as in the benchmark), six telemetry events a job, a live error for each
-ended one and an observed run for each completed one, written directly (the small store: a hundredth of
-them), and the 100 standing forecasts a store keeps. Besides the GETs: what each standing forecast reads
+ended one and an observed run for each completed one, a recommendation every 20 jobs (steering's three every
+30 min of telemetry: mostly superseded, some expired, approved or rejected, the last few pending) with its
+two audit entries, written directly (the small store: a hundredth of them), and the 100 standing forecasts
+a store keeps. Besides the GETs: what each standing forecast reads
 of the store (`load_live_inputs`).
 Served in process (FastAPI's test client, one viewer key), best of `--repeat`, same machine, one run. The
 standing forecast's scores, which grow the fastest, have their own benchmark (`bench/skill.py`).
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sqlalchemy import Engine, insert  # noqa: E402
 from timing import analyze, best_of, print_table, small_and_large  # noqa: E402
 
+from advisor.records import AuditEntry, Recommendation  # noqa: E402
 from calibrate.records import LiveError  # noqa: E402
 from finetwin.schema import migrate  # noqa: E402
 from twin.db import make_engine  # noqa: E402
@@ -43,6 +46,8 @@ FORECAST_READ = "the store's state for a forecast (load_live_inputs)"
 GPUS = ("NVIDIA-A100-SXM4-80GB", "L40S", "NVIDIA-H100-PCIe", "NVIDIA-A100-80GB-PCIe")
 ENDED = ("completed", "failed", "rejected")  # a third each, as in the benchmark
 OUTCOMES = {"completed": "valid", "failed": "runtime", "rejected": "rejected"}  # as ingest sets them
+JOBS_PER_RECOMMENDATION = 20
+DECIDED = ("superseded",) * 6 + ("expired", "approved", "rejected")  # the states of the older ones
 EVENTS = ("job.submitted", "job.started", "job.progress", "job.progress", "job.progress", "job.completed")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -87,9 +92,38 @@ def fill(engine: Engine, jobs: int) -> None:
                     })  # fmt: skip
             connection.execute(insert(Job), job_rows)
             connection.execute(insert(TelemetryEvent), event_rows)
+            recommendation_rows, audit_rows = recommendations(first, min(jobs, first + 20_000), jobs)
+            connection.execute(insert(Recommendation), recommendation_rows)
+            connection.execute(insert(AuditEntry), audit_rows)
             connection.execute(insert(LiveError), error_rows)
             if run_rows:
                 connection.execute(insert(ObservedRun), run_rows)
+
+
+def recommendations(first: int, end: int, jobs: int) -> tuple[list[dict], list[dict]]:
+    """The recommendations made while jobs `first` to `end` were submitted, and their audit entries."""
+    rows, audit = [], []
+    for i in range(first, end, JOBS_PER_RECOMMENDATION):
+        made, rec_id = T0 + timedelta(seconds=30 * i), str(uuid.UUID(int=i))
+        state = (
+            "pending"
+            if i >= jobs - 3 * JOBS_PER_RECOMMENDATION
+            else DECIDED[i // JOBS_PER_RECOMMENDATION % 9]
+        )
+        rows.append({
+            "id": rec_id, "cluster_id": "default", "kind": "add_nodes", "target": f"nodes:{GPUS[i % 4]}",
+            "title": f"add 1 x {GPUS[i % 4]} node", "action": {"delta_nodes": 1}, "effect": {"mean": 0.1},
+            "cost": 192.0, "score": 0.1 / 192.0 * (1 + i % 7), "state": state, "source": "schedule",
+            "created_at": made, "expires_at": made + timedelta(days=1),
+            "decided_at": None if state == "pending" else made + timedelta(minutes=30),
+        })  # fmt: skip
+        audit.append({"ts": made, "actor": "system", "subject": f"recommendation:{rec_id}",
+                      "from_state": None, "to_state": "pending", "reason": "schedule"})  # fmt: skip
+        if state != "pending":
+            audit.append({"ts": made + timedelta(minutes=30), "actor": "system",
+                          "subject": f"recommendation:{rec_id}", "from_state": "pending", "to_state": state,
+                          "reason": None})  # fmt: skip
+    return rows, audit
 
 
 def store_forecasts(engine: Engine, newest: datetime) -> None:

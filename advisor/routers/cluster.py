@@ -36,6 +36,7 @@ class GpuPool(BaseModel):
 
 
 class ClusterOut(BaseModel):
+    cluster_id: str = Field(description="the cluster this API serves (FINETWIN_CLUSTER_ID)")
     nodes: list[NodeOut]
     pools: list[GpuPool]
     jobs_by_state: dict[str, int]
@@ -87,6 +88,7 @@ def cluster(
         if gpu is not None:
             pool_of(gpu).gpus_busy += int(count)
     return ClusterOut(
+        cluster_id=cluster_id,
         nodes=[NodeOut.model_validate(n, from_attributes=True) for n in nodes],
         pools=sorted(pools.values(), key=lambda p: p.gpu_model),
         jobs_by_state={str(k): int(v) for k, v in by_state.items()},

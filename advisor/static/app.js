@@ -67,6 +67,9 @@ const when = (ts) => (ts ? new Date(ts).toLocaleString(undefined, { timeZone: "U
 
 async function loadCluster() {
   const cluster = await api("/v1/cluster");
+  // Which cluster this API serves: one store may hold several, each with its API and dashboard.
+  document.getElementById("cluster-name").textContent = cluster.cluster_id;
+  document.title = `finetwin · ${cluster.cluster_id}`;
   const summary = document.getElementById("cluster-summary");
   summary.replaceChildren();
   const gpusUp = cluster.pools.reduce((a, p) => a + p.gpus_up, 0);

@@ -82,6 +82,7 @@ def test_each_clusters_api_shows_its_own_nodes_jobs_and_counts(engine: Engine, t
         shown, pool = seen[cluster_id], canonical_gpu_name(gpu)
         other_pool = canonical_gpu_name(CLUSTERS[OTHER_CLUSTER[cluster_id]][0])
         cluster = shown["cluster"]
+        assert cluster["cluster_id"] == cluster_id
         assert [n["node_id"] for n in cluster["nodes"]] == [f"{cluster_id}-n{k}" for k in range(nodes)]
         assert [(p["gpu_model"], p["nodes_up"], p["gpus_busy"]) for p in cluster["pools"]] == [
             (pool, nodes, 8 * running)

@@ -170,6 +170,8 @@ def test_the_tables_say_what_they_show(api_server: dict, browser) -> None:  # ty
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     page.goto(api_server["url"] + "/")
     use_key(page, keys["viewer"])
+    # The cluster this API serves is named (one store may hold several, each with its dashboard).
+    assert (page.inner_text("#cluster-name"), page.title()) == ("default", "finetwin · default")
     # 91 queued: the table shows 50 of them, the longest waiting first, and says so.
     queued = 11 + OLD_QUEUED
     assert page.inner_text("#jobs-note") == (
