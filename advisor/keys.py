@@ -30,7 +30,15 @@ def create_api_key(engine: Engine, role: Role, *, name: str, actor: str) -> str:
     with session_scope(engine) as session:
         row, key = create_key(session, role, name)
         subject = f"api_key:{row.key_id}"
-        audit_log.record(session, actor=actor, subject=subject, from_state=None, to_state=role, reason=name)
+        audit_log.record(
+            session,
+            cluster_id=None,
+            actor=actor,
+            subject=subject,
+            from_state=None,
+            to_state=role,
+            reason=name,
+        )
     return key
 
 
@@ -39,8 +47,9 @@ def revoke_api_key(engine: Engine, key_id: str, *, actor: str) -> bool:
         revoked = revoke_key(session, key_id)
         if revoked:
             audit_log.record(
-                session, actor=actor, subject=f"api_key:{key_id}", from_state="active", to_state="revoked"
-            )
+                session, cluster_id=None, actor=actor, subject=f"api_key:{key_id}", from_state="active",
+                to_state="revoked",
+            )  # fmt: skip
     return revoked
 
 

@@ -79,6 +79,9 @@ class AuditEntry(SQLModel, table=True):
     __table_args__ = (Index("ix_audit_log_subject", "subject"),)
 
     id: int | None = Field(default=None, primary_key=True)
+    # The cluster whose recommendation or SLOs it is about; None: the store's (an API key), or recorded
+    # before entries said (migration 0018 adds no cluster to them: the log is never rewritten).
+    cluster_id: str | None = Field(default=None, max_length=200)
     ts: datetime = timestamp_field(nullable=False, default=None)
     actor: str = Field(max_length=200)  # "key:<key id> (<name>)" or "system"
     subject: str = Field(max_length=200)  # "recommendation:<id>", "slos", "api_key:<id>"

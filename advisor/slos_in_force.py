@@ -48,8 +48,8 @@ def declare_slos(engine: Engine, slos: SloSet, *, cluster_id: str, actor: str) -
         session.add(SloDocument(cluster_id=cluster_id, created_at=now, created_by=actor, document=document))
         names = ", ".join(s.name for s in slos.slos) or "none"
         audit_log.record(
-            session, actor=actor, subject=slos_subject(cluster_id), from_state=None, to_state="declared",
-            reason=names,
+            session, cluster_id=cluster_id, actor=actor, subject=slos_subject(cluster_id), from_state=None,
+            to_state="declared", reason=names,
         )  # fmt: skip
     return SlosInForce(slos, "api", now, actor)
 

@@ -169,6 +169,7 @@ def propose(
             if _transition(session, old_id, State.SUPERSEDED, now=now, superseded_by=rec.id):
                 audit_log.record(
                     session,
+                    cluster_id=cluster_id,
                     actor=actor,
                     subject=subject(old_id),
                     from_state=State.PENDING.value,
@@ -179,6 +180,7 @@ def propose(
         session.add(rec)
         audit_log.record(
             session,
+            cluster_id=cluster_id,
             actor=actor,
             subject=subject(rec.id),
             from_state=None,
@@ -248,15 +250,16 @@ def expire_due(session: Session, *, now: datetime | None = None) -> list[str]:
     """Expire every pending recommendation past its TTL; returns their ids."""
     now = now or utcnow()
     due = session.exec(
-        select(Recommendation.id).where(
+        select(Recommendation.id, Recommendation.cluster_id).where(
             Recommendation.state == State.PENDING.value, col(Recommendation.expires_at) <= now
         )
     ).all()
     expired = []
-    for rec_id in due:
+    for rec_id, cluster_id in due:
         if _transition(session, rec_id, State.EXPIRED, now=now):
             audit_log.record(
                 session,
+                cluster_id=cluster_id,
                 actor=audit_log.SYSTEM_ACTOR,
                 subject=subject(rec_id),
                 from_state=State.PENDING.value,
@@ -300,6 +303,7 @@ def _decide(
         raise TransitionError(409, f"recommendation {recommendation_id} is {rec.state}, not pending")
     audit_log.record(
         session,
+        cluster_id=cluster_id,
         actor=actor,
         subject=subject(recommendation_id),
         from_state=State.PENDING.value,

@@ -117,10 +117,11 @@ def recommendations(first: int, end: int, jobs: int) -> tuple[list[dict], list[d
             "created_at": made, "expires_at": made + timedelta(days=1),
             "decided_at": None if state == "pending" else made + timedelta(minutes=30),
         })  # fmt: skip
-        audit.append({"ts": made, "actor": "system", "subject": f"recommendation:{rec_id}",
-                      "from_state": None, "to_state": "pending", "reason": "schedule"})  # fmt: skip
+        audit.append({"cluster_id": "default", "ts": made, "actor": "system",
+                      "subject": f"recommendation:{rec_id}", "from_state": None, "to_state": "pending",
+                      "reason": "schedule"})  # fmt: skip
         if state != "pending":
-            audit.append({"ts": made + timedelta(minutes=30), "actor": "system",
+            audit.append({"cluster_id": "default", "ts": made + timedelta(minutes=30), "actor": "system",
                           "subject": f"recommendation:{rec_id}", "from_state": "pending", "to_state": state,
                           "reason": None})  # fmt: skip
     return rows, audit

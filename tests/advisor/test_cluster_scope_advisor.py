@@ -83,6 +83,7 @@ def test_each_cluster_lists_and_decides_only_its_own_recommendations(engine: Eng
                     api.post(f"/v1/recommendations/{other}/reject", json={"comment": "not ours"}),
                 ],
                 "gauge": recommendation_gauge(api),
+                "audit": api.get("/v1/audit").json()["entries"],
             }
 
     a, b = shown["lab-a"], shown["lab-b"]
@@ -104,6 +105,22 @@ def test_each_cluster_lists_and_decides_only_its_own_recommendations(engine: Eng
             )
     assert a["gauge"] == {"pending": 1}
     assert b["gauge"] == {"pending": 1, "superseded": 1}
+
+    # Each audit log: its cluster's recommendations' entries, newest first, after the store's entries of the
+    # keys made since for each API as it was asked (a key works on every cluster's API).
+    def entries(seen: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+        return [(e["subject"].split(":")[0] if e["subject"].startswith("api_key:") else e["subject"],
+                 e["to_state"], e["cluster_id"]) for e in seen["audit"]]  # fmt: skip
+
+    key = ("api_key", "approver", None)
+    assert entries(a) == [key, (f"recommendation:{first['lab-a']}", "pending", "lab-a")]
+    assert entries(b) == [
+        key,
+        key,
+        (f"recommendation:{newer_b}", "pending", "lab-b"),
+        (f"recommendation:{first['lab-b']}", "superseded", "lab-b"),
+        (f"recommendation:{first['lab-b']}", "pending", "lab-b"),
+    ]
 
     # Neither API's refused decisions touched the other's: lab-a's is pending, and lab-a approves it.
     with api_of("lab-a", engine, tmp_path) as api:

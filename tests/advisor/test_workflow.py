@@ -27,10 +27,15 @@ def proposal(target: str = "nodes:A100-SXM", title: str = "add 1 A100-SXM node")
     )
 
 
-def propose(engine: Engine, *props: workflow.Proposal, ttl: timedelta = timedelta(hours=1)) -> list[str]:
+def propose(
+    engine: Engine,
+    *props: workflow.Proposal,
+    ttl: timedelta = timedelta(hours=1),
+    cluster_id: str = "default",
+) -> list[str]:
     with session_scope(engine) as session:
         recs = workflow.propose(
-            session, list(props), cluster_id="default", actor="system", source="on-demand", ttl=ttl
+            session, list(props), cluster_id=cluster_id, actor="system", source="on-demand", ttl=ttl
         )
         return [r.id for r in recs]
 
@@ -112,15 +117,18 @@ def test_decisions_only_from_pending(engine: Engine) -> None:
 
 
 def test_pending_recommendations_expire_after_their_ttl(engine: Engine) -> None:
-    (old,) = propose(engine, proposal(target="t1"), ttl=timedelta(seconds=-1))
+    (old,) = propose(engine, proposal(target="t1"), ttl=timedelta(seconds=-1), cluster_id="lab-a")
     (fresh,) = propose(engine, proposal(target="t2"))
     with pytest.raises(workflow.TransitionError) as error, session_scope(engine) as session:
-        workflow.approve(session, "default", old, actor="key:x (bob)", comment=None, actions_topic="actions")
+        workflow.approve(session, "lab-a", old, actor="key:x (bob)", comment=None, actions_topic="actions")
     assert error.value.status == 409 and "expired" in error.value.message
     with session_scope(engine) as session:
         assert workflow.expire_due(session, now=utcnow()) == [old]
     assert states(engine) == {old: "expired", fresh: "pending"}
     assert trail(engine, old)[-1] == ("pending", "expired", "system")
+    with Session(engine) as session:  # any API expires what is due, and the entry is of its cluster
+        query = select(AuditEntry.cluster_id).where(AuditEntry.subject == f"recommendation:{old}")
+        assert set(session.exec(query)) == {"lab-a"}
 
 
 def test_the_audit_log_is_append_only(engine: Engine) -> None:

@@ -1,12 +1,14 @@
-"""The cluster each recommendation, SLO set and capacity plan is of: an API serves one cluster
+"""The cluster each recommendation, SLO set, capacity plan and audit entry is of: an API serves one cluster
 (FINETWIN_CLUSTER_ID), and one store may hold several. Without it, two APIs on one store listed each other's
-recommendations, one cluster's steering superseded the other's pending recommendation for the same target, an
-operator's SLOs for one cluster were steered toward on the other, and a plan of one was recommended on the
-other.
+recommendations and decisions, one cluster's steering superseded the other's pending recommendation for the
+same target, an operator's SLOs for one cluster were steered toward on the other, and a plan of one was
+recommended on the other.
 
 Rows already stored are the cluster's that the store's nodes and jobs are of, when they are of one (a store
 that served one API, which is every store before this revision that did not hold several clusters); else
-`default`, the cluster an API serves when FINETWIN_CLUSTER_ID is not set.
+`default`, the cluster an API serves when FINETWIN_CLUSTER_ID is not set. Audit entries are the exception:
+the log is append-only, never rewritten, so those already stored have no cluster (as an API key's entries
+have none), and every cluster's API shows them.
 
 Revision ID: 0018
 Revises: 0017
@@ -54,9 +56,13 @@ def upgrade() -> None:
         "ix_recommendations_state_cluster", "recommendations", ["state", "cluster_id"], unique=False
     )
     op.drop_index("ix_recommendations_state", table_name="recommendations")
+    # Nullable, without a default: adding it rewrites no entry (the database refuses UPDATE on the log).
+    op.add_column("audit_log", sa.Column("cluster_id", sqlmodel.sql.sqltypes.AutoString(length=200)))
 
 
 def downgrade() -> None:
+    # In place (SQLite 3.35 drops a column itself): a batch's copy of the table would lose its triggers.
+    op.drop_column("audit_log", "cluster_id")
     op.create_index("ix_recommendations_state", "recommendations", ["state"], unique=False)
     op.drop_index("ix_recommendations_state_cluster", table_name="recommendations")
     for table in TABLES:
