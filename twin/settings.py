@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SEED, MAX_SIMULATED_SECONDS
+from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SEED, MAX_SIMULATED_SECONDS, StoredId
 
 
 def default_data_dir() -> Path:
@@ -38,7 +38,9 @@ class TwinSettings(BaseSettings):
     data_dir: Path = Field(default_factory=lambda: default_data_dir())
     database_url: str | None = None
 
-    cluster_id: str = "default"
+    # The cluster's id, as its telemetry's `cluster_id` states it, and bounded as there (1-200 characters the
+    # store can hold): the store's columns of it hold 200 characters.
+    cluster_id: StoredId = "default"
 
     # Twin: forecasts from the live state, and the standing forecast the API refreshes and stores.
     # The standing forecast is made every this much telemetry time (`5m`, `1h` or seconds; a replay at

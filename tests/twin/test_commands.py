@@ -455,6 +455,23 @@ def test_a_setting_out_of_its_range_stops_every_command_at_start(
     assert f"invalid setting: {variable}: Input should be" in error and f"(got '{value}')" in error, error
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("", "String should have at least 1 character"),
+        ("c" * 201, "String should have at most 200 characters"),
+    ],
+    ids=["empty", "201 characters"],
+)
+def test_a_cluster_id_the_store_cannot_key_stops_every_command_at_start(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, value: str, said: str
+) -> None:
+    """Bounded as the telemetry's `cluster_id` is: the store's columns of it hold 200 characters."""
+    monkeypatch.setenv("FINETWIN_CLUSTER_ID", value)
+    assert main(["info"]) == 2
+    assert f"invalid setting: FINETWIN_CLUSTER_ID: {said}" in capsys.readouterr().err
+
+
 def test_a_list_setting_that_is_not_json_is_named(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
