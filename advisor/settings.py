@@ -4,11 +4,12 @@ variables; on top of calibration's, whose refits and models the API runs."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, StringConstraints
 
 from calibrate.settings import CalibrateSettings
-from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SIMULATED_SECONDS
+from twin.limits import MAX_ENSEMBLE_RUNS, MAX_SIMULATED_SECONDS, check_topic_name
 
 
 class AdvisorSettings(CalibrateSettings):
@@ -41,7 +42,10 @@ class AdvisorSettings(CalibrateSettings):
     # Declared SLOs file (YAML); unset = built-in defaults.
     slo_file: Path | None = None
 
-    actions_topic: str = "finetwin.actions"  # approved actions are published here (the outbox)
+    # Approved actions are published here (the outbox, whose rows hold a topic's name in 200 characters).
+    actions_topic: Annotated[str, StringConstraints(max_length=200), AfterValidator(check_topic_name)] = (
+        "finetwin.actions"
+    )
 
     # Advisor: API keys, recommendations and the actions outbox.
     # A verified key is trusted this long (revocation takes up to this)

@@ -6,15 +6,15 @@ from datetime import timedelta
 
 from pydantic import Field, field_validator
 
-from twin.limits import DEFAULT_MAX_CLOCK_SKEW
+from twin.limits import DEFAULT_MAX_CLOCK_SKEW, TopicName
 from twin.settings import TwinSettings
 
 
 class IngestSettings(TwinSettings):
     # Kafka. Unset bootstrap = `finetwin up` starts an embedded broker.
     kafka_bootstrap: str | None = None
-    telemetry_topic: str = "finetwin.telemetry"
-    dlq_topic: str = "finetwin.telemetry.dlq"
+    telemetry_topic: TopicName = "finetwin.telemetry"
+    dlq_topic: TopicName = "finetwin.telemetry.dlq"
     telemetry_partitions: int = Field(default=6, ge=1, le=10_000)
     consumer_group: str = "finetwin-ingest"
     # Most messages per ingest transaction. A poll returns what is there, so this only bites under backlog,

@@ -123,6 +123,21 @@ StorableText = Annotated[str, AfterValidator(_storable)]
 # a list's: "at least 1 item").
 StoredId = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
 
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def check_topic_name(name: str) -> str:
+    if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(
+            "not a Kafka topic name: 1-249 ASCII letters, digits, '.', '_' or '-', and not '.' or '..'"
+        )
+    return name
+
+
+# A topic's name as Kafka allows it: checked when the settings are read (kafka-python raised it as a
+# traceback when the consumer subscribed).
+TopicName = Annotated[str, AfterValidator(check_topic_name)]
+
 
 def time_window(now: datetime | None = None) -> tuple[datetime, datetime]:
     """The earliest and latest event times accepted at `now` (default: this machine's clock)."""

@@ -455,21 +455,33 @@ def test_a_setting_out_of_its_range_stops_every_command_at_start(
     assert f"invalid setting: {variable}: Input should be" in error and f"(got '{value}')" in error, error
 
 
+NOT_A_TOPIC = "not a Kafka topic name: 1-249 ASCII letters, digits, '.', '_' or '-', and not '.' or '..'"
+
+
 @pytest.mark.parametrize(
-    ("value", "said"),
+    ("variable", "value", "said"),
     [
-        ("", "String should have at least 1 character"),
-        ("c" * 201, "String should have at most 200 characters"),
+        # Bounded as the telemetry's `cluster_id` is: the store's columns of it hold 200 characters.
+        ("FINETWIN_CLUSTER_ID", "", "String should have at least 1 character"),
+        ("FINETWIN_CLUSTER_ID", "c" * 201, "String should have at most 200 characters"),
+        # A name Kafka refuses was a traceback from kafka-python when ingest subscribed.
+        ("FINETWIN_TELEMETRY_TOPIC", "lab a telemetry", NOT_A_TOPIC),
+        ("FINETWIN_DLQ_TOPIC", "..", NOT_A_TOPIC),
+        ("FINETWIN_TELEMETRY_TOPIC", "t" * 250, NOT_A_TOPIC),
+        ("FINETWIN_ACTIONS_TOPIC", "actions/lab-a", NOT_A_TOPIC),
+        (
+            "FINETWIN_ACTIONS_TOPIC",
+            "a" * 201,
+            "String should have at most 200 characters",
+        ),  # the outbox's column
     ],
-    ids=["empty", "201 characters"],
 )
-def test_a_cluster_id_the_store_cannot_key_stops_every_command_at_start(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, value: str, said: str
+def test_a_name_the_store_or_kafka_cannot_take_stops_every_command_at_start(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable: str, value: str, said: str
 ) -> None:
-    """Bounded as the telemetry's `cluster_id` is: the store's columns of it hold 200 characters."""
-    monkeypatch.setenv("FINETWIN_CLUSTER_ID", value)
+    monkeypatch.setenv(variable, value)
     assert main(["info"]) == 2
-    assert f"invalid setting: FINETWIN_CLUSTER_ID: {said}" in capsys.readouterr().err
+    assert f"invalid setting: {variable}: {said} (got {value!r})" in capsys.readouterr().err
 
 
 def test_a_list_setting_that_is_not_json_is_named(
