@@ -107,12 +107,17 @@ def fit_benchmark_models(path: Path, seed: int = 0) -> JobModels:
 
 
 def kafka_bootstrap(option: str | None, settings: Settings) -> str:
+    from ingest.settings import bootstrap_problem
+
     bootstrap = option or settings.kafka_bootstrap
     if not bootstrap:
         raise CommandError(
             "no Kafka to talk to: pass --bootstrap HOST:PORT or set FINETWIN_KAFKA_BOOTSTRAP "
             "(`finetwin up` starts a broker of its own)"
         )
+    problem = bootstrap_problem(bootstrap)  # the setting's was checked as it was read
+    if problem is not None:
+        raise CommandError(f"--bootstrap: {problem}")
     return bootstrap
 
 

@@ -469,11 +469,16 @@ NOT_A_TOPIC = "not a Kafka topic name: 1-249 ASCII letters, digits, '.', '_' or 
         ("FINETWIN_DLQ_TOPIC", "..", NOT_A_TOPIC),
         ("FINETWIN_TELEMETRY_TOPIC", "t" * 250, NOT_A_TOPIC),
         ("FINETWIN_ACTIONS_TOPIC", "actions/lab-a", NOT_A_TOPIC),
+        # The outbox's rows hold a topic's name in 200 characters.
+        ("FINETWIN_ACTIONS_TOPIC", "a" * 201, "String should have at most 200 characters"),
+        # A port that is not one was kafka-python's traceback (invalid literal for int()).
+        ("FINETWIN_KAFKA_BOOTSTRAP", "kafka:no", "'kafka:no': the port must be a number from 1 to 65535"),
+        ("FINETWIN_KAFKA_BOOTSTRAP", "k1:9092,,k2:9092", "'' names no host (HOST:PORT, comma-separated)"),
         (
-            "FINETWIN_ACTIONS_TOPIC",
-            "a" * 201,
-            "String should have at most 200 characters",
-        ),  # the outbox's column
+            "FINETWIN_KAFKA_BOOTSTRAP",
+            "fe80::1::2",
+            "'fe80::1::2' is not HOST:PORT (an IPv6 host goes in brackets: [ADDRESS]:PORT)",
+        ),
     ],
 )
 def test_a_name_the_store_or_kafka_cannot_take_stops_every_command_at_start(
@@ -482,6 +487,23 @@ def test_a_name_the_store_or_kafka_cannot_take_stops_every_command_at_start(
     monkeypatch.setenv(variable, value)
     assert main(["info"]) == 2
     assert f"invalid setting: {variable}: {said} (got {value!r})" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "bootstrap", ["kafka", "k1:9092, k2:9093", "10.0.0.7:29092", "[::1]:9092", "[::1]", "::1", "fe80::1"]
+)
+def test_every_bootstrap_list_kafka_python_reads_is_taken(bootstrap: str) -> None:
+    from kafka.cluster import collect_hosts
+
+    from ingest.settings import bootstrap_problem
+
+    assert collect_hosts(bootstrap)  # kafka-python reads it
+    assert bootstrap_problem(bootstrap) is None
+
+
+def test_a_bootstrap_option_that_is_not_one_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ingest", "--bootstrap", "kafka:0"]) == 2
+    assert "--bootstrap: 'kafka:0': the port must be a number from 1 to 65535" in capsys.readouterr().err
 
 
 def test_a_list_setting_that_is_not_json_is_named(
