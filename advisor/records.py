@@ -2,8 +2,8 @@
 actions waiting to be published on Kafka, and capacity plans.
 
 The schema is created by migration 0004 (`finetwin/migrations/versions/0004_advisor.py`; capacity plans by
-0015; the cluster of a recommendation, an SLO set and a plan by 0018); these classes are how the code reads
-and writes it. Timestamps are timezone-aware UTC.
+0015; the cluster of a recommendation, an SLO set, a plan and an audit entry by 0018); these classes are how
+the code reads and writes it. Timestamps are timezone-aware UTC.
 """
 
 from __future__ import annotations
