@@ -76,7 +76,10 @@ class AuditEntry(SQLModel, table=True):
     """One decision or state change. Append-only: database triggers refuse UPDATE and DELETE."""
 
     __tablename__ = "audit_log"
-    __table_args__ = (Index("ix_audit_log_subject", "subject"),)
+    __table_args__ = (
+        Index("ix_audit_log_subject", "subject"),
+        Index("ix_audit_log_cluster", "cluster_id"),  # each API counts its cluster's entries and the store's
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     # The cluster whose recommendation or SLOs it is about; None: the store's (an API key), or recorded
