@@ -66,6 +66,14 @@ def recommendation_gauge(client: TestClient) -> dict[str, float]:
     }
 
 
+def audit_rows(entries: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
+    """(subject, to state, cluster) of each entry, a key's subject as `api_key`."""
+    return [
+        ("api_key" if e["subject"].startswith("api_key:") else e["subject"], e["to_state"], e["cluster_id"])
+        for e in entries
+    ]
+
+
 def test_each_cluster_lists_and_decides_only_its_own_recommendations(engine: Engine, tmp_path: Path) -> None:
     # One target on each cluster, lab-b's twice: its second supersedes its first, and neither lab-a's.
     first = {c: propose_on(engine, c, f"round robin on {c}") for c in CLUSTERS}
@@ -108,13 +116,9 @@ def test_each_cluster_lists_and_decides_only_its_own_recommendations(engine: Eng
 
     # Each audit log: its cluster's recommendations' entries, newest first, after the store's entries of the
     # keys made since for each API as it was asked (a key works on every cluster's API).
-    def entries(seen: dict[str, Any]) -> list[tuple[str, str, str | None]]:
-        return [(e["subject"].split(":")[0] if e["subject"].startswith("api_key:") else e["subject"],
-                 e["to_state"], e["cluster_id"]) for e in seen["audit"]]  # fmt: skip
-
     key = ("api_key", "approver", None)
-    assert entries(a) == [key, (f"recommendation:{first['lab-a']}", "pending", "lab-a")]
-    assert entries(b) == [
+    assert audit_rows(a["audit"]) == [key, (f"recommendation:{first['lab-a']}", "pending", "lab-a")]
+    assert audit_rows(b["audit"]) == [
         key,
         key,
         (f"recommendation:{newer_b}", "pending", "lab-b"),
