@@ -30,9 +30,8 @@ def bootstrap_problem(bootstrap: str) -> str | None:
             if not rest.startswith(":") and rest:
                 return f"{address!r} is not HOST:PORT (an IPv6 host is [ADDRESS]:PORT)"
             port = rest[1:] if rest else None
-        elif (
-            address.count(":") > 1
-        ):  # an IPv6 address alone is a host (the port 9092), as kafka-python reads it
+        elif address.count(":") > 1:
+            # An IPv6 address alone is a host (on port 9092), as kafka-python reads it.
             if not _ipv6(address):
                 return f"{address!r} is not HOST:PORT (an IPv6 host goes in brackets: [ADDRESS]:PORT)"
             host, port = address, None
