@@ -53,11 +53,8 @@ def cluster(
 ) -> ClusterOut:
     cluster_id = settings.cluster_id
     nodes = list(session.exec(select(Node).where(Node.cluster_id == cluster_id).order_by(Node.node_id)))
-    by_state = dict(
-        session.exec(
-            select(Job.state, func.count()).where(Job.cluster_id == cluster_id).group_by(Job.state)
-        ).all()
-    )
+    by_state = jobs_by_state(session, cluster_id)
+    running = by_state.get("running", 0)
     busy = dict(
         session.exec(
             select(Job.gpu_model, func.coalesce(func.sum(Job.number_gpus), 0))
@@ -91,11 +88,17 @@ def cluster(
         cluster_id=cluster_id,
         nodes=[NodeOut.model_validate(n, from_attributes=True) for n in nodes],
         pools=sorted(pools.values(), key=lambda p: p.gpu_model),
-        jobs_by_state={str(k): int(v) for k, v in by_state.items()},
-        running=int(by_state.get("running", 0)),
-        queued=int(by_state.get("submitted", 0)),
-        attention=_attention(session, settings, running=int(by_state.get("running", 0))),
+        jobs_by_state=by_state,
+        running=running,
+        queued=by_state.get("submitted", 0),
+        attention=_attention(session, settings, running=running),
     )
+
+
+def jobs_by_state(session: Session, cluster_id: str) -> dict[str, int]:
+    """How many of the cluster's jobs the store holds in each state (those it has: no zeros)."""
+    query = select(Job.state, func.count()).where(Job.cluster_id == cluster_id).group_by(Job.state)
+    return {str(state): int(count) for state, count in session.exec(query)}
 
 
 def _attention(session: Session, settings: AdvisorSettings, running: int) -> dict[str, int]:

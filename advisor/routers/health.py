@@ -13,6 +13,7 @@ from sqlmodel import Session, func, select
 
 from advisor.deps import get_engine, get_settings
 from advisor.records import Recommendation
+from advisor.routers.cluster import jobs_by_state
 from advisor.settings import AdvisorSettings
 from calibrate.drift import summarize
 from calibrate.registry import ModelRegistry, RegistryError
@@ -22,7 +23,7 @@ from twin.forecast_store import STANDING, latest_forecast
 from twin.job_health import attention_counts, attention_grace
 from twin.retention import kept_from
 from twin.skill import skill
-from twin.store import Job, Node, TelemetryEvent
+from twin.store import Node, TelemetryEvent
 
 router = APIRouter(tags=["health"])
 
@@ -63,10 +64,7 @@ class _StoreCollector:
             "0 while nothing was pruned",
         )
         with Session(self.engine) as session:
-            in_cluster = Job.cluster_id == self.cluster_id
-            for state, count in session.exec(
-                select(Job.state, func.count()).where(in_cluster).group_by(Job.state)
-            ):
+            for state, count in jobs_by_state(session, self.cluster_id).items():
                 jobs.add_metric([state], count)
             query = (
                 select(Node.gpu_model, Node.status, func.count())
