@@ -24,6 +24,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from twin.lifeline import when_spawning_parent_gone
+
 # 10 of 19: the requests win the CPU whenever they want it, and an idle machine still refits at full speed.
 REFIT_NICE = 10
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # finetwin.logs' format
@@ -156,14 +158,6 @@ def _child(
 
 
 def _end_with_parent() -> None:
-    """A thread that ends this process's group (this process and the workers it started) when the API's
-    process is gone: a refit nobody waits for would still write a version."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os.killpg(0, signal.SIGINT)
-
-    threading.Thread(target=watch, name="finetwin-refit-parent-watch", daemon=True).start()
+    """End this process's group (this process and the workers it started) when the API's process is gone: a
+    refit nobody waits for would still write a version."""
+    when_spawning_parent_gone(lambda: os.killpg(0, signal.SIGINT), "finetwin-refit-parent-watch")

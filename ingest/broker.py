@@ -13,6 +13,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,9 +100,23 @@ def reaches_a_listener(sock: socket.socket, address: tuple[str, int]) -> bool:
     return sock.connect_ex(address) == 0 and sock.getsockname() != sock.getpeername()
 
 
+def _parent_death_prefix() -> list[str]:
+    """What to run the broker under so that the kernel sends it SIGTERM when the thread that started it ends
+    (Linux's parent-death signal, which util-linux's `setpriv` sets before it runs the broker in its own
+    place): `finetwin up` killed with -9 left its broker running, holding its port and every message, and
+    the next `up` started another. Nothing where setpriv is missing: the broker then outlives such a kill."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+
+
+_ENDING_WITH_THIS_THREAD = _parent_death_prefix()
+
+
 @dataclass
 class EmbeddedBroker:
-    """One Tansu process. `storage` is `memory://tansu/` or `s3://BUCKET/` (with AWS_* settings in `env`)."""
+    """One Tansu process. `storage` is `memory://tansu/` or `s3://BUCKET/` (with AWS_* settings in `env`).
+    Start it from a thread that lives as long as the broker should (the main thread, as `up` and the test
+    fixtures do): on Linux it ends with that thread."""
 
     port: int = 0
     storage: str = "memory://tansu/"
@@ -124,8 +139,8 @@ class EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", self.storage],
+            [*_ENDING_WITH_THIS_THREAD, str(binary), "broker", "--listener-url", url,
+             "--advertised-listener-url", url, "--storage-engine", self.storage],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn", **self.env},
             start_new_session=True,
         )  # fmt: skip

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from types import FrameType
 
+from twin.lifeline import when_spawning_parent_gone
+
 log = logging.getLogger(__name__)
 
 
@@ -29,7 +31,7 @@ def run_children(count: int, target: Callable[[int], object], name: str) -> int:
     every child exited cleanly, else the first failure's exit status. `target` must pickle (the children
     are spawned: a fresh interpreter, nothing inherited from this process's threads or connections)."""
     context = multiprocessing.get_context("spawn")
-    children = [context.Process(target=target, args=(i,), name=f"{name}-{i}") for i in range(count)]
+    children = [context.Process(target=_child, args=(target, i), name=f"{name}-{i}") for i in range(count)]
     stopping = False
 
     def stop_all(signum: int | None = None, _frame: FrameType | None = None) -> None:
@@ -64,6 +66,14 @@ def run_children(count: int, target: Callable[[int], object], name: str) -> int:
                 child.kill()
                 child.join()
     return status
+
+
+def _child(target: Callable[[int], object], index: int) -> None:
+    """A child's life: `target(index)`, stopped as SIGTERM stops it (its batch drained and committed) when
+    the parent is gone, however it ended (`kill -9` runs no code that could pass a signal on): a consumer
+    left behind would go on ingesting beside the ones a restarted unit starts."""
+    when_spawning_parent_gone(lambda: os.kill(os.getpid(), signal.SIGTERM), f"finetwin-ingest-{index}-watch")
+    target(index)
 
 
 def _status(exitcode: int | None) -> int:

@@ -26,7 +26,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import forkserver, get_context
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
+
+from twin.lifeline import exit_now, lifeline, when_gone
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +102,20 @@ def worker_pool(
 ) -> ProcessPoolExecutor:
     """The twin's local process pool: `workers` processes forked from the forkserver (`start_forkserver`,
     with `preload`), each running `initializer(*initargs)` once, with Ctrl-C left to this process, at the
-    niceness `set_worker_niceness` set. forkserver: workers start from a clean process, safe even when the
-    caller runs threads (the API)."""
+    niceness `set_worker_niceness` set, ending when this process ends (`twin.lifeline`), however it ends.
+    forkserver: workers start from a clean process, safe even when the caller runs threads (the API)."""
     start_forkserver(preload)
     return ProcessPoolExecutor(
         workers, mp_context=get_context("forkserver"), initializer=_start_worker,
-        initargs=(initializer, initargs, _worker_niceness),
+        initargs=(initializer, initargs, _worker_niceness, lifeline()),
     )  # fmt: skip
 
 
-def _start_worker(initializer: Callable[..., object], initargs: tuple[Any, ...], niceness: int = 0) -> None:
+def _start_worker(
+    initializer: Callable[..., object], initargs: tuple[Any, ...], niceness: int, parent_line: Connection
+) -> None:
+    # Once no worker is left, the forkserver sees that nobody can ask it for more, and ends too.
+    when_gone(parent_line, exit_now, "finetwin-worker-parent-watch")
     ignore_terminal_interrupt()
     if niceness:
         os.nice(niceness)

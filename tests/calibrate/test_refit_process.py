@@ -4,7 +4,6 @@ which does not outlive the API (`calibrate.refit_process`)."""
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from calibrate.registry import ModelRegistry
 from finetwin.schema import migrate
 from finetwin.settings import Settings
 from tests.conftest import wait_for
+from tests.process_ends import needs_pidfd, still_running, watching
 from twin.db import make_engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +122,7 @@ def test_a_child_stopped_mid_fit_is_interrupted_whatever_its_libraries_raise(tmp
     assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], KeyboardInterrupt), outcome
 
 
-@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3) to await a process")
+@needs_pidfd
 @pytest.mark.parametrize("end", ["os._exit(0)", "sys.exit(0)"])
 def test_the_child_ends_when_the_api_process_ends(end: str) -> None:
     """A process that starts a refit and dies at once (kill -9 of the API: `os._exit`), or whose main thread
@@ -143,15 +143,11 @@ def test_the_child_ends_when_the_api_process_ends(end: str) -> None:
                            stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert api.stdout is not None and api.stdin is not None
     child = int(api.stdout.readline())
-    handle = os.pidfd_open(child)
-    try:
+    with watching([child]) as handles:
         api.stdin.write("\n")
         api.stdin.flush()
         assert api.wait(timeout=60) == 0
-        readable, _, _ = select.select([handle], [], [], 60)  # readable once the child has exited
-        assert readable == [handle], "the refit's process outlived the process that started it"
-    finally:
-        os.close(handle)
+        assert still_running(handles, 60) == [], "the refit's process outlived the process that started it"
 
 
 def test_the_api_stopping_abandons_a_refit_in_its_process(

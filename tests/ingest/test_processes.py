@@ -38,6 +38,7 @@ from tests.ingest.conftest import (
     store_count,
     worker_thread,
 )
+from tests.process_ends import children_of, needs_pidfd, still_running, watching
 
 ASSIGNED = "finetwin_ingest_assigned_partitions"
 APPLIED = "finetwin_ingest_events_applied_total"
@@ -105,6 +106,25 @@ def test_one_command_runs_two_consumers_that_split_the_topic_and_drain_on_sigter
     assert command.wait(30) == 0
     assert len(re.findall(r"stopped: \d+ messages", command.output())) == 2  # both drained and said so
     assert_store_matches_benchmark(pg_engine, sample_table, sample_plan, "replay-0-")
+
+
+@needs_pidfd
+def test_the_consumers_drain_and_end_when_the_command_is_killed(
+    kafka_bootstrap: str, postgres_url: str, ingest_processes: list[IngestProcess], tmp_path: Path
+) -> None:
+    """`kill -9` (or the out-of-memory killer) of `finetwin ingest --processes 2` passes no signal on: its
+    consumers went on ingesting beside the ones a restarted command starts. Each now stops as SIGTERM stops
+    it: its batch drained and committed, said in its closing line."""
+    topic = new_topic(kafka_bootstrap, unique("orphans"))
+    command = IngestProcess(postgres_url, kafka_bootstrap, topic, unique("g"), tmp_path, processes=2)
+    ingest_processes.append(command)
+    wait_for(lambda: all(command.metric(ASSIGNED, consumer) for consumer in (0, 1)), 60, "both consumers")
+    consumers = children_of(command.process.pid)
+    with watching(consumers) as handles:
+        command.process.kill()
+        command.process.wait()
+        assert still_running(handles, 60) == [], "consumers outlived the command"
+    assert len(re.findall(r"stopped: \d+ messages", command.output())) == 2, command.output()[-3000:]
 
 
 def _exit_or_wait(statuses: dict[int, int], index: int) -> None:
