@@ -56,7 +56,8 @@ class ApiParts:
         models_in_use: ModelsInUse | None = None,
         outbox_relay: OutboxRelay | None = None,
     ) -> ApiParts:
-        """The usual parts: the registry's models in use, a background scheduler and the refits on it."""
+        """The usual parts: the registry's models in use, a background scheduler and the refits on it (none
+        with `FINETWIN_REFITS=false`)."""
         from apscheduler.schedulers.background import BackgroundScheduler
 
         from calibrate.refit import RefitScheduler
@@ -64,7 +65,7 @@ class ApiParts:
 
         scheduler = BackgroundScheduler(timezone="UTC")
         models = models_in_use if models_in_use is not None else InUseModels(settings.resolved_models_dir())
-        refits = RefitScheduler(settings, engine, scheduler)
+        refits = RefitScheduler(settings, engine, scheduler) if settings.refits else None
         return cls(settings, engine, models, scheduler, refits, outbox_relay)
 
 

@@ -18,6 +18,9 @@ class CalibrateSettings(TwinSettings):
     native_trees: bool = True
 
     # Calibration online: refits, drift of the live error, and how much observed runs count.
+    # Whether this API process refits at all (hourly, on drift, the first model of an empty registry): with
+    # several APIs on one registry (one per cluster), one refits and the others use what it puts in use.
+    refits: bool = True
     refit_interval_minutes: float = Field(default=60.0, gt=0)  # scheduled refit in the API process
     refit_benchmarks: list[Path] = Field(default_factory=list)  # empty = the in-use version's, else bundled
     refit_observed: bool = True  # scheduled and drift refits add the runs observed through telemetry

@@ -239,3 +239,23 @@ def test_startup_puts_the_hourly_refit_and_the_drift_check_on_the_scheduler(
         assert refit is not None and refit.trigger.interval == timedelta(hours=1)
         check = scheduler.get_job("calibrate.drift-check")
         assert check is not None and check.trigger.interval == timedelta(seconds=60)
+
+
+@pytest.mark.parametrize("registry", ["in use", "empty"])
+def test_an_api_with_refits_off_fits_nothing_and_uses_what_the_registry_has(
+    store: Engine, registry_copy: Path, tmp_path: Path, registry: str
+) -> None:
+    """`FINETWIN_REFITS=false`, for all but one of several APIs on one registry: no hourly refit, no drift
+    check, and no first model of an empty registry (the refitting API fits it); predictions use the version
+    in use as ever."""
+    from advisor.app import create_app
+
+    models = registry_copy if registry == "in use" else tmp_path / "empty"
+    settings = Settings(data_dir=tmp_path / "data", models_dir=models, scheduler_enabled=False, refits=False)
+    parts = api_parts(settings, store)
+    with TestClient(create_app(parts)) as client:
+        jobs = [job.id for job in parts.scheduler.get_jobs()]
+        assert parts.refits is None and not [job for job in jobs if job.startswith("calibrate.")], jobs
+        assert "standing-forecast" in jobs, "the API's other periodic work is still scheduled"
+        answer = client.post("/v1/predict", json=CONFIG, headers=api_headers(store))
+        assert answer.status_code == (200 if registry == "in use" else 409), answer.text
