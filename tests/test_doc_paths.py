@@ -25,7 +25,7 @@ def named_paths(text: str) -> list[str]:
 def test_a_path_is_read_from_code_and_nothing_else() -> None:
     text = (
         "see `twin/lifeline.py`, `docs/` and `.venv/bin/python bench/fidelity.py --seeds 0`; twin/prose.py\n"
-        "```sh\nscripts/test tests/twin   # comment naming twin/x.py.\n```\n`FINETWIN_X=twin/y.csv`"
+        "```sh\nscripts/test tests/twin   # comment naming twin/x.py.\n```\n`FINETWIN_SLO_FILE=twin/y.yaml`"
     )
     expected = ["twin/lifeline.py", "docs/", "bench/fidelity.py", "scripts/test", "tests/twin", "twin/x.py"]
     assert named_paths(text) == expected
