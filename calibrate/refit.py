@@ -39,6 +39,7 @@ from calibrate.records import ModelVersionRecord
 from calibrate.refit_process import RefitFailed, RefitProcess
 from calibrate.registry import ModelRegistry, RegistryError
 from calibrate.settings import CalibrateSettings
+from twin.lifeline import exit_now, when_spawning_parent_gone
 
 if TYPE_CHECKING:
     from calibrate.fit import CalibratedModels
@@ -222,7 +223,7 @@ class _ProcessPerTask(Executor):
             pool.submit(_import_fitting)
 
     def _pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=1, mp_context=self._context)
+        return ProcessPoolExecutor(max_workers=1, mp_context=self._context, initializer=_end_with_parent)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if self._submitted == len(self._pools):
@@ -234,6 +235,13 @@ class _ProcessPerTask(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         for pool in self._pools:
             pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def _end_with_parent() -> None:
+    """In a comparison's process: end with the process that calibrates (`finetwin calibrate` or a refit's
+    process), however it ends; left behind after a `kill -9`, it finished its fit for nobody and then waited
+    for more work forever."""
+    when_spawning_parent_gone(exit_now, "finetwin-comparison-parent-watch")
 
 
 def _import_fitting() -> None:

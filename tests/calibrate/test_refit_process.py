@@ -171,3 +171,35 @@ def test_the_api_stopping_abandons_a_refit_in_its_process(
     assert "refit (schedule) abandoned: the API is stopping" in caplog.text
     assert ModelRegistry(registry_copy).versions() == ["v0001"]
     engine.dispose()
+
+
+COMPARISON_OWNER = """
+import time
+from calibrate.refit import _ProcessPerTask
+from tests.twin.test_lifeline import busy_forever
+
+workers = _ProcessPerTask(warm=1)
+workers.submit(busy_forever, None)  # mid-fit, as it were, when its owner dies
+print(*[pid for pool in workers._pools for pid in pool._processes], flush=True)
+time.sleep(3600)
+"""
+
+
+@needs_pidfd
+def test_a_comparison_fits_process_ends_when_the_calibrating_process_is_killed() -> None:
+    """`finetwin calibrate` (or a refit's process) killed with -9 mid-calibration: its comparison fit's
+    process went on fitting for nobody, then waited for work forever."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", COMPARISON_OWNER], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        workers = [int(pid) for pid in owner.stdout.readline().split()]
+        assert workers
+        with watching(workers) as handles:
+            owner.kill()
+            owner.wait()
+            assert still_running(handles, 30) == [], "the comparison's process outlived the calibration"
+    finally:
+        owner.kill()
+        owner.wait()
