@@ -61,11 +61,13 @@ _RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2}
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the key's public id, its name and role."""
+    """Who is calling: the key's public id, its name and role, and the one cluster whose API takes it (None:
+    every cluster's)."""
 
     key_id: str
     name: str
     role: Role
+    cluster_id: str | None = None
 
     @property
     def actor(self) -> str:
@@ -84,11 +86,15 @@ def parse_key_id(key: str) -> str | None:
     return parts[1]
 
 
-def create_key(session: Session, role: Role, name: str) -> tuple[ApiKey, str]:
-    """A new key of `role`; returns the stored row and the key itself (shown once, never stored)."""
+def create_key(session: Session, role: Role, name: str, cluster_id: str | None = None) -> tuple[ApiKey, str]:
+    """A new key of `role`, for one cluster's API or (None) every cluster's; returns the stored row and the
+    key itself (shown once, never stored)."""
     key_id = uuid.uuid4().hex[:12]
     key = f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
-    row = ApiKey(key_id=key_id, name=name, role=role.value, key_hash=hash_key(key), created_at=utcnow())
+    row = ApiKey(
+        key_id=key_id, name=name, role=role.value, key_hash=hash_key(key), created_at=utcnow(),
+        cluster_id=cluster_id,
+    )  # fmt: skip
     session.add(row)
     return row, key
 
@@ -112,7 +118,7 @@ def verify_key(session: Session, key: str) -> Principal | None:
         return None
     if not hmac.compare_digest(hash_key(key), row.key_hash):
         return None
-    return Principal(key_id=row.key_id, name=row.name, role=Role(row.role))
+    return Principal(key_id=row.key_id, name=row.name, role=Role(row.role), cluster_id=row.cluster_id)
 
 
 def any_key_exists(session: Session) -> bool:
@@ -282,6 +288,12 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
         limiter.record_failure(address)
         raise HTTPException(
             status_code=401, detail="invalid or revoked API key", headers={"WWW-Authenticate": API_KEY_HEADER}
+        )
+    served = runtime.parts.settings.cluster_id
+    if principal.cluster_id is not None and principal.cluster_id != served:
+        raise HTTPException(
+            status_code=403,
+            detail=f"this key is for cluster {principal.cluster_id!r}; this API serves cluster {served!r}",
         )
     request.state.principal = principal
     return principal

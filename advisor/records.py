@@ -27,6 +27,8 @@ class ApiKey(SQLModel, table=True):
     key_hash: str = Field(max_length=64)  # hex SHA-256 of the whole key
     created_at: datetime = timestamp_field(nullable=False, default=None)
     revoked_at: datetime | None = timestamp_field(nullable=True, default=None)
+    # The one cluster whose API takes the key (FINETWIN_CLUSTER_ID); None: every cluster's API.
+    cluster_id: str | None = Field(default=None, max_length=200, nullable=True)
 
 
 class SloDocument(SQLModel, table=True):

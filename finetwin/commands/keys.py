@@ -31,9 +31,15 @@ def create(
     ctx: typer.Context,
     role: Annotated[RoleName, typer.Option(help="viewer < operator < approver")],
     name: Annotated[str | None, typer.Option(help="who or what uses it (shown in the audit log)")] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="the one cluster whose API takes it (its FINETWIN_CLUSTER_ID); default: every cluster's"
+        ),
+    ] = None,
 ) -> int:
     from advisor.auth import Role
-    from advisor.keys import create_api_key, key_name_problem
+    from advisor.keys import create_api_key, key_cluster_problem, key_name_problem
     from finetwin.wiring import migrated_engine
 
     if name is not None and not name.strip():  # it became "viewer key" without a word
@@ -41,8 +47,11 @@ def create(
     problem = key_name_problem(name) if name is not None else None
     if problem is not None:  # before the store is touched: PostgreSQL refused it with a traceback
         raise CommandError(f"--name {problem}")
+    problem = key_cluster_problem(cluster) if cluster is not None else None
+    if problem is not None:
+        raise CommandError(f"--cluster {problem}")
     engine = migrated_engine(ctx.obj)
-    key = create_api_key(engine, Role(role), name=name or f"{role} key", actor="cli")
+    key = create_api_key(engine, Role(role), name=name or f"{role} key", actor="cli", cluster_id=cluster)
     print(key)
     return 0
 
@@ -59,15 +68,17 @@ def list_keys(ctx: typer.Context, as_json: Json = False) -> int:
         rows = list(session.exec(select(ApiKey).order_by(col(ApiKey.created_at))))
     if as_json:
         listed = [
-            {"id": row.key_id, "role": row.role, "name": row.name, "created_at": _iso(row.created_at),
+            {"id": row.key_id, "role": row.role, "name": row.name, "cluster_id": row.cluster_id,
+             "created_at": _iso(row.created_at),
              "revoked_at": _iso(row.revoked_at) if row.revoked_at else None}
             for row in rows
         ]  # fmt: skip
         print(json.dumps(listed, indent=2))
         return 0
     output.show(output.table(
-        ["id", "role", "created", "revoked", "name"],
-        [[row.key_id, row.role, f"{row.created_at:%Y-%m-%d %H:%M:%S}",
+        ["id", "role", "cluster", "created", "revoked", "name"],
+        [[row.key_id, row.role, row.cluster_id if row.cluster_id is not None else "(every)",
+          f"{row.created_at:%Y-%m-%d %H:%M:%S}",
           row.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if row.revoked_at else "-", row.name] for row in rows],
     ))  # fmt: skip
     return 0

@@ -292,3 +292,35 @@ def test_finetwin_up_hands_out_a_first_key_once(tmp_path: Path) -> None:
     assert ensure_first_key(engine) is None  # a store with keys gets no new one
     with TestClient(wired_app(api_parts(settings, engine))) as client:
         assert client.get("/v1/recommendations", headers={"X-API-Key": key}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("cluster", "said"),
+    [("", "--cluster is empty"), ("c" * 201, "--cluster is 201 characters long: at most 200"),
+     ("lab\x00", "--cluster holds a character")],
+    ids=["empty", "long", "nul"],
+)  # fmt: skip
+def test_keys_create_for_one_cluster_lists_it_and_refuses_a_cluster_no_api_can_serve(
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    cluster: str,
+    said: str,
+) -> None:
+    """`--cluster` names the one cluster whose API takes the key (`keys list` shows it, `(every)` for the
+    rest); one that FINETWIN_CLUSTER_ID could not be is refused before any key is made."""
+    from finetwin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    assert main(["keys", "create", "--role", "operator", "--cluster", cluster]) == 2
+    error = capsys.readouterr().err
+    assert said in " ".join(error.split()) and "Traceback" not in error, error
+    assert main(["keys", "create", "--role", "operator", "--name", "lab ops", "--cluster", "lab-a"]) == 0
+    assert main(["keys", "create", "--role", "viewer", "--name", "reader"]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--json"]) == 0
+    listed = {key["name"]: key["cluster_id"] for key in json.loads(capsys.readouterr().out)}
+    assert listed == {"lab ops": "lab-a", "reader": None}
+    assert main(["keys", "list"]) == 0
+    table = capsys.readouterr().out
+    assert "lab-a" in table and "(every)" in table, table

@@ -268,3 +268,37 @@ def test_rows_stored_before_are_the_stores_one_cluster(
             clusters = connection.execute(sa.text(f"SELECT cluster_id FROM {table}")).scalars().all()
             assert clusters == [theirs], table
     engine.dispose()
+
+
+def test_a_key_for_one_cluster_is_taken_by_that_clusters_api_alone(engine: Engine, tmp_path: Path) -> None:
+    """`finetwin keys create --cluster lab-a`: lab-b's API refuses it (403, saying why) for reads and
+    decisions alike, and a key for every cluster (the default, and every key from before 0019) works on
+    both. The key's creation is lab-a's in the audit log."""
+    from advisor.auth import Role, parse_key_id
+    from advisor.keys import create_api_key
+
+    lab_a_key = create_api_key(engine, Role.APPROVER, name="lab-a ops", actor="test", cluster_id="lab-a")
+    everywhere = create_api_key(engine, Role.VIEWER, name="reader", actor="test")
+    pending_b = propose_on(engine, "lab-b", "round robin on lab-b")
+    answers = {}
+    for cluster_id in CLUSTERS:
+        with api_of(cluster_id, engine, tmp_path) as api:
+            answers[cluster_id] = {
+                "read": api.get("/v1/cluster", headers={"X-API-Key": lab_a_key}),
+                "approve": api.post(
+                    f"/v1/recommendations/{pending_b}/approve", json={}, headers={"X-API-Key": lab_a_key}
+                ),
+                "everywhere": api.get("/v1/cluster", headers={"X-API-Key": everywhere}),
+                "audit": api.get("/v1/audit").json()["entries"],
+            }
+    assert answers["lab-a"]["read"].status_code == 200
+    assert answers["lab-a"]["approve"].status_code == 404  # lab-b's recommendation is not lab-a's to see
+    for refused in (answers["lab-b"]["read"], answers["lab-b"]["approve"]):
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["detail"] == "this key is for cluster 'lab-a'; this API serves cluster 'lab-b'"
+    assert all(answers[c]["everywhere"].status_code == 200 for c in CLUSTERS)
+    with Session(engine) as session:
+        assert session.get(Recommendation, pending_b).state == "pending"  # type: ignore[union-attr]
+    subject = f"api_key:{parse_key_id(lab_a_key)}"
+    assert [e["cluster_id"] for e in answers["lab-a"]["audit"] if e["subject"] == subject] == ["lab-a"]
+    assert not [e for e in answers["lab-b"]["audit"] if e["subject"] == subject]
