@@ -291,9 +291,12 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
         )
     served = runtime.parts.settings.cluster_id
     if principal.cluster_id is not None and principal.cluster_id != served:
+        # 401, not 403: another key would do (the dashboard then asks for one instead of polling on). Not a
+        # failed check for the limiter: the key is real, only not this API's.
         raise HTTPException(
-            status_code=403,
+            status_code=401,
             detail=f"this key is for cluster {principal.cluster_id!r}; this API serves cluster {served!r}",
+            headers={"WWW-Authenticate": API_KEY_HEADER},
         )
     request.state.principal = principal
     return principal

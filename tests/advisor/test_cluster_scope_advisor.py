@@ -271,7 +271,7 @@ def test_rows_stored_before_are_the_stores_one_cluster(
 
 
 def test_a_key_for_one_cluster_is_taken_by_that_clusters_api_alone(engine: Engine, tmp_path: Path) -> None:
-    """`finetwin keys create --cluster lab-a`: lab-b's API refuses it (403, saying why) for reads and
+    """`finetwin keys create --cluster lab-a`: lab-b's API refuses it (401, saying why) for reads and
     decisions alike, and a key for every cluster (the default, and every key from before 0019) works on
     both. The key's creation is lab-a's in the audit log."""
     from advisor.auth import Role, parse_key_id
@@ -294,7 +294,7 @@ def test_a_key_for_one_cluster_is_taken_by_that_clusters_api_alone(engine: Engin
     assert answers["lab-a"]["read"].status_code == 200
     assert answers["lab-a"]["approve"].status_code == 404  # lab-b's recommendation is not lab-a's to see
     for refused in (answers["lab-b"]["read"], answers["lab-b"]["approve"]):
-        assert refused.status_code == 403, refused.text
+        assert refused.status_code == 401, refused.text
         assert refused.json()["detail"] == "this key is for cluster 'lab-a'; this API serves cluster 'lab-b'"
     assert all(answers[c]["everywhere"].status_code == 200 for c in CLUSTERS)
     with Session(engine) as session:

@@ -21,6 +21,8 @@ import pytest
 from sqlalchemy import Engine
 
 from advisor import workflow
+from advisor.auth import Role
+from advisor.keys import create_api_key
 from finetwin.schema import migrate
 from tests.advisor.seed import seed_overloaded_cluster
 from tests.advisor.test_dashboard import CHROMIUM_ARGS
@@ -89,6 +91,8 @@ def api_server(tmp_path: Path) -> Iterator[dict[str, object]]:
         name: api_headers(engine, role, name=name.replace(" ", "-"))["X-API-Key"]
         for name, role in roles.items()
     }
+    other_cluster = create_api_key(engine, Role.APPROVER, name="lab-b", actor="test", cluster_id="lab-b")
+    keys["lab-b approver"] = other_cluster
     engine.dispose()
     env = {
         **os.environ, "FINETWIN_DATA_DIR": str(data), "FINETWIN_SCHEDULER_ENABLED": "false",
@@ -163,6 +167,22 @@ def test_a_refused_key_stops_the_polling_and_the_next_key_works(api_server: dict
     loaded = page.evaluate("() => document.body.dataset.loaded")
     page.clock.run_for(15_000)
     page.wait_for_function("(before) => document.body.dataset.loaded !== before", arg=loaded, timeout=60_000)
+
+
+def test_a_key_for_another_cluster_is_refused_as_such_and_not_sent_again(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
+    """This API serves `default`: a key made for lab-b's API is refused once, saying so, and forgotten."""
+    other = api_server["keys"]["lab-b approver"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.clock.install()
+    sent: list[str] = []
+    page.on("request", lambda r: sent.append(r.url) if r.headers.get("x-api-key") == other else None)
+    page.goto(api_server["url"] + "/")
+    use_key(page, other)
+    status = page.locator("#status").inner_text()
+    assert "this key is for cluster 'lab-b'; this API serves cluster 'default'" in status, status
+    refused_after = len(sent)
+    page.clock.run_for(2 * 15_000)
+    assert len(sent) == refused_after, sent[refused_after:]
 
 
 def test_the_tables_say_what_they_show(api_server: dict, browser) -> None:  # type: ignore[no-untyped-def]
