@@ -9,6 +9,7 @@ what it says is what the API does (`tests/advisor/test_fuzz.py` checks responses
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import compile_path
@@ -27,6 +30,8 @@ from advisor.auth import V1_PREFIX
 from advisor.plain_errors import plain_errors
 from twin.executors import ExecutorUnavailable
 from twin.input_errors import causes
+
+log = logging.getLogger(__name__)
 
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
@@ -98,6 +103,18 @@ def install_error_handlers(app: FastAPI) -> None:
             exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(request, exc.headers)}
         return await http_exception_handler(request, exc)
 
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(PoolTimeout)
+    async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # The database is down, refuses connections, or is locked (SQLite): the server's to fix, and worth a
+        # retry, not a 500 with a traceback. What the driver said stays in the log: it names hosts and ports.
+        log.warning("the store did not answer %s %s: %s", request.method, request.url.path, _first_line(exc))
+        return JSONResponse(
+            status_code=503,
+            content={"detail": STORE_UNAVAILABLE},
+            headers={"Retry-After": STORE_RETRY_AFTER_S},
+        )
+
     @app.exception_handler(ExecutorUnavailable)
     async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:
         # FINETWIN_RAY_ADDRESS names a Ray cluster that does not answer: the server's to fix, not the caller.
@@ -127,11 +144,24 @@ _FOR_BODIES = {
     "413": "the body is larger than FINETWIN_MAX_BODY_BYTES",
 }
 _FOR_V1 = {
-    "401": "no API key, or an unknown or revoked one",
+    "401": "no API key, an unknown or revoked one, or one made for another cluster's API",
     "403": "the key's role is not enough for this",
     "429": "too many failed key checks from this address; retry after Retry-After seconds",
 }
-_ALWAYS = {"422": "invalid request: the message says which field and why (a NUL character anywhere too)"}
+_ALWAYS = {
+    "422": "invalid request: the message says which field and why (a NUL character anywhere too)",
+    "503": "the store does not answer (down, refusing connections, or busy): retry after Retry-After seconds",
+}
+STORE_UNAVAILABLE = (
+    "the store does not answer (its database is down, refuses connections, or is busy); retry shortly"
+)
+STORE_RETRY_AFTER_S = "5"
+
+
+def _first_line(exc: Exception) -> str:
+    orig = getattr(exc, "orig", None)  # the driver's own error, without SQLAlchemy's SQL and background link
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def document_errors(app: FastAPI) -> Callable[[], dict[str, Any]]:
@@ -160,7 +190,7 @@ def document_errors(app: FastAPI) -> Callable[[], dict[str, Any]]:
                 for status, description in wanted.items():
                     responses.setdefault(status, {"description": description})
                 for status, response in responses.items():
-                    if status.startswith("4"):
+                    if status.startswith("4") or status == "503":
                         response["content"] = error
                         response.setdefault("description", "error")
         app.openapi_schema = document
