@@ -19,8 +19,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import compile_path
@@ -28,6 +26,7 @@ from starlette.routing import compile_path
 from advisor.asgi_body import read_as_json
 from advisor.auth import V1_PREFIX
 from advisor.plain_errors import plain_errors
+from advisor.store_errors import STORE_ERRORS, STORE_RETRY_AFTER_S, STORE_UNAVAILABLE, driver_says
 from twin.executors import ExecutorUnavailable
 from twin.input_errors import causes
 
@@ -103,17 +102,17 @@ def install_error_handlers(app: FastAPI) -> None:
             exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(request, exc.headers)}
         return await http_exception_handler(request, exc)
 
-    @app.exception_handler(OperationalError)
-    @app.exception_handler(PoolTimeout)
     async def _store_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        # The database is down, refuses connections, or is locked (SQLite): the server's to fix, and worth a
-        # retry, not a 500 with a traceback. What the driver said stays in the log: it names hosts and ports.
-        log.warning("the store did not answer %s %s: %s", request.method, request.url.path, _first_line(exc))
+        # The server's to fix, and worth a retry, not a 500 with a traceback (`advisor.store_errors`).
+        log.warning("the store did not answer %s %s: %s", request.method, request.url.path, driver_says(exc))
         return JSONResponse(
             status_code=503,
             content={"detail": STORE_UNAVAILABLE},
             headers={"Retry-After": STORE_RETRY_AFTER_S},
         )
+
+    for error in STORE_ERRORS:
+        app.add_exception_handler(error, _store_unavailable)
 
     @app.exception_handler(ExecutorUnavailable)
     async def _executor_unavailable(_request: Request, exc: ExecutorUnavailable) -> JSONResponse:
@@ -152,16 +151,6 @@ _ALWAYS = {
     "422": "invalid request: the message says which field and why (a NUL character anywhere too)",
     "503": "the store does not answer (down, refusing connections, or busy): retry after Retry-After seconds",
 }
-STORE_UNAVAILABLE = (
-    "the store does not answer (its database is down, refuses connections, or is busy); retry shortly"
-)
-STORE_RETRY_AFTER_S = "5"
-
-
-def _first_line(exc: Exception) -> str:
-    orig = getattr(exc, "orig", None)  # the driver's own error, without SQLAlchemy's SQL and background link
-    text = str(orig if orig is not None else exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def document_errors(app: FastAPI) -> Callable[[], dict[str, Any]]:

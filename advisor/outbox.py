@@ -38,6 +38,7 @@ from sqlalchemy import Connection, Engine, text, update
 from sqlmodel import Session, col, select
 
 from advisor.records import OutboxMessage
+from advisor.store_errors import log_failure
 from twin.store import utcnow
 
 log = logging.getLogger(__name__)
@@ -275,5 +276,5 @@ class RelayThread:
                 sent = relay_round(self.relay)
                 if sent:
                     log.info("published %d action(s)", sent)
-            except Exception:  # noqa: BLE001 - a broker or database hiccup must not end the relay
-                log.exception("outbox relay round failed; retrying in %.0f s", self.poll_s)
+            except Exception as exc:  # noqa: BLE001 - a broker or database hiccup must not end the relay
+                log_failure(log, f"outbox relay round failed; retrying in {self.poll_s:.0f} s", exc)

@@ -7,6 +7,7 @@ import logging
 from datetime import UTC, datetime
 
 from advisor.parts import ApiRuntime
+from advisor.store_errors import log_failure
 from twin.retention import prune_due
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,8 @@ PRUNE_EVERY_S = 600.0
 def prune_tick(runtime: ApiRuntime) -> None:
     try:
         pruned = prune_due(runtime.engine, runtime.settings)
-    except Exception:  # the scheduler must keep running; the next tick tries again
-        log.exception("pruning the store's old telemetry failed")
+    except Exception as exc:  # the scheduler must keep running; the next tick tries again
+        log_failure(log, "pruning the store's old telemetry failed", exc)
         return
     if pruned is not None and (pruned.events or pruned.node_changes or pruned.scores):
         log.info("pruned telemetry: %s", pruned.describe())

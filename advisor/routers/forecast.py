@@ -36,6 +36,7 @@ from advisor.parts import ApiRuntime, ShuttingDown
 from advisor.routers.forecast_schemas import ForecastOut, SkillOut, VsActualOut, WhatIfOut
 from advisor.settings import AdvisorSettings
 from advisor.slos_in_force import current_slos
+from advisor.store_errors import log_failure
 from calibrate.registry import RegistryError
 from twin.band_calibration import calibrated_forecast
 from twin.clock import TwinClock, as_utc, cluster_clock
@@ -191,8 +192,8 @@ def standing_tick(runtime: ApiRuntime) -> None:
         log.info("standing forecast abandoned: the API is stopping")
     except HTTPException as exc:
         log.info("standing forecast not refreshed: %s", exc.detail)
-    except Exception:  # the scheduler must keep running; the next tick tries again
-        log.exception("standing forecast refresh failed")
+    except Exception as exc:  # the scheduler must keep running; the next tick tries again
+        log_failure(log, "standing forecast refresh failed", exc)
     finally:
         lock.release()
 

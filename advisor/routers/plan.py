@@ -36,6 +36,7 @@ from advisor.routers.forecast import (
     cluster_and_series_problems,
 )
 from advisor.settings import AdvisorSettings
+from advisor.store_errors import log_failure, public_reason
 from twin.capacity import (
     SweepError,
     SweepRequest,
@@ -112,8 +113,8 @@ def _run(job: PlanJob, work: Any, runtime: ApiRuntime) -> None:
         job.error = "stopped: the API stopped before the plan finished"
         job.status = "failed"
     except Exception as exc:  # the job reports it; the API goes on
-        log.exception("capacity plan %s failed", job.id)
-        job.error = f"{type(exc).__name__}: {exc}"
+        log_failure(log, f"capacity plan {job.id} failed", exc)
+        job.error = public_reason(exc)
         job.status = "failed"
     jobs.save(job)
 

@@ -34,6 +34,7 @@ from advisor.steering import (
     prepare_steering,
     run_steering,
 )
+from advisor.store_errors import log_failure, public_reason
 from advisor.timestamps import UtcDatetime
 from twin.clock import cluster_clock
 from twin.db import session_scope
@@ -381,8 +382,8 @@ def _steering(
             _remember_none(runtime, str(exc))
             raise
         except Exception as exc:
-            log.exception("steering failed")
-            _remember_none(runtime, f"the last steering run failed: {exc}")
+            log_failure(log, "steering failed", exc)
+            _remember_none(runtime, f"the last steering run failed: {public_reason(exc)}")
             raise
         _remember(runtime, result, started)
         log.info("steering: %d evaluated, %d recommended", result.evaluated, len(result.recommendations))

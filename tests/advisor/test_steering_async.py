@@ -109,7 +109,9 @@ def test_a_background_run_that_fails_says_so_at_the_poll_address(
     assert held.finished()
     steering = app_client.get("/v1/recommendations/steering", headers=operator).json()
     assert steering["under_way"] is None and steering["ran"] is False
-    assert "failed: the ensemble ran out of memory" in steering["why_none"]
+    # The error's type named, as a plan's error names it.
+    said = "the last steering run failed: RuntimeError: the ensemble ran out of memory"
+    assert steering["why_none"] == said
     # The next run starts afresh (the failed one left nothing under way).
     again = app_client.post("/v1/recommendations/run", headers=operator | ASYNC)
     assert again.status_code == 202 and again.json()["joined"] is False
