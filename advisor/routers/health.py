@@ -35,6 +35,10 @@ def healthz(engine: Engine = Depends(get_engine)) -> dict[str, str]:
     return {"status": "ok", "database": engine.dialect.name}
 
 
+# Gauges of the whole store (every cluster's events) and of the model registry (shared by every cluster).
+_NOT_A_CLUSTERS = frozenset({"finetwin_events_applied", "finetwin_model_live_error"})
+
+
 class _StoreCollector:
     """Store-derived gauges, computed when scraped (they are true whichever process wrote the store)."""
 
@@ -46,6 +50,17 @@ class _StoreCollector:
         self.settings = settings
 
     def collect(self):  # type: ignore[no-untyped-def]
+        """Each gauge of the cluster the API serves labelled `cluster` (its FINETWIN_CLUSTER_ID): with an API
+        per cluster, Prometheus keeps their series apart by what they are of, not by which address served
+        them, and a dashboard can pick a cluster. The store's and the registry's own gauges have none."""
+        for family in self._families():
+            if family.name not in _NOT_A_CLUSTERS:
+                family.samples = [
+                    s._replace(labels={"cluster": self.cluster_id, **s.labels}) for s in family.samples
+                ]
+            yield family
+
+    def _families(self):  # type: ignore[no-untyped-def]
         # The jobs and nodes of the cluster the API serves (FINETWIN_CLUSTER_ID), as the forecasts' gauges
         # are: a store may hold several. The events are ingest's gauge, which applies every cluster's.
         jobs = GaugeMetricFamily(

@@ -101,10 +101,14 @@ def test_each_clusters_api_shows_its_own_nodes_jobs_and_counts(engine: Engine, t
             shown["other's job"].json()["detail"]
             == f"no job '{OTHER_CLUSTER[cluster_id]}-j0' in cluster '{cluster_id}'"
         )
-        metrics = shown["metrics"]
-        assert metrics["finetwin_jobs", (("state", "running"),)] == running
-        assert metrics["finetwin_jobs", (("state", "submitted"),)] == queued
-        assert metrics["finetwin_nodes", (("gpu_model", pool), ("status", "up"))] == nodes
-        assert ("finetwin_nodes", (("gpu_model", other_pool), ("status", "up"))) not in metrics
-        assert metrics["finetwin_events_applied", ()] == events  # ingest's gauge: both clusters'
-        assert metrics["finetwin_jobs_needing_attention", (("kind", "overdue"),)] == 1
+        metrics, of_it = shown["metrics"], ("cluster", cluster_id)  # each of its gauges says whose it is
+        assert metrics["finetwin_jobs", (of_it, ("state", "running"))] == running
+        assert metrics["finetwin_jobs", (of_it, ("state", "submitted"))] == queued
+        assert metrics["finetwin_nodes", (of_it, ("gpu_model", pool), ("status", "up"))] == nodes
+        assert not [key for key in metrics if ("gpu_model", other_pool) in key[1]]
+        assert metrics["finetwin_events_applied", ()] == events  # ingest's gauge: both clusters', unlabelled
+        assert metrics["finetwin_jobs_needing_attention", (of_it, ("kind", "overdue"))] == 1
+        # Every sample of the API's store gauges but the store's and the registry's (ingest's are its own).
+        api_gauges = [key for key in metrics if key[0].startswith("finetwin_") and "_ingest_" not in key[0]]
+        unlabelled = [(name, labels) for name, labels in api_gauges if of_it not in labels]
+        assert unlabelled == [("finetwin_events_applied", ())], unlabelled

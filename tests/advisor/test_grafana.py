@@ -10,8 +10,10 @@ from pathlib import Path
 import yaml
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine
 
 import ingest.worker  # noqa: F401  (its counters are in the process registry, as in `finetwin ingest`)
+from finetwin.settings import Settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "finetwin.json"
@@ -68,3 +70,27 @@ def test_compose_provisions_prometheus_and_grafana_with_the_dashboard() -> None:
     assert "--metrics-port" in services["ingest"]["command"]
     port = services["ingest"]["command"][services["ingest"]["command"].index("--metrics-port") + 1]
     assert ports["finetwin-ingest"]["dns_sd_configs"][0]["port"] == int(port)
+
+
+def test_each_clusters_gauges_are_picked_by_the_dashboards_cluster_variable(
+    engine: Engine, settings: Settings
+) -> None:
+    """With an API per cluster, Prometheus holds each cluster's gauges under its `cluster` label: every panel
+    over them keeps to the clusters picked in `$cluster`, whose values are read from one of them."""
+    from advisor.routers.health import _NOT_A_CLUSTERS, _StoreCollector
+
+    families = {family.name for family in _StoreCollector(engine, "lab-a", settings)._families()}
+    per_cluster = families - _NOT_A_CLUSTERS
+    assert per_cluster and families >= _NOT_A_CLUSTERS
+    dashboard = json.loads(DASHBOARD.read_text())
+    (variable,) = dashboard["templating"]["list"]
+    assert variable["name"] == "cluster" and variable["includeAll"] and variable["multi"]
+    assert re.fullmatch(r"label_values\((finetwin_\w+), cluster\)", variable["query"]["query"])
+    assert METRIC.findall(variable["query"]["query"])[0] in per_cluster
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            if set(METRIC.findall(target["expr"])) & per_cluster:
+                assert '{cluster=~"$cluster"}' in target["expr"], target["expr"]
+                assert "{{cluster}}" in target["legendFormat"], target
+            else:
+                assert "$cluster" not in target["expr"], target["expr"]

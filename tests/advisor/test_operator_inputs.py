@@ -321,7 +321,8 @@ def test_gpu_names_as_a_cluster_reports_them_are_one_type(
     ]  # fmt: skip
     assert {n["gpu_model"] for n in cluster["nodes"]} == {"NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"}
     nodes = [line for line in client.get("/metrics").text.splitlines() if line.startswith("finetwin_nodes{")]
-    assert nodes == ['finetwin_nodes{gpu_model="NVIDIA-A100-SXM4-80GB",status="up"} 2.0'], nodes
+    expected = 'finetwin_nodes{cluster="default",gpu_model="NVIDIA-A100-SXM4-80GB",status="up"} 2.0'
+    assert nodes == [expected], nodes
 
 
 def test_the_pools_count_nodes_as_the_twin_does(client: TestClient, engine: Engine, keys: dict) -> None:

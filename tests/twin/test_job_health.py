@@ -117,8 +117,8 @@ def test_the_api_the_metrics_and_the_forecast_say_which_jobs_need_attention(
         assert bad.status_code == 422 and "attention" in bad.text
         assert client.get("/v1/cluster", headers=headers).json()["attention"] == {"overdue": 1, "stalled": 1}
         metrics = client.get("/metrics").text
-        assert 'finetwin_jobs_needing_attention{kind="overdue"} 1.0' in metrics
-        assert 'finetwin_jobs_needing_attention{kind="stalled"} 1.0' in metrics
+        assert 'finetwin_jobs_needing_attention{cluster="default",kind="overdue"} 1.0' in metrics
+        assert 'finetwin_jobs_needing_attention{cluster="default",kind="stalled"} 1.0' in metrics
     notes = " ".join(load_cluster_inputs(engine, settings).notes)
     assert "1 running job(s) past their time limit with no end reported" in notes
     assert "1 running job(s) have reported no progress for over 30 min" in notes

@@ -333,18 +333,19 @@ def test_skill_over_http_prometheus_and_the_cli(
         lower = client.get("/v1/forecast/skill", params={"since": "2025-03-01T00:30:00z"}, headers=headers)
         assert lower.json()["figures"]["utilization"]["n"] == 1, lower.text
         metrics = client.get("/metrics").text
-        assert 'finetwin_forecast_coverage{figure="utilization"} 0.5' in metrics
+        assert 'finetwin_forecast_coverage{cluster="default",figure="utilization"} 0.5' in metrics
         wape = expected["figures"]["utilization"]["wape"]
-        assert f'finetwin_forecast_wape{{figure="utilization"}} {wape}' in metrics
-        assert 'finetwin_forecast_raw_coverage{figure="utilization"} 0.5' in metrics
-        assert 'finetwin_forecast_scored_intervals{figure="queue_length"} 2.0' in metrics
+        assert f'finetwin_forecast_wape{{cluster="default",figure="utilization"}} {wape}' in metrics
+        assert 'finetwin_forecast_raw_coverage{cluster="default",figure="utilization"} 0.5' in metrics
+        assert 'finetwin_forecast_scored_intervals{cluster="default",figure="queue_length"} 2.0' in metrics
         score = expected["figures"]["utilization"]["skill_score"]
-        assert f'finetwin_forecast_skill_score{{figure="utilization"}} {score}' in metrics
+        assert f'finetwin_forecast_skill_score{{cluster="default",figure="utilization"}} {score}' in metrics
         busy = expected["slos"]["A100 busy"]
-        assert f'finetwin_forecast_slo_brier{{slo="A100 busy"}} {busy["brier"]}' in metrics
-        assert f'finetwin_forecast_slo_brier_skill{{slo="A100 busy"}} {busy["brier_skill"]}' in metrics
-        assert 'finetwin_forecast_slo_held_share{slo="p95 wait ≤ 30 min"} 1.0' in metrics
-        assert 'finetwin_forecast_slo_brier_skill{slo="p95 wait ≤ 30 min"}' not in metrics  # none: no error
+        busy_slo, wait_slo = 'cluster="default",slo="A100 busy"', 'cluster="default",slo="p95 wait ≤ 30 min"'
+        assert f"finetwin_forecast_slo_brier{{{busy_slo}}} {busy['brier']}" in metrics
+        assert f"finetwin_forecast_slo_brier_skill{{{busy_slo}}} {busy['brier_skill']}" in metrics
+        assert f"finetwin_forecast_slo_held_share{{{wait_slo}}} 1.0" in metrics
+        assert f"finetwin_forecast_slo_brier_skill{{{wait_slo}}}" not in metrics  # none: no error
         view = client.get("/v1/forecast/vs-actual", headers=headers).json()
         assert view["models"] == "calibrated v0007"  # which models made the forecast drawn
         assert view["intervals_passed"] == 2 and view["figures"]["utilization"]["actual"] == [0.25, 0.5]
