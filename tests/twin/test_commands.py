@@ -501,6 +501,16 @@ def test_every_bootstrap_list_kafka_python_reads_is_taken(bootstrap: str) -> Non
     assert bootstrap_problem(bootstrap) is None
 
 
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_bootstrap_setting_is_no_setting(monkeypatch: pytest.MonkeyPatch, empty: str) -> None:
+    """As an empty FINETWIN_DATABASE_URL is: `up` then starts its own broker."""
+    from ingest.settings import IngestSettings
+
+    monkeypatch.setenv("FINETWIN_KAFKA_BOOTSTRAP", empty)
+    assert IngestSettings().kafka_bootstrap is None
+    assert main(["info"]) == 0
+
+
 def test_a_bootstrap_option_that_is_not_one_is_said(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ingest", "--bootstrap", "kafka:0"]) == 2
     assert "--bootstrap: 'kafka:0': the port must be a number from 1 to 65535" in capsys.readouterr().err
