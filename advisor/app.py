@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -74,6 +75,7 @@ def build_runtime(parts: ApiParts) -> ApiRuntime:
         auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_seconds),
         answer_cache=AnswerCache(settings.advice_cache_size),
         plan_jobs=PlanJobs(parts.engine, settings.cluster_id),
+        whatif_slots=threading.BoundedSemaphore(settings.whatif_concurrency),
     )
     # Uncached advice is computed in batches; the models in use are looked up per batch.
     runtime.batcher = Batcher(lambda bodies: advise.answers(runtime, bodies), settings.advice_max_batch)

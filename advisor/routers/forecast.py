@@ -66,6 +66,8 @@ MAX_WHATIF_GPUS = 16_384
 MAX_WHATIF_JOB_RUNS = 200_000  # jobs simulated in all: 2 ensembles x runs x (known jobs + arrivals)
 MAX_WHATIF_INTERVALS = 2_000  # steps of each run's series (horizon / interval)
 REFRESH_BUSY = 429
+WHATIF_BUSY = 429
+WHATIF_RETRY_AFTER_S = "5"  # a what-if takes seconds (MAX_WHATIF_JOB_RUNS keeps it to ~13 s of a core)
 
 
 class WhatIfRequest(WhatIf):
@@ -352,13 +354,36 @@ def get_forecast_vs_actual(runtime: ApiRuntime = Depends(get_runtime)) -> dict[s
     "/v1/whatif",
     summary="A scenario against the baseline forecast on paired seeds: each difference with its interval",
     response_model=None,
-    responses=_documented(WhatIfOut) | _NO_STATE_RESPONSE,
+    responses=_documented(WhatIfOut)
+    | _NO_STATE_RESPONSE
+    | {
+        WHATIF_BUSY: {
+            "description": "FINETWIN_WHATIF_CONCURRENCY what-ifs are running; retry after Retry-After"
+        }
+    },
     openapi_extra=access(Role.VIEWER),  # computes only, changes nothing
 )
 async def post_whatif(
     body: WhatIfRequest, request: Request, runtime: ApiRuntime = Depends(get_runtime)
 ) -> dict[str, Any]:
     # Async, so that it can watch the connection while the ensembles run in the thread pool.
+    settings: AdvisorSettings = runtime.settings
+    slots = runtime.whatif_slots
+    if slots is not None and not slots.acquire(blocking=False):
+        running = f"{settings.whatif_concurrency} what-if{'s' if settings.whatif_concurrency > 1 else ''}"
+        raise HTTPException(
+            WHATIF_BUSY,
+            f"{running} already running here (FINETWIN_WHATIF_CONCURRENCY); retry in a few seconds",
+            headers={"Retry-After": WHATIF_RETRY_AFTER_S},
+        )
+    try:
+        return await _whatif(body, request, runtime)
+    finally:
+        if slots is not None:
+            slots.release()
+
+
+async def _whatif(body: WhatIfRequest, request: Request, runtime: ApiRuntime) -> dict[str, Any]:
     settings: AdvisorSettings = runtime.settings
     inputs = await run_in_threadpool(_live, runtime)
     try:
