@@ -21,6 +21,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from cachetools import TTLCache
@@ -32,6 +33,7 @@ from sqlmodel import Session, select
 
 from advisor.deps import get_runtime
 from advisor.records import ApiKey
+from advisor.timestamps import as_utc
 from twin.store import utcnow
 
 API_KEY_HEADER = "X-API-Key"
@@ -68,6 +70,7 @@ class Principal:
     name: str
     role: Role
     cluster_id: str | None = None
+    expires_at: datetime | None = None  # aware (UTC)
 
     @property
     def actor(self) -> str:
@@ -86,14 +89,16 @@ def parse_key_id(key: str) -> str | None:
     return parts[1]
 
 
-def create_key(session: Session, role: Role, name: str, cluster_id: str | None = None) -> tuple[ApiKey, str]:
-    """A new key of `role`, for one cluster's API or (None) every cluster's; returns the stored row and the
-    key itself (shown once, never stored)."""
+def create_key(
+    session: Session, role: Role, name: str, cluster_id: str | None = None, expires_at: datetime | None = None
+) -> tuple[ApiKey, str]:
+    """A new key of `role`, for one cluster's API or (None) every cluster's, working until `expires_at` or
+    (None) until revoked; returns the stored row and the key itself (shown once, never stored)."""
     key_id = uuid.uuid4().hex[:12]
     key = f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
     row = ApiKey(
         key_id=key_id, name=name, role=role.value, key_hash=hash_key(key), created_at=utcnow(),
-        cluster_id=cluster_id,
+        cluster_id=cluster_id, expires_at=expires_at,
     )  # fmt: skip
     session.add(row)
     return row, key
@@ -118,7 +123,10 @@ def verify_key(session: Session, key: str) -> Principal | None:
         return None
     if not hmac.compare_digest(hash_key(key), row.key_hash):
         return None
-    return Principal(key_id=row.key_id, name=row.name, role=Role(row.role), cluster_id=row.cluster_id)
+    return Principal(
+        key_id=row.key_id, name=row.name, role=Role(row.role), cluster_id=row.cluster_id,
+        expires_at=as_utc(row.expires_at) if row.expires_at is not None else None,
+    )  # fmt: skip
 
 
 def any_key_exists(session: Session) -> bool:
@@ -288,6 +296,13 @@ async def _authenticate(request: Request, key: str | None) -> Principal:
         limiter.record_failure(address)
         raise HTTPException(
             status_code=401, detail="invalid or revoked API key", headers={"WWW-Authenticate": API_KEY_HEADER}
+        )
+    # Checked here, not in the cache: a key cached a moment before its time stops at its time.
+    if principal.expires_at is not None and datetime.now(UTC) >= principal.expires_at:
+        raise HTTPException(
+            status_code=401,
+            detail=f"this key expired at {principal.expires_at:%Y-%m-%d %H:%M:%S} UTC: ask for a new one",
+            headers={"WWW-Authenticate": API_KEY_HEADER},
         )
     served = runtime.parts.settings.cluster_id
     if principal.cluster_id is not None and principal.cluster_id != served:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import Engine
 
 from advisor import audit_log
@@ -34,8 +36,9 @@ def key_cluster_problem(cluster_id: str) -> str | None:
 
 
 def create_api_key(
-    engine: Engine, role: Role, *, name: str, actor: str, cluster_id: str | None = None
-) -> str:
+    engine: Engine, role: Role, *, name: str, actor: str, cluster_id: str | None = None,
+    expires_at: datetime | None = None,
+) -> str:  # fmt: skip
     """A new key (returned once: only its hash is kept), for one cluster's API or (None) every cluster's.
     Raises ValueError for a name or cluster the store cannot hold (`key_name_problem`,
     `key_cluster_problem`). Its audit entry is the cluster's, or the store's."""
@@ -46,7 +49,7 @@ def create_api_key(
     if problem is not None:
         raise ValueError(f"the key's cluster {problem}")
     with session_scope(engine) as session:
-        row, key = create_key(session, role, name, cluster_id)
+        row, key = create_key(session, role, name, cluster_id, expires_at)
         subject = f"api_key:{row.key_id}"
         audit_log.record(
             session,
@@ -55,7 +58,7 @@ def create_api_key(
             subject=subject,
             from_state=None,
             to_state=role,
-            reason=name,
+            reason=name if expires_at is None else f"{name} (expires {expires_at:%Y-%m-%d %H:%M:%S} UTC)",
         )
     return key
 

@@ -29,6 +29,8 @@ class ApiKey(SQLModel, table=True):
     revoked_at: datetime | None = timestamp_field(nullable=True, default=None)
     # The one cluster whose API takes the key (FINETWIN_CLUSTER_ID); None: every cluster's API.
     cluster_id: str | None = Field(default=None, max_length=200, nullable=True)
+    # When the key stops working by itself; None: when it is revoked.
+    expires_at: datetime | None = timestamp_field(nullable=True, default=None)
 
 
 class SloDocument(SQLModel, table=True):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 import typer
@@ -37,10 +37,15 @@ def create(
             help="the one cluster whose API takes it (its FINETWIN_CLUSTER_ID); default: every cluster's"
         ),
     ] = None,
+    expires_in: Annotated[
+        str | None,
+        typer.Option(help="it stops working after this long (90d, 12h); default: when revoked"),
+    ] = None,
 ) -> int:
     from advisor.auth import Role
     from advisor.keys import create_api_key, key_cluster_problem, key_name_problem
     from finetwin.wiring import migrated_engine
+    from twin.units import parse_duration
 
     if name is not None and not name.strip():  # it became "viewer key" without a word
         raise CommandError("--name is empty: give who or what uses the key, or leave --name out")
@@ -50,8 +55,18 @@ def create(
     problem = key_cluster_problem(cluster) if cluster is not None else None
     if problem is not None:
         raise CommandError(f"--cluster {problem}")
+    expires_at = None
+    if expires_in is not None:
+        try:
+            expires_at = datetime.now(UTC) + timedelta(seconds=parse_duration(expires_in))
+        except ValueError as exc:
+            raise CommandError(f"--expires-in: {exc}") from None
+        except OverflowError:  # past the year 9999
+            raise CommandError(f"--expires-in: {expires_in!r} is too far ahead") from None
     engine = migrated_engine(ctx.obj)
-    key = create_api_key(engine, Role(role), name=name or f"{role} key", actor="cli", cluster_id=cluster)
+    key = create_api_key(
+        engine, Role(role), name=name or f"{role} key", actor="cli", cluster_id=cluster, expires_at=expires_at
+    )
     print(key)
     return 0
 
@@ -70,15 +85,17 @@ def list_keys(ctx: typer.Context, as_json: Json = False) -> int:
         listed = [
             {"id": row.key_id, "role": row.role, "name": row.name, "cluster_id": row.cluster_id,
              "created_at": _iso(row.created_at),
+             "expires_at": _iso(row.expires_at) if row.expires_at else None,
              "revoked_at": _iso(row.revoked_at) if row.revoked_at else None}
             for row in rows
         ]  # fmt: skip
         print(json.dumps(listed, indent=2))
         return 0
     output.show(output.table(
-        ["id", "role", "cluster", "created", "revoked", "name"],
+        ["id", "role", "cluster", "created", "expires", "revoked", "name"],
         [[row.key_id, row.role, row.cluster_id if row.cluster_id is not None else "(every)",
           f"{row.created_at:%Y-%m-%d %H:%M:%S}",
+          row.expires_at.strftime("%Y-%m-%d %H:%M:%S") if row.expires_at else "-",
           row.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if row.revoked_at else "-", row.name] for row in rows],
     ))  # fmt: skip
     return 0

@@ -6,7 +6,9 @@ import hashlib
 import json
 import os
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -324,3 +326,58 @@ def test_keys_create_for_one_cluster_lists_it_and_refuses_a_cluster_no_api_can_s
     assert main(["keys", "list"]) == 0
     table = capsys.readouterr().out
     assert "lab-a" in table and "(every)" in table, table
+
+
+def test_a_key_stops_at_its_expiry_even_while_cached(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`finetwin keys create --expires-in 90d`: the API takes the key until its time, then answers 401 saying
+    when it expired, also for a key its cache verified a moment before. A key without one works as ever."""
+    import advisor.auth
+
+    now = datetime.now(UTC)
+    expires = now + timedelta(hours=1)
+    temporary = create_api_key(engine, Role.VIEWER, name="contractor", actor="test", expires_at=expires)
+    lasting = create_api_key(engine, Role.VIEWER, name="staff", actor="test")
+    with TestClient(api_app(advisor_settings(tmp_path), engine)) as client:
+        assert client.get("/v1/cluster", headers={"X-API-Key": temporary}).status_code == 200  # now cached
+
+        class Later(datetime):
+            @classmethod
+            def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+                return expires + timedelta(seconds=1)
+
+        monkeypatch.setattr(advisor.auth, "datetime", Later)
+        refused = client.get("/v1/cluster", headers={"X-API-Key": temporary})
+        assert refused.status_code == 401, refused.text
+        assert (
+            refused.json()["detail"]
+            == f"this key expired at {expires:%Y-%m-%d %H:%M:%S} UTC: ask for a new one"
+        )
+        assert client.get("/v1/cluster", headers={"X-API-Key": lasting}).status_code == 200
+        entries = client.get("/v1/audit", headers={"X-API-Key": lasting}).json()["entries"]
+    assert f"contractor (expires {expires:%Y-%m-%d %H:%M:%S} UTC)" in [e["reason"] for e in entries]
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [("soon", "--expires-in: not a duration: 'soon'"), ("0", "--expires-in: a duration must be positive"),
+     ("100000000d", "--expires-in: '100000000d' is too far ahead")],
+)  # fmt: skip
+def test_keys_create_sets_an_expiry_and_refuses_one_that_is_not(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], given: str, said: str
+) -> None:
+    from finetwin.cli import main
+
+    monkeypatch.setenv("FINETWIN_DATABASE_URL", engine.url.render_as_string(hide_password=False))
+    assert main(["keys", "create", "--role", "viewer", "--expires-in", given]) == 2
+    assert said in capsys.readouterr().err
+    before = datetime.now(UTC)
+    assert main(["keys", "create", "--role", "viewer", "--name", "for 90 days", "--expires-in", "90d"]) == 0
+    assert main(["keys", "create", "--role", "viewer", "--name", "for good"]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--json"]) == 0
+    listed = {key["name"]: key["expires_at"] for key in json.loads(capsys.readouterr().out)}
+    assert listed["for good"] is None
+    expiry = datetime.fromisoformat(listed["for 90 days"])
+    assert before + timedelta(days=90) <= expiry <= datetime.now(UTC) + timedelta(days=90)
