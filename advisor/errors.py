@@ -143,7 +143,7 @@ _FOR_BODIES = {
     "413": "the body is larger than FINETWIN_MAX_BODY_BYTES",
 }
 _FOR_V1 = {
-    "401": "no API key, an unknown or revoked one, or one made for another cluster's API",
+    "401": "no API key, an unknown, revoked or expired one, or one made for another cluster's API",
     "403": "the key's role is not enough for this",
     "429": "too many failed key checks from this address; retry after Retry-After seconds",
 }
