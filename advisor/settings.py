@@ -31,7 +31,7 @@ class AdvisorSettings(CalibrateSettings):
     auth_negative_cache_seconds: float = Field(30.0, ge=0)
     # POST /v1/forecast/refresh: at most one stored refresh per this many seconds.
     forecast_refresh_min_seconds: float = Field(60.0, ge=0)
-    # POST /v1/what-if: at most this many at once in this process, the next answered 429 (each forks a pool
+    # POST /v1/whatif: at most this many at once in this process, the next answered 429 (each forks a pool
     # of worker processes: unbounded, a few viewers' what-ifs took every core and gigabytes of memory).
     whatif_concurrency: int = Field(2, ge=1)
     # How much lower the twin's workers run than the requests (`os.nice`): the standing forecast, steering
