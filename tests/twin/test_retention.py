@@ -274,7 +274,9 @@ def test_the_api_prunes_its_store_on_its_schedule(engine: Engine, tmp_path: Path
         wait_for(lambda: kept_from(engine, "default") is not None, 60, "the API's first prune")
         horizon = T0 + timedelta(hours=hours - 1, days=-31)
         scraped = re.search(
-            r"^finetwin_telemetry_kept_from_seconds (\S+)$", client.get("/metrics").text, re.M
+            r'^finetwin_telemetry_kept_from_seconds\{cluster="default"\} (\S+)$',
+            client.get("/metrics").text,
+            re.M,
         )
         assert scraped is not None and float(scraped.group(1)) == horizon.timestamp()
     assert kept_from(engine, "default") == horizon
