@@ -83,6 +83,7 @@ class ApiRuntime:
     auth_failures: FailureLimiter
     answer_cache: AnswerCache
     plan_jobs: Any  # advisor.plan_jobs.PlanJobs
+    whatif_slots: threading.BoundedSemaphore  # POST /v1/whatif's (FINETWIN_WHATIF_CONCURRENCY)
     batcher: Batcher[Any, tuple[str, bytes]] | None = None  # set by create_app (it calls back into this)
     relay: RelayThread | None = None  # started by the lifespan when there is an outbox relay
     last_steering: dict[str, Any] | None = None  # the last steering run's outcome, for the dashboard
@@ -92,7 +93,6 @@ class ApiRuntime:
     unstored_forecast: tuple[float, dict[str, Any]] | None = None
     unstored_forecast_lock: threading.Lock = field(default_factory=threading.Lock)
     last_requested_refresh: float = -math.inf  # POST /v1/forecast/refresh is rate-limited
-    whatif_slots: threading.BoundedSemaphore | None = None  # POST /v1/whatif's, set by create_app
     # Set when the app stops: the scheduler's forecasts and steering stop after the ensemble runs in flight
     # (they check it between runs), so shutting down never waits for a whole ensemble nor leaves one behind.
     stopping: threading.Event = field(default_factory=threading.Event)

@@ -109,9 +109,6 @@ def _parent_death_prefix() -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
-_ENDING_WITH_THIS_THREAD = _parent_death_prefix()
-
-
 @dataclass
 class EmbeddedBroker:
     """One Tansu process. `storage` is `memory://tansu/` or `s3://BUCKET/` (with AWS_* settings in `env`).
@@ -139,7 +136,7 @@ class EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
-            [*_ENDING_WITH_THIS_THREAD, str(binary), "broker", "--listener-url", url,
+            [*_parent_death_prefix(), str(binary), "broker", "--listener-url", url,
              "--advertised-listener-url", url, "--storage-engine", self.storage],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn", **self.env},
             start_new_session=True,

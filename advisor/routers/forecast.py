@@ -368,8 +368,7 @@ async def post_whatif(
 ) -> dict[str, Any]:
     # Async, so that it can watch the connection while the ensembles run in the thread pool.
     settings: AdvisorSettings = runtime.settings
-    slots = runtime.whatif_slots
-    if slots is not None and not slots.acquire(blocking=False):
+    if not runtime.whatif_slots.acquire(blocking=False):
         running = f"{settings.whatif_concurrency} what-if{'s' if settings.whatif_concurrency > 1 else ''}"
         raise HTTPException(
             WHATIF_BUSY,
@@ -379,8 +378,7 @@ async def post_whatif(
     try:
         return await _whatif(body, request, runtime)
     finally:
-        if slots is not None:
-            slots.release()
+        runtime.whatif_slots.release()
 
 
 async def _whatif(body: WhatIfRequest, request: Request, runtime: ApiRuntime) -> dict[str, Any]:
